@@ -1,0 +1,17 @@
+//! `sluice-core` owns Sluice's domain: pipeline configurations and their parts, the source
+//! catalog, the set-filter expression language, validation of request bodies into SPEC-shaped
+//! 422 `detail` entries, identities, permissions, ids and the clock.
+//!
+//! It depends on no workspace crate and does no I/O; storage (`sluice-store`) and the HTTP API
+//! (`sluice-api`) build on it. Start reading at [`pipeline`] (the record and its validation),
+//! then [`catalog`] and [`permission`].
+
+pub mod catalog;
+pub mod clock;
+pub mod filter_expr;
+pub mod identity;
+pub mod ids;
+pub mod permission;
+pub mod pipeline;
+pub mod time;
+pub mod validation;
