@@ -33,6 +33,10 @@ impl PodSize {
         }
     }
 
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
     /// Number of workers a deployment of this size runs.
     pub fn workers(self) -> usize {
         match self {
@@ -64,6 +68,10 @@ impl DeliveryGuarantee {
             "best_effort" => Some(Self::BestEffort),
             _ => None,
         }
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
     }
 }
 

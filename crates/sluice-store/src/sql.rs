@@ -1,0 +1,650 @@
+//! The SQL both backends run, written once.
+//!
+//! sqlx's query functions are generic over the database but their trait bounds are unwieldy
+//! to spell out, so [`metadata_store_impl!`] expands the same method bodies for each concrete
+//! pool type instead. Placeholders are `$N`, which SQLite accepts too. Rows are decoded into
+//! plain column structs here and turned into domain types by ordinary functions.
+
+use sluice_core::identity::{OrgFlags, Principal};
+use sluice_core::pipeline::{DeliveryGuarantee, Pipeline, PipelineConfig, PodSize};
+use sluice_core::time;
+
+use crate::{Result, StoreError};
+
+/// Rows per multi-row INSERT: well under both backends' bind-parameter limits.
+pub(crate) const INSERT_CHUNK: usize = 1000;
+
+pub(crate) const PIPELINE_COLUMNS: &str = "p.id, p.organization_id, p.owner_user_id, p.name, \
+    p.description, p.tags, p.static_egress_ip, p.pod_size, p.delivery_guarantee, \
+    p.pipeline_config, p.created_at, p.updated_at";
+
+/// A `pipelines` row as stored.
+pub(crate) struct PipelineRow {
+    pub id: String,
+    pub organization_id: String,
+    pub owner_user_id: String,
+    pub name: String,
+    pub description: String,
+    pub tags: Option<String>,
+    pub static_egress_ip: bool,
+    pub pod_size: String,
+    pub delivery_guarantee: String,
+    pub pipeline_config: String,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// The text columns of a pipeline, ready to bind.
+pub(crate) struct PipelineText {
+    pub tags: Option<String>,
+    pub config: String,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+pub(crate) fn pipeline_text(pipeline: &Pipeline) -> Result<PipelineText> {
+    let encode = |detail: serde_json::Error| StoreError::Corrupt {
+        what: "pipeline",
+        detail: detail.to_string(),
+    };
+    Ok(PipelineText {
+        tags: pipeline
+            .tags
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(encode)?,
+        config: serde_json::to_string(&pipeline.pipeline_config).map_err(encode)?,
+        created_at: time::format(pipeline.created_at),
+        updated_at: time::format(pipeline.updated_at),
+    })
+}
+
+impl PipelineRow {
+    pub(crate) fn into_pipeline(self) -> Result<Pipeline> {
+        let corrupt = |detail: String| StoreError::Corrupt {
+            what: "pipeline",
+            detail,
+        };
+        let tags = self
+            .tags
+            .map(|tags| serde_json::from_str::<Vec<String>>(&tags))
+            .transpose()
+            .map_err(|e| corrupt(format!("{}: tags: {e}", self.id)))?;
+        let pipeline_config: PipelineConfig = serde_json::from_str(&self.pipeline_config)
+            .map_err(|e| corrupt(format!("{}: pipeline_config: {e}", self.id)))?;
+        let timestamp = |text: &str| {
+            time::parse(text).map_err(|e| corrupt(format!("{}: timestamp {text:?}: {e}", self.id)))
+        };
+        Ok(Pipeline {
+            pod_size: PodSize::from_name(&self.pod_size)
+                .ok_or_else(|| corrupt(format!("{}: pod_size {:?}", self.id, self.pod_size)))?,
+            delivery_guarantee: DeliveryGuarantee::from_name(&self.delivery_guarantee)
+                .ok_or_else(|| corrupt(format!("{}: delivery_guarantee", self.id)))?,
+            created_at: timestamp(&self.created_at)?,
+            updated_at: timestamp(&self.updated_at)?,
+            id: self.id,
+            name: self.name,
+            description: self.description,
+            tags,
+            static_egress_ip: self.static_egress_ip,
+            owner_org_team_user_id: self.owner_user_id,
+            organization_id: self.organization_id,
+            pipeline_config,
+        })
+    }
+}
+
+/// Columns of the key-lookup join.
+pub(crate) struct KeyRow {
+    pub hash: String,
+    pub user_id: String,
+    pub team_id: String,
+    pub org_id: String,
+    pub is_operator: bool,
+    pub pipelines_enabled: bool,
+    pub custom_transforms_enabled: bool,
+}
+
+impl KeyRow {
+    pub(crate) fn into_candidate(self) -> crate::KeyCandidate {
+        crate::KeyCandidate {
+            hash: self.hash,
+            principal: Principal {
+                user_id: self.user_id,
+                team_id: self.team_id,
+                org_id: self.org_id,
+                is_operator: self.is_operator,
+                flags: OrgFlags {
+                    pipelines: self.pipelines_enabled,
+                    custom_transforms: self.custom_transforms_enabled,
+                },
+            },
+        }
+    }
+}
+
+/// Implements [`crate::MetadataStore`] for a store type with a `pool: sqlx::Pool<$db>` field,
+/// and an inherent `migrate` method.
+macro_rules! metadata_store_impl {
+    ($store:ty, $db:ty) => {
+        use sluice_core::identity::{Org, OrgFlags, Principal, Team, User};
+        use sluice_core::permission::{Access, Grants, UserRole};
+        use sluice_core::pipeline::Pipeline;
+        use sqlx::Row as _;
+
+        use crate::sql::{INSERT_CHUNK, KeyRow, PIPELINE_COLUMNS, PipelineRow, pipeline_text};
+        use crate::{
+            Identity, KeyCandidate, MetadataStore, NewApiKey, Result, StoreError, UnknownMembers,
+        };
+
+        type DbRow = <$db as sqlx::Database>::Row;
+
+        fn pipeline_row(row: &DbRow) -> Result<Pipeline> {
+            PipelineRow {
+                id: row.try_get("id")?,
+                organization_id: row.try_get("organization_id")?,
+                owner_user_id: row.try_get("owner_user_id")?,
+                name: row.try_get("name")?,
+                description: row.try_get("description")?,
+                tags: row.try_get("tags")?,
+                static_egress_ip: row.try_get("static_egress_ip")?,
+                pod_size: row.try_get("pod_size")?,
+                delivery_guarantee: row.try_get("delivery_guarantee")?,
+                pipeline_config: row.try_get("pipeline_config")?,
+                created_at: row.try_get("created_at")?,
+                updated_at: row.try_get("updated_at")?,
+            }
+            .into_pipeline()
+        }
+
+        fn org_row(row: &DbRow) -> Result<Org> {
+            Ok(Org {
+                id: row.try_get("id")?,
+                name: row.try_get("name")?,
+                flags: OrgFlags {
+                    pipelines: row.try_get("pipelines_enabled")?,
+                    custom_transforms: row.try_get("custom_transforms_enabled")?,
+                },
+            })
+        }
+
+        fn now() -> String {
+            sluice_core::time::format(chrono::Utc::now())
+        }
+
+        impl $store {
+            /// Applies every migration not applied yet.
+            ///
+            /// # Errors
+            /// The first migration that fails, by version and name.
+            pub async fn migrate(&self) -> Result<()> {
+                sqlx::query(crate::migrations::CREATE_TABLE).execute(&self.pool).await?;
+                for &(version, name, sql) in crate::migrations::MIGRATIONS {
+                    let fail = |source| StoreError::Migration { version, name, source };
+                    let mut tx = self.pool.begin().await.map_err(fail)?;
+                    let claimed = sqlx::query(
+                        "INSERT INTO sluice_schema_migrations (version, name, applied_at) \
+                         VALUES ($1, $2, $3) ON CONFLICT (version) DO NOTHING",
+                    )
+                    .bind(version)
+                    .bind(name)
+                    .bind(now())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(fail)?
+                    .rows_affected();
+                    if claimed == 1 {
+                        sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;
+                        tracing::info!(version, name, "applied migration");
+                    }
+                    tx.commit().await.map_err(fail)?;
+                }
+                Ok(())
+            }
+
+            async fn insert_filter_values(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                pipeline_id: &str,
+                transform_uid: &str,
+                values: &[String],
+            ) -> Result<()> {
+                for chunk in values.chunks(INSERT_CHUNK) {
+                    let mut insert = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO filter_values (pipeline_id, transform_uid, value) ",
+                    );
+                    insert.push_values(chunk, |mut row, value| {
+                        row.push_bind(pipeline_id).push_bind(transform_uid).push_bind(value);
+                    });
+                    insert.push(" ON CONFLICT DO NOTHING");
+                    insert.build().execute(&mut **tx).await?;
+                }
+                Ok(())
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl MetadataStore for $store {
+            async fn ping(&self) -> Result<()> {
+                sqlx::query("SELECT 1").execute(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn has_users(&self) -> Result<bool> {
+                let row = sqlx::query("SELECT COUNT(*) AS n FROM users").fetch_one(&self.pool).await?;
+                Ok(row.try_get::<i64, _>("n")? > 0)
+            }
+
+            async fn ensure_identity(
+                &self,
+                org: &str,
+                team: &str,
+                user: &str,
+                operator: bool,
+            ) -> Result<Identity> {
+                let mut tx = self.pool.begin().await?;
+                let flags = OrgFlags::default();
+                sqlx::query(
+                    "INSERT INTO orgs (id, name, pipelines_enabled, custom_transforms_enabled, created_at) \
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING",
+                )
+                .bind(sluice_core::ids::new_id())
+                .bind(org)
+                .bind(flags.pipelines)
+                .bind(flags.custom_transforms)
+                .bind(now())
+                .execute(&mut *tx)
+                .await?;
+                let row = sqlx::query(
+                    "SELECT id, name, pipelines_enabled, custom_transforms_enabled FROM orgs WHERE name = $1",
+                )
+                .bind(org)
+                .fetch_one(&mut *tx)
+                .await?;
+                let org = org_row(&row)?;
+
+                sqlx::query(
+                    "INSERT INTO teams (id, org_id, name, created_at) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (org_id, name) DO NOTHING",
+                )
+                .bind(sluice_core::ids::new_id())
+                .bind(&org.id)
+                .bind(team)
+                .bind(now())
+                .execute(&mut *tx)
+                .await?;
+                let team_id: String = sqlx::query("SELECT id FROM teams WHERE org_id = $1 AND name = $2")
+                    .bind(&org.id)
+                    .bind(team)
+                    .fetch_one(&mut *tx)
+                    .await?
+                    .try_get("id")?;
+
+                sqlx::query(
+                    "INSERT INTO users (id, org_id, team_id, name, is_operator, created_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (team_id, name) DO NOTHING",
+                )
+                .bind(sluice_core::ids::new_id())
+                .bind(&org.id)
+                .bind(&team_id)
+                .bind(user)
+                .bind(operator)
+                .bind(now())
+                .execute(&mut *tx)
+                .await?;
+                if operator {
+                    sqlx::query("UPDATE users SET is_operator = $1 WHERE team_id = $2 AND name = $3")
+                        .bind(true)
+                        .bind(&team_id)
+                        .bind(user)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                let user_row = sqlx::query("SELECT id, is_operator FROM users WHERE team_id = $1 AND name = $2")
+                    .bind(&team_id)
+                    .bind(user)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(Identity {
+                    user: User {
+                        id: user_row.try_get("id")?,
+                        org_id: org.id.clone(),
+                        team_id: team_id.clone(),
+                        name: user.to_owned(),
+                        is_operator: user_row.try_get("is_operator")?,
+                    },
+                    team: Team { id: team_id, org_id: org.id.clone(), name: team.to_owned() },
+                    org,
+                })
+            }
+
+            async fn insert_api_key(&self, key: NewApiKey<'_>) -> Result<()> {
+                sqlx::query(
+                    "INSERT INTO api_keys (id, user_id, prefix, hash, created_at) VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(key.id)
+                .bind(key.user_id)
+                .bind(key.prefix)
+                .bind(key.hash)
+                .bind(now())
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn api_key_candidates(&self, prefix: &str) -> Result<Vec<KeyCandidate>> {
+                let rows = sqlx::query(
+                    "SELECT k.hash, u.id AS user_id, u.team_id, u.org_id, u.is_operator, \
+                     o.pipelines_enabled, o.custom_transforms_enabled \
+                     FROM api_keys k JOIN users u ON u.id = k.user_id JOIN orgs o ON o.id = u.org_id \
+                     WHERE k.prefix = $1 AND k.revoked_at IS NULL",
+                )
+                .bind(prefix)
+                .fetch_all(&self.pool)
+                .await?;
+                rows.iter()
+                    .map(|row| {
+                        Ok(KeyRow {
+                            hash: row.try_get("hash")?,
+                            user_id: row.try_get("user_id")?,
+                            team_id: row.try_get("team_id")?,
+                            org_id: row.try_get("org_id")?,
+                            is_operator: row.try_get("is_operator")?,
+                            pipelines_enabled: row.try_get("pipelines_enabled")?,
+                            custom_transforms_enabled: row.try_get("custom_transforms_enabled")?,
+                        }
+                        .into_candidate())
+                    })
+                    .collect()
+            }
+
+            async fn revoke_api_key(&self, hash: &str) -> Result<bool> {
+                let done = sqlx::query(
+                    "UPDATE api_keys SET revoked_at = $1 WHERE hash = $2 AND revoked_at IS NULL",
+                )
+                .bind(now())
+                .bind(hash)
+                .execute(&self.pool)
+                .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn set_org_flags(
+                &self,
+                org: &str,
+                pipelines: Option<bool>,
+                custom_transforms: Option<bool>,
+            ) -> Result<Option<Org>> {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query(
+                    "UPDATE orgs SET pipelines_enabled = COALESCE($1, pipelines_enabled), \
+                     custom_transforms_enabled = COALESCE($2, custom_transforms_enabled) WHERE name = $3",
+                )
+                .bind(pipelines)
+                .bind(custom_transforms)
+                .bind(org)
+                .execute(&mut *tx)
+                .await?;
+                let row = sqlx::query(
+                    "SELECT id, name, pipelines_enabled, custom_transforms_enabled FROM orgs WHERE name = $1",
+                )
+                .bind(org)
+                .fetch_optional(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                row.as_ref().map(org_row).transpose()
+            }
+
+            async fn insert_pipeline(
+                &self,
+                pipeline: &Pipeline,
+                viewer_team: &str,
+                filter_values: &[(String, Vec<String>)],
+            ) -> Result<()> {
+                let text = pipeline_text(pipeline)?;
+                let mut tx = self.pool.begin().await?;
+                sqlx::query(
+                    "INSERT INTO pipelines (id, organization_id, owner_user_id, name, description, tags, \
+                     static_egress_ip, pod_size, delivery_guarantee, pipeline_config, created_at, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                )
+                .bind(&pipeline.id)
+                .bind(&pipeline.organization_id)
+                .bind(&pipeline.owner_org_team_user_id)
+                .bind(&pipeline.name)
+                .bind(&pipeline.description)
+                .bind(&text.tags)
+                .bind(pipeline.static_egress_ip)
+                .bind(pipeline.pod_size.name())
+                .bind(pipeline.delivery_guarantee.name())
+                .bind(&text.config)
+                .bind(&text.created_at)
+                .bind(&text.updated_at)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query("INSERT INTO pipeline_viewer_teams (pipeline_id, team_id) VALUES ($1, $2)")
+                    .bind(&pipeline.id)
+                    .bind(viewer_team)
+                    .execute(&mut *tx)
+                    .await?;
+                for (uid, values) in filter_values {
+                    Self::insert_filter_values(&mut tx, &pipeline.id, uid, values).await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn pipeline_with_access(
+                &self,
+                id: &str,
+                caller: &Principal,
+            ) -> Result<Option<(Pipeline, Access)>> {
+                let sql = format!(
+                    "SELECT {PIPELINE_COLUMNS}, \
+                     (SELECT r.role FROM pipeline_user_roles r WHERE r.pipeline_id = p.id AND r.user_id = $2) AS role, \
+                     (SELECT COUNT(*) FROM pipeline_viewer_teams t WHERE t.pipeline_id = p.id AND t.team_id = $3) AS viewer \
+                     FROM pipelines p WHERE p.id = $1 AND p.organization_id = $4"
+                );
+                let Some(row) = sqlx::query(&sql)
+                    .bind(id)
+                    .bind(&caller.user_id)
+                    .bind(&caller.team_id)
+                    .bind(&caller.org_id)
+                    .fetch_optional(&self.pool)
+                    .await?
+                else {
+                    return Ok(None);
+                };
+                let pipeline = pipeline_row(&row)?;
+                let role = if pipeline.owner_org_team_user_id == caller.user_id {
+                    Some(UserRole::Owner)
+                } else {
+                    row.try_get::<Option<String>, _>("role")?.as_deref().and_then(UserRole::from_name)
+                };
+                let viewer_team = row.try_get::<i64, _>("viewer")? > 0;
+                Ok(Some((pipeline, Access { role, viewer_team })))
+            }
+
+            async fn list_readable_pipelines(&self, caller: &Principal) -> Result<Vec<Pipeline>> {
+                let sql = format!(
+                    "SELECT {PIPELINE_COLUMNS} FROM pipelines p WHERE p.organization_id = $1 AND (\
+                     p.owner_user_id = $2 \
+                     OR EXISTS (SELECT 1 FROM pipeline_user_roles r WHERE r.pipeline_id = p.id AND r.user_id = $2) \
+                     OR EXISTS (SELECT 1 FROM pipeline_viewer_teams t WHERE t.pipeline_id = p.id AND t.team_id = $3)) \
+                     ORDER BY p.created_at, p.id"
+                );
+                let rows = sqlx::query(&sql)
+                    .bind(&caller.org_id)
+                    .bind(&caller.user_id)
+                    .bind(&caller.team_id)
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(pipeline_row).collect()
+            }
+
+            async fn update_pipeline(&self, pipeline: &Pipeline) -> Result<bool> {
+                let text = pipeline_text(pipeline)?;
+                let mut tx = self.pool.begin().await?;
+                let updated = sqlx::query(
+                    "UPDATE pipelines SET name = $2, description = $3, tags = $4, static_egress_ip = $5, \
+                     pod_size = $6, delivery_guarantee = $7, pipeline_config = $8, updated_at = $9 \
+                     WHERE id = $1",
+                )
+                .bind(&pipeline.id)
+                .bind(&pipeline.name)
+                .bind(&pipeline.description)
+                .bind(&text.tags)
+                .bind(pipeline.static_egress_ip)
+                .bind(pipeline.pod_size.name())
+                .bind(pipeline.delivery_guarantee.name())
+                .bind(&text.config)
+                .bind(&text.updated_at)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if updated == 0 {
+                    return Ok(false);
+                }
+                let stored: Vec<String> = sqlx::query(
+                    "SELECT DISTINCT transform_uid FROM filter_values WHERE pipeline_id = $1",
+                )
+                .bind(&pipeline.id)
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|row| row.try_get("transform_uid"))
+                .collect::<Result<_, _>>()?;
+                let kept: Vec<&str> = pipeline.set_filter_uids().collect();
+                for uid in stored.iter().filter(|uid| !kept.contains(&uid.as_str())) {
+                    sqlx::query("DELETE FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2")
+                        .bind(&pipeline.id)
+                        .bind(uid)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(true)
+            }
+
+            async fn delete_pipeline(&self, id: &str) -> Result<bool> {
+                let done = sqlx::query("DELETE FROM pipelines WHERE id = $1")
+                    .bind(id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn pipeline_grants(&self, id: &str) -> Result<Grants> {
+                let mut grants = Grants::default();
+                let roles = sqlx::query(
+                    "SELECT user_id, role FROM pipeline_user_roles WHERE pipeline_id = $1 ORDER BY user_id",
+                )
+                .bind(id)
+                .fetch_all(&self.pool)
+                .await?;
+                for row in &roles {
+                    let user: String = row.try_get("user_id")?;
+                    match UserRole::from_name(&row.try_get::<String, _>("role")?) {
+                        Some(UserRole::Editor) => grants.editors.push(user),
+                        Some(UserRole::Reader) => grants.readers.push(user),
+                        _ => {
+                            return Err(StoreError::Corrupt {
+                                what: "pipeline role",
+                                detail: format!("pipeline {id}, user {user}"),
+                            });
+                        }
+                    }
+                }
+                let teams = sqlx::query(
+                    "SELECT team_id FROM pipeline_viewer_teams WHERE pipeline_id = $1 ORDER BY team_id",
+                )
+                .bind(id)
+                .fetch_all(&self.pool)
+                .await?;
+                grants.viewer_teams =
+                    teams.iter().map(|row| row.try_get("team_id")).collect::<Result<_, _>>()?;
+                Ok(grants)
+            }
+
+            async fn replace_pipeline_grants(&self, id: &str, grants: &Grants) -> Result<()> {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query("DELETE FROM pipeline_user_roles WHERE pipeline_id = $1")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query("DELETE FROM pipeline_viewer_teams WHERE pipeline_id = $1")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                let roles = grants
+                    .editors
+                    .iter()
+                    .map(|user| (user, UserRole::Editor))
+                    .chain(grants.readers.iter().map(|user| (user, UserRole::Reader)));
+                for (user, role) in roles {
+                    sqlx::query(
+                        "INSERT INTO pipeline_user_roles (pipeline_id, user_id, role) VALUES ($1, $2, $3)",
+                    )
+                    .bind(id)
+                    .bind(user)
+                    .bind(role.name())
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                for team in &grants.viewer_teams {
+                    sqlx::query("INSERT INTO pipeline_viewer_teams (pipeline_id, team_id) VALUES ($1, $2)")
+                        .bind(id)
+                        .bind(team)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn unknown_members(
+                &self,
+                org_id: &str,
+                users: &[String],
+                teams: &[String],
+            ) -> Result<UnknownMembers> {
+                let mut unknown = UnknownMembers::default();
+                for user in users {
+                    let found = sqlx::query("SELECT 1 FROM users WHERE id = $1 AND org_id = $2")
+                        .bind(user)
+                        .bind(org_id)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                    if found.is_none() {
+                        unknown.users.push(user.clone());
+                    }
+                }
+                for team in teams {
+                    let found = sqlx::query("SELECT 1 FROM teams WHERE id = $1 AND org_id = $2")
+                        .bind(team)
+                        .bind(org_id)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                    if found.is_none() {
+                        unknown.teams.push(team.clone());
+                    }
+                }
+                Ok(unknown)
+            }
+
+            async fn filter_value_count(&self, pipeline_id: &str, transform_uid: &str) -> Result<u64> {
+                let row = sqlx::query(
+                    "SELECT COUNT(*) AS n FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2",
+                )
+                .bind(pipeline_id)
+                .bind(transform_uid)
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(u64::try_from(row.try_get::<i64, _>("n")?).unwrap_or(0))
+            }
+        }
+    };
+}
+
+pub(crate) use metadata_store_impl;
