@@ -1,1 +1,142 @@
-//! placeholder
+//! `sluice-api` owns Sluice's HTTP interface: the axum router, authentication by API key,
+//! the handlers, the error shapes and the OpenAPI document generated from the handlers.
+//!
+//! Start at [`app`], which assembles every route; each handler module documents its
+//! endpoints with `#[utoipa::path]`, and registering a route through `utoipa_axum::routes!`
+//! puts it in the OpenAPI document, so the document cannot miss a route. Errors go through
+//! [`error::ApiError`]. This crate may depend on every other Sluice crate.
+
+pub mod auth;
+pub mod body;
+pub mod error;
+pub mod ops;
+pub mod pipelines;
+pub mod sharing;
+pub mod sources;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use sluice_core::catalog::Catalog;
+use sluice_core::clock::Clock;
+use sluice_store::MetadataStore;
+use tower_http::normalize_path::NormalizePath;
+use tower_http::trace::TraceLayer;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+/// Request limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest request body accepted; larger bodies get 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn MetadataStore>,
+    pub catalog: Arc<Catalog>,
+    pub clock: Arc<dyn Clock>,
+    pub limits: Limits,
+    openapi_json: axum::body::Bytes,
+}
+
+impl AppState {
+    pub fn new(
+        store: Arc<dyn MetadataStore>,
+        catalog: Catalog,
+        clock: Arc<dyn Clock>,
+        limits: Limits,
+    ) -> Self {
+        let openapi = routes_with_doc().split_for_parts().1;
+        let openapi_json = openapi
+            .to_pretty_json()
+            .expect("the OpenAPI document serializes");
+        Self {
+            store,
+            catalog: Arc::new(catalog),
+            clock,
+            limits,
+            openapi_json: openapi_json.into(),
+        }
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Sluice API",
+        version = "1.0.0",
+        description = "Self-hostable streaming pipelines for blockchain data. Every endpoint but \
+            the operational ones needs an API key in the `X-API-Key` header. Validation failures \
+            are 422 with a `detail` array of `{loc, msg, type}`; every other error is \
+            `{\"detail\": \"...\"}`. A trailing slash on any path is accepted."
+    ),
+    modifiers(&ApiKeyScheme),
+    tags(
+        (name = "pipelines", description = "Pipeline configurations and the source catalog"),
+        (name = "sharing", description = "Who may read, edit or manage a pipeline"),
+        (name = "operations", description = "Health, readiness and this documentation"),
+    )
+)]
+struct ApiDoc;
+
+struct ApiKeyScheme;
+
+impl Modify for ApiKeyScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+        );
+    }
+}
+
+fn routes_with_doc() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(
+            pipelines::create_pipeline,
+            pipelines::list_pipelines
+        ))
+        .routes(routes!(sources::list_sources))
+        .routes(routes!(
+            pipelines::get_pipeline,
+            pipelines::update_pipeline,
+            pipelines::delete_pipeline
+        ))
+        .routes(routes!(sharing::get_permissions, sharing::put_permissions))
+        .routes(routes!(ops::healthz))
+        .routes(routes!(ops::readyz))
+        .routes(routes!(ops::openapi_json))
+        .routes(routes!(ops::docs_page))
+}
+
+/// The OpenAPI document of every route.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    routes_with_doc().split_for_parts().1
+}
+
+/// The complete HTTP service: every route, the body limit, request tracing, and trailing
+/// slashes trimmed before routing (clients of the hosted service call `/api/v1/beam/`).
+pub fn app(state: AppState) -> NormalizePath<Router> {
+    let limit = state.limits.max_body_bytes;
+    let (router, _) = routes_with_doc().split_for_parts();
+    let router = router
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state);
+    NormalizePath::trim_trailing_slash(router)
+}

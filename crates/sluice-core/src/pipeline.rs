@@ -88,6 +88,7 @@ pub enum SourceType {
 pub struct Source {
     /// Set by the service from the catalog entry; a value sent by the client is ignored.
     #[serde(rename = "type")]
+    #[schema(required = false)]
     pub source_type: SourceType,
     pub chain: String,
     pub entity: String,
@@ -103,13 +104,21 @@ pub enum Transform {
     /// Passes only records whose extracted value (lowercased) is in the transform's set.
     #[serde(rename = "redis_set_filter")]
     SetFilter {
+        /// Generated when omitted on create; give it to keep an existing transform.
+        #[schema(required = false)]
         uid: String,
         /// `root = this.<path>`: the value to test.
         filter_expr: String,
     },
     /// A JavaScript function `transform(record)`.
     #[serde(rename = "v8")]
-    Script { uid: String, script: String },
+    Script {
+        /// Generated when omitted on create; give it to keep an existing transform.
+        #[schema(required = false)]
+        uid: String,
+        /// JavaScript defining `function transform(record)`.
+        script: String,
+    },
 }
 
 impl Transform {
@@ -132,6 +141,8 @@ pub struct Sink {
     pub sink_type: String,
     /// Name of the sink; for `kafka` it names the topic.
     pub name: String,
+    /// Generated when omitted.
+    #[schema(required = false)]
     pub uid: String,
 }
 

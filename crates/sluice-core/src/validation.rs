@@ -85,6 +85,10 @@ impl Violation {
     }
 }
 
+/// The error of a [`Fields`] read whose violation is already recorded in [`Violations`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded;
+
 /// Collected violations; empty means the body is valid.
 #[derive(Debug, Default)]
 pub struct Violations(Vec<Violation>);
@@ -198,12 +202,12 @@ impl<'a> Fields<'a> {
         as_str(value, &self.loc(field), errors)
     }
 
-    /// An optional boolean; `Err(())` when present but not a boolean (already recorded).
+    /// An optional boolean; `Err(Recorded)` when present but not a boolean .
     pub fn optional_bool(
         &mut self,
         field: &'a str,
         errors: &mut Violations,
-    ) -> Result<Option<bool>, ()> {
+    ) -> Result<Option<bool>, Recorded> {
         match self.get(field) {
             None => Ok(None),
             Some(Value::Bool(flag)) => Ok(Some(*flag)),
@@ -213,7 +217,7 @@ impl<'a> Fields<'a> {
                     "bool_type",
                     "Input should be a valid boolean",
                 ));
-                Err(())
+                Err(Recorded)
             }
         }
     }
@@ -233,17 +237,17 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// An optional array of strings; `Err(())` when present but malformed (already recorded).
+    /// An optional array of strings; `Err(Recorded)` when present but malformed .
     pub fn optional_str_array(
         &mut self,
         field: &'a str,
         errors: &mut Violations,
-    ) -> Result<Option<Vec<&'a str>>, ()> {
+    ) -> Result<Option<Vec<&'a str>>, Recorded> {
         match self.get(field) {
             None => Ok(None),
             Some(value) => str_array(value, &self.loc(field), errors)
                 .map(Some)
-                .ok_or(()),
+                .ok_or(Recorded),
         }
     }
 
@@ -253,7 +257,7 @@ impl<'a> Fields<'a> {
         field: &'a str,
         allowed: &[&str],
         errors: &mut Violations,
-    ) -> Result<Option<&'a str>, ()> {
+    ) -> Result<Option<&'a str>, Recorded> {
         match self.get(field) {
             None => Ok(None),
             Some(Value::String(text)) if allowed.contains(&text.as_str()) => Ok(Some(text)),
@@ -263,7 +267,7 @@ impl<'a> Fields<'a> {
                     "enum",
                     format!("Input should be {}", one_of(allowed)),
                 ));
-                Err(())
+                Err(Recorded)
             }
         }
     }

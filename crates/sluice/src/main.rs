@@ -1,1 +1,58 @@
-fn main() {}
+//! The `sluice` binary: `serve` runs the service; `admin` manages keys and organizations
+//! against the same store while a server runs; `bench` measures a running server.
+
+mod admin;
+mod bench;
+mod serve;
+mod settings;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Self-hostable streaming pipelines for blockchain data"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the service (API and everything behind it).
+    Serve(settings::ServeArgs),
+    /// Manage API keys and organizations (works while the server runs).
+    #[command(subcommand)]
+    Admin(admin::AdminCommand),
+    /// Measure a running server's API latency and throughput.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await,
+            Command::Admin(command) => admin::run(command).await,
+            Command::Bench(args) => bench::run(args).await,
+        }
+    })
+}
+
+/// Logs go to stderr so that stdout carries only what a command prints for scripts (keys).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    use std::io::IsTerminal as _;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+}

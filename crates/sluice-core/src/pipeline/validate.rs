@@ -6,7 +6,7 @@ use super::{DeliveryGuarantee, PipelineConfig, PipelineSpec, PodSize, Sink, Sour
 use crate::catalog::Catalog;
 use crate::filter_expr::FilterExpr;
 use crate::ids;
-use crate::validation::{Fields, Loc, Violation, Violations, one_of, str_array};
+use crate::validation::{Fields, Loc, Recorded, Violation, Violations, one_of, str_array};
 
 /// Fields a client may send but the service manages; they are accepted and ignored.
 pub const SERVER_MANAGED_FIELDS: [&str; 5] = [
@@ -288,7 +288,7 @@ pub fn validate_transform(
     // REFERENCE §4: `type` defaults to `v8`.
     let kind = match fields.optional_enum("type", &kinds, errors) {
         Ok(kind) => kind.unwrap_or("v8"),
-        Err(()) => {
+        Err(Recorded) => {
             fields.ignore(&["uid", "filter_expr", "script", "set_values"]);
             fields.finish(errors, |_| None);
             return None;
@@ -384,18 +384,18 @@ pub fn validate_sink(value: &Value, loc: Loc, errors: &mut Violations) -> Option
     })
 }
 
-fn validate_uid(fields: &mut Fields<'_>, errors: &mut Violations) -> Result<String, ()> {
+fn validate_uid(fields: &mut Fields<'_>, errors: &mut Violations) -> Result<String, Recorded> {
     let loc = fields.loc("uid");
     let Some(value) = fields.get("uid") else {
         return Ok(generated_uid(&loc));
     };
-    let uid = crate::validation::as_str(value, &loc, errors).ok_or(())?;
+    let uid = crate::validation::as_str(value, &loc, errors).ok_or(Recorded)?;
     if uid.is_empty() || uid.chars().count() > ids::MAX_UID_LEN {
         errors.push(Violation::value(
             &loc,
             format!("uid must be 1 to {} characters", ids::MAX_UID_LEN),
         ));
-        return Err(());
+        return Err(Recorded);
     }
     Ok(uid.to_owned())
 }

@@ -1,0 +1,190 @@
+//! API keys: issuing them, and the [`Caller`] extractor that authenticates every request.
+//!
+//! A key is `slk_` followed by 40 hex digits (160 random bits). The store keeps only its
+//! SHA-256 and its first [`PREFIX_LEN`] characters; a request's key finds candidates by
+//! prefix and is accepted when its hash equals a candidate's, compared in constant time.
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use sha2::{Digest, Sha256};
+use sluice_core::identity::Principal;
+use sluice_core::permission::{Access, Permission};
+use sluice_core::pipeline::Pipeline;
+use sluice_store::{MetadataStore, NewApiKey, StoreError};
+use subtle::ConstantTimeEq;
+
+use crate::AppState;
+use crate::error::ApiError;
+
+/// The header that carries the key (matched case-insensitively, as HTTP headers are).
+pub const API_KEY_HEADER: &str = "x-api-key";
+
+/// Characters of a key stored in clear to find it.
+pub const PREFIX_LEN: usize = 12;
+
+/// Shortest key accepted, e.g. for `SLUICE_BOOTSTRAP_API_KEY`.
+pub const MIN_KEY_LEN: usize = 24;
+
+/// A new random key.
+///
+/// # Panics
+/// When the operating system has no randomness to give, which leaves nothing safe to do.
+pub fn generate_key() -> String {
+    let mut secret = [0u8; 20];
+    getrandom::fill(&mut secret).expect("the OS random source is available");
+    format!("slk_{}", hex(&secret))
+}
+
+/// Hex SHA-256 of a key: the only form in which keys are stored.
+pub fn hash_key(key: &str) -> String {
+    hex(&Sha256::digest(key.as_bytes()))
+}
+
+fn prefix(key: &str) -> &str {
+    key.get(..PREFIX_LEN).unwrap_or(key)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut out, byte| {
+            let _ = write!(out, "{byte:02x}");
+            out
+        })
+}
+
+/// Stores `key` (or a new random key) for `user_id` and returns it.
+///
+/// # Errors
+/// A key shorter than [`MIN_KEY_LEN`] (as `Ok(Err(..))`), or a store failure.
+pub async fn issue_key(
+    store: &dyn MetadataStore,
+    user_id: &str,
+    key: Option<String>,
+) -> Result<Result<String, String>, StoreError> {
+    let key = key.unwrap_or_else(generate_key);
+    if key.len() < MIN_KEY_LEN || !key.is_ascii() {
+        return Ok(Err(format!(
+            "API keys must be at least {MIN_KEY_LEN} ASCII characters"
+        )));
+    }
+    let hash = hash_key(&key);
+    let id = sluice_core::ids::new_id();
+    store
+        .insert_api_key(NewApiKey {
+            id: &id,
+            user_id,
+            prefix: prefix(&key),
+            hash: &hash,
+        })
+        .await?;
+    Ok(Ok(key))
+}
+
+/// The authenticated caller of a request.
+#[derive(Debug, Clone)]
+pub struct Caller(pub Principal);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let key = parts
+            .headers
+            .get(API_KEY_HEADER)
+            .ok_or(ApiError::Unauthorized(
+                "Missing API key: send it in the X-API-Key header",
+            ))?
+            .to_str()
+            .map_err(|_| ApiError::Unauthorized("Invalid API key"))?;
+        let hash = hash_key(key);
+        let candidates = state.store.api_key_candidates(prefix(key)).await?;
+        candidates
+            .into_iter()
+            .find(|candidate| bool::from(candidate.hash.as_bytes().ct_eq(hash.as_bytes())))
+            .map(|candidate| Caller(candidate.principal))
+            .ok_or(ApiError::Unauthorized("Invalid API key"))
+    }
+}
+
+impl Caller {
+    /// 403 unless the caller's organization has the pipeline service.
+    ///
+    /// # Errors
+    /// [`ApiError::Forbidden`].
+    pub fn require_pipelines(&self) -> Result<(), ApiError> {
+        if self.0.flags.pipelines {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden(
+                "the pipeline service is not enabled for this organization".to_owned(),
+            ))
+        }
+    }
+
+    /// 403 when the pipeline has script transforms and the organization lacks
+    /// `custom_transforms`.
+    ///
+    /// # Errors
+    /// [`ApiError::Forbidden`].
+    pub fn require_custom_transforms_for(
+        &self,
+        config: &sluice_core::pipeline::PipelineConfig,
+    ) -> Result<(), ApiError> {
+        let has_script = config.transforms.iter().any(|t| !t.is_set_filter());
+        if has_script && !self.0.flags.custom_transforms {
+            return Err(ApiError::Forbidden(
+                "v8 script transforms need the custom_transforms feature, which is not enabled for this organization"
+                    .to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Loads a pipeline the caller holds `needed` on: 404 when the caller cannot read it (its
+    /// existence is not revealed), 403 when it can read but lacks `needed`.
+    ///
+    /// # Errors
+    /// [`ApiError::NotFound`], [`ApiError::Forbidden`], or a store failure.
+    pub async fn pipeline(
+        &self,
+        state: &AppState,
+        id: &str,
+        needed: Permission,
+    ) -> Result<(Pipeline, Access), ApiError> {
+        self.require_pipelines()?;
+        let found = state.store.pipeline_with_access(id, &self.0).await?;
+        match found {
+            Some((pipeline, access)) if access.allows(needed) => Ok((pipeline, access)),
+            Some((_, access)) if access.allows(Permission::Read) => {
+                let word = match needed {
+                    Permission::Read => "read",
+                    Permission::Edit => "edit",
+                    Permission::Manage => "manage",
+                };
+                Err(ApiError::Forbidden(format!(
+                    "you need {word} permission on pipeline {id}"
+                )))
+            }
+            _ => Err(ApiError::NotFound(format!("Pipeline {id} not found"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_keys_are_random_long_and_hash_to_hex() {
+        let (a, b) = (generate_key(), generate_key());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 44);
+        assert!(a.starts_with("slk_"));
+        let hash = hash_key(&a);
+        assert_eq!(hash.len(), 64);
+        assert_ne!(hash, hash_key(&b));
+        assert_eq!(prefix(&a).len(), PREFIX_LEN);
+    }
+}

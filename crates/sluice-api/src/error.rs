@@ -1,0 +1,86 @@
+//! The one error type of the API and how each variant renders.
+//!
+//! Validation failures are SPEC's 422 `{"detail": [{loc, msg, type}]}`; every other error is
+//! `{"detail": "<message>"}`. Internal errors are logged once here, with their cause, and reach
+//! the client only as a generic 500.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use sluice_core::validation::Violation;
+use sluice_store::StoreError;
+use utoipa::ToSchema;
+
+/// `{"detail": "<message>"}`: the body of every error but 422.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub detail: String,
+}
+
+/// `{"detail": [...]}`: the body of a 422.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ValidationErrorBody {
+    pub detail: Vec<Violation>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("request body is larger than the limit of {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("request body is not valid")]
+    Validation(Vec<Violation>),
+    #[error("store error: {0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+impl From<Vec<Violation>> for ApiError {
+    fn from(violations: Vec<Violation>) -> Self {
+        Self::Validation(violations)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        match self {
+            Self::Validation(detail) => {
+                (status, Json(ValidationErrorBody { detail })).into_response()
+            }
+            Self::Store(error) => {
+                tracing::error!(%error, "request failed on the store");
+                let detail = "internal server error".to_owned();
+                (status, Json(ErrorBody { detail })).into_response()
+            }
+            other => (
+                status,
+                Json(ErrorBody {
+                    detail: other.to_string(),
+                }),
+            )
+                .into_response(),
+        }
+    }
+}

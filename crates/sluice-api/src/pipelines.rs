@@ -1,0 +1,172 @@
+//! Pipeline configuration endpoints: create, list, read, update, delete.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use serde::Serialize;
+use sluice_core::permission::Permission;
+use sluice_core::pipeline::validate::{BodyMode, validate_pipeline_body};
+use sluice_core::pipeline::{Pipeline, PipelineSpec};
+use utoipa::ToSchema;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::body::JsonObject;
+use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+
+/// `{"message": "..."}`: the answer to an action.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessageBody {
+    pub message: String,
+}
+
+/// Create a pipeline configuration.
+///
+/// The caller becomes its owner and the caller's team its `viewer_team`. Transform and sink
+/// uids are generated when omitted; `source.type` comes from the catalog. The older inline
+/// `set_values` on a `redis_set_filter` becomes that transform's initial filter values.
+#[utoipa::path(
+    post, path = "/api/v1/beam", tag = "pipelines",
+    request_body = PipelineSpec,
+    responses(
+        (status = 200, description = "The stored pipeline", body = Pipeline),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service or custom_transforms not enabled", body = ErrorBody),
+        (status = 413, description = "Body over the size limit", body = ErrorBody),
+        (status = 422, description = "Rule violations", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn create_pipeline(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonObject(body): JsonObject,
+) -> Result<Json<Pipeline>, ApiError> {
+    caller.require_pipelines()?;
+    let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Create)?;
+    caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
+    let Caller(principal) = caller;
+    let pipeline = Pipeline::new(
+        sluice_core::ids::new_id(),
+        valid.spec,
+        principal.user_id,
+        principal.org_id,
+        state.clock.now(),
+    );
+    state
+        .store
+        .insert_pipeline(&pipeline, &principal.team_id, &valid.initial_filter_values)
+        .await?;
+    tracing::info!(config_id = %pipeline.id, "pipeline created");
+    Ok(Json(pipeline))
+}
+
+/// List every pipeline the caller can read: owned, shared as editor or reader, or shared
+/// with the caller's team. Oldest first.
+#[utoipa::path(
+    get, path = "/api/v1/beam", tag = "pipelines",
+    responses(
+        (status = 200, description = "Readable pipelines", body = Vec<Pipeline>),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_pipelines(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<Vec<Pipeline>>, ApiError> {
+    caller.require_pipelines()?;
+    Ok(Json(state.store.list_readable_pipelines(&caller.0).await?))
+}
+
+/// Read one pipeline (read permission).
+#[utoipa::path(
+    get, path = "/api/v1/beam/{config_id}", tag = "pipelines",
+    params(("config_id" = String, Path, description = "Pipeline id")),
+    responses(
+        (status = 200, description = "The pipeline", body = Pipeline),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 404, description = "No such pipeline, or no read permission", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_pipeline(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(config_id): Path<String>,
+) -> Result<Json<Pipeline>, ApiError> {
+    let (pipeline, _) = caller
+        .pipeline(&state, &config_id, Permission::Read)
+        .await?;
+    Ok(Json(pipeline))
+}
+
+/// Replace a pipeline's editable fields (edit permission). Server-managed fields keep their
+/// values and are ignored if sent. Filter values of transforms that are no longer set filters
+/// are deleted. Deploy again to apply the change to a running pipeline.
+#[utoipa::path(
+    put, path = "/api/v1/beam/{config_id}", tag = "pipelines",
+    params(("config_id" = String, Path, description = "Pipeline id")),
+    request_body = PipelineSpec,
+    responses(
+        (status = 200, description = "The updated pipeline", body = Pipeline),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Read but not edit permission, or feature not enabled", body = ErrorBody),
+        (status = 404, description = "No such pipeline, or no read permission", body = ErrorBody),
+        (status = 413, description = "Body over the size limit", body = ErrorBody),
+        (status = 422, description = "Rule violations", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn update_pipeline(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(config_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> Result<Json<Pipeline>, ApiError> {
+    let (mut pipeline, _) = caller
+        .pipeline(&state, &config_id, Permission::Edit)
+        .await?;
+    let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Update)?;
+    caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
+    pipeline.apply(valid.spec, state.clock.now());
+    if !state.store.update_pipeline(&pipeline).await? {
+        return Err(ApiError::NotFound(format!(
+            "Pipeline {config_id} not found"
+        )));
+    }
+    tracing::info!(config_id = %pipeline.id, "pipeline updated");
+    Ok(Json(pipeline))
+}
+
+/// Delete a pipeline with its filter values and sharing (manage permission).
+#[utoipa::path(
+    delete, path = "/api/v1/beam/{config_id}", tag = "pipelines",
+    params(("config_id" = String, Path, description = "Pipeline id")),
+    responses(
+        (status = 200, description = "Deleted", body = MessageBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Read but not manage permission", body = ErrorBody),
+        (status = 404, description = "No such pipeline, or no read permission", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn delete_pipeline(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(config_id): Path<String>,
+) -> Result<Json<MessageBody>, ApiError> {
+    caller
+        .pipeline(&state, &config_id, Permission::Manage)
+        .await?;
+    if !state.store.delete_pipeline(&config_id).await? {
+        return Err(ApiError::NotFound(format!(
+            "Pipeline {config_id} not found"
+        )));
+    }
+    tracing::info!(%config_id, "pipeline deleted");
+    Ok(Json(MessageBody {
+        message: format!("Pipeline {config_id} successfully deleted"),
+    }))
+}

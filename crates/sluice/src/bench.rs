@@ -1,0 +1,197 @@
+//! `sluice bench`: latency and throughput of a running server's pipeline endpoints.
+//!
+//! Open loop by default: requests are scheduled at a fixed `--rate` whatever the server does,
+//! and each latency is measured from the request's *scheduled* time, so a stalled server shows
+//! up in the percentiles instead of silently slowing the load (no coordinated omission).
+//! `--rate 0` runs closed loop instead: `--concurrency` workers send back to back, which
+//! measures the maximum throughput.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Operation {
+    /// `GET {base_url}/{config_id}` on pipelines created during setup.
+    Get,
+    /// `GET {base_url}` listing the pipelines created during setup.
+    List,
+    /// `POST {base_url}` creating a pipeline per request.
+    Create,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Base address of the server.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// API key to send (X-API-Key).
+    #[arg(long, env = "SLUICE_API_KEY")]
+    api_key: String,
+    #[arg(long, value_enum, default_value = "get")]
+    op: Operation,
+    /// Requests per second (open loop); 0 sends as fast as `--concurrency` allows.
+    #[arg(long, default_value_t = 500)]
+    rate: u32,
+    /// Seconds of measured load (after a warm-up of 2 seconds).
+    #[arg(long, default_value_t = 30)]
+    duration: u64,
+    /// Most requests in flight at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Pipelines created before measuring (`get` picks among them, `list` returns them).
+    #[arg(long, default_value_t = 20)]
+    pipelines: usize,
+}
+
+fn pipeline_body(index: usize) -> Value {
+    json!({
+        "name": format!("bench-{index}"),
+        "description": "created by sluice bench",
+        "tags": ["bench"],
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [{"type": "redis_set_filter", "filter_expr": "root = this.token_address"}],
+            "sinks": [{"type": "kafka", "name": format!("bench-{index}")}]
+        }
+    })
+}
+
+struct Target {
+    client: reqwest::Client,
+    base: String,
+    key: String,
+    op: Operation,
+    ids: Vec<String>,
+}
+
+impl Target {
+    async fn send(&self, n: usize) -> anyhow::Result<()> {
+        let request = match self.op {
+            Operation::Get => {
+                self.client
+                    .get(format!("{}/{}", self.base, self.ids[n % self.ids.len()]))
+            }
+            Operation::List => self.client.get(&self.base),
+            Operation::Create => self.client.post(&self.base).json(&pipeline_body(n)),
+        };
+        let response = request.header("X-API-Key", &self.key).send().await?;
+        let status = response.status();
+        response.bytes().await?;
+        if !status.is_success() {
+            bail!("status {status}");
+        }
+        Ok(())
+    }
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency)
+        .build()?;
+    let base = format!("{}/api/v1/beam", args.url.trim_end_matches('/'));
+    let mut ids = Vec::with_capacity(args.pipelines);
+    for index in 0..args.pipelines.max(1) {
+        let response = client
+            .post(&base)
+            .header("X-API-Key", &args.api_key)
+            .json(&pipeline_body(index))
+            .send()
+            .await
+            .context("creating setup pipelines")?;
+        if !response.status().is_success() {
+            bail!(
+                "setup create failed: {} {}",
+                response.status(),
+                response.text().await?
+            );
+        }
+        let created: Value = response.json().await?;
+        ids.push(
+            created["id"]
+                .as_str()
+                .context("created pipeline has an id")?
+                .to_owned(),
+        );
+    }
+    let target = Arc::new(Target {
+        client,
+        base,
+        key: args.api_key.clone(),
+        op: args.op,
+        ids,
+    });
+
+    // Warm up connections and caches; these results are discarded.
+    drive(&target, &args, Duration::from_secs(2)).await;
+    let started = Instant::now();
+    let (mut latencies, errors) = drive(&target, &args, Duration::from_secs(args.duration)).await;
+    let elapsed = started.elapsed().as_secs_f64();
+
+    latencies.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return f64::NAN;
+        }
+        let rank = ((p / 100.0) * latencies.len() as f64).ceil() as usize;
+        latencies[rank.clamp(1, latencies.len()) - 1].as_secs_f64() * 1000.0
+    };
+    let report = json!({
+        "op": format!("{:?}", args.op).to_lowercase(),
+        "rate_target": args.rate,
+        "concurrency": args.concurrency,
+        "requests_ok": latencies.len(),
+        "errors": errors,
+        "throughput_rps": (latencies.len() as f64 / elapsed * 10.0).round() / 10.0,
+        "p50_ms": (pct(50.0) * 1000.0).round() / 1000.0,
+        "p90_ms": (pct(90.0) * 1000.0).round() / 1000.0,
+        "p99_ms": (pct(99.0) * 1000.0).round() / 1000.0,
+        "max_ms": (pct(100.0) * 1000.0).round() / 1000.0,
+    });
+    println!("{report}");
+    Ok(())
+}
+
+/// Runs load for `length`; returns the latencies of successful requests and the error count.
+async fn drive(target: &Arc<Target>, args: &BenchArgs, length: Duration) -> (Vec<Duration>, usize) {
+    let permits = Arc::new(Semaphore::new(args.concurrency));
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Option<Duration>>();
+    let start = Instant::now();
+    let mut sent = 0usize;
+    loop {
+        let due = if args.rate == 0 {
+            Instant::now()
+        } else {
+            start + Duration::from_secs_f64(sent as f64 / f64::from(args.rate))
+        };
+        if due.duration_since(start) >= length {
+            break;
+        }
+        tokio::time::sleep_until(due.into()).await;
+        let permit = permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let (target, done) = (target.clone(), done_tx.clone());
+        tokio::spawn(async move {
+            let outcome = target.send(sent).await;
+            drop(permit);
+            // Measured from the scheduled time: queueing behind a slow server counts.
+            let _ = done.send(outcome.ok().map(|()| due.elapsed()));
+        });
+        sent += 1;
+    }
+    drop(done_tx);
+    let (mut latencies, mut errors) = (Vec::with_capacity(sent), 0);
+    while let Some(outcome) = done_rx.recv().await {
+        match outcome {
+            Some(latency) => latencies.push(latency),
+            None => errors += 1,
+        }
+    }
+    (latencies, errors)
+}

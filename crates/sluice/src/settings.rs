@@ -1,0 +1,187 @@
+//! Settings of `serve` and the admin commands, resolved with the precedence
+//! flags > `SLUICE_*` environment variables > config file (`--config sluice.toml`) > defaults.
+//!
+//! clap resolves flags and environment variables together (every option is an `Option`
+//! with an `env` name, so "not given" is visible); the file and the defaults fill what is
+//! still missing.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+/// Options shared by every command that opens the store.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct StoreArgs {
+    /// Config file (TOML) with any of the settings below.
+    #[arg(long, env = "SLUICE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Directory for the embedded database and other local state [default: ./sluice-data].
+    #[arg(long, env = "SLUICE_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// `sqlite://<path>` or `postgres://user@host/db` [default: SQLite file in the data dir].
+    #[arg(long, env = "SLUICE_DATABASE_URL", value_name = "URL")]
+    pub database_url: Option<String>,
+}
+
+/// Options only `serve` uses.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, env = "SLUICE_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// TOML file that extends or replaces the source catalog (see docs/catalog.md).
+    #[arg(long, env = "SLUICE_CATALOG_FILE", value_name = "FILE")]
+    pub catalog_file: Option<PathBuf>,
+    /// Largest request body accepted, in bytes [default: 16777216].
+    #[arg(long, env = "SLUICE_MAX_BODY_BYTES", value_name = "BYTES")]
+    pub max_body_bytes: Option<usize>,
+}
+
+/// The config file: every setting, all optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    data_dir: Option<PathBuf>,
+    database_url: Option<String>,
+    listen: Option<SocketAddr>,
+    catalog_file: Option<PathBuf>,
+    max_body_bytes: Option<usize>,
+}
+
+/// Resolved settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub data_dir: PathBuf,
+    pub database_url: String,
+    pub listen: SocketAddr,
+    pub catalog_file: Option<PathBuf>,
+    pub max_body_bytes: usize,
+}
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_DATA_DIR: &str = "./sluice-data";
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+impl Settings {
+    /// Resolves `serve` settings.
+    ///
+    /// # Errors
+    /// An unreadable or invalid config file, or a zero body limit.
+    pub fn resolve(args: &ServeArgs) -> anyhow::Result<Self> {
+        let file = read_file(args.store.config.as_deref())?;
+        let data_dir = args
+            .store
+            .data_dir
+            .clone()
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        let database_url = args
+            .store
+            .database_url
+            .clone()
+            .or(file.database_url)
+            .unwrap_or_else(|| default_database_url(&data_dir));
+        let max_body_bytes = args
+            .max_body_bytes
+            .or(file.max_body_bytes)
+            .unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        if max_body_bytes == 0 {
+            bail!("max_body_bytes must be greater than 0");
+        }
+        Ok(Self {
+            data_dir,
+            database_url,
+            listen: args
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("the default address parses")),
+            catalog_file: args.catalog_file.clone().or(file.catalog_file),
+            max_body_bytes,
+        })
+    }
+
+    /// Resolves the settings of a command that only opens the store.
+    ///
+    /// # Errors
+    /// As [`Settings::resolve`].
+    pub fn resolve_store(args: &StoreArgs) -> anyhow::Result<Self> {
+        Self::resolve(&ServeArgs {
+            store: args.clone(),
+            ..ServeArgs::default()
+        })
+    }
+
+    /// Creates the data directory when the database lives in it.
+    ///
+    /// # Errors
+    /// When the directory cannot be created.
+    pub fn prepare_data_dir(&self) -> anyhow::Result<()> {
+        std::fs::create_dir_all(&self.data_dir)
+            .with_context(|| format!("creating data directory {}", self.data_dir.display()))
+    }
+}
+
+fn default_database_url(data_dir: &Path) -> String {
+    format!("sqlite://{}", data_dir.join("sluice.db").display())
+}
+
+fn read_file(path: Option<&Path>) -> anyhow::Result<FileSettings> {
+    let Some(path) = path else {
+        return Ok(FileSettings::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(dir: &tempfile::TempDir, text: &str) -> PathBuf {
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn defaults_apply_when_nothing_is_given() {
+        let settings = Settings::resolve(&ServeArgs::default()).unwrap();
+        assert_eq!(settings.listen, DEFAULT_LISTEN.parse().unwrap());
+        assert_eq!(settings.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert_eq!(settings.database_url, "sqlite://./sluice-data/sluice.db");
+        assert_eq!(settings.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    }
+
+    #[test]
+    fn file_fills_what_flags_and_env_leave_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = file(
+            &dir,
+            "data_dir = \"/from/file\"\nlisten = \"127.0.0.1:9000\"\nmax_body_bytes = 10\n",
+        );
+        let mut args = ServeArgs::default();
+        args.store.config = Some(config);
+        // A flag (or an env var, which clap folds into the same field) wins over the file.
+        args.listen = Some("127.0.0.1:9999".parse().unwrap());
+        let settings = Settings::resolve(&args).unwrap();
+        assert_eq!(settings.listen, "127.0.0.1:9999".parse().unwrap());
+        assert_eq!(settings.data_dir, PathBuf::from("/from/file"));
+        assert_eq!(settings.database_url, "sqlite:///from/file/sluice.db");
+        assert_eq!(settings.max_body_bytes, 10);
+    }
+
+    #[test]
+    fn bad_config_files_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = ServeArgs::default();
+        args.store.config = Some(file(&dir, "lisen = \"x\"\n"));
+        assert!(Settings::resolve(&args).is_err());
+        args.store.config = Some(dir.path().join("missing.toml"));
+        assert!(Settings::resolve(&args).is_err());
+    }
+}
