@@ -1,0 +1,146 @@
+//! A router over a fresh SQLite store, users with keys, and a request helper.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use chrono::{TimeZone, Utc};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use sluice_api::{AppState, Limits};
+use sluice_core::catalog::Catalog;
+use sluice_core::clock::ManualClock;
+use sluice_store::{Identity, MetadataStore, SqliteStore};
+use tower::ServiceExt;
+
+pub struct Harness {
+    pub store: Arc<dyn MetadataStore>,
+    pub clock: Arc<ManualClock>,
+    state: AppState,
+    _dir: tempfile::TempDir,
+}
+
+/// A user and its key.
+#[derive(Clone)]
+pub struct User {
+    pub key: String,
+    pub identity: Identity,
+}
+
+impl User {
+    pub fn id(&self) -> &str {
+        &self.identity.user.id
+    }
+
+    pub fn team(&self) -> &str {
+        &self.identity.team.id
+    }
+}
+
+impl Harness {
+    pub async fn new() -> Self {
+        Self::with_limits(Limits::default()).await
+    }
+
+    pub async fn with_limits(limits: Limits) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+        let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
+        let clock = Arc::new(ManualClock::new(
+            Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap(),
+        ));
+        let state = AppState::new(store.clone(), Catalog::default(), clock.clone(), limits);
+        Self {
+            store,
+            clock,
+            state,
+            _dir: dir,
+        }
+    }
+
+    pub async fn user(&self, org: &str, team: &str, name: &str) -> User {
+        let identity = self
+            .store
+            .ensure_identity(org, team, name, false)
+            .await
+            .unwrap();
+        let key = sluice_api::auth::issue_key(self.store.as_ref(), &identity.user.id, None)
+            .await
+            .unwrap()
+            .unwrap();
+        User { key, identity }
+    }
+
+    /// Sends a request; `body` is JSON unless it is a `Value::String`, sent raw.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(key) = key {
+            request = request.header("X-API-Key", key);
+        }
+        let body = match body {
+            None => Body::empty(),
+            Some(Value::String(raw)) => Body::from(raw),
+            Some(value) => {
+                request = request.header("content-type", "application/json");
+                Body::from(value.to_string())
+            }
+        };
+        let response = sluice_api::app(self.state.clone())
+            .oneshot(request.body(body).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        (status, value)
+    }
+
+    pub async fn get(&self, path: &str, user: &User) -> (StatusCode, Value) {
+        self.call(Method::GET, path, Some(&user.key), None).await
+    }
+
+    pub async fn post(&self, path: &str, user: &User, body: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, path, Some(&user.key), Some(body))
+            .await
+    }
+
+    pub async fn put(&self, path: &str, user: &User, body: Value) -> (StatusCode, Value) {
+        self.call(Method::PUT, path, Some(&user.key), Some(body))
+            .await
+    }
+
+    pub async fn delete(&self, path: &str, user: &User) -> (StatusCode, Value) {
+        self.call(Method::DELETE, path, Some(&user.key), None).await
+    }
+
+    /// Creates `body` as `user`, asserting success; returns the record.
+    pub async fn create(&self, user: &User, body: Value) -> Value {
+        let (status, created) = self.post("/api/v1/beam", user, body).await;
+        assert_eq!(status, StatusCode::OK, "{created}");
+        created
+    }
+}
+
+/// A valid create body.
+pub fn pipeline_body(name: &str) -> Value {
+    json!({
+        "name": name,
+        "description": "USDC transfers on Base",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [{"type": "redis_set_filter", "filter_expr": "root = this.token_address"}],
+            "sinks": [{"type": "kafka", "name": "usdc-transfers"}]
+        }
+    })
+}
