@@ -1,5 +1,7 @@
 //! Integration tests of the HTTP API, driving the real router without sockets.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod harness;
 mod openapi;
 mod permissions;

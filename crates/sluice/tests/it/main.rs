@@ -1,0 +1,6 @@
+//! End-to-end tests of the `sluice` binary: real server processes on loopback ports.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod process;
+mod serve;

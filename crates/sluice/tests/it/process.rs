@@ -1,0 +1,142 @@
+//! Running `sluice` as a child process.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub fn sluice() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    // Only what a test sets reaches the child.
+    for (name, _) in std::env::vars() {
+        if name.starts_with("SLUICE_") {
+            command.env_remove(name);
+        }
+    }
+    command.env("SLUICE_LOG", "info,sqlx=warn");
+    command
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running server; killed when dropped.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    /// Lines the server printed on stdout.
+    pub stdout: mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Starts `command` (a `sluice serve …`) listening on `port` and waits until it is ready.
+    pub fn start(mut command: Command, port: u16) -> Self {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let server = Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            stdout: rx,
+        };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(true) = is_ready(&format!("{}/readyz", self.base)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server at {} did not become ready",
+                self.base
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Every stdout line printed so far.
+    pub fn printed(&self) -> Vec<String> {
+        self.stdout.try_iter().collect()
+    }
+
+    /// Sends SIGTERM and waits for the exit; true when it exited successfully.
+    pub fn terminate(mut self) -> bool {
+        let pid = self.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.success();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server did not stop after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs an admin command to completion.
+pub fn admin(args: &[&str], store_args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = sluice();
+    command.arg("admin").args(args).args(store_args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().unwrap()
+}
+
+pub fn data_dir_args(dir: &Path) -> Vec<String> {
+    vec!["--data-dir".to_owned(), dir.display().to_string()]
+}
+
+/// Whether `GET url` answers 200, over a raw TCP connection so that waiting needs no runtime.
+fn is_ready(url: &str) -> std::io::Result<bool> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("http URL");
+    let (host, path) = rest.split_once('/').expect("URL with a path");
+    let mut stream = std::net::TcpStream::connect(host)?;
+    write!(
+        stream,
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response.starts_with("HTTP/1.1 200"))
+}
