@@ -6,6 +6,7 @@
 //! puts it in the OpenAPI document, so the document cannot miss a route. Errors go through
 //! [`error::ApiError`]. This crate may depend on every other Sluice crate.
 
+pub mod account;
 pub mod auth;
 pub mod body;
 pub mod error;
@@ -118,6 +119,7 @@ fn routes_with_doc() -> OpenApiRouter<AppState> {
             pipelines::delete_pipeline
         ))
         .routes(routes!(sharing::get_permissions, sharing::put_permissions))
+        .routes(routes!(account::me))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
         .routes(routes!(ops::openapi_json))

@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 12] = [
+const ROUTES: [(&str, &str); 13] = [
     ("post", "/api/v1/beam"),
     ("get", "/api/v1/beam"),
     ("get", "/api/v1/beam/sources"),
@@ -15,6 +15,7 @@ const ROUTES: [(&str, &str); 12] = [
     ("delete", "/api/v1/beam/{config_id}"),
     ("get", "/api/v1/beam/{config_id}/permissions"),
     ("put", "/api/v1/beam/{config_id}/permissions"),
+    ("get", "/api/v1/me"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/api/v1/openapi.json"),
@@ -93,7 +94,8 @@ async fn every_schema_reference_resolves_and_authenticated_routes_declare_the_ke
     for (path, item) in doc["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {
             let secured = op.get("security").is_some();
-            assert_eq!(secured, path.starts_with("/api/v1/beam"), "{method} {path}");
+            let needs_key = path.starts_with("/api/v1/beam") || path == "/api/v1/me";
+            assert_eq!(secured, needs_key, "{method} {path}");
         }
     }
 }

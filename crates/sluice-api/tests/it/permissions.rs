@@ -228,6 +228,23 @@ async fn missing_bad_and_revoked_keys_get_401_everywhere() {
 }
 
 #[tokio::test]
+async fn me_tells_a_user_the_ids_others_share_with() {
+    let w = World::new().await;
+    let (status, me) = w.h.get("/api/v1/me", &w.reader).await;
+    assert_eq!(status, OK);
+    assert_eq!(
+        me,
+        json!({
+            "user_id": w.reader.id(),
+            "team_id": w.reader.team(),
+            "organization_id": w.reader.identity.org.id,
+            "is_operator": false,
+            "features": {"pipelines": true, "custom_transforms": true}
+        })
+    );
+}
+
+#[tokio::test]
 async fn sharing_changes_take_effect_at_once() {
     let w = World::new().await;
     let id = w.shared_pipeline().await;
