@@ -46,12 +46,10 @@ fn prefix(key: &str) -> &str {
 
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut out, byte| {
-            let _ = write!(out, "{byte:02x}");
-            out
-        })
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut out, byte| {
+        let _ = write!(out, "{byte:02x}");
+        out
+    })
 }
 
 /// Stores `key` (or a new random key) for `user_id` and returns it.
@@ -65,20 +63,11 @@ pub async fn issue_key(
 ) -> Result<Result<String, String>, StoreError> {
     let key = key.unwrap_or_else(generate_key);
     if key.len() < MIN_KEY_LEN || !key.is_ascii() {
-        return Ok(Err(format!(
-            "API keys must be at least {MIN_KEY_LEN} ASCII characters"
-        )));
+        return Ok(Err(format!("API keys must be at least {MIN_KEY_LEN} ASCII characters")));
     }
     let hash = hash_key(&key);
     let id = sluice_core::ids::new_id();
-    store
-        .insert_api_key(NewApiKey {
-            id: &id,
-            user_id,
-            prefix: prefix(&key),
-            hash: &hash,
-        })
-        .await?;
+    store.insert_api_key(NewApiKey { id: &id, user_id, prefix: prefix(&key), hash: &hash }).await?;
     Ok(Ok(key))
 }
 
@@ -93,9 +82,7 @@ impl FromRequestParts<AppState> for Caller {
         let key = parts
             .headers
             .get(API_KEY_HEADER)
-            .ok_or(ApiError::Unauthorized(
-                "Missing API key: send it in the X-API-Key header",
-            ))?
+            .ok_or(ApiError::Unauthorized("Missing API key: send it in the X-API-Key header"))?
             .to_str()
             .map_err(|_| ApiError::Unauthorized("Invalid API key"))?;
         let hash = hash_key(key);
@@ -163,9 +150,7 @@ impl Caller {
                     Permission::Edit => "edit",
                     Permission::Manage => "manage",
                 };
-                Err(ApiError::Forbidden(format!(
-                    "you need {word} permission on pipeline {id}"
-                )))
+                Err(ApiError::Forbidden(format!("you need {word} permission on pipeline {id}")))
             }
             _ => Err(ApiError::NotFound(format!("Pipeline {id} not found"))),
         }

@@ -21,9 +21,7 @@ impl FromRequest<AppState> for JsonObject {
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge {
-                    limit: state.limits.max_body_bytes,
-                }
+                ApiError::PayloadTooLarge { limit: state.limits.max_body_bytes }
             } else {
                 ApiError::Validation(vec![sluice_core::validation::Violation::new(
                     &sluice_core::validation::Loc::body(),

@@ -74,13 +74,7 @@ impl IntoResponse for ApiError {
                 let detail = "internal server error".to_owned();
                 (status, Json(ErrorBody { detail })).into_response()
             }
-            other => (
-                status,
-                Json(ErrorBody {
-                    detail: other.to_string(),
-                }),
-            )
-                .into_response(),
+            other => (status, Json(ErrorBody { detail: other.to_string() })).into_response(),
         }
     }
 }

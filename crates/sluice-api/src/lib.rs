@@ -38,9 +38,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self {
-            max_body_bytes: 16 * 1024 * 1024,
-        }
+        Self { max_body_bytes: 16 * 1024 * 1024 }
     }
 }
 
@@ -62,16 +60,8 @@ impl AppState {
         limits: Limits,
     ) -> Self {
         let openapi = routes_with_doc().split_for_parts().1;
-        let openapi_json = openapi
-            .to_pretty_json()
-            .expect("the OpenAPI document serializes");
-        Self {
-            store,
-            catalog: Arc::new(catalog),
-            clock,
-            limits,
-            openapi_json: openapi_json.into(),
-        }
+        let openapi_json = openapi.to_pretty_json().expect("the OpenAPI document serializes");
+        Self { store, catalog: Arc::new(catalog), clock, limits, openapi_json: openapi_json.into() }
     }
 }
 
@@ -108,10 +98,7 @@ impl Modify for ApiKeyScheme {
 
 fn routes_with_doc() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .routes(routes!(
-            pipelines::create_pipeline,
-            pipelines::list_pipelines
-        ))
+        .routes(routes!(pipelines::create_pipeline, pipelines::list_pipelines))
         .routes(routes!(sources::list_sources))
         .routes(routes!(
             pipelines::get_pipeline,

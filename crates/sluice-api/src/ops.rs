@@ -34,9 +34,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, A
         Ok(()) => Ok(Json(StatusBody { status: "ok" })),
         Err(error) => {
             tracing::warn!(%error, "readiness check failed");
-            Err(ApiError::Unavailable(
-                "the metadata store is not reachable".to_owned(),
-            ))
+            Err(ApiError::Unavailable("the metadata store is not reachable".to_owned()))
         }
     }
 }
@@ -45,10 +43,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, A
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "operations",
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
 pub async fn openapi_json(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        state.openapi_json.clone(),
-    )
+    ([(header::CONTENT_TYPE, "application/json")], state.openapi_json.clone())
 }
 
 /// Browsable API documentation, rendered from the OpenAPI document in the browser.

@@ -96,9 +96,7 @@ pub async fn get_pipeline(
     caller: Caller,
     Path(config_id): Path<String>,
 ) -> Result<Json<Pipeline>, ApiError> {
-    let (pipeline, _) = caller
-        .pipeline(&state, &config_id, Permission::Read)
-        .await?;
+    let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Read).await?;
     Ok(Json(pipeline))
 }
 
@@ -125,16 +123,12 @@ pub async fn update_pipeline(
     Path(config_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> Result<Json<Pipeline>, ApiError> {
-    let (mut pipeline, _) = caller
-        .pipeline(&state, &config_id, Permission::Edit)
-        .await?;
+    let (mut pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Update)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
     pipeline.apply(valid.spec, state.clock.now());
     if !state.store.update_pipeline(&pipeline).await? {
-        return Err(ApiError::NotFound(format!(
-            "Pipeline {config_id} not found"
-        )));
+        return Err(ApiError::NotFound(format!("Pipeline {config_id} not found")));
     }
     tracing::info!(config_id = %pipeline.id, "pipeline updated");
     Ok(Json(pipeline))
@@ -157,16 +151,10 @@ pub async fn delete_pipeline(
     caller: Caller,
     Path(config_id): Path<String>,
 ) -> Result<Json<MessageBody>, ApiError> {
-    caller
-        .pipeline(&state, &config_id, Permission::Manage)
-        .await?;
+    caller.pipeline(&state, &config_id, Permission::Manage).await?;
     if !state.store.delete_pipeline(&config_id).await? {
-        return Err(ApiError::NotFound(format!(
-            "Pipeline {config_id} not found"
-        )));
+        return Err(ApiError::NotFound(format!("Pipeline {config_id} not found")));
     }
     tracing::info!(%config_id, "pipeline deleted");
-    Ok(Json(MessageBody {
-        message: format!("Pipeline {config_id} successfully deleted"),
-    }))
+    Ok(Json(MessageBody { message: format!("Pipeline {config_id} successfully deleted") }))
 }

@@ -53,14 +53,9 @@ pub async fn get_permissions(
     caller: Caller,
     Path(config_id): Path<String>,
 ) -> Result<Json<PermissionsBody>, ApiError> {
-    let (pipeline, _) = caller
-        .pipeline(&state, &config_id, Permission::Manage)
-        .await?;
+    let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
     let grants = state.store.pipeline_grants(&config_id).await?;
-    Ok(Json(PermissionsBody {
-        owner: pipeline.owner_org_team_user_id,
-        grants,
-    }))
+    Ok(Json(PermissionsBody { owner: pipeline.owner_org_team_user_id, grants }))
 }
 
 /// Replace who a pipeline is shared with (manage permission).
@@ -83,16 +78,9 @@ pub async fn put_permissions(
     Path(config_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> Result<Json<PermissionsBody>, ApiError> {
-    let (pipeline, _) = caller
-        .pipeline(&state, &config_id, Permission::Manage)
-        .await?;
+    let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
     let grants = validate_grants_body(&body, &pipeline.owner_org_team_user_id)?;
-    let users: Vec<String> = grants
-        .editors
-        .iter()
-        .chain(&grants.readers)
-        .cloned()
-        .collect();
+    let users: Vec<String> = grants.editors.iter().chain(&grants.readers).cloned().collect();
     let unknown = state
         .store
         .unknown_members(&pipeline.organization_id, &users, &grants.viewer_teams)
@@ -103,11 +91,7 @@ pub async fn put_permissions(
         ("readers", &grants.readers, &unknown.users, "user"),
         ("viewer_teams", &grants.viewer_teams, &unknown.teams, "team"),
     ] {
-        for (index, id) in ids
-            .iter()
-            .enumerate()
-            .filter(|(_, id)| unknown_ids.contains(id))
-        {
+        for (index, id) in ids.iter().enumerate().filter(|(_, id)| unknown_ids.contains(id)) {
             violations.push(Violation::value(
                 &Loc::body().at(field).at(index),
                 format!("{what} '{id}' is not a {what} of this organization"),
@@ -117,13 +101,7 @@ pub async fn put_permissions(
     if !violations.is_empty() {
         return Err(ApiError::Validation(violations));
     }
-    state
-        .store
-        .replace_pipeline_grants(&config_id, &grants)
-        .await?;
+    state.store.replace_pipeline_grants(&config_id, &grants).await?;
     tracing::info!(%config_id, "pipeline sharing changed");
-    Ok(Json(PermissionsBody {
-        owner: pipeline.owner_org_team_user_id,
-        grants,
-    }))
+    Ok(Json(PermissionsBody { owner: pipeline.owner_org_team_user_id, grants }))
 }

@@ -32,7 +32,5 @@ pub async fn list_sources(
     caller: Caller,
 ) -> Result<Json<SourcesBody>, ApiError> {
     caller.require_pipelines()?;
-    Ok(Json(SourcesBody {
-        sources: state.catalog.entries().to_vec(),
-    }))
+    Ok(Json(SourcesBody { sources: state.catalog.entries().to_vec() }))
 }

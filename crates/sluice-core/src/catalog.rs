@@ -101,11 +101,7 @@ impl Default for Catalog {
         };
         for chain in ["polygon", "base"] {
             for entity in EVM_ENTITIES {
-                let size = if matches!(entity, "log" | "decoded_log") {
-                    M
-                } else {
-                    S
-                };
+                let size = if matches!(entity, "log" | "decoded_log") { M } else { S };
                 add(chain, entity, Pubsub, true, size);
             }
         }
@@ -131,9 +127,7 @@ impl Catalog {
         let file: CatalogFile = toml::from_str(text)?;
         let mut catalog = match file.mode {
             CatalogMode::Extend => Self::default(),
-            CatalogMode::Replace => Self {
-                entries: Vec::new(),
-            },
+            CatalogMode::Replace => Self { entries: Vec::new() },
         };
         let mut seen: Vec<(&str, &str)> = Vec::new();
         for (index, entry) in file.sources.iter().enumerate() {
@@ -150,9 +144,7 @@ impl Catalog {
             seen.push(key);
         }
         for entry in file.sources {
-            catalog
-                .entries
-                .retain(|e| !(e.chain == entry.chain && e.entity == entry.entity));
+            catalog.entries.retain(|e| !(e.chain == entry.chain && e.entity == entry.entity));
             catalog.entries.push(entry);
         }
         Ok(catalog)
@@ -164,9 +156,7 @@ impl Catalog {
 
     /// The entry for `chain`/`entity`, if the catalog has it.
     pub fn find(&self, chain: &str, entity: &str) -> Option<&CatalogEntry> {
-        self.entries
-            .iter()
-            .find(|e| e.chain == chain && e.entity == entity)
+        self.entries.iter().find(|e| e.chain == chain && e.entity == entity)
     }
 
     /// Distinct chains, in catalog order.
@@ -182,11 +172,7 @@ impl Catalog {
 
     /// Entities of `chain`, in catalog order.
     pub fn entities(&self, chain: &str) -> Vec<&str> {
-        self.entries
-            .iter()
-            .filter(|e| e.chain == chain)
-            .map(|e| e.entity.as_str())
-            .collect()
+        self.entries.iter().filter(|e| e.chain == chain).map(|e| e.entity.as_str()).collect()
     }
 }
 
@@ -209,10 +195,7 @@ mod tests {
         let order = catalog.find("hyperliquid", "order").unwrap();
         assert_eq!(order.source_type, SourceType::Kafka);
         assert_eq!(order.default_size, PodSize::M);
-        assert_eq!(
-            catalog.find("ethereum", "log").unwrap().default_size,
-            PodSize::S
-        );
+        assert_eq!(catalog.find("ethereum", "log").unwrap().default_size, PodSize::S);
         assert!(catalog.find("abstract", "log").is_some());
         assert_eq!(catalog.entries().len(), 10 + 1 + 5 + 1 + 2);
     }
@@ -226,10 +209,7 @@ mod tests {
         .unwrap();
         assert!(extended.find("arbitrum", "log").unwrap().zerolag);
         assert_eq!(
-            extended
-                .find("solana", "nonvoting_transaction")
-                .unwrap()
-                .source_type,
+            extended.find("solana", "nonvoting_transaction").unwrap().source_type,
             SourceType::Kafka
         );
         assert!(extended.find("base", "log").is_some());
@@ -247,9 +227,6 @@ mod tests {
         assert!(Catalog::from_file_text("[[sources]]\nchain = \"x\"\n").is_err());
         assert!(Catalog::from_file_text("bogus = 1").is_err());
         let dup = "[[sources]]\nchain=\"a\"\nentity=\"b\"\nsource_type=\"kafka\"\n".repeat(2);
-        assert!(matches!(
-            Catalog::from_file_text(&dup),
-            Err(CatalogError::Duplicate { .. })
-        ));
+        assert!(matches!(Catalog::from_file_text(&dup), Err(CatalogError::Duplicate { .. })));
     }
 }

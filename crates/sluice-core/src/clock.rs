@@ -27,25 +27,17 @@ pub struct ManualClock {
 
 impl ManualClock {
     pub fn new(start: DateTime<Utc>) -> Self {
-        Self {
-            now: Mutex::new(start),
-        }
+        Self { now: Mutex::new(start) }
     }
 
     pub fn advance(&self, by: Duration) {
-        let mut now = self
-            .now
-            .lock()
-            .expect("manual clock mutex is never poisoned");
+        let mut now = self.now.lock().expect("manual clock mutex is never poisoned");
         *now += by;
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> DateTime<Utc> {
-        *self
-            .now
-            .lock()
-            .expect("manual clock mutex is never poisoned")
+        *self.now.lock().expect("manual clock mutex is never poisoned")
     }
 }

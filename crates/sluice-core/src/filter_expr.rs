@@ -39,18 +39,9 @@ impl FilterExpr {
     /// # Errors
     /// [`FilterExprError`] naming the supported form.
     pub fn parse(text: &str) -> Result<Self, FilterExprError> {
-        let rest = text
-            .trim()
-            .strip_prefix("root")
-            .ok_or(FilterExprError::NotAssignment)?;
-        let rest = rest
-            .trim_start()
-            .strip_prefix('=')
-            .ok_or(FilterExprError::NotAssignment)?;
-        let rest = rest
-            .trim_start()
-            .strip_prefix("this.")
-            .ok_or(FilterExprError::NotAssignment)?;
+        let rest = text.trim().strip_prefix("root").ok_or(FilterExprError::NotAssignment)?;
+        let rest = rest.trim_start().strip_prefix('=').ok_or(FilterExprError::NotAssignment)?;
+        let rest = rest.trim_start().strip_prefix("this.").ok_or(FilterExprError::NotAssignment)?;
         let path = rest
             .split('.')
             .enumerate()
@@ -108,15 +99,9 @@ mod tests {
     #[test]
     fn parses_dotted_fields_and_indexes() {
         let expr = FilterExpr::parse("  root=this.payload.topics.0  ").unwrap();
-        assert_eq!(
-            expr.path(),
-            &[field("payload"), field("topics"), PathSegment::Index(0)]
-        );
+        assert_eq!(expr.path(), &[field("payload"), field("topics"), PathSegment::Index(0)]);
         assert_eq!(expr.to_string(), "root = this.payload.topics.0");
-        assert_eq!(
-            FilterExpr::parse("root = this._a1").unwrap().path(),
-            &[field("_a1")]
-        );
+        assert_eq!(FilterExpr::parse("root = this._a1").unwrap().path(), &[field("_a1")]);
     }
 
     #[test]
@@ -136,10 +121,7 @@ mod tests {
             "root = this.99999999999999999999999",
         ] {
             let error = FilterExpr::parse(text).unwrap_err();
-            assert!(
-                error.to_string().contains(SUPPORTED_FORM),
-                "{text}: {error}"
-            );
+            assert!(error.to_string().contains(SUPPORTED_FORM), "{text}: {error}");
         }
     }
 }

@@ -13,10 +13,7 @@ pub struct OrgFlags {
 
 impl Default for OrgFlags {
     fn default() -> Self {
-        Self {
-            pipelines: true,
-            custom_transforms: true,
-        }
+        Self { pipelines: true, custom_transforms: true }
     }
 }
 

@@ -100,11 +100,7 @@ pub fn validate_grants_body(
     let mut errors = Violations::default();
     let mut fields = Fields::new(body, Loc::body());
     let read = |fields: &mut Fields<'_>, field, errors: &mut Violations| {
-        let values = fields
-            .optional_str_array(field, errors)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let values = fields.optional_str_array(field, errors).ok().flatten().unwrap_or_default();
         let mut out: Vec<String> = Vec::new();
         for value in values {
             if !out.iter().any(|seen| seen == value) {
@@ -135,11 +131,7 @@ pub fn validate_grants_body(
         }
     }
     fields.finish(&mut errors, |_| None);
-    errors.finish(Grants {
-        editors,
-        readers,
-        viewer_teams,
-    })
+    errors.finish(Grants { editors, readers, viewer_teams })
 }
 
 #[cfg(test)]
@@ -172,25 +164,12 @@ mod tests {
             json!({"editors": ["a", "owner", "a"], "readers": ["a", "b"], "viewer_teams": ["t"]});
         let errors = validate_grants_body(body.as_object().unwrap(), "owner").unwrap_err();
         assert_eq!(errors.len(), 2);
-        assert_eq!(
-            errors[0].loc,
-            vec!["body".into(), "editors".into(), 1usize.into()]
-        );
-        assert_eq!(
-            errors[1].loc,
-            vec!["body".into(), "readers".into(), 0usize.into()]
-        );
+        assert_eq!(errors[0].loc, vec!["body".into(), "editors".into(), 1usize.into()]);
+        assert_eq!(errors[1].loc, vec!["body".into(), "readers".into(), 0usize.into()]);
 
         let ok =
             validate_grants_body(json!({"readers": ["b", "b"]}).as_object().unwrap(), "o").unwrap();
-        assert_eq!(
-            ok,
-            Grants {
-                editors: vec![],
-                readers: vec!["b".into()],
-                viewer_teams: vec![]
-            }
-        );
+        assert_eq!(ok, Grants { editors: vec![], readers: vec!["b".into()], viewer_teams: vec![] });
         assert!(validate_grants_body(json!({"editor": []}).as_object().unwrap(), "o").is_err());
     }
 }

@@ -232,10 +232,6 @@ impl Pipeline {
 
     /// Uids of the set-filter transforms, whose filter values the store keeps.
     pub fn set_filter_uids(&self) -> impl Iterator<Item = &str> {
-        self.pipeline_config
-            .transforms
-            .iter()
-            .filter(|t| t.is_set_filter())
-            .map(Transform::uid)
+        self.pipeline_config.transforms.iter().filter(|t| t.is_set_filter()).map(Transform::uid)
     }
 }

@@ -68,11 +68,7 @@ pub struct Violation {
 
 impl Violation {
     pub fn new(loc: &Loc, kind: &str, msg: impl Into<String>) -> Self {
-        Self {
-            loc: loc.0.clone(),
-            msg: msg.into(),
-            kind: kind.to_owned(),
-        }
+        Self { loc: loc.0.clone(), msg: msg.into(), kind: kind.to_owned() }
     }
 
     pub fn missing(loc: &Loc) -> Self {
@@ -107,11 +103,7 @@ impl Violations {
     /// # Errors
     /// The recorded violations, in the order they were found.
     pub fn finish<T>(self, value: T) -> Result<T, Vec<Violation>> {
-        if self.0.is_empty() {
-            Ok(value)
-        } else {
-            Err(self.0)
-        }
+        if self.0.is_empty() { Ok(value) } else { Err(self.0) }
     }
 }
 
@@ -163,11 +155,7 @@ impl<'a> Fields<'a> {
     }
 
     pub fn new(map: &'a Map<String, Value>, loc: Loc) -> Self {
-        Self {
-            map,
-            loc,
-            seen: Vec::new(),
-        }
+        Self { map, loc, seen: Vec::new() }
     }
 
     pub fn loc(&self, field: &str) -> Loc {
@@ -245,9 +233,7 @@ impl<'a> Fields<'a> {
     ) -> Result<Option<Vec<&'a str>>, Recorded> {
         match self.get(field) {
             None => Ok(None),
-            Some(value) => str_array(value, &self.loc(field), errors)
-                .map(Some)
-                .ok_or(Recorded),
+            Some(value) => str_array(value, &self.loc(field), errors).map(Some).ok_or(Recorded),
         }
     }
 
@@ -277,11 +263,7 @@ impl<'a> Fields<'a> {
         for field in self.map.keys() {
             if !self.seen.contains(&field.as_str()) {
                 let msg = hint(field).unwrap_or_else(|| "Extra inputs are not permitted".into());
-                errors.push(Violation::new(
-                    &self.loc.at(field.as_str()),
-                    "extra_forbidden",
-                    msg,
-                ));
+                errors.push(Violation::new(&self.loc.at(field.as_str()), "extra_forbidden", msg));
             }
         }
     }
@@ -292,11 +274,7 @@ pub fn as_str<'a>(value: &'a Value, loc: &Loc, errors: &mut Violations) -> Optio
     match value {
         Value::String(text) => Some(text),
         _ => {
-            errors.push(Violation::new(
-                loc,
-                "string_type",
-                "Input should be a valid string",
-            ));
+            errors.push(Violation::new(loc, "string_type", "Input should be a valid string"));
             None
         }
     }
@@ -311,11 +289,7 @@ pub fn as_array<'a>(
     match value {
         Value::Array(items) => Some(items),
         _ => {
-            errors.push(Violation::new(
-                loc,
-                "list_type",
-                "Input should be a valid list",
-            ));
+            errors.push(Violation::new(loc, "list_type", "Input should be a valid list"));
             None
         }
     }
@@ -378,10 +352,7 @@ mod tests {
         assert_eq!(found.len(), 2);
         assert_eq!(found[0].kind, "missing");
         assert_eq!(found[1].kind, "extra_forbidden");
-        assert_eq!(
-            found[1].loc,
-            vec![LocItem::from("body"), LocItem::from("c")]
-        );
+        assert_eq!(found[1].loc, vec![LocItem::from("body"), LocItem::from("c")]);
     }
 
     #[test]

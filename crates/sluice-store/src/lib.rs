@@ -27,11 +27,7 @@ pub enum StoreError {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("migration {version} ({name}) failed: {source}")]
-    Migration {
-        version: i64,
-        name: &'static str,
-        source: sqlx::Error,
-    },
+    Migration { version: i64, name: &'static str, source: sqlx::Error },
     #[error("stored {what} could not be read: {detail}")]
     Corrupt { what: &'static str, detail: String },
     #[error("unsupported database URL '{0}': use sqlite://<path> or postgres://…")]

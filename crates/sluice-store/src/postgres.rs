@@ -24,10 +24,7 @@ impl PgStore {
     /// # Errors
     /// A connection failure or a failed migration.
     pub async fn open_with(options: PgConnectOptions) -> crate::Result<Self> {
-        let pool = PgPoolOptions::new()
-            .max_connections(16)
-            .connect_with(options)
-            .await?;
+        let pool = PgPoolOptions::new().max_connections(16).connect_with(options).await?;
         let store = Self { pool };
         store.migrate().await?;
         Ok(store)

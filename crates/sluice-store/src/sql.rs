@@ -48,12 +48,7 @@ pub(crate) fn pipeline_text(pipeline: &Pipeline) -> Result<PipelineText> {
         detail: detail.to_string(),
     };
     Ok(PipelineText {
-        tags: pipeline
-            .tags
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(encode)?,
+        tags: pipeline.tags.as_ref().map(serde_json::to_string).transpose().map_err(encode)?,
         config: serde_json::to_string(&pipeline.pipeline_config).map_err(encode)?,
         created_at: time::format(pipeline.created_at),
         updated_at: time::format(pipeline.updated_at),
@@ -62,10 +57,7 @@ pub(crate) fn pipeline_text(pipeline: &Pipeline) -> Result<PipelineText> {
 
 impl PipelineRow {
     pub(crate) fn into_pipeline(self) -> Result<Pipeline> {
-        let corrupt = |detail: String| StoreError::Corrupt {
-            what: "pipeline",
-            detail,
-        };
+        let corrupt = |detail: String| StoreError::Corrupt { what: "pipeline", detail };
         let tags = self
             .tags
             .map(|tags| serde_json::from_str::<Vec<String>>(&tags))

@@ -59,13 +59,7 @@ impl Switch {
 
 pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     match command {
-        AdminCommand::CreateKey {
-            org,
-            team,
-            user,
-            operator,
-            store,
-        } => {
+        AdminCommand::CreateKey { org, team, user, operator, store } => {
             for (what, name) in [("org", &org), ("team", &team), ("user", &user)] {
                 if name.trim().is_empty() {
                     bail!("--{what} must not be empty");
@@ -81,20 +75,12 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
         }
         AdminCommand::RevokeKey { key, store } => {
             let store = open_store(&Settings::resolve_store(&store)?).await?;
-            if !store
-                .revoke_api_key(&sluice_api::auth::hash_key(&key))
-                .await?
-            {
+            if !store.revoke_api_key(&sluice_api::auth::hash_key(&key)).await? {
                 bail!("no active API key matches");
             }
             eprintln!("revoked");
         }
-        AdminCommand::SetOrgFlags {
-            org,
-            pipelines,
-            custom_transforms,
-            store,
-        } => {
+        AdminCommand::SetOrgFlags { org, pipelines, custom_transforms, store } => {
             if pipelines.is_none() && custom_transforms.is_none() {
                 bail!("give --pipelines on|off and/or --custom-transforms on|off");
             }
@@ -106,9 +92,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
                     custom_transforms.map(Switch::enabled),
                 )
                 .await?;
-            let Some(updated) = updated else {
-                bail!("no organization named '{org}'")
-            };
+            let Some(updated) = updated else { bail!("no organization named '{org}'") };
             let word = |on: bool| if on { "on" } else { "off" };
             eprintln!(
                 "org {}: pipelines {}, custom_transforms {}",

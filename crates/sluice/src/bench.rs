@@ -72,8 +72,7 @@ impl Target {
     async fn send(&self, n: usize) -> anyhow::Result<()> {
         let request = match self.op {
             Operation::Get => {
-                self.client
-                    .get(format!("{}/{}", self.base, self.ids[n % self.ids.len()]))
+                self.client.get(format!("{}/{}", self.base, self.ids[n % self.ids.len()]))
             }
             Operation::List => self.client.get(&self.base),
             Operation::Create => self.client.post(&self.base).json(&pipeline_body(n)),
@@ -89,9 +88,7 @@ impl Target {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency)
-        .build()?;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(args.concurrency).build()?;
     let base = format!("{}/api/v1/beam", args.url.trim_end_matches('/'));
     let mut ids = Vec::with_capacity(args.pipelines);
     for index in 0..args.pipelines.max(1) {
@@ -103,27 +100,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             .await
             .context("creating setup pipelines")?;
         if !response.status().is_success() {
-            bail!(
-                "setup create failed: {} {}",
-                response.status(),
-                response.text().await?
-            );
+            bail!("setup create failed: {} {}", response.status(), response.text().await?);
         }
         let created: Value = response.json().await?;
-        ids.push(
-            created["id"]
-                .as_str()
-                .context("created pipeline has an id")?
-                .to_owned(),
-        );
+        ids.push(created["id"].as_str().context("created pipeline has an id")?.to_owned());
     }
-    let target = Arc::new(Target {
-        client,
-        base,
-        key: args.api_key.clone(),
-        op: args.op,
-        ids,
-    });
+    let target = Arc::new(Target { client, base, key: args.api_key.clone(), op: args.op, ids });
 
     // Warm up connections and caches; these results are discarded.
     drive(&target, &args, Duration::from_secs(2)).await;
@@ -171,11 +153,7 @@ async fn drive(target: &Arc<Target>, args: &BenchArgs, length: Duration) -> (Vec
             break;
         }
         tokio::time::sleep_until(due.into()).await;
-        let permit = permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
+        let permit = permits.clone().acquire_owned().await.expect("the semaphore is never closed");
         let (target, done) = (target.clone(), done_tx.clone());
         tokio::spawn(async move {
             let outcome = target.send(sent).await;

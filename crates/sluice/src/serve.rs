@@ -34,9 +34,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         store,
         catalog,
         Arc::new(SystemClock),
-        Limits {
-            max_body_bytes: settings.max_body_bytes,
-        },
+        Limits { max_body_bytes: settings.max_body_bytes },
     );
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -44,9 +42,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(address = %listener.local_addr()?, database = %redact(&settings.database_url), "sluice is serving");
     let service =
         axum::ServiceExt::<axum::extract::Request>::into_make_service(sluice_api::app(state));
-    axum::serve(listener, service)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    axum::serve(listener, service).with_graceful_shutdown(shutdown_signal()).await?;
     tracing::info!("sluice stopped");
     Ok(())
 }
@@ -69,12 +65,9 @@ async fn bootstrap(store: &dyn MetadataStore) -> anyhow::Result<()> {
     if store.has_users().await? {
         return Ok(());
     }
-    let identity = store
-        .ensure_identity(BOOTSTRAP_ORG, BOOTSTRAP_TEAM, BOOTSTRAP_USER, true)
-        .await?;
-    let given = std::env::var("SLUICE_BOOTSTRAP_API_KEY")
-        .ok()
-        .filter(|key| !key.is_empty());
+    let identity =
+        store.ensure_identity(BOOTSTRAP_ORG, BOOTSTRAP_TEAM, BOOTSTRAP_USER, true).await?;
+    let given = std::env::var("SLUICE_BOOTSTRAP_API_KEY").ok().filter(|key| !key.is_empty());
     let from_env = given.is_some();
     let key = sluice_api::auth::issue_key(store, &identity.user.id, given)
         .await?
@@ -143,14 +136,8 @@ mod tests {
 
     #[test]
     fn passwords_are_redacted_from_database_urls() {
-        assert_eq!(
-            redact("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
+        assert_eq!(redact("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(
-            redact("sqlite://./sluice-data/sluice.db"),
-            "sqlite://./sluice-data/sluice.db"
-        );
+        assert_eq!(redact("sqlite://./sluice-data/sluice.db"), "sqlite://./sluice-data/sluice.db");
     }
 }

@@ -85,10 +85,8 @@ impl Settings {
             .clone()
             .or(file.database_url)
             .unwrap_or_else(|| default_database_url(&data_dir));
-        let max_body_bytes = args
-            .max_body_bytes
-            .or(file.max_body_bytes)
-            .unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        let max_body_bytes =
+            args.max_body_bytes.or(file.max_body_bytes).unwrap_or(DEFAULT_MAX_BODY_BYTES);
         if max_body_bytes == 0 {
             bail!("max_body_bytes must be greater than 0");
         }
@@ -109,10 +107,7 @@ impl Settings {
     /// # Errors
     /// As [`Settings::resolve`].
     pub fn resolve_store(args: &StoreArgs) -> anyhow::Result<Self> {
-        Self::resolve(&ServeArgs {
-            store: args.clone(),
-            ..ServeArgs::default()
-        })
+        Self::resolve(&ServeArgs { store: args.clone(), ..ServeArgs::default() })
     }
 
     /// Creates the data directory when the database lives in it.

@@ -46,24 +46,14 @@ impl Harness {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
         let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
-        let clock = Arc::new(ManualClock::new(
-            Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap(),
-        ));
+        let clock =
+            Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()));
         let state = AppState::new(store.clone(), Catalog::default(), clock.clone(), limits);
-        Self {
-            store,
-            clock,
-            state,
-            _dir: dir,
-        }
+        Self { store, clock, state, _dir: dir }
     }
 
     pub async fn user(&self, org: &str, team: &str, name: &str) -> User {
-        let identity = self
-            .store
-            .ensure_identity(org, team, name, false)
-            .await
-            .unwrap();
+        let identity = self.store.ensure_identity(org, team, name, false).await.unwrap();
         let key = sluice_api::auth::issue_key(self.store.as_ref(), &identity.user.id, None)
             .await
             .unwrap()
@@ -91,10 +81,8 @@ impl Harness {
                 Body::from(value.to_string())
             }
         };
-        let response = sluice_api::app(self.state.clone())
-            .oneshot(request.body(body).unwrap())
-            .await
-            .unwrap();
+        let response =
+            sluice_api::app(self.state.clone()).oneshot(request.body(body).unwrap()).await.unwrap();
         let status = response.status();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         let value = if bytes.is_empty() {
@@ -111,13 +99,11 @@ impl Harness {
     }
 
     pub async fn post(&self, path: &str, user: &User, body: Value) -> (StatusCode, Value) {
-        self.call(Method::POST, path, Some(&user.key), Some(body))
-            .await
+        self.call(Method::POST, path, Some(&user.key), Some(body)).await
     }
 
     pub async fn put(&self, path: &str, user: &User, body: Value) -> (StatusCode, Value) {
-        self.call(Method::PUT, path, Some(&user.key), Some(body))
-            .await
+        self.call(Method::PUT, path, Some(&user.key), Some(body)).await
     }
 
     pub async fn delete(&self, path: &str, user: &User) -> (StatusCode, Value) {

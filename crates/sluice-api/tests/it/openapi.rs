@@ -25,9 +25,7 @@ const ROUTES: [(&str, &str); 13] = [
 #[tokio::test]
 async fn the_document_is_openapi_3_1_and_lists_exactly_the_served_routes() {
     let h = Harness::new().await;
-    let (status, doc) = h
-        .call(Method::GET, "/api/v1/openapi.json", None, None)
-        .await;
+    let (status, doc) = h.call(Method::GET, "/api/v1/openapi.json", None, None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(doc["openapi"], "3.1.0");
     assert_eq!(doc["info"]["version"], "1.0.0");
@@ -38,10 +36,8 @@ async fn the_document_is_openapi_3_1_and_lists_exactly_the_served_routes() {
         }
     }
     documented.sort();
-    let mut expected: Vec<(String, String)> = ROUTES
-        .iter()
-        .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
-        .collect();
+    let mut expected: Vec<(String, String)> =
+        ROUTES.iter().map(|(m, p)| ((*m).to_owned(), (*p).to_owned())).collect();
     expected.sort();
     assert_eq!(documented, expected);
 
@@ -51,19 +47,14 @@ async fn the_document_is_openapi_3_1_and_lists_exactly_the_served_routes() {
         let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
         let (status, body) = h.call(method.clone(), &path, None, None).await;
         let unrouted = status == StatusCode::NOT_FOUND && body.is_null();
-        assert!(
-            !unrouted && status != StatusCode::METHOD_NOT_ALLOWED,
-            "{method} {path}: {status}"
-        );
+        assert!(!unrouted && status != StatusCode::METHOD_NOT_ALLOWED, "{method} {path}: {status}");
     }
 }
 
 #[tokio::test]
 async fn every_schema_reference_resolves_and_authenticated_routes_declare_the_key() {
     let h = Harness::new().await;
-    let (_, doc) = h
-        .call(Method::GET, "/api/v1/openapi.json", None, None)
-        .await;
+    let (_, doc) = h.call(Method::GET, "/api/v1/openapi.json", None, None).await;
     let schemas = doc["components"]["schemas"].as_object().unwrap();
     for name in [
         "Pipeline",
@@ -87,10 +78,7 @@ async fn every_schema_reference_resolves_and_authenticated_routes_declare_the_ke
         let name = reference.strip_prefix("#/components/schemas/").unwrap();
         assert!(schemas.contains_key(name), "dangling $ref {reference}");
     }
-    assert_eq!(
-        doc["components"]["securitySchemes"]["api_key"]["name"],
-        "X-API-Key"
-    );
+    assert_eq!(doc["components"]["securitySchemes"]["api_key"]["name"], "X-API-Key");
     for (path, item) in doc["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {
             let secured = op.get("security").is_some();

@@ -25,15 +25,7 @@ impl World {
         let reader = h.user("acme", "read-team", "reader").await;
         let stranger = h.user("acme", "elsewhere", "stranger").await;
         let outsider = h.user("other-org", "core", "owner").await;
-        Self {
-            h,
-            owner,
-            editor,
-            reader,
-            viewer,
-            stranger,
-            outsider,
-        }
+        Self { h, owner, editor, reader, viewer, stranger, outsider }
     }
 
     /// A pipeline of `owner` shared with `editor` and `reader`; `viewer` reads through the
@@ -43,14 +35,8 @@ impl World {
             .as_str()
             .unwrap()
             .to_owned();
-        let (status, body) = self
-            .h
-            .put(
-                &format!("/api/v1/beam/{id}/permissions"),
-                &self.owner,
-                self.grants(),
-            )
-            .await;
+        let (status, body) =
+            self.h.put(&format!("/api/v1/beam/{id}/permissions"), &self.owner, self.grants()).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         id
     }
@@ -88,24 +74,14 @@ async fn each_role_gets_exactly_its_permissions_on_each_endpoint() {
 
     // (endpoint, expected status for owner, editor, reader, viewer, stranger, other org)
     let matrix: [(Method, &str, Option<Value>, [StatusCode; 6]); 4] = [
-        (
-            Method::GET,
-            &one,
-            None,
-            [OK, OK, OK, OK, NOT_FOUND, NOT_FOUND],
-        ),
+        (Method::GET, &one, None, [OK, OK, OK, OK, NOT_FOUND, NOT_FOUND]),
         (
             Method::PUT,
             &one,
             Some(pipeline_body("shared")),
             [OK, OK, FORBIDDEN, FORBIDDEN, NOT_FOUND, NOT_FOUND],
         ),
-        (
-            Method::GET,
-            &perms,
-            None,
-            [OK, FORBIDDEN, FORBIDDEN, FORBIDDEN, NOT_FOUND, NOT_FOUND],
-        ),
+        (Method::GET, &perms, None, [OK, FORBIDDEN, FORBIDDEN, FORBIDDEN, NOT_FOUND, NOT_FOUND]),
         (
             Method::PUT,
             &perms,
@@ -116,8 +92,7 @@ async fn each_role_gets_exactly_its_permissions_on_each_endpoint() {
     for (method, path, body, expected) in matrix {
         for ((role, user), want) in w.roles().into_iter().zip(expected) {
             let (status, answer) =
-                w.h.call(method.clone(), path, Some(&user.key), body.clone())
-                    .await;
+                w.h.call(method.clone(), path, Some(&user.key), body.clone()).await;
             assert_eq!(status, want, "{role}: {method} {path}: {answer}");
             if status != OK {
                 assert!(answer["detail"].is_string(), "{role}: {answer}");
@@ -126,19 +101,12 @@ async fn each_role_gets_exactly_its_permissions_on_each_endpoint() {
     }
 
     // List shows exactly what each role can read.
-    for ((role, user), visible) in w
-        .roles()
-        .into_iter()
-        .zip([true, true, true, true, false, false])
+    for ((role, user), visible) in w.roles().into_iter().zip([true, true, true, true, false, false])
     {
         let (status, list) = w.h.get("/api/v1/beam", user).await;
         assert_eq!(status, OK);
-        let ids: Vec<&str> = list
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p["id"].as_str().unwrap())
-            .collect();
+        let ids: Vec<&str> =
+            list.as_array().unwrap().iter().map(|p| p["id"].as_str().unwrap()).collect();
         assert_eq!(ids.contains(&id.as_str()), visible, "{role}");
     }
 
@@ -172,59 +140,29 @@ async fn missing_bad_and_revoked_keys_get_401_everywhere() {
     let w = World::new().await;
     let id = w.shared_pipeline().await;
     let endpoints = [
-        (
-            Method::POST,
-            "/api/v1/beam".to_owned(),
-            Some(pipeline_body("x")),
-        ),
+        (Method::POST, "/api/v1/beam".to_owned(), Some(pipeline_body("x"))),
         (Method::GET, "/api/v1/beam".to_owned(), None),
         (Method::GET, "/api/v1/beam/sources".to_owned(), None),
         (Method::GET, format!("/api/v1/beam/{id}"), None),
-        (
-            Method::PUT,
-            format!("/api/v1/beam/{id}"),
-            Some(pipeline_body("x")),
-        ),
+        (Method::PUT, format!("/api/v1/beam/{id}"), Some(pipeline_body("x"))),
         (Method::DELETE, format!("/api/v1/beam/{id}"), None),
         (Method::GET, format!("/api/v1/beam/{id}/permissions"), None),
-        (
-            Method::PUT,
-            format!("/api/v1/beam/{id}/permissions"),
-            Some(json!({})),
-        ),
+        (Method::PUT, format!("/api/v1/beam/{id}/permissions"), Some(json!({}))),
     ];
     let revoked = w.h.user("acme", "core", "leaver").await;
-    assert!(
-        w.h.store
-            .revoke_api_key(&sluice_api::auth::hash_key(&revoked.key))
-            .await
-            .unwrap()
-    );
+    assert!(w.h.store.revoke_api_key(&sluice_api::auth::hash_key(&revoked.key)).await.unwrap());
     let almost = format!("{}0", &w.owner.key[..w.owner.key.len() - 1]);
     for (method, path, body) in endpoints {
         let (status, answer) = w.h.call(method.clone(), &path, None, body.clone()).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "no key: {method} {path}");
-        assert_eq!(
-            answer,
-            json!({"detail": "Missing API key: send it in the X-API-Key header"})
-        );
+        assert_eq!(answer, json!({"detail": "Missing API key: send it in the X-API-Key header"}));
         for key in ["nonsense", almost.as_str(), revoked.key.as_str()] {
-            let (status, answer) =
-                w.h.call(method.clone(), &path, Some(key), body.clone())
-                    .await;
-            assert_eq!(
-                status,
-                StatusCode::UNAUTHORIZED,
-                "key {key}: {method} {path}"
-            );
+            let (status, answer) = w.h.call(method.clone(), &path, Some(key), body.clone()).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "key {key}: {method} {path}");
             assert_eq!(answer, json!({"detail": "Invalid API key"}));
         }
     }
-    assert_eq!(
-        w.h.get(&format!("/api/v1/beam/{id}"), &w.owner).await.0,
-        OK,
-        "nothing changed"
-    );
+    assert_eq!(w.h.get(&format!("/api/v1/beam/{id}"), &w.owner).await.0, OK, "nothing changed");
 }
 
 #[tokio::test]
@@ -265,22 +203,12 @@ async fn sharing_changes_take_effect_at_once() {
         updated,
         json!({"owner": w.owner.id(), "editors": [w.reader.id()], "readers": [], "viewer_teams": [w.stranger.team()]})
     );
-    assert_eq!(
-        w.h.put(&one, &w.reader, pipeline_body("by reader")).await.0,
-        OK
-    );
+    assert_eq!(w.h.put(&one, &w.reader, pipeline_body("by reader")).await.0, OK);
     assert_eq!(w.h.get(&one, &w.editor).await.0, NOT_FOUND);
     assert_eq!(w.h.get(&one, &w.viewer).await.0, NOT_FOUND);
     assert_eq!(w.h.get(&one, &w.stranger).await.0, OK);
-    assert_eq!(
-        w.h.put(&one, &w.stranger, pipeline_body("x")).await.0,
-        FORBIDDEN
-    );
-    assert_eq!(
-        w.h.get(&one, &w.owner).await.0,
-        OK,
-        "the owner keeps every permission"
-    );
+    assert_eq!(w.h.put(&one, &w.stranger, pipeline_body("x")).await.0, FORBIDDEN);
+    assert_eq!(w.h.get(&one, &w.owner).await.0, OK, "the owner keeps every permission");
 }
 
 #[tokio::test]
@@ -296,12 +224,8 @@ async fn sharing_rejects_unknown_foreign_and_conflicting_members() {
     });
     let (status, answer) = w.h.put(&perms, &w.owner, body).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    let locs: Vec<&Value> = answer["detail"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| &d["loc"])
-        .collect();
+    let locs: Vec<&Value> =
+        answer["detail"].as_array().unwrap().iter().map(|d| &d["loc"]).collect();
     assert_eq!(
         locs,
         [
@@ -315,12 +239,8 @@ async fn sharing_rejects_unknown_foreign_and_conflicting_members() {
     let body = json!({"editors": [w.outsider.id()], "readers": ["no-such-user"], "viewer_teams": [w.outsider.team()]});
     let (status, answer) = w.h.put(&perms, &w.owner, body).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    let locs: Vec<&Value> = answer["detail"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| &d["loc"])
-        .collect();
+    let locs: Vec<&Value> =
+        answer["detail"].as_array().unwrap().iter().map(|d| &d["loc"]).collect();
     assert_eq!(
         locs,
         [

@@ -27,26 +27,12 @@ async fn create_fills_defaults_server_fields_uids_and_catalog_source_type() {
         config["source"],
         json!({"type": "pubsub", "chain": "base", "entity": "erc20_token_transfer", "is_zerolag": false})
     );
-    assert!(
-        config["transforms"][0]["uid"]
-            .as_str()
-            .unwrap()
-            .starts_with("tf-")
-    );
-    assert!(
-        config["sinks"][0]["uid"]
-            .as_str()
-            .unwrap()
-            .starts_with("sk-")
-    );
+    assert!(config["transforms"][0]["uid"].as_str().unwrap().starts_with("tf-"));
+    assert!(config["sinks"][0]["uid"].as_str().unwrap().starts_with("sk-"));
     assert!(!created["id"].as_str().unwrap().is_empty());
 
-    let (status, read) = h
-        .get(
-            &format!("/api/v1/beam/{}", created["id"].as_str().unwrap()),
-            &ann,
-        )
-        .await;
+    let (status, read) =
+        h.get(&format!("/api/v1/beam/{}", created["id"].as_str().unwrap()), &ann).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(read, created);
 }
@@ -98,16 +84,9 @@ async fn inline_set_values_become_lowercased_initial_filter_values() {
         "0xABC"
     ]);
     let created = h.create(&ann, body).await;
-    assert!(
-        created["pipeline_config"]["transforms"][0]
-            .get("set_values")
-            .is_none()
-    );
+    assert!(created["pipeline_config"]["transforms"][0].get("set_values").is_none());
     let id = created["id"].as_str().unwrap();
-    assert_eq!(
-        h.store.filter_value_count(id, "usdc-filter").await.unwrap(),
-        2
-    );
+    assert_eq!(h.store.filter_value_count(id, "usdc-filter").await.unwrap(), 2);
 }
 
 #[tokio::test]
@@ -163,10 +142,7 @@ async fn update_and_delete_of_an_unknown_id_are_404() {
     let (status, body) = h.put("/api/v1/beam/nope", &ann, pipeline_body("p")).await;
     assert_eq!(
         (status, body),
-        (
-            StatusCode::NOT_FOUND,
-            json!({"detail": "Pipeline nope not found"})
-        )
+        (StatusCode::NOT_FOUND, json!({"detail": "Pipeline nope not found"}))
     );
     let (status, _) = h.delete("/api/v1/beam/nope", &ann).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -181,20 +157,11 @@ async fn delete_answers_with_a_message_and_removes_the_pipeline_and_its_values()
     let mut body = pipeline_body("p");
     body["pipeline_config"]["transforms"][0]["uid"] = json!("f");
     body["pipeline_config"]["transforms"][0]["set_values"] = json!(["0xa", "0xb"]);
-    let id = h.create(&ann, body).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = h.create(&ann, body).await["id"].as_str().unwrap().to_owned();
     let (status, answer) = h.delete(&format!("/api/v1/beam/{id}"), &ann).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        answer,
-        json!({"message": format!("Pipeline {id} successfully deleted")})
-    );
-    assert_eq!(
-        h.get(&format!("/api/v1/beam/{id}"), &ann).await.0,
-        StatusCode::NOT_FOUND
-    );
+    assert_eq!(answer, json!({"message": format!("Pipeline {id} successfully deleted")}));
+    assert_eq!(h.get(&format!("/api/v1/beam/{id}"), &ann).await.0, StatusCode::NOT_FOUND);
     assert_eq!(h.store.filter_value_count(&id, "f").await.unwrap(), 0);
     assert_eq!(h.get("/api/v1/beam", &ann).await.1, json!([]));
 }
@@ -209,12 +176,8 @@ async fn list_returns_the_callers_pipelines_oldest_first() {
     }
     let (status, list) = h.get("/api/v1/beam", &ann).await;
     assert_eq!(status, StatusCode::OK);
-    let names: Vec<&str> = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap())
-        .collect();
+    let names: Vec<&str> =
+        list.as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["first", "second", "third"]);
 }
 
@@ -225,10 +188,7 @@ async fn trailing_slashes_are_accepted() {
     let (status, created) = h.post("/api/v1/beam/", &ann, pipeline_body("p")).await;
     assert_eq!(status, StatusCode::OK);
     let id = created["id"].as_str().unwrap();
-    assert_eq!(
-        h.get(&format!("/api/v1/beam/{id}/"), &ann).await.0,
-        StatusCode::OK
-    );
+    assert_eq!(h.get(&format!("/api/v1/beam/{id}/"), &ann).await.0, StatusCode::OK);
     assert_eq!(h.get("/api/v1/beam/sources/", &ann).await.0, StatusCode::OK);
 }
 
@@ -257,65 +217,26 @@ async fn org_flags_gate_the_pipeline_service_and_script_transforms() {
     let mut script_body = pipeline_body("s");
     script_body["pipeline_config"]["transforms"] =
         json!([{"type": "v8", "script": "function transform(r) { return r; }"}]);
-    let existing = h.create(&ann, pipeline_body("p")).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let existing = h.create(&ann, pipeline_body("p")).await["id"].as_str().unwrap().to_owned();
 
-    h.store
-        .set_org_flags("acme", None, Some(false))
-        .await
-        .unwrap();
+    h.store.set_org_flags("acme", None, Some(false)).await.unwrap();
     let (status, body) = h.post("/api/v1/beam", &ann, script_body.clone()).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap()
-            .contains("custom_transforms")
-    );
-    let (status, _) = h
-        .put(
-            &format!("/api/v1/beam/{existing}"),
-            &ann,
-            script_body.clone(),
-        )
-        .await;
+    assert!(body["detail"].as_str().unwrap().contains("custom_transforms"));
+    let (status, _) = h.put(&format!("/api/v1/beam/{existing}"), &ann, script_body.clone()).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    assert_eq!(
-        h.post("/api/v1/beam", &ann, pipeline_body("plain")).await.0,
-        StatusCode::OK
-    );
+    assert_eq!(h.post("/api/v1/beam", &ann, pipeline_body("plain")).await.0, StatusCode::OK);
 
-    h.store
-        .set_org_flags("acme", Some(false), Some(true))
-        .await
-        .unwrap();
+    h.store.set_org_flags("acme", Some(false), Some(true)).await.unwrap();
     let forbidden = [
         (Method::GET, "/api/v1/beam/sources".to_owned(), None),
         (Method::GET, "/api/v1/beam".to_owned(), None),
-        (
-            Method::POST,
-            "/api/v1/beam".to_owned(),
-            Some(pipeline_body("x")),
-        ),
+        (Method::POST, "/api/v1/beam".to_owned(), Some(pipeline_body("x"))),
         (Method::GET, format!("/api/v1/beam/{existing}"), None),
-        (
-            Method::PUT,
-            format!("/api/v1/beam/{existing}"),
-            Some(pipeline_body("x")),
-        ),
+        (Method::PUT, format!("/api/v1/beam/{existing}"), Some(pipeline_body("x"))),
         (Method::DELETE, format!("/api/v1/beam/{existing}"), None),
-        (
-            Method::GET,
-            format!("/api/v1/beam/{existing}/permissions"),
-            None,
-        ),
-        (
-            Method::PUT,
-            format!("/api/v1/beam/{existing}/permissions"),
-            Some(json!({})),
-        ),
+        (Method::GET, format!("/api/v1/beam/{existing}/permissions"), None),
+        (Method::PUT, format!("/api/v1/beam/{existing}/permissions"), Some(json!({}))),
     ];
     for (method, path, body) in forbidden {
         let (status, answer) = h.call(method.clone(), &path, Some(&ann.key), body).await;
@@ -323,34 +244,18 @@ async fn org_flags_gate_the_pipeline_service_and_script_transforms() {
         assert!(answer["detail"].as_str().unwrap().contains("not enabled"));
     }
 
-    h.store
-        .set_org_flags("acme", Some(true), None)
-        .await
-        .unwrap();
-    assert_eq!(
-        h.post("/api/v1/beam", &ann, script_body).await.0,
-        StatusCode::OK
-    );
+    h.store.set_org_flags("acme", Some(true), None).await.unwrap();
+    assert_eq!(h.post("/api/v1/beam", &ann, script_body).await.0, StatusCode::OK);
 }
 
 #[tokio::test]
 async fn bodies_over_the_limit_get_413_with_a_detail() {
-    let h = Harness::with_limits(Limits {
-        max_body_bytes: 1024,
-    })
-    .await;
+    let h = Harness::with_limits(Limits { max_body_bytes: 1024 }).await;
     let ann = h.user("acme", "data", "ann").await;
     let mut body = pipeline_body("p");
     body["description"] = json!("x".repeat(2000));
     let (status, answer) = h.post("/api/v1/beam", &ann, body).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(
-        answer,
-        json!({"detail": "request body is larger than the limit of 1024 bytes"})
-    );
-    assert_eq!(
-        h.get("/api/v1/beam", &ann).await.1,
-        json!([]),
-        "nothing was stored"
-    );
+    assert_eq!(answer, json!({"detail": "request body is larger than the limit of 1024 bytes"}));
+    assert_eq!(h.get("/api/v1/beam", &ann).await.1, json!([]), "nothing was stored");
 }

@@ -18,18 +18,8 @@ fn rules() -> Vec<(&'static str, Mutation, Value, &'static str)> {
             json!(["body", "name"]),
             "missing",
         ),
-        (
-            "name empty",
-            |b| b["name"] = json!("  "),
-            json!(["body", "name"]),
-            "value_error",
-        ),
-        (
-            "name not a string",
-            |b| b["name"] = json!(7),
-            json!(["body", "name"]),
-            "string_type",
-        ),
+        ("name empty", |b| b["name"] = json!("  "), json!(["body", "name"]), "value_error"),
+        ("name not a string", |b| b["name"] = json!(7), json!(["body", "name"]), "string_type"),
         (
             "description missing",
             |b| {
@@ -38,12 +28,7 @@ fn rules() -> Vec<(&'static str, Mutation, Value, &'static str)> {
             json!(["body", "description"]),
             "missing",
         ),
-        (
-            "tags not a list",
-            |b| b["tags"] = json!("a"),
-            json!(["body", "tags"]),
-            "list_type",
-        ),
+        ("tags not a list", |b| b["tags"] = json!("a"), json!(["body", "tags"]), "list_type"),
         (
             "tag not a string",
             |b| b["tags"] = json!(["a", 2]),
@@ -56,12 +41,7 @@ fn rules() -> Vec<(&'static str, Mutation, Value, &'static str)> {
             json!(["body", "static_egress_ip"]),
             "bool_type",
         ),
-        (
-            "pod_size unknown",
-            |b| b["pod_size"] = json!("XXL"),
-            json!(["body", "pod_size"]),
-            "enum",
-        ),
+        ("pod_size unknown", |b| b["pod_size"] = json!("XXL"), json!(["body", "pod_size"]), "enum"),
         (
             "delivery_guarantee unknown",
             |b| b["delivery_guarantee"] = json!("exactly_once"),
@@ -91,10 +71,7 @@ fn rules() -> Vec<(&'static str, Mutation, Value, &'static str)> {
         (
             "source missing",
             |b| {
-                b["pipeline_config"]
-                    .as_object_mut()
-                    .unwrap()
-                    .remove("source");
+                b["pipeline_config"].as_object_mut().unwrap().remove("source");
             },
             json!(["body", "pipeline_config", "source"]),
             "missing",
@@ -102,10 +79,7 @@ fn rules() -> Vec<(&'static str, Mutation, Value, &'static str)> {
         (
             "chain missing",
             |b| {
-                b["pipeline_config"]["source"]
-                    .as_object_mut()
-                    .unwrap()
-                    .remove("chain");
+                b["pipeline_config"]["source"].as_object_mut().unwrap().remove("chain");
             },
             json!(["body", "pipeline_config", "source", "chain"]),
             "missing",
@@ -140,10 +114,7 @@ fn rules() -> Vec<(&'static str, Mutation, Value, &'static str)> {
         (
             "transforms missing",
             |b| {
-                b["pipeline_config"]
-                    .as_object_mut()
-                    .unwrap()
-                    .remove("transforms");
+                b["pipeline_config"].as_object_mut().unwrap().remove("transforms");
             },
             json!(["body", "pipeline_config", "transforms"]),
             "missing",
@@ -218,10 +189,7 @@ fn rules() -> Vec<(&'static str, Mutation, Value, &'static str)> {
         (
             "sinks missing",
             |b| {
-                b["pipeline_config"]
-                    .as_object_mut()
-                    .unwrap()
-                    .remove("sinks");
+                b["pipeline_config"].as_object_mut().unwrap().remove("sinks");
             },
             json!(["body", "pipeline_config", "sinks"]),
             "missing",
@@ -256,10 +224,7 @@ fn rules() -> Vec<(&'static str, Mutation, Value, &'static str)> {
         (
             "sink name missing",
             |b| {
-                b["pipeline_config"]["sinks"][0]
-                    .as_object_mut()
-                    .unwrap()
-                    .remove("name");
+                b["pipeline_config"]["sinks"][0].as_object_mut().unwrap().remove("name");
             },
             json!(["body", "pipeline_config", "sinks", 0, "name"]),
             "missing",
@@ -311,12 +276,8 @@ async fn several_violations_are_reported_together() {
     body["pipeline_config"]["transforms"][0]["filter_expr"] = json!("this.address");
     let (status, answer) = h.post("/api/v1/beam", &ann, body).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    let locs: Vec<&Value> = answer["detail"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| &d["loc"])
-        .collect();
+    let locs: Vec<&Value> =
+        answer["detail"].as_array().unwrap().iter().map(|d| &d["loc"]).collect();
     assert_eq!(
         locs,
         [
@@ -336,9 +297,7 @@ async fn several_violations_are_reported_together() {
 async fn malformed_bodies_are_422() {
     let h = Harness::new().await;
     let ann = h.user("acme", "data", "ann").await;
-    let (status, answer) = h
-        .post("/api/v1/beam", &ann, Value::String("{not json".into()))
-        .await;
+    let (status, answer) = h.post("/api/v1/beam", &ann, Value::String("{not json".into())).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(answer["detail"][0]["type"], "json_invalid");
     assert_eq!(answer["detail"][0]["loc"], json!(["body"]));
@@ -351,10 +310,7 @@ async fn malformed_bodies_are_422() {
 async fn inline_set_values_are_rejected_on_update_with_a_pointer_to_filter_values() {
     let h = Harness::new().await;
     let ann = h.user("acme", "data", "ann").await;
-    let id = h.create(&ann, pipeline_body("p")).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = h.create(&ann, pipeline_body("p")).await["id"].as_str().unwrap().to_owned();
     let mut body = pipeline_body("p");
     body["pipeline_config"]["transforms"][0]["set_values"] = json!(["0xa"]);
     let (status, answer) = h.put(&format!("/api/v1/beam/{id}"), &ann, body).await;
@@ -363,10 +319,5 @@ async fn inline_set_values_are_rejected_on_update_with_a_pointer_to_filter_value
         answer["detail"][0]["loc"],
         json!(["body", "pipeline_config", "transforms", 0, "set_values"])
     );
-    assert!(
-        answer["detail"][0]["msg"]
-            .as_str()
-            .unwrap()
-            .contains("filter-values")
-    );
+    assert!(answer["detail"][0]["msg"].as_str().unwrap().contains("filter-values"));
 }

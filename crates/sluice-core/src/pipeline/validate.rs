@@ -9,13 +9,8 @@ use crate::ids;
 use crate::validation::{Fields, Loc, Recorded, Violation, Violations, one_of, str_array};
 
 /// Fields a client may send but the service manages; they are accepted and ignored.
-pub const SERVER_MANAGED_FIELDS: [&str; 5] = [
-    "id",
-    "owner_org_team_user_id",
-    "organization_id",
-    "created_at",
-    "updated_at",
-];
+pub const SERVER_MANAGED_FIELDS: [&str; 5] =
+    ["id", "owner_org_team_user_id", "organization_id", "created_at", "updated_at"];
 
 /// Sink types this build can deliver to.
 pub const SINK_TYPES: [&str; 1] = ["kafka"];
@@ -63,10 +58,7 @@ pub fn validate_pipeline_body(
 
     let name = fields.required_str("name", &mut errors);
     if name.is_some_and(|name| name.trim().is_empty()) {
-        errors.push(Violation::value(
-            &fields.loc("name"),
-            "name must not be empty",
-        ));
+        errors.push(Violation::value(&fields.loc("name"), "name must not be empty"));
     }
     let description = fields.required_str("description", &mut errors);
     let tags = fields.optional_str_array("tags", &mut errors);
@@ -92,15 +84,7 @@ pub fn validate_pipeline_body(
         Ok(pod_size),
         Ok(delivery_guarantee),
         Some((pipeline_config, initial_filter_values)),
-    ) = (
-        name,
-        description,
-        tags,
-        static_egress_ip,
-        pod_size,
-        delivery_guarantee,
-        config,
-    )
+    ) = (name, description, tags, static_egress_ip, pod_size, delivery_guarantee, config)
     else {
         return Err(errors.finish(()).err().unwrap_or_default());
     };
@@ -115,10 +99,7 @@ pub fn validate_pipeline_body(
             .unwrap_or_default(),
         pipeline_config,
     };
-    errors.finish(ValidatedPipeline {
-        spec,
-        initial_filter_values,
-    })
+    errors.finish(ValidatedPipeline { spec, initial_filter_values })
 }
 
 type ValidConfig = (PipelineConfig, Vec<(String, Vec<String>)>);
@@ -148,10 +129,7 @@ fn validate_config(
         if items.len() != 1 {
             errors.push(Violation::value(
                 &sinks_loc,
-                format!(
-                    "exactly one sink is allowed per pipeline; got {}",
-                    items.len()
-                ),
+                format!("exactly one sink is allowed per pipeline; got {}", items.len()),
             ));
         }
         let sinks: Vec<Option<Sink>> = items
@@ -159,10 +137,7 @@ fn validate_config(
             .enumerate()
             .map(|(index, item)| validate_sink(item, sinks_loc.at(index), errors))
             .collect();
-        sinks
-            .into_iter()
-            .collect::<Option<Vec<Sink>>>()
-            .filter(|sinks| sinks.len() == 1)
+        sinks.into_iter().collect::<Option<Vec<Sink>>>().filter(|sinks| sinks.len() == 1)
     });
     fields.finish(errors, |_| None);
 
@@ -177,14 +152,7 @@ fn validate_config(
             validated.transform
         })
         .collect();
-    Some((
-        PipelineConfig {
-            source,
-            transforms,
-            sinks,
-        },
-        initial_values,
-    ))
+    Some((PipelineConfig { source, transforms, sinks }, initial_values))
 }
 
 fn validate_source(
@@ -199,11 +167,8 @@ fn validate_source(
     let chain = fields.required_str("chain", errors);
     let entity = fields.required_str("entity", errors);
     let is_zerolag = fields.optional_bool("is_zerolag", errors);
-    let (chain_loc, entity_loc, zerolag_loc) = (
-        fields.loc("chain"),
-        fields.loc("entity"),
-        fields.loc("is_zerolag"),
-    );
+    let (chain_loc, entity_loc, zerolag_loc) =
+        (fields.loc("chain"), fields.loc("entity"), fields.loc("is_zerolag"));
     fields.finish(errors, |_| None);
 
     let (chain, entity, is_zerolag) = (chain?, entity?, is_zerolag.ok()?.unwrap_or(false));
@@ -211,10 +176,7 @@ fn validate_source(
     if !chains.contains(&chain) {
         errors.push(Violation::value(
             &chain_loc,
-            format!(
-                "unknown chain '{chain}'; the catalog has {}",
-                one_of(&chains)
-            ),
+            format!("unknown chain '{chain}'; the catalog has {}", one_of(&chains)),
         ));
         return None;
     }
@@ -270,10 +232,7 @@ pub fn validate_transform_list(
         }
         seen.push(uid);
     }
-    validated
-        .into_iter()
-        .collect::<Option<Vec<_>>>()
-        .filter(|_| errors.is_empty())
+    validated.into_iter().collect::<Option<Vec<_>>>().filter(|_| errors.is_empty())
 }
 
 /// Validates one transform object; generates its uid when omitted.
@@ -298,10 +257,7 @@ pub fn validate_transform(
     let validated = if kind == "redis_set_filter" {
         let filter_expr = fields.required_str("filter_expr", errors);
         if let Some(Err(error)) = filter_expr.map(FilterExpr::parse) {
-            errors.push(Violation::value(
-                &fields.loc("filter_expr"),
-                error.to_string(),
-            ));
+            errors.push(Violation::value(&fields.loc("filter_expr"), error.to_string()));
         }
         let set_values = match mode {
             BodyMode::Create => fields.get("set_values").map(|value| {
@@ -312,17 +268,11 @@ pub fn validate_transform(
         let filter_expr = filter_expr.filter(|expr| FilterExpr::parse(expr).is_ok());
         match (uid, filter_expr, set_values) {
             (Ok(uid), Some(filter_expr), None) => Some(ValidatedTransform {
-                transform: Transform::SetFilter {
-                    uid,
-                    filter_expr: filter_expr.to_owned(),
-                },
+                transform: Transform::SetFilter { uid, filter_expr: filter_expr.to_owned() },
                 set_values: None,
             }),
             (Ok(uid), Some(filter_expr), Some(Some(values))) => Some(ValidatedTransform {
-                transform: Transform::SetFilter {
-                    uid,
-                    filter_expr: filter_expr.to_owned(),
-                },
+                transform: Transform::SetFilter { uid, filter_expr: filter_expr.to_owned() },
                 set_values: Some(values),
             }),
             _ => None,
@@ -330,17 +280,11 @@ pub fn validate_transform(
     } else {
         let script = fields.required_str("script", errors);
         if script.is_some_and(|script| script.trim().is_empty()) {
-            errors.push(Violation::value(
-                &fields.loc("script"),
-                "script must not be empty",
-            ));
+            errors.push(Violation::value(&fields.loc("script"), "script must not be empty"));
         }
         match (uid, script.filter(|script| !script.trim().is_empty())) {
             (Ok(uid), Some(script)) => Some(ValidatedTransform {
-                transform: Transform::Script {
-                    uid,
-                    script: script.to_owned(),
-                },
+                transform: Transform::Script { uid, script: script.to_owned() },
                 set_values: None,
             }),
             _ => None,
@@ -363,10 +307,7 @@ pub fn validate_sink(value: &Value, loc: Loc, errors: &mut Violations) -> Option
     if let Some(sink_type) = sink_type.filter(|t| !SINK_TYPES.contains(t)) {
         errors.push(Violation::value(
             &fields.loc("type"),
-            format!(
-                "unsupported sink type '{sink_type}'; supported: {}",
-                one_of(&SINK_TYPES)
-            ),
+            format!("unsupported sink type '{sink_type}'; supported: {}", one_of(&SINK_TYPES)),
         ));
     }
     let name = fields.required_str("name", errors);
@@ -377,11 +318,7 @@ pub fn validate_sink(value: &Value, loc: Loc, errors: &mut Violations) -> Option
     fields.finish(errors, |_| None);
     let sink_type = sink_type.filter(|t| SINK_TYPES.contains(t))?;
     let name = name.filter(|name| check_topic_name(name).is_ok())?;
-    Some(Sink {
-        sink_type: sink_type.to_owned(),
-        name: name.to_owned(),
-        uid: uid.ok()?,
-    })
+    Some(Sink { sink_type: sink_type.to_owned(), name: name.to_owned(), uid: uid.ok()? })
 }
 
 fn validate_uid(fields: &mut Fields<'_>, errors: &mut Violations) -> Result<String, Recorded> {
@@ -406,11 +343,7 @@ fn generated_uid(loc: &Loc) -> String {
         .items()
         .iter()
         .any(|item| matches!(item, crate::validation::LocItem::Field(f) if f == "sinks"));
-    if is_sink {
-        ids::new_sink_uid()
-    } else {
-        ids::new_transform_uid()
-    }
+    if is_sink { ids::new_sink_uid() } else { ids::new_transform_uid() }
 }
 
 /// Whether `name` can be used as a (managed) topic name.
@@ -419,16 +352,13 @@ fn generated_uid(loc: &Loc) -> String {
 /// A message naming the rule that `name` breaks.
 pub fn check_topic_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_SINK_NAME_LEN {
-        return Err(format!(
-            "sink name must be 1 to {MAX_SINK_NAME_LEN} characters"
-        ));
+        return Err(format!("sink name must be 1 to {MAX_SINK_NAME_LEN} characters"));
     }
     if name == "." || name == ".." {
         return Err("sink name cannot be '.' or '..'".to_owned());
     }
-    if let Some(bad) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    if let Some(bad) =
+        name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
         return Err(format!(
             "sink name must be usable as a topic name: only ASCII letters, digits, '.', '_' and '-' are allowed, found {bad:?}"

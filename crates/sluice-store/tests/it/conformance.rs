@@ -26,10 +26,7 @@ async fn sqlite() -> Fixture {
     let store = SqliteStore::open(&url).await.unwrap();
     // Opening again re-runs migrations, which must be a no-op.
     drop(SqliteStore::open(&url).await.unwrap());
-    Fixture {
-        store: Arc::new(store),
-        _dir: Some(dir),
-    }
+    Fixture { store: Arc::new(store), _dir: Some(dir) }
 }
 
 async fn postgres() -> Fixture {
@@ -37,20 +34,12 @@ async fn postgres() -> Fixture {
         .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
     let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
     let admin = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&admin)
-        .await
-        .unwrap();
+    sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
     admin.close().await;
-    let options = PgConnectOptions::from_str(&url)
-        .unwrap()
-        .options([("search_path", &schema)]);
+    let options = PgConnectOptions::from_str(&url).unwrap().options([("search_path", &schema)]);
     let store = PgStore::open_with(options.clone()).await.unwrap();
     drop(PgStore::open_with(options).await.unwrap());
-    Fixture {
-        store: Arc::new(store),
-        _dir: None,
-    }
+    Fixture { store: Arc::new(store), _dir: None }
 }
 
 macro_rules! conformance {
@@ -110,46 +99,25 @@ fn pipeline(owner: &Identity, name: &str, age_minutes: i64) -> Pipeline {
             "sinks": [{"type": "kafka", "name": "out", "uid": "k1"}]
         }
     });
-    let spec = validate_pipeline_body(
-        body.as_object().unwrap(),
-        &Catalog::default(),
-        BodyMode::Create,
-    )
-    .unwrap()
-    .spec;
+    let spec =
+        validate_pipeline_body(body.as_object().unwrap(), &Catalog::default(), BodyMode::Create)
+            .unwrap()
+            .spec;
     let at = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap() + Duration::minutes(age_minutes);
-    Pipeline::new(
-        sluice_core::ids::new_id(),
-        spec,
-        owner.user.id.clone(),
-        owner.org.id.clone(),
-        at,
-    )
+    Pipeline::new(sluice_core::ids::new_id(), spec, owner.user.id.clone(), owner.org.id.clone(), at)
 }
 
 async fn identity_is_created_once_and_reused(store: Arc<dyn MetadataStore>) {
     assert!(!store.has_users().await.unwrap());
-    let first = store
-        .ensure_identity("acme", "data", "ann", false)
-        .await
-        .unwrap();
+    let first = store.ensure_identity("acme", "data", "ann", false).await.unwrap();
     assert!(store.has_users().await.unwrap());
     assert!(first.org.flags.pipelines && first.org.flags.custom_transforms);
-    let again = store
-        .ensure_identity("acme", "data", "ann", false)
-        .await
-        .unwrap();
+    let again = store.ensure_identity("acme", "data", "ann", false).await.unwrap();
     assert_eq!(first.user, again.user);
-    let teammate = store
-        .ensure_identity("acme", "data", "bob", false)
-        .await
-        .unwrap();
+    let teammate = store.ensure_identity("acme", "data", "bob", false).await.unwrap();
     assert_eq!(teammate.team.id, first.team.id);
     assert_ne!(teammate.user.id, first.user.id);
-    let other_team = store
-        .ensure_identity("acme", "ops", "ann", false)
-        .await
-        .unwrap();
+    let other_team = store.ensure_identity("acme", "ops", "ann", false).await.unwrap();
     assert_eq!(other_team.org.id, first.org.id);
     assert_ne!(other_team.team.id, first.team.id);
     assert_ne!(other_team.user.id, first.user.id);
@@ -168,62 +136,29 @@ async fn operator_flag_upgrades_an_existing_user(store: Arc<dyn MetadataStore>) 
 async fn keys_are_found_by_prefix_until_revoked(store: Arc<dyn MetadataStore>) {
     let who = store.ensure_identity("o", "t", "u", true).await.unwrap();
     for (id, hash) in [("k1", "h1"), ("k2", "h2")] {
-        let key = NewApiKey {
-            id,
-            user_id: &who.user.id,
-            prefix: "slk_abcd",
-            hash,
-        };
+        let key = NewApiKey { id, user_id: &who.user.id, prefix: "slk_abcd", hash };
         store.insert_api_key(key).await.unwrap();
     }
     let found = store.api_key_candidates("slk_abcd").await.unwrap();
     assert_eq!(found.len(), 2);
     assert_eq!(found[0].principal, principal(&who));
-    assert!(
-        store
-            .api_key_candidates("slk_zzzz")
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(store.api_key_candidates("slk_zzzz").await.unwrap().is_empty());
     assert!(store.revoke_api_key("h1").await.unwrap());
     assert!(!store.revoke_api_key("h1").await.unwrap());
     assert!(!store.revoke_api_key("nope").await.unwrap());
     let left = store.api_key_candidates("slk_abcd").await.unwrap();
-    assert_eq!(
-        left.iter().map(|c| c.hash.as_str()).collect::<Vec<_>>(),
-        vec!["h2"]
-    );
+    assert_eq!(left.iter().map(|c| c.hash.as_str()).collect::<Vec<_>>(), vec!["h2"]);
 }
 
 async fn org_flags_change_only_what_is_given(store: Arc<dyn MetadataStore>) {
     let who = store.ensure_identity("o", "t", "u", false).await.unwrap();
-    let org = store
-        .set_org_flags("o", None, Some(false))
-        .await
-        .unwrap()
-        .unwrap();
+    let org = store.set_org_flags("o", None, Some(false)).await.unwrap().unwrap();
     assert!(org.flags.pipelines && !org.flags.custom_transforms);
-    let org = store
-        .set_org_flags("o", Some(false), None)
-        .await
-        .unwrap()
-        .unwrap();
+    let org = store.set_org_flags("o", Some(false), None).await.unwrap().unwrap();
     assert!(!org.flags.pipelines && !org.flags.custom_transforms);
-    assert!(
-        store
-            .set_org_flags("missing", Some(true), None)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(store.set_org_flags("missing", Some(true), None).await.unwrap().is_none());
     store
-        .insert_api_key(NewApiKey {
-            id: "k",
-            user_id: &who.user.id,
-            prefix: "p",
-            hash: "h",
-        })
+        .insert_api_key(NewApiKey { id: "k", user_id: &who.user.id, prefix: "p", hash: "h" })
         .await
         .unwrap();
     let seen = &store.api_key_candidates("p").await.unwrap()[0].principal;
@@ -234,79 +169,32 @@ async fn pipeline_round_trips_every_field(store: Arc<dyn MetadataStore>) {
     let owner = store.ensure_identity("o", "t", "u", false).await.unwrap();
     let mut stored = pipeline(&owner, "p", 0);
     stored.tags = None;
-    store
-        .insert_pipeline(&stored, &owner.team.id, &[])
-        .await
-        .unwrap();
-    let (read, access) = store
-        .pipeline_with_access(&stored.id, &principal(&owner))
-        .await
-        .unwrap()
-        .unwrap();
+    store.insert_pipeline(&stored, &owner.team.id, &[]).await.unwrap();
+    let (read, access) =
+        store.pipeline_with_access(&stored.id, &principal(&owner)).await.unwrap().unwrap();
     assert_eq!(read, stored);
-    assert_eq!(
-        access,
-        Access {
-            role: Some(UserRole::Owner),
-            viewer_team: true
-        }
-    );
+    assert_eq!(access, Access { role: Some(UserRole::Owner), viewer_team: true });
 
     let tagged = pipeline(&owner, "q", 1);
-    let values = vec![(
-        "f1".to_owned(),
-        vec!["0xa".to_owned(), "0xb".to_owned(), "0xa".to_owned()],
-    )];
-    store
-        .insert_pipeline(&tagged, &owner.team.id, &values)
-        .await
-        .unwrap();
-    let (read, _) = store
-        .pipeline_with_access(&tagged.id, &principal(&owner))
-        .await
-        .unwrap()
-        .unwrap();
+    let values =
+        vec![("f1".to_owned(), vec!["0xa".to_owned(), "0xb".to_owned(), "0xa".to_owned()])];
+    store.insert_pipeline(&tagged, &owner.team.id, &values).await.unwrap();
+    let (read, _) =
+        store.pipeline_with_access(&tagged.id, &principal(&owner)).await.unwrap().unwrap();
     assert_eq!(read.tags, Some(vec!["a".to_owned(), "b".to_owned()]));
     assert_eq!(store.filter_value_count(&tagged.id, "f1").await.unwrap(), 2);
-    assert!(
-        store
-            .pipeline_with_access("missing", &principal(&owner))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(store.pipeline_with_access("missing", &principal(&owner)).await.unwrap().is_none());
 }
 
 async fn access_follows_owner_roles_and_viewer_teams(store: Arc<dyn MetadataStore>) {
-    let owner = store
-        .ensure_identity("o", "t1", "owner", false)
-        .await
-        .unwrap();
-    let teammate = store
-        .ensure_identity("o", "t1", "mate", false)
-        .await
-        .unwrap();
-    let editor = store
-        .ensure_identity("o", "t2", "editor", false)
-        .await
-        .unwrap();
-    let reader = store
-        .ensure_identity("o", "t2", "reader", false)
-        .await
-        .unwrap();
-    let stranger = store
-        .ensure_identity("o", "t3", "stranger", false)
-        .await
-        .unwrap();
-    let outsider = store
-        .ensure_identity("other", "t1", "owner", false)
-        .await
-        .unwrap();
+    let owner = store.ensure_identity("o", "t1", "owner", false).await.unwrap();
+    let teammate = store.ensure_identity("o", "t1", "mate", false).await.unwrap();
+    let editor = store.ensure_identity("o", "t2", "editor", false).await.unwrap();
+    let reader = store.ensure_identity("o", "t2", "reader", false).await.unwrap();
+    let stranger = store.ensure_identity("o", "t3", "stranger", false).await.unwrap();
+    let outsider = store.ensure_identity("other", "t1", "owner", false).await.unwrap();
     let p = pipeline(&owner, "p", 0);
-    store
-        .insert_pipeline(&p, &owner.team.id, &[])
-        .await
-        .unwrap();
+    store.insert_pipeline(&p, &owner.team.id, &[]).await.unwrap();
     let grants = Grants {
         editors: vec![editor.user.id.clone()],
         readers: vec![reader.user.id.clone()],
@@ -322,72 +210,29 @@ async fn access_follows_owner_roles_and_viewer_teams(store: Arc<dyn MetadataStor
     let access = |who: Identity| {
         let store = store.clone();
         let id = p.id.clone();
-        async move {
-            store
-                .pipeline_with_access(&id, &principal(&who))
-                .await
-                .unwrap()
-                .map(|(_, a)| a)
-        }
+        async move { store.pipeline_with_access(&id, &principal(&who)).await.unwrap().map(|(_, a)| a) }
     };
-    assert_eq!(
-        access(teammate).await,
-        Some(Access {
-            role: None,
-            viewer_team: true
-        })
-    );
+    assert_eq!(access(teammate).await, Some(Access { role: None, viewer_team: true }));
     assert_eq!(
         access(editor).await,
-        Some(Access {
-            role: Some(UserRole::Editor),
-            viewer_team: false
-        })
+        Some(Access { role: Some(UserRole::Editor), viewer_team: false })
     );
     assert_eq!(
         access(reader).await,
-        Some(Access {
-            role: Some(UserRole::Reader),
-            viewer_team: false
-        })
+        Some(Access { role: Some(UserRole::Reader), viewer_team: false })
     );
-    assert_eq!(
-        access(stranger.clone()).await,
-        Some(Access {
-            role: None,
-            viewer_team: true
-        })
-    );
-    assert_eq!(
-        access(outsider).await,
-        None,
-        "another org never sees the pipeline"
-    );
+    assert_eq!(access(stranger.clone()).await, Some(Access { role: None, viewer_team: true }));
+    assert_eq!(access(outsider).await, None, "another org never sees the pipeline");
 
-    store
-        .replace_pipeline_grants(&p.id, &Grants::default())
-        .await
-        .unwrap();
-    assert_eq!(
-        store.pipeline_grants(&p.id).await.unwrap(),
-        Grants::default()
-    );
+    store.replace_pipeline_grants(&p.id, &Grants::default()).await.unwrap();
+    assert_eq!(store.pipeline_grants(&p.id).await.unwrap(), Grants::default());
     assert_eq!(access(stranger).await, Some(Access::default()));
 }
 
 async fn list_returns_exactly_the_readable_pipelines_oldest_first(store: Arc<dyn MetadataStore>) {
-    let ann = store
-        .ensure_identity("o", "t1", "ann", false)
-        .await
-        .unwrap();
-    let bob = store
-        .ensure_identity("o", "t2", "bob", false)
-        .await
-        .unwrap();
-    let cat = store
-        .ensure_identity("o", "t3", "cat", false)
-        .await
-        .unwrap();
+    let ann = store.ensure_identity("o", "t1", "ann", false).await.unwrap();
+    let bob = store.ensure_identity("o", "t2", "bob", false).await.unwrap();
+    let cat = store.ensure_identity("o", "t3", "cat", false).await.unwrap();
     let newer = pipeline(&ann, "newer", 10);
     let older = pipeline(&ann, "older", 5);
     let bobs = pipeline(&bob, "bobs", 1);
@@ -400,40 +245,18 @@ async fn list_returns_exactly_the_readable_pipelines_oldest_first(store: Arc<dyn
     ] {
         store.insert_pipeline(p, team, &[]).await.unwrap();
     }
-    let grants = Grants {
-        readers: vec![ann.user.id.clone()],
-        ..Grants::default()
-    };
-    store
-        .replace_pipeline_grants(&shared.id, &grants)
-        .await
-        .unwrap();
+    let grants = Grants { readers: vec![ann.user.id.clone()], ..Grants::default() };
+    store.replace_pipeline_grants(&shared.id, &grants).await.unwrap();
     let names = |list: Vec<Pipeline>| list.into_iter().map(|p| p.name).collect::<Vec<_>>();
     assert_eq!(
-        names(
-            store
-                .list_readable_pipelines(&principal(&ann))
-                .await
-                .unwrap()
-        ),
+        names(store.list_readable_pipelines(&principal(&ann)).await.unwrap()),
         ["shared", "older", "newer"]
     );
     assert_eq!(
-        names(
-            store
-                .list_readable_pipelines(&principal(&bob))
-                .await
-                .unwrap()
-        ),
+        names(store.list_readable_pipelines(&principal(&bob)).await.unwrap()),
         ["bobs", "shared"]
     );
-    assert!(
-        store
-            .list_readable_pipelines(&principal(&cat))
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(store.list_readable_pipelines(&principal(&cat)).await.unwrap().is_empty());
 }
 
 async fn update_replaces_fields_and_drops_values_of_removed_set_filters(
@@ -453,22 +276,16 @@ async fn update_replaces_fields_and_drops_values_of_removed_set_filters(
             "sinks": [{"type": "kafka", "name": "out"}]
         }
     });
-    p.pipeline_config = validate_pipeline_body(
-        body.as_object().unwrap(),
-        &Catalog::default(),
-        BodyMode::Create,
-    )
-    .unwrap()
-    .spec
-    .pipeline_config;
+    p.pipeline_config =
+        validate_pipeline_body(body.as_object().unwrap(), &Catalog::default(), BodyMode::Create)
+            .unwrap()
+            .spec
+            .pipeline_config;
     let values: Vec<(String, Vec<String>)> = ["keep", "drop", "becomes_script"]
         .iter()
         .map(|uid| (uid.to_string(), vec!["x".to_owned()]))
         .collect();
-    store
-        .insert_pipeline(&p, &owner.team.id, &values)
-        .await
-        .unwrap();
+    store.insert_pipeline(&p, &owner.team.id, &values).await.unwrap();
 
     let mut changed = p.clone();
     changed.name = "renamed".into();
@@ -482,22 +299,12 @@ async fn update_replaces_fields_and_drops_values_of_removed_set_filters(
         },
     ];
     assert!(store.update_pipeline(&changed).await.unwrap());
-    let (read, _) = store
-        .pipeline_with_access(&p.id, &principal(&owner))
-        .await
-        .unwrap()
-        .unwrap();
+    let (read, _) = store.pipeline_with_access(&p.id, &principal(&owner)).await.unwrap().unwrap();
     assert_eq!(read, changed);
     assert_eq!(read.created_at, p.created_at);
     assert_eq!(store.filter_value_count(&p.id, "keep").await.unwrap(), 1);
     assert_eq!(store.filter_value_count(&p.id, "drop").await.unwrap(), 0);
-    assert_eq!(
-        store
-            .filter_value_count(&p.id, "becomes_script")
-            .await
-            .unwrap(),
-        0
-    );
+    assert_eq!(store.filter_value_count(&p.id, "becomes_script").await.unwrap(), 0);
 
     let mut missing = changed.clone();
     missing.id = "missing".into();
@@ -508,42 +315,19 @@ async fn delete_removes_pipeline_grants_and_filter_values(store: Arc<dyn Metadat
     let owner = store.ensure_identity("o", "t", "u", false).await.unwrap();
     let reader = store.ensure_identity("o", "t2", "r", false).await.unwrap();
     let p = pipeline(&owner, "p", 0);
-    let values = vec![(
-        "f1".to_owned(),
-        (0..2500).map(|i| format!("0x{i:04x}")).collect::<Vec<_>>(),
-    )];
-    store
-        .insert_pipeline(&p, &owner.team.id, &values)
-        .await
-        .unwrap();
+    let values =
+        vec![("f1".to_owned(), (0..2500).map(|i| format!("0x{i:04x}")).collect::<Vec<_>>())];
+    store.insert_pipeline(&p, &owner.team.id, &values).await.unwrap();
     assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 2500);
-    let grants = Grants {
-        readers: vec![reader.user.id.clone()],
-        ..Grants::default()
-    };
+    let grants = Grants { readers: vec![reader.user.id.clone()], ..Grants::default() };
     store.replace_pipeline_grants(&p.id, &grants).await.unwrap();
 
     assert!(store.delete_pipeline(&p.id).await.unwrap());
     assert!(!store.delete_pipeline(&p.id).await.unwrap());
-    assert!(
-        store
-            .pipeline_with_access(&p.id, &principal(&owner))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(store.pipeline_with_access(&p.id, &principal(&owner)).await.unwrap().is_none());
     assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 0);
-    assert_eq!(
-        store.pipeline_grants(&p.id).await.unwrap(),
-        Grants::default()
-    );
-    assert!(
-        store
-            .list_readable_pipelines(&principal(&reader))
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert_eq!(store.pipeline_grants(&p.id).await.unwrap(), Grants::default());
+    assert!(store.list_readable_pipelines(&principal(&reader)).await.unwrap().is_empty());
 }
 
 async fn unknown_members_are_reported_per_org(store: Arc<dyn MetadataStore>) {
@@ -552,11 +336,7 @@ async fn unknown_members_are_reported_per_org(store: Arc<dyn MetadataStore>) {
     let unknown = store
         .unknown_members(
             &ann.org.id,
-            &[
-                ann.user.id.clone(),
-                outsider.user.id.clone(),
-                "nobody".into(),
-            ],
+            &[ann.user.id.clone(), outsider.user.id.clone(), "nobody".into()],
             &[ann.team.id.clone(), outsider.team.id.clone()],
         )
         .await

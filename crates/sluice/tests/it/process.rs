@@ -20,11 +20,7 @@ pub fn sluice() -> Command {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A running server; killed when dropped.
@@ -38,11 +34,7 @@ pub struct Server {
 impl Server {
     /// Starts `command` (a `sluice serve …`) listening on `port` and waits until it is ready.
     pub fn start(mut command: Command, port: u16) -> Self {
-        let mut child = command
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
+        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
         let (tx, rx) = mpsc::channel();
         let stdout = child.stdout.take().unwrap();
         std::thread::spawn(move || {
@@ -52,11 +44,7 @@ impl Server {
                 }
             }
         });
-        let server = Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            stdout: rx,
-        };
+        let server = Self { child, base: format!("http://127.0.0.1:{port}"), stdout: rx };
         server.wait_ready();
         server
     }
@@ -67,11 +55,7 @@ impl Server {
             if let Ok(true) = is_ready(&format!("{}/readyz", self.base)) {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "server at {} did not become ready",
-                self.base
-            );
+            assert!(Instant::now() < deadline, "server at {} did not become ready", self.base);
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -84,22 +68,13 @@ impl Server {
     /// Sends SIGTERM and waits for the exit; true when it exited successfully.
     pub fn terminate(mut self) -> bool {
         let pid = self.child.id().to_string();
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status.success();
             }
-            assert!(
-                Instant::now() < deadline,
-                "server did not stop after SIGTERM"
-            );
+            assert!(Instant::now() < deadline, "server did not stop after SIGTERM");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -132,10 +107,7 @@ fn is_ready(url: &str) -> std::io::Result<bool> {
     let rest = url.strip_prefix("http://").expect("http URL");
     let (host, path) = rest.split_once('/').expect("URL with a path");
     let mut stream = std::net::TcpStream::connect(host)?;
-    write!(
-        stream,
-        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )?;
+    write!(stream, "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     Ok(response.starts_with("HTTP/1.1 200"))

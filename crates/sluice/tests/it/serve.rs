@@ -19,10 +19,7 @@ fn pipeline(name: &str) -> Value {
 }
 
 async fn call(method: reqwest::Method, url: &str, key: &str, body: Option<Value>) -> (u16, Value) {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
     let mut request = client.request(method, url).header("x-api-key", key);
     if let Some(body) = body {
         request = request.json(&body);
@@ -33,26 +30,14 @@ async fn call(method: reqwest::Method, url: &str, key: &str, body: Option<Value>
 }
 
 fn key_from(lines: &[String]) -> Option<String> {
-    lines.iter().find_map(|line| {
-        line.trim()
-            .strip_prefix("slk_")
-            .map(|rest| format!("slk_{rest}"))
-    })
+    lines.iter().find_map(|line| line.trim().strip_prefix("slk_").map(|rest| format!("slk_{rest}")))
 }
 
 fn stdout_key(output: &std::process::Output) -> String {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let printed = String::from_utf8(output.stdout.clone()).unwrap();
     let lines: Vec<&str> = printed.lines().collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "create-key prints only the key: {printed:?}"
-    );
+    assert_eq!(lines.len(), 1, "create-key prints only the key: {printed:?}");
     assert!(lines[0].starts_with("slk_"));
     lines[0].to_owned()
 }
@@ -64,102 +49,48 @@ async fn first_start_prints_one_key_and_admin_commands_work_while_serving() {
     let store = data_dir_args(dir.path());
     let store: Vec<&str> = store.iter().map(String::as_str).collect();
     let mut command = sluice();
-    command
-        .arg("serve")
-        .args(&store)
-        .args(["--listen", &format!("127.0.0.1:{port}")]);
+    command.arg("serve").args(&store).args(["--listen", &format!("127.0.0.1:{port}")]);
     let server = Server::start(command, port);
     let operator_key =
         key_from(&server.printed()).expect("the first start prints the operator key");
     let beam = format!("{}/api/v1/beam", server.base);
 
-    let (status, created) = call(
-        reqwest::Method::POST,
-        &beam,
-        &operator_key,
-        Some(pipeline("ops")),
-    )
-    .await;
+    let (status, created) =
+        call(reqwest::Method::POST, &beam, &operator_key, Some(pipeline("ops"))).await;
     assert_eq!(status, 200, "{created}");
 
     // A key for a new org/team/user, created while the server runs.
     let ann = stdout_key(&admin(
-        &[
-            "create-key",
-            "--org",
-            "acme",
-            "--team",
-            "data",
-            "--user",
-            "ann",
-        ],
+        &["create-key", "--org", "acme", "--team", "data", "--user", "ann"],
         &store,
         &[],
     ));
     let (status, list) = call(reqwest::Method::GET, &beam, &ann, None).await;
     assert_eq!((status, list), (200, json!([])), "another org sees nothing");
-    assert_eq!(
-        call(reqwest::Method::POST, &beam, &ann, Some(pipeline("ann")))
-            .await
-            .0,
-        200
-    );
+    assert_eq!(call(reqwest::Method::POST, &beam, &ann, Some(pipeline("ann"))).await.0, 200);
 
-    let flags = admin(
-        &[
-            "set-org-flags",
-            "--org",
-            "acme",
-            "--custom-transforms",
-            "off",
-        ],
-        &store,
-        &[],
-    );
+    let flags =
+        admin(&["set-org-flags", "--org", "acme", "--custom-transforms", "off"], &store, &[]);
     assert!(flags.status.success());
-    assert_eq!(
-        call(reqwest::Method::POST, &beam, &ann, Some(pipeline("ann")))
-            .await
-            .0,
-        403
-    );
-    let flags = admin(
-        &["set-org-flags", "--org", "acme", "--pipelines", "off"],
-        &store,
-        &[],
-    );
+    assert_eq!(call(reqwest::Method::POST, &beam, &ann, Some(pipeline("ann"))).await.0, 403);
+    let flags = admin(&["set-org-flags", "--org", "acme", "--pipelines", "off"], &store, &[]);
     assert!(flags.status.success());
-    assert_eq!(
-        call(reqwest::Method::GET, &format!("{beam}/sources"), &ann, None)
-            .await
-            .0,
-        403
-    );
+    assert_eq!(call(reqwest::Method::GET, &format!("{beam}/sources"), &ann, None).await.0, 403);
     assert!(
-        !admin(
-            &["set-org-flags", "--org", "nope", "--pipelines", "on"],
-            &store,
-            &[]
-        )
-        .status
-        .success()
+        !admin(&["set-org-flags", "--org", "nope", "--pipelines", "on"], &store, &[])
+            .status
+            .success()
     );
 
     assert!(admin(&["revoke-key", &ann], &store, &[]).status.success());
     assert_eq!(call(reqwest::Method::GET, &beam, &ann, None).await.0, 401);
-    assert!(
-        !admin(&["revoke-key", &ann], &store, &[]).status.success(),
-        "already revoked"
-    );
+    assert!(!admin(&["revoke-key", &ann], &store, &[]).status.success(), "already revoked");
 
     assert!(server.terminate(), "SIGTERM stops the server cleanly");
 
     // A second start on the same store prints no key; the first key still works.
     let mut command = sluice();
-    command
-        .arg("serve")
-        .args(&store)
-        .args(["--listen", &format!("127.0.0.1:{port}")]);
+    command.arg("serve").args(&store).args(["--listen", &format!("127.0.0.1:{port}")]);
     let server = Server::start(command, port);
     assert_eq!(key_from(&server.printed()), None);
     let (status, list) = call(reqwest::Method::GET, &beam, &operator_key, None).await;
@@ -173,14 +104,8 @@ async fn postgres_is_one_setting_away() {
         .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
     let database = format!("e2e_{}", std::process::id());
     let admin_pool = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}"))
-        .execute(&admin_pool)
-        .await
-        .unwrap();
-    sqlx::query(&format!("CREATE DATABASE {database}"))
-        .execute(&admin_pool)
-        .await
-        .unwrap();
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}")).execute(&admin_pool).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {database}")).execute(&admin_pool).await.unwrap();
     let (prefix, _) = url.rsplit_once('/').unwrap();
     let database_url = format!("{prefix}/{database}");
 
@@ -193,49 +118,21 @@ async fn postgres_is_one_setting_away() {
         .env("SLUICE_DATABASE_URL", &database_url)
         .env("SLUICE_BOOTSTRAP_API_KEY", bootstrap);
     let server = Server::start(command, port);
-    assert_eq!(
-        key_from(&server.printed()),
-        None,
-        "a given bootstrap key is not printed"
-    );
+    assert_eq!(key_from(&server.printed()), None, "a given bootstrap key is not printed");
     let beam = format!("{}/api/v1/beam", server.base);
-    let (status, created) = call(
-        reqwest::Method::POST,
-        &beam,
-        bootstrap,
-        Some(pipeline("pg")),
-    )
-    .await;
+    let (status, created) =
+        call(reqwest::Method::POST, &beam, bootstrap, Some(pipeline("pg"))).await;
     assert_eq!(status, 200, "{created}");
     let id = created["id"].as_str().unwrap();
-    let (status, read) = call(
-        reqwest::Method::GET,
-        &format!("{beam}/{id}"),
-        bootstrap,
-        None,
-    )
-    .await;
+    let (status, read) = call(reqwest::Method::GET, &format!("{beam}/{id}"), bootstrap, None).await;
     assert_eq!((status, &read), (200, &created));
 
     let ann = stdout_key(&admin(
-        &[
-            "create-key",
-            "--org",
-            "acme",
-            "--team",
-            "data",
-            "--user",
-            "ann",
-        ],
+        &["create-key", "--org", "acme", "--team", "data", "--user", "ann"],
         &[],
         &[("SLUICE_DATABASE_URL", &database_url)],
     ));
-    assert_eq!(
-        call(reqwest::Method::GET, &format!("{beam}/{id}"), &ann, None)
-            .await
-            .0,
-        404
-    );
+    assert_eq!(call(reqwest::Method::GET, &format!("{beam}/{id}"), &ann, None).await.0, 404);
     assert!(server.terminate());
     admin_pool.close().await;
 }
@@ -258,9 +155,7 @@ async fn flags_override_env_which_overrides_the_config_file() {
 
     let start = |env: Option<u16>, flag: Option<u16>, expect: u16| {
         let mut command = sluice();
-        command
-            .args(["serve", "--config", &config])
-            .env("SLUICE_BOOTSTRAP_API_KEY", key);
+        command.args(["serve", "--config", &config]).env("SLUICE_BOOTSTRAP_API_KEY", key);
         if let Some(port) = env {
             command.env("SLUICE_LISTEN", format!("127.0.0.1:{port}"));
         }
@@ -274,13 +169,8 @@ async fn flags_override_env_which_overrides_the_config_file() {
     let server = start(None, None, file_port);
     // The data dir came from the file.
     assert!(dir.path().join("data").join("sluice.db").exists());
-    let (status, _) = call(
-        reqwest::Method::GET,
-        &format!("{}/api/v1/beam", server.base),
-        key,
-        None,
-    )
-    .await;
+    let (status, _) =
+        call(reqwest::Method::GET, &format!("{}/api/v1/beam", server.base), key, None).await;
     assert_eq!(status, 200);
     assert!(server.terminate());
 }

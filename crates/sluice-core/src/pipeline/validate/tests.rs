@@ -20,10 +20,7 @@ fn check(value: &Value, mode: BodyMode) -> Result<ValidatedPipeline, Vec<Violati
 }
 
 fn locs(errors: &[Violation]) -> Vec<Value> {
-    errors
-        .iter()
-        .map(|e| serde_json::to_value(&e.loc).unwrap())
-        .collect()
+    errors.iter().map(|e| serde_json::to_value(&e.loc).unwrap()).collect()
 }
 
 #[test]
@@ -34,10 +31,7 @@ fn minimal_body_gets_defaults_catalog_type_and_generated_uids() {
     assert_eq!(spec.delivery_guarantee, DeliveryGuarantee::AtLeastOnce);
     assert_eq!(spec.tags, None);
     assert!(!spec.static_egress_ip);
-    assert_eq!(
-        spec.pipeline_config.source.source_type,
-        crate::pipeline::SourceType::Pubsub
-    );
+    assert_eq!(spec.pipeline_config.source.source_type, crate::pipeline::SourceType::Pubsub);
     assert!(!spec.pipeline_config.source.is_zerolag);
     assert!(spec.pipeline_config.transforms[0].uid().starts_with("tf-"));
     assert!(spec.pipeline_config.sinks[0].uid.starts_with("sk-"));
@@ -52,10 +46,7 @@ fn given_uids_are_kept_and_client_source_type_is_overridden() {
     value["pipeline_config"]["transforms"][0]["uid"] = json!("tf-001");
     value["pipeline_config"]["sinks"][0]["uid"] = json!("sk-001");
     let spec = check(&value, BodyMode::Update).unwrap().spec;
-    assert_eq!(
-        spec.pipeline_config.source.source_type,
-        crate::pipeline::SourceType::Kafka
-    );
+    assert_eq!(spec.pipeline_config.source.source_type, crate::pipeline::SourceType::Kafka);
     assert_eq!(spec.pipeline_config.transforms[0].uid(), "tf-001");
     assert_eq!(spec.pipeline_config.sinks[0].uid, "sk-001");
 }
@@ -130,30 +121,17 @@ fn catalog_rules_name_what_is_available() {
     let mut value = body();
     value["pipeline_config"]["source"] = json!({"chain": "dogechain", "entity": "log"});
     let errors = check(&value, BodyMode::Create).unwrap_err();
-    assert_eq!(
-        locs(&errors),
-        vec![json!(["body", "pipeline_config", "source", "chain"])]
-    );
+    assert_eq!(locs(&errors), vec![json!(["body", "pipeline_config", "source", "chain"])]);
     assert!(errors[0].msg.contains("'base'"));
 
     value["pipeline_config"]["source"] =
         json!({"chain": "solana", "entity": "nonvoting_transaction", "is_zerolag": true});
     let errors = check(&value, BodyMode::Create).unwrap_err();
-    assert_eq!(
-        locs(&errors),
-        vec![json!(["body", "pipeline_config", "source", "is_zerolag"])]
-    );
+    assert_eq!(locs(&errors), vec![json!(["body", "pipeline_config", "source", "is_zerolag"])]);
 
     value["pipeline_config"]["source"] =
         json!({"chain": "polygon", "entity": "log", "is_zerolag": true});
-    assert!(
-        check(&value, BodyMode::Create)
-            .unwrap()
-            .spec
-            .pipeline_config
-            .source
-            .is_zerolag
-    );
+    assert!(check(&value, BodyMode::Create).unwrap().spec.pipeline_config.source.is_zerolag);
 }
 
 #[test]
@@ -162,10 +140,7 @@ fn sinks_must_be_exactly_one_kafka_sink_with_a_topic_name() {
     value["pipeline_config"]["sinks"] =
         json!([{"type": "kafka", "name": "a"}, {"type": "kafka", "name": "b"}]);
     let errors = check(&value, BodyMode::Create).unwrap_err();
-    assert_eq!(
-        locs(&errors),
-        vec![json!(["body", "pipeline_config", "sinks"])]
-    );
+    assert_eq!(locs(&errors), vec![json!(["body", "pipeline_config", "sinks"])]);
 
     value["pipeline_config"]["sinks"] = json!([{"type": "sns", "name": "has space", "uid": ""}]);
     let errors = check(&value, BodyMode::Create).unwrap_err();
@@ -209,22 +184,13 @@ fn inline_set_values_become_lowercased_initial_values_on_create_only() {
     let valid = check(&value, BodyMode::Create).unwrap();
     assert_eq!(
         valid.initial_filter_values,
-        vec![(
-            "tf-1".to_owned(),
-            vec!["0xab".to_owned(), "0xcd".to_owned()]
-        )]
+        vec![("tf-1".to_owned(), vec!["0xab".to_owned(), "0xcd".to_owned()])]
     );
 
     let errors = check(&value, BodyMode::Update).unwrap_err();
     assert_eq!(
         locs(&errors),
-        vec![json!([
-            "body",
-            "pipeline_config",
-            "transforms",
-            0,
-            "set_values"
-        ])]
+        vec![json!(["body", "pipeline_config", "transforms", 0, "set_values"])]
     );
     assert!(errors[0].msg.contains("filter-values"));
 }
@@ -235,9 +201,6 @@ fn transform_type_defaults_to_v8() {
     value["pipeline_config"]["transforms"] =
         json!([{"script": "function transform(r) { return r; }"}]);
     let spec = check(&value, BodyMode::Create).unwrap().spec;
-    assert!(matches!(
-        spec.pipeline_config.transforms[0],
-        Transform::Script { .. }
-    ));
+    assert!(matches!(spec.pipeline_config.transforms[0], Transform::Script { .. }));
     let _ = LocItem::from(0usize);
 }
