@@ -151,7 +151,9 @@ async fn missing_bad_and_revoked_keys_get_401_everywhere() {
     ];
     let revoked = w.h.user("acme", "core", "leaver").await;
     assert!(w.h.store.revoke_api_key(&sluice_api::auth::hash_key(&revoked.key)).await.unwrap());
-    let almost = format!("{}0", &w.owner.key[..w.owner.key.len() - 1]);
+    // The owner's key with its last digit changed: right prefix, wrong secret.
+    let (head, last) = w.owner.key.split_at(w.owner.key.len() - 1);
+    let almost = format!("{head}{}", if last == "0" { "1" } else { "0" });
     for (method, path, body) in endpoints {
         let (status, answer) = w.h.call(method.clone(), &path, None, body.clone()).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "no key: {method} {path}");
