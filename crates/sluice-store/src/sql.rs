@@ -161,6 +161,27 @@ macro_rules! metadata_store_impl {
             })
         }
 
+        type Query<'q> = sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>;
+
+        /// Binds the editable columns in the order `name, description, tags, static_egress_ip,
+        /// pod_size, delivery_guarantee, pipeline_config, updated_at`, after whatever the
+        /// statement bound before them.
+        fn bind_editable<'q>(
+            query: Query<'q>,
+            pipeline: &'q Pipeline,
+            text: &'q crate::sql::PipelineText,
+        ) -> Query<'q> {
+            query
+                .bind(&pipeline.name)
+                .bind(&pipeline.description)
+                .bind(&text.tags)
+                .bind(pipeline.static_egress_ip)
+                .bind(pipeline.pod_size.name())
+                .bind(pipeline.delivery_guarantee.name())
+                .bind(&text.config)
+                .bind(&text.updated_at)
+        }
+
         fn now() -> String {
             sluice_core::time::format(chrono::Utc::now())
         }
@@ -193,6 +214,19 @@ macro_rules! metadata_store_impl {
                     tx.commit().await.map_err(fail)?;
                 }
                 Ok(())
+            }
+
+            async fn org_by_name(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                name: &str,
+            ) -> Result<Option<Org>> {
+                let row = sqlx::query(
+                    "SELECT id, name, pipelines_enabled, custom_transforms_enabled FROM orgs WHERE name = $1",
+                )
+                .bind(name)
+                .fetch_optional(&mut **tx)
+                .await?;
+                row.as_ref().map(org_row).transpose()
             }
 
             async fn insert_filter_values(
@@ -247,13 +281,7 @@ macro_rules! metadata_store_impl {
                 .bind(now())
                 .execute(&mut *tx)
                 .await?;
-                let row = sqlx::query(
-                    "SELECT id, name, pipelines_enabled, custom_transforms_enabled FROM orgs WHERE name = $1",
-                )
-                .bind(org)
-                .fetch_one(&mut *tx)
-                .await?;
-                let org = org_row(&row)?;
+                let org = Self::org_by_name(&mut tx, org).await?.ok_or(sqlx::Error::RowNotFound)?;
 
                 sqlx::query(
                     "INSERT INTO teams (id, org_id, name, created_at) VALUES ($1, $2, $3, $4) \
@@ -378,14 +406,9 @@ macro_rules! metadata_store_impl {
                 .bind(org)
                 .execute(&mut *tx)
                 .await?;
-                let row = sqlx::query(
-                    "SELECT id, name, pipelines_enabled, custom_transforms_enabled FROM orgs WHERE name = $1",
-                )
-                .bind(org)
-                .fetch_optional(&mut *tx)
-                .await?;
+                let found = Self::org_by_name(&mut tx, org).await?;
                 tx.commit().await?;
-                row.as_ref().map(org_row).transpose()
+                Ok(found)
             }
 
             async fn insert_pipeline(
@@ -396,25 +419,16 @@ macro_rules! metadata_store_impl {
             ) -> Result<()> {
                 let text = pipeline_text(pipeline)?;
                 let mut tx = self.pool.begin().await?;
-                sqlx::query(
-                    "INSERT INTO pipelines (id, organization_id, owner_user_id, name, description, tags, \
-                     static_egress_ip, pod_size, delivery_guarantee, pipeline_config, created_at, updated_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                let insert = sqlx::query(
+                    "INSERT INTO pipelines (id, organization_id, owner_user_id, created_at, name, \
+                     description, tags, static_egress_ip, pod_size, delivery_guarantee, pipeline_config, \
+                     updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
                 )
                 .bind(&pipeline.id)
                 .bind(&pipeline.organization_id)
                 .bind(&pipeline.owner_org_team_user_id)
-                .bind(&pipeline.name)
-                .bind(&pipeline.description)
-                .bind(&text.tags)
-                .bind(pipeline.static_egress_ip)
-                .bind(pipeline.pod_size.name())
-                .bind(pipeline.delivery_guarantee.name())
-                .bind(&text.config)
-                .bind(&text.created_at)
-                .bind(&text.updated_at)
-                .execute(&mut *tx)
-                .await?;
+                .bind(&text.created_at);
+                bind_editable(insert, pipeline, &text).execute(&mut *tx).await?;
                 sqlx::query("INSERT INTO pipeline_viewer_teams (pipeline_id, team_id) VALUES ($1, $2)")
                     .bind(&pipeline.id)
                     .bind(viewer_team)
@@ -478,23 +492,14 @@ macro_rules! metadata_store_impl {
             async fn update_pipeline(&self, pipeline: &Pipeline) -> Result<bool> {
                 let text = pipeline_text(pipeline)?;
                 let mut tx = self.pool.begin().await?;
-                let updated = sqlx::query(
+                let update = sqlx::query(
                     "UPDATE pipelines SET name = $2, description = $3, tags = $4, static_egress_ip = $5, \
                      pod_size = $6, delivery_guarantee = $7, pipeline_config = $8, updated_at = $9 \
                      WHERE id = $1",
                 )
-                .bind(&pipeline.id)
-                .bind(&pipeline.name)
-                .bind(&pipeline.description)
-                .bind(&text.tags)
-                .bind(pipeline.static_egress_ip)
-                .bind(pipeline.pod_size.name())
-                .bind(pipeline.delivery_guarantee.name())
-                .bind(&text.config)
-                .bind(&text.updated_at)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
+                .bind(&pipeline.id);
+                let updated =
+                    bind_editable(update, pipeline, &text).execute(&mut *tx).await?.rows_affected();
                 if updated == 0 {
                     return Ok(false);
                 }
