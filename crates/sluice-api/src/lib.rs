@@ -21,6 +21,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::Clock;
+use sluice_core::filter_values::{FilterValuesListener, NoInMemoryCopies};
 use sluice_store::MetadataStore;
 use tower_http::normalize_path::NormalizePath;
 use tower_http::trace::TraceLayer;
@@ -49,6 +50,8 @@ pub struct AppState {
     pub catalog: Arc<Catalog>,
     pub clock: Arc<dyn Clock>,
     pub limits: Limits,
+    /// Told of every committed filter-value change, so in-memory set indexes follow at once.
+    pub filter_listener: Arc<dyn FilterValuesListener>,
     openapi_json: axum::body::Bytes,
 }
 
@@ -61,7 +64,21 @@ impl AppState {
     ) -> Self {
         let openapi = routes_with_doc().split_for_parts().1;
         let openapi_json = openapi.to_pretty_json().expect("the OpenAPI document serializes");
-        Self { store, catalog: Arc::new(catalog), clock, limits, openapi_json: openapi_json.into() }
+        Self {
+            store,
+            catalog: Arc::new(catalog),
+            clock,
+            limits,
+            filter_listener: Arc::new(NoInMemoryCopies),
+            openapi_json: openapi_json.into(),
+        }
+    }
+
+    /// Sends filter-value changes to `listener` (the runtime's set indexes).
+    #[must_use]
+    pub fn with_filter_listener(mut self, listener: Arc<dyn FilterValuesListener>) -> Self {
+        self.filter_listener = listener;
+        self
     }
 }
 

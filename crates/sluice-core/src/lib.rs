@@ -9,6 +9,7 @@
 pub mod catalog;
 pub mod clock;
 pub mod filter_expr;
+pub mod filter_values;
 pub mod identity;
 pub mod ids;
 pub mod permission;

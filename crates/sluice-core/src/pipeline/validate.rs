@@ -372,7 +372,7 @@ pub fn normalise(values: &[&str]) -> Vec<String> {
     let mut seen = std::collections::HashSet::with_capacity(values.len());
     values
         .iter()
-        .map(|value| value.to_lowercase())
+        .map(|value| crate::filter_values::normalize(value))
         .filter(|value| seen.insert(value.clone()))
         .collect()
 }
