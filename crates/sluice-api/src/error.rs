@@ -40,6 +40,9 @@ pub enum ApiError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Unavailable(String),
+    /// A failure of ours the client cannot fix; logged with this detail, answered as 500.
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl ApiError {
@@ -50,7 +53,7 @@ impl ApiError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Store(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -71,6 +74,11 @@ impl IntoResponse for ApiError {
             }
             Self::Store(error) => {
                 tracing::error!(%error, "request failed on the store");
+                let detail = "internal server error".to_owned();
+                (status, Json(ErrorBody { detail })).into_response()
+            }
+            Self::Internal(error) => {
+                tracing::error!(%error, "request failed");
                 let detail = "internal server error".to_owned();
                 (status, Json(ErrorBody { detail })).into_response()
             }

@@ -9,11 +9,14 @@
 pub mod account;
 pub mod auth;
 pub mod body;
+pub mod deployments;
 pub mod error;
+pub mod filter_values;
 pub mod ops;
 pub mod pipelines;
 pub mod sharing;
 pub mod sources;
+pub mod streams;
 
 use std::sync::Arc;
 
@@ -22,6 +25,7 @@ use axum::extract::DefaultBodyLimit;
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::Clock;
 use sluice_core::filter_values::{FilterValuesListener, NoInMemoryCopies};
+use sluice_runtime::Runtime;
 use sluice_store::MetadataStore;
 use tower_http::normalize_path::NormalizePath;
 use tower_http::trace::TraceLayer;
@@ -35,11 +39,14 @@ use utoipa_axum::routes;
 pub struct Limits {
     /// Largest request body accepted; larger bodies get 413.
     pub max_body_bytes: usize,
+    /// Largest body of a filter-values change (`POST`/`PUT`/`DELETE …/filter-values`), which
+    /// may carry a million values; it replaces `max_body_bytes` on those routes only.
+    pub max_filter_values_body_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_body_bytes: 16 * 1024 * 1024 }
+        Self { max_body_bytes: 16 * 1024 * 1024, max_filter_values_body_bytes: 128 * 1024 * 1024 }
     }
 }
 
@@ -52,6 +59,9 @@ pub struct AppState {
     pub limits: Limits,
     /// Told of every committed filter-value change, so in-memory set indexes follow at once.
     pub filter_listener: Arc<dyn FilterValuesListener>,
+    /// The pipelines running in this process; `None` in a process that runs none (then the
+    /// deployment and ingest endpoints answer 503).
+    pub runtime: Option<Arc<Runtime>>,
     openapi_json: axum::body::Bytes,
 }
 
@@ -62,7 +72,7 @@ impl AppState {
         clock: Arc<dyn Clock>,
         limits: Limits,
     ) -> Self {
-        let openapi = routes_with_doc().split_for_parts().1;
+        let openapi = routes_with_doc(&limits).split_for_parts().1;
         let openapi_json = openapi.to_pretty_json().expect("the OpenAPI document serializes");
         Self {
             store,
@@ -70,8 +80,27 @@ impl AppState {
             clock,
             limits,
             filter_listener: Arc::new(NoInMemoryCopies),
+            runtime: None,
             openapi_json: openapi_json.into(),
         }
+    }
+
+    /// Runs pipelines on `runtime`, whose set indexes then hear every filter-value change.
+    #[must_use]
+    pub fn with_runtime(mut self, runtime: Arc<Runtime>) -> Self {
+        self.filter_listener = runtime.set_indexes();
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// The runtime, or 503 in a process that runs no pipelines.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`].
+    pub fn runtime(&self) -> Result<&Arc<Runtime>, error::ApiError> {
+        self.runtime.as_ref().ok_or_else(|| {
+            error::ApiError::Unavailable("this process runs no pipelines".to_owned())
+        })
     }
 
     /// Sends filter-value changes to `listener` (the runtime's set indexes).
@@ -96,6 +125,9 @@ impl AppState {
     tags(
         (name = "pipelines", description = "Pipeline configurations and the source catalog"),
         (name = "sharing", description = "Who may read, edit or manage a pipeline"),
+        (name = "deployments", description = "Deploy, pause, tear down, and read managed sinks"),
+        (name = "streams", description = "Chain-stream ingest for operators' indexers"),
+        (name = "filter-values", description = "Values of set-filter transforms"),
         (name = "operations", description = "Health, readiness and this documentation"),
     )
 )]
@@ -113,7 +145,18 @@ impl Modify for ApiKeyScheme {
     }
 }
 
-fn routes_with_doc() -> OpenApiRouter<AppState> {
+fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
+    // Set by the route, this limit replaces the router-wide one (the inner layer writes last).
+    let filter_values = OpenApiRouter::new()
+        .routes(routes!(
+            filter_values::list_filter_values,
+            filter_values::add_filter_values,
+            filter_values::replace_filter_values,
+            filter_values::remove_filter_values
+        ))
+        .routes(routes!(filter_values::check_filter_value))
+        .routes(routes!(filter_values::count_filter_values))
+        .layer(DefaultBodyLimit::max(limits.max_filter_values_body_bytes));
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(pipelines::create_pipeline, pipelines::list_pipelines))
         .routes(routes!(sources::list_sources))
@@ -123,6 +166,12 @@ fn routes_with_doc() -> OpenApiRouter<AppState> {
             pipelines::delete_pipeline
         ))
         .routes(routes!(sharing::get_permissions, sharing::put_permissions))
+        .merge(filter_values)
+        .routes(routes!(deployments::deploy))
+        .routes(routes!(deployments::pause))
+        .routes(routes!(deployments::teardown))
+        .routes(routes!(deployments::sink_records))
+        .routes(routes!(streams::ingest))
         .routes(routes!(account::me))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
@@ -132,14 +181,14 @@ fn routes_with_doc() -> OpenApiRouter<AppState> {
 
 /// The OpenAPI document of every route.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    routes_with_doc().split_for_parts().1
+    routes_with_doc(&Limits::default()).split_for_parts().1
 }
 
 /// The complete HTTP service: every route, the body limit, request tracing, and trailing
 /// slashes trimmed before routing (clients of the hosted service call `/api/v1/beam/`).
 pub fn app(state: AppState) -> NormalizePath<Router> {
     let limit = state.limits.max_body_bytes;
-    let (router, _) = routes_with_doc().split_for_parts();
+    let (router, _) = routes_with_doc(&state.limits).split_for_parts();
     let router = router
         .layer(DefaultBodyLimit::max(limit))
         .layer(TraceLayer::new_for_http())

@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use serde::Serialize;
+use sluice_core::filter_values::FilterValuesChange;
 use sluice_core::permission::Permission;
 use sluice_core::pipeline::validate::{BodyMode, validate_pipeline_body};
 use sluice_core::pipeline::{Pipeline, PipelineSpec};
@@ -56,6 +57,9 @@ pub async fn create_pipeline(
         .store
         .insert_pipeline(&pipeline, &principal.team_id, &valid.initial_filter_values)
         .await?;
+    for (uid, values) in &valid.initial_filter_values {
+        state.filter_listener.changed(&pipeline.id, uid, FilterValuesChange::Added(values));
+    }
     tracing::info!(config_id = %pipeline.id, "pipeline created");
     Ok(Json(pipeline))
 }
@@ -126,9 +130,14 @@ pub async fn update_pipeline(
     let (mut pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Update)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
+    let old_set_filters: Vec<String> = pipeline.set_filter_uids().map(str::to_owned).collect();
     pipeline.apply(valid.spec, state.clock.now());
     if !state.store.update_pipeline(&pipeline).await? {
         return Err(ApiError::NotFound(format!("Pipeline {config_id} not found")));
+    }
+    // The store deleted the values of set filters the new config no longer has.
+    for uid in old_set_filters.iter().filter(|uid| !pipeline.set_filter_uids().any(|n| n == *uid)) {
+        state.filter_listener.changed(&config_id, uid, FilterValuesChange::Dropped);
     }
     tracing::info!(config_id = %pipeline.id, "pipeline updated");
     Ok(Json(pipeline))
@@ -151,9 +160,16 @@ pub async fn delete_pipeline(
     caller: Caller,
     Path(config_id): Path<String>,
 ) -> Result<Json<MessageBody>, ApiError> {
-    caller.pipeline(&state, &config_id, Permission::Manage).await?;
+    let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
+    // SPEC: deleting tears any deployment down first (workers, topics, offsets).
+    if let Some(runtime) = &state.runtime {
+        runtime.teardown(&config_id).await?;
+    }
     if !state.store.delete_pipeline(&config_id).await? {
         return Err(ApiError::NotFound(format!("Pipeline {config_id} not found")));
+    }
+    for uid in pipeline.set_filter_uids() {
+        state.filter_listener.changed(&config_id, uid, FilterValuesChange::Dropped);
     }
     tracing::info!(%config_id, "pipeline deleted");
     Ok(Json(MessageBody { message: format!("Pipeline {config_id} successfully deleted") }))

@@ -15,5 +15,6 @@ pub mod identity;
 pub mod ids;
 pub mod permission;
 pub mod pipeline;
+pub mod streams;
 pub mod time;
 pub mod validation;

@@ -1,10 +1,12 @@
 //! `sluice-store` owns Sluice's durable metadata: identities and API keys, pipeline records,
-//! sharing, and set-filter values, on SQLite (the embedded default, WAL) or PostgreSQL.
+//! sharing, set-filter values and deployments, on SQLite (the embedded default, WAL) or
+//! PostgreSQL.
 //!
 //! Start at [`MetadataStore`], the role every backend plays, and [`open`], which picks the
-//! backend from a URL. Both backends run the same SQL (written once in [`sql`]) and the same
-//! migrations; `tests/it/conformance.rs` runs one suite against each. This crate must not
-//! depend on the runtime or the API.
+//! backend from a URL. Both backends run the same SQL (written once in [`sql`]) where they
+//! can; what must differ (bulk filter-value statements, locking, a migration's DDL) lives in
+//! the backend's own module. `tests/it/conformance.rs` runs one suite against each. This
+//! crate must not depend on the runtime or the API.
 
 mod migrations;
 mod postgres;
@@ -14,6 +16,7 @@ mod sqlite;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use sluice_core::deployment::DeploymentRecord;
 use sluice_core::identity::{Org, Principal, Team, User};
 use sluice_core::permission::{Access, Grants};
 use sluice_core::pipeline::Pipeline;
@@ -67,6 +70,14 @@ pub struct Identity {
 pub struct UnknownMembers {
     pub users: Vec<String>,
     pub teams: Vec<String>,
+}
+
+/// One page of a set filter's values, in the order they were added.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FilterValuePage {
+    pub values: Vec<String>,
+    /// The cursor of the next page (pass it as `after`); `None` when no value follows.
+    pub next: Option<i64>,
 }
 
 /// Durable metadata. Every method is one transaction.
@@ -128,7 +139,8 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// longer set filters are deleted. False when the pipeline does not exist.
     async fn update_pipeline(&self, pipeline: &Pipeline) -> Result<bool>;
 
-    /// Deletes the pipeline with its grants and filter values. False when it did not exist.
+    /// Deletes the pipeline with its grants, filter values and deployment. False when it did
+    /// not exist.
     async fn delete_pipeline(&self, id: &str) -> Result<bool>;
 
     async fn pipeline_grants(&self, id: &str) -> Result<Grants>;
@@ -145,6 +157,98 @@ pub trait MetadataStore: Send + Sync + 'static {
 
     /// Number of filter values of one transform.
     async fn filter_value_count(&self, pipeline_id: &str, transform_uid: &str) -> Result<u64>;
+
+    /// Adds `values` (normalised by the caller; repeats within `values` count once) to the
+    /// set of one transform. Returns how many were not in the set before. A pipeline that
+    /// does not exist (deleted meanwhile) gets nothing and returns 0.
+    ///
+    /// Writers of one pipeline's filter values are serialised, so values committed later
+    /// always list after values committed earlier.
+    ///
+    /// # Errors
+    /// A database failure; nothing is added then.
+    async fn add_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        values: &[String],
+    ) -> Result<u64>;
+
+    /// Removes `values` from the set of one transform; values not in it are ignored. Returns
+    /// how many were removed.
+    ///
+    /// # Errors
+    /// A database failure; nothing is removed then.
+    async fn remove_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        values: &[String],
+    ) -> Result<u64>;
+
+    /// Makes the set of one transform exactly `values` (empty clears it), atomically: readers
+    /// see the old set or the new one. Returns the number of values in the set after (0 when
+    /// the pipeline does not exist). Every value gets a new cursor position.
+    ///
+    /// # Errors
+    /// A database failure; the old set stays then.
+    async fn replace_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        values: &[String],
+    ) -> Result<u64>;
+
+    /// Up to `limit` (at least 1) values of one transform that were added after cursor
+    /// `after` (`None`: from the start), oldest first. Paging with [`FilterValuePage::next`]
+    /// while others add values neither skips nor repeats a value; values added meanwhile
+    /// appear on a later page.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn list_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<FilterValuePage>;
+
+    /// Whether `value` (normalised by the caller) is in the set of one transform.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn has_filter_value(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        value: &str,
+    ) -> Result<bool>;
+
+    /// Stores a pipeline's deployment, replacing the one stored for that pipeline.
+    ///
+    /// # Errors
+    /// A database failure, including when `record.pipeline_id` names no stored pipeline.
+    async fn put_deployment(&self, record: &DeploymentRecord) -> Result<()>;
+
+    /// The stored deployment of a pipeline; `None` when it is not deployed.
+    ///
+    /// # Errors
+    /// A database failure, or a stored record that cannot be read.
+    async fn deployment(&self, pipeline_id: &str) -> Result<Option<DeploymentRecord>>;
+
+    /// Every stored deployment, oldest `deployed_at` first (what a starting runtime resumes).
+    ///
+    /// # Errors
+    /// A database failure, or a stored record that cannot be read.
+    async fn list_deployments(&self) -> Result<Vec<DeploymentRecord>>;
+
+    /// Forgets a pipeline's deployment (teardown); false when none was stored. Deleting the
+    /// pipeline deletes its deployment too.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn delete_deployment(&self, pipeline_id: &str) -> Result<bool>;
 }
 
 /// Opens the store a URL names, creating and migrating the database as needed:

@@ -1,11 +1,65 @@
-//! Schema migrations, shared by both backends (the DDL is portable SQL).
+//! Schema migrations, shared by both backends.
+//!
+//! Most DDL is portable SQL and is written once ([`Sql::Portable`]). When the backends need
+//! different statements for the same change (SQLite cannot add a key column in place, and
+//! the two spell auto-numbered columns differently) a migration carries one script per
+//! backend ([`Sql::PerBackend`]); the schemas they leave behind must behave the same, which
+//! the conformance suite checks.
 //!
 //! Each migration runs in its own transaction that first claims its version row, so two
 //! processes starting together (a server and an admin command) apply it once.
 
-/// `(version, name, sql)`, in order. Never edit an applied migration; add a new one.
-pub(crate) const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "identity_and_pipelines", include_str!("migrations/0001_identity_and_pipelines.sql"))];
+/// The database a store runs on, to pick a migration's script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// The statements of one migration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Sql {
+    /// One script both backends run.
+    Portable(&'static str),
+    /// A script per backend.
+    PerBackend { sqlite: &'static str, postgres: &'static str },
+}
+
+impl Sql {
+    /// The script `backend` runs.
+    pub(crate) fn for_backend(self, backend: Backend) -> &'static str {
+        match (self, backend) {
+            (Self::Portable(sql), _) => sql,
+            (Self::PerBackend { sqlite, .. }, Backend::Sqlite) => sqlite,
+            (Self::PerBackend { postgres, .. }, Backend::Postgres) => postgres,
+        }
+    }
+}
+
+/// One schema change.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Migration {
+    pub version: i64,
+    pub name: &'static str,
+    pub sql: Sql,
+}
+
+/// Every migration, in order. Never edit an applied migration; add a new one.
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "identity_and_pipelines",
+        sql: Sql::Portable(include_str!("migrations/0001_identity_and_pipelines.sql")),
+    },
+    Migration {
+        version: 2,
+        name: "filter_value_seq_and_deployments",
+        sql: Sql::PerBackend {
+            sqlite: include_str!("migrations/0002_filter_value_seq_and_deployments.sqlite.sql"),
+            postgres: include_str!("migrations/0002_filter_value_seq_and_deployments.postgres.sql"),
+        },
+    },
+];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\
     version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)";

@@ -5,14 +5,71 @@
 //! pool type instead. Placeholders are `$N`, which SQLite accepts too. Rows are decoded into
 //! plain column structs here and turned into domain types by ordinary functions.
 
+use sluice_core::deployment::{DeploymentRecord, DeploymentState};
 use sluice_core::identity::{OrgFlags, Principal};
 use sluice_core::pipeline::{DeliveryGuarantee, Pipeline, PipelineConfig, PodSize};
 use sluice_core::time;
 
 use crate::{Result, StoreError};
 
-/// Rows per multi-row INSERT: well under both backends' bind-parameter limits.
-pub(crate) const INSERT_CHUNK: usize = 1000;
+/// The values of one request, each once, sorted.
+///
+/// Requests may repeat a value, and sorted rows go into the `(pipeline_id, transform_uid,
+/// value)` index in key order, which keeps a large load appending to the same index pages
+/// instead of touching pages all over the tree.
+pub(crate) fn sorted_unique(values: &[String]) -> Vec<&str> {
+    let mut sorted: Vec<&str> = values.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    sorted
+}
+
+/// A `deployments` row as stored.
+pub(crate) struct DeploymentRow {
+    pub pipeline_id: String,
+    pub state: String,
+    pub pipeline: String,
+    pub deployed_at: String,
+    pub updated_at: String,
+}
+
+/// The text columns of a deployment, ready to bind.
+pub(crate) struct DeploymentText {
+    pub pipeline: String,
+    pub deployed_at: String,
+    pub updated_at: String,
+}
+
+pub(crate) fn deployment_text(record: &DeploymentRecord) -> Result<DeploymentText> {
+    Ok(DeploymentText {
+        pipeline: serde_json::to_string(&record.pipeline).map_err(|detail| {
+            StoreError::Corrupt { what: "deployment", detail: detail.to_string() }
+        })?,
+        deployed_at: time::format(record.deployed_at),
+        updated_at: time::format(record.updated_at),
+    })
+}
+
+impl DeploymentRow {
+    pub(crate) fn into_record(self) -> Result<DeploymentRecord> {
+        let id = &self.pipeline_id;
+        let corrupt = |detail: String| StoreError::Corrupt {
+            what: "deployment",
+            detail: format!("{id}: {detail}"),
+        };
+        let timestamp =
+            |text: &str| time::parse(text).map_err(|e| corrupt(format!("timestamp {text:?}: {e}")));
+        Ok(DeploymentRecord {
+            state: DeploymentState::from_name(&self.state)
+                .ok_or_else(|| corrupt(format!("state {:?}", self.state)))?,
+            pipeline: serde_json::from_str(&self.pipeline)
+                .map_err(|e| corrupt(format!("pipeline: {e}")))?,
+            deployed_at: timestamp(&self.deployed_at)?,
+            updated_at: timestamp(&self.updated_at)?,
+            pipeline_id: self.pipeline_id,
+        })
+    }
+}
 
 pub(crate) const PIPELINE_COLUMNS: &str = "p.id, p.organization_id, p.owner_user_id, p.name, \
     p.description, p.tags, p.static_egress_ip, p.pod_size, p.delivery_guarantee, \
@@ -118,16 +175,28 @@ impl KeyRow {
 
 /// Implements [`crate::MetadataStore`] for a store type with a `pool: sqlx::Pool<$db>` field,
 /// and an inherent `migrate` method.
+///
+/// What differs between the databases the store type supplies itself, in its own module:
+/// `const BACKEND: Backend`, `const LOCK_PIPELINE: &str` (a statement that selects the
+/// pipeline row `$1` and holds off other filter-value writers of that pipeline until commit),
+/// `async fn begin_write(&self)` (a transaction that will write), and the bulk filter-value
+/// statements `insert_values` and `delete_values` (sorted, unique values; each returns the
+/// rows changed).
 macro_rules! metadata_store_impl {
     ($store:ty, $db:ty) => {
+        use sluice_core::deployment::DeploymentRecord;
         use sluice_core::identity::{Org, OrgFlags, Principal, Team, User};
         use sluice_core::permission::{Access, Grants, UserRole};
         use sluice_core::pipeline::Pipeline;
         use sqlx::Row as _;
 
-        use crate::sql::{INSERT_CHUNK, KeyRow, PIPELINE_COLUMNS, PipelineRow, pipeline_text};
+        use crate::sql::{
+            DeploymentRow, KeyRow, PIPELINE_COLUMNS, PipelineRow, deployment_text, pipeline_text,
+            sorted_unique,
+        };
         use crate::{
-            Identity, KeyCandidate, MetadataStore, NewApiKey, Result, StoreError, UnknownMembers,
+            FilterValuePage, Identity, KeyCandidate, MetadataStore, NewApiKey, Result, StoreError,
+            UnknownMembers,
         };
 
         type DbRow = <$db as sqlx::Database>::Row;
@@ -182,6 +251,17 @@ macro_rules! metadata_store_impl {
                 .bind(&text.updated_at)
         }
 
+        fn deployment_row(row: &DbRow) -> Result<DeploymentRecord> {
+            DeploymentRow {
+                pipeline_id: row.try_get("pipeline_id")?,
+                state: row.try_get("state")?,
+                pipeline: row.try_get("pipeline")?,
+                deployed_at: row.try_get("deployed_at")?,
+                updated_at: row.try_get("updated_at")?,
+            }
+            .into_record()
+        }
+
         fn now() -> String {
             sluice_core::time::format(chrono::Utc::now())
         }
@@ -193,7 +273,9 @@ macro_rules! metadata_store_impl {
             /// The first migration that fails, by version and name.
             pub async fn migrate(&self) -> Result<()> {
                 sqlx::query(crate::migrations::CREATE_TABLE).execute(&self.pool).await?;
-                for &(version, name, sql) in crate::migrations::MIGRATIONS {
+                for migration in crate::migrations::MIGRATIONS {
+                    let (version, name) = (migration.version, migration.name);
+                    let sql = migration.sql.for_backend(Self::BACKEND);
                     let fail = |source| StoreError::Migration { version, name, source };
                     let mut tx = self.pool.begin().await.map_err(fail)?;
                     let claimed = sqlx::query(
@@ -229,23 +311,14 @@ macro_rules! metadata_store_impl {
                 row.as_ref().map(org_row).transpose()
             }
 
-            async fn insert_filter_values(
-                tx: &mut sqlx::Transaction<'_, $db>,
-                pipeline_id: &str,
-                transform_uid: &str,
-                values: &[String],
-            ) -> Result<()> {
-                for chunk in values.chunks(INSERT_CHUNK) {
-                    let mut insert = sqlx::QueryBuilder::<$db>::new(
-                        "INSERT INTO filter_values (pipeline_id, transform_uid, value) ",
-                    );
-                    insert.push_values(chunk, |mut row, value| {
-                        row.push_bind(pipeline_id).push_bind(transform_uid).push_bind(value);
-                    });
-                    insert.push(" ON CONFLICT DO NOTHING");
-                    insert.build().execute(&mut **tx).await?;
-                }
-                Ok(())
+            /// Locks pipeline `id` against other filter-value writers until `tx` ends; false
+            /// when the pipeline does not exist.
+            ///
+            /// Serialising the writers of a pipeline makes `seq` order commit order, which is
+            /// what keeps the listing cursor from skipping a value committed late.
+            async fn lock_pipeline(tx: &mut sqlx::Transaction<'_, $db>, id: &str) -> Result<bool> {
+                let found = sqlx::query(Self::LOCK_PIPELINE).bind(id).fetch_optional(&mut **tx).await?;
+                Ok(found.is_some())
             }
         }
 
@@ -435,7 +508,7 @@ macro_rules! metadata_store_impl {
                     .execute(&mut *tx)
                     .await?;
                 for (uid, values) in filter_values {
-                    Self::insert_filter_values(&mut tx, &pipeline.id, uid, values).await?;
+                    Self::insert_values(&mut tx, &pipeline.id, uid, &sorted_unique(values)).await?;
                 }
                 tx.commit().await?;
                 Ok(())
@@ -639,6 +712,153 @@ macro_rules! metadata_store_impl {
                 .fetch_one(&self.pool)
                 .await?;
                 Ok(u64::try_from(row.try_get::<i64, _>("n")?).unwrap_or(0))
+            }
+
+            async fn add_filter_values(
+                &self,
+                pipeline_id: &str,
+                transform_uid: &str,
+                values: &[String],
+            ) -> Result<u64> {
+                let values = sorted_unique(values);
+                let mut tx = self.begin_write().await?;
+                if !Self::lock_pipeline(&mut tx, pipeline_id).await? {
+                    return Ok(0);
+                }
+                let added = Self::insert_values(&mut tx, pipeline_id, transform_uid, &values).await?;
+                tx.commit().await?;
+                Ok(added)
+            }
+
+            async fn remove_filter_values(
+                &self,
+                pipeline_id: &str,
+                transform_uid: &str,
+                values: &[String],
+            ) -> Result<u64> {
+                let values = sorted_unique(values);
+                let mut tx = self.begin_write().await?;
+                if !Self::lock_pipeline(&mut tx, pipeline_id).await? {
+                    return Ok(0);
+                }
+                let removed = Self::delete_values(&mut tx, pipeline_id, transform_uid, &values).await?;
+                tx.commit().await?;
+                Ok(removed)
+            }
+
+            async fn replace_filter_values(
+                &self,
+                pipeline_id: &str,
+                transform_uid: &str,
+                values: &[String],
+            ) -> Result<u64> {
+                let values = sorted_unique(values);
+                let mut tx = self.begin_write().await?;
+                if !Self::lock_pipeline(&mut tx, pipeline_id).await? {
+                    return Ok(0);
+                }
+                sqlx::query("DELETE FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2")
+                    .bind(pipeline_id)
+                    .bind(transform_uid)
+                    .execute(&mut *tx)
+                    .await?;
+                let count = Self::insert_values(&mut tx, pipeline_id, transform_uid, &values).await?;
+                tx.commit().await?;
+                Ok(count)
+            }
+
+            async fn list_filter_values(
+                &self,
+                pipeline_id: &str,
+                transform_uid: &str,
+                after: Option<i64>,
+                limit: u32,
+            ) -> Result<FilterValuePage> {
+                let limit = limit.max(1);
+                // One row more than asked tells whether another page follows.
+                let rows = sqlx::query(
+                    "SELECT seq, value FROM filter_values \
+                     WHERE pipeline_id = $1 AND transform_uid = $2 AND seq > $3 ORDER BY seq LIMIT $4",
+                )
+                .bind(pipeline_id)
+                .bind(transform_uid)
+                .bind(after.unwrap_or(0))
+                .bind(i64::from(limit) + 1)
+                .fetch_all(&self.pool)
+                .await?;
+                let more = rows.len() > limit as usize;
+                let page = &rows[..rows.len().min(limit as usize)];
+                let next = match page.last() {
+                    Some(last) if more => Some(last.try_get::<i64, _>("seq")?),
+                    _ => None,
+                };
+                let values = page.iter().map(|row| row.try_get("value")).collect::<Result<_, _>>()?;
+                Ok(FilterValuePage { values, next })
+            }
+
+            async fn has_filter_value(
+                &self,
+                pipeline_id: &str,
+                transform_uid: &str,
+                value: &str,
+            ) -> Result<bool> {
+                let found = sqlx::query(
+                    "SELECT 1 AS hit FROM filter_values \
+                     WHERE pipeline_id = $1 AND transform_uid = $2 AND value = $3",
+                )
+                .bind(pipeline_id)
+                .bind(transform_uid)
+                .bind(value)
+                .fetch_optional(&self.pool)
+                .await?;
+                Ok(found.is_some())
+            }
+
+            async fn put_deployment(&self, record: &DeploymentRecord) -> Result<()> {
+                let text = deployment_text(record)?;
+                sqlx::query(
+                    "INSERT INTO deployments (pipeline_id, state, pipeline, deployed_at, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (pipeline_id) DO UPDATE SET \
+                     state = excluded.state, pipeline = excluded.pipeline, \
+                     deployed_at = excluded.deployed_at, updated_at = excluded.updated_at",
+                )
+                .bind(&record.pipeline_id)
+                .bind(record.state.name())
+                .bind(&text.pipeline)
+                .bind(&text.deployed_at)
+                .bind(&text.updated_at)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn deployment(&self, pipeline_id: &str) -> Result<Option<DeploymentRecord>> {
+                let row = sqlx::query(
+                    "SELECT pipeline_id, state, pipeline, deployed_at, updated_at FROM deployments \
+                     WHERE pipeline_id = $1",
+                )
+                .bind(pipeline_id)
+                .fetch_optional(&self.pool)
+                .await?;
+                row.as_ref().map(deployment_row).transpose()
+            }
+
+            async fn list_deployments(&self) -> Result<Vec<DeploymentRecord>> {
+                let rows = sqlx::query(
+                    "SELECT pipeline_id, state, pipeline, deployed_at, updated_at FROM deployments \
+                     ORDER BY deployed_at, pipeline_id",
+                )
+                .fetch_all(&self.pool)
+                .await?;
+                rows.iter().map(deployment_row).collect()
+            }
+
+            async fn delete_deployment(&self, pipeline_id: &str) -> Result<bool> {
+                let done = sqlx::query("DELETE FROM deployments WHERE pipeline_id = $1")
+                    .bind(pipeline_id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(done.rows_affected() == 1)
             }
         }
     };

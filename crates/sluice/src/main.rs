@@ -3,6 +3,7 @@
 
 mod admin;
 mod bench;
+mod feed;
 mod serve;
 mod settings;
 
@@ -28,6 +29,8 @@ enum Command {
     Admin(admin::AdminCommand),
     /// Measure a running server's API latency and throughput.
     Bench(bench::BenchArgs),
+    /// Send generated chain records to a running server's ingest endpoint.
+    Feed(feed::FeedArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -39,6 +42,7 @@ fn main() -> anyhow::Result<()> {
             Command::Serve(args) => serve::run(args).await,
             Command::Admin(command) => admin::run(command).await,
             Command::Bench(args) => bench::run(args).await,
+            Command::Feed(args) => feed::run(args).await,
         }
     })
 }

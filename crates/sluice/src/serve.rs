@@ -2,11 +2,14 @@
 //! SIGINT, then finish in-flight requests and stop.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use sluice_api::{AppState, Limits};
+use sluice_bus::{EmbeddedLog, NewRecord};
 use sluice_core::catalog::Catalog;
-use sluice_core::clock::SystemClock;
+use sluice_core::clock::{Clock, SystemClock};
+use sluice_runtime::{Runtime, RuntimeSettings};
 use sluice_store::MetadataStore;
 
 use crate::settings::{ServeArgs, Settings};
@@ -30,12 +33,32 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let store = open_store(&settings).await?;
     bootstrap(store.as_ref()).await?;
 
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    // The stream log is embedded in the data directory whichever database holds metadata.
+    settings.prepare_data_dir()?;
+    let log_path = settings.data_dir.join("log.redb");
+    let log = Arc::new(
+        EmbeddedLog::open(&log_path, clock.clone())
+            .with_context(|| format!("opening the stream log {}", log_path.display()))?,
+    );
+    let runtime = Runtime::start(
+        store.clone(),
+        log.clone(),
+        Arc::new(catalog.clone()),
+        clock.clone(),
+        RuntimeSettings::default(),
+    )
+    .await
+    .context("starting the pipeline runtime")?;
+    let background = background_tasks(&runtime, &catalog, args.demo);
+
     let state = AppState::new(
         store,
         catalog,
-        Arc::new(SystemClock),
-        Limits { max_body_bytes: settings.max_body_bytes },
-    );
+        clock,
+        Limits { max_body_bytes: settings.max_body_bytes, ..Limits::default() },
+    )
+    .with_runtime(runtime.clone());
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
@@ -43,8 +66,76 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let service =
         axum::ServiceExt::<axum::extract::Request>::into_make_service(sluice_api::app(state));
     axum::serve(listener, service).with_graceful_shutdown(shutdown_signal()).await?;
+    for task in background {
+        task.abort();
+    }
+    // Workers finish and commit their batch; deployments stay stored for the next start.
+    runtime.shutdown().await;
     tracing::info!("sluice stopped");
     Ok(())
+}
+
+/// How often records past their topic's retention are removed.
+const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Records generated per stream per second by `--demo`.
+const DEMO_RATE: u64 = 2;
+
+/// The retention job, and with `demo` a gentle feed into every catalog stream.
+fn background_tasks(
+    runtime: &Arc<Runtime>,
+    catalog: &Catalog,
+    demo: bool,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    let log = runtime.log().clone();
+    tasks.push(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(RETENTION_INTERVAL);
+        loop {
+            tick.tick().await;
+            match log.enforce_retention().await {
+                Ok(0) => {}
+                Ok(removed) => tracing::info!(removed, "removed records past retention"),
+                Err(error) => tracing::warn!(%error, "retention run failed"),
+            }
+        }
+    }));
+    if demo {
+        for (seed, entry) in catalog.entries().iter().enumerate() {
+            let Ok(generator) =
+                sluice_feed::Generator::new(&entry.chain, &entry.entity, seed as u64 + 1)
+            else {
+                tracing::warn!(chain = %entry.chain, entity = %entry.entity, "no demo feed for this stream");
+                continue;
+            };
+            tasks.push(tokio::spawn(demo_feed(runtime.clone(), generator)));
+        }
+        tracing::info!(streams = tasks.len() - 1, rate = DEMO_RATE, "demo feeds running");
+    }
+    tasks
+}
+
+/// Feeds generated records into one stream, `DEMO_RATE` a second, through the same keying
+/// as the ingest endpoint.
+async fn demo_feed(runtime: Arc<Runtime>, mut generator: sluice_feed::Generator) {
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / DEMO_RATE));
+    let (chain, entity) = (generator.chain().to_owned(), generator.entity().to_owned());
+    loop {
+        tick.tick().await;
+        let record = generator.next_record(chrono::Utc::now());
+        let key = match sluice_core::streams::record_key(&entity, &record) {
+            Ok(key) => key,
+            Err(error) => {
+                tracing::error!(%error, %chain, %entity, "demo record has no key; feed stops");
+                return;
+            }
+        };
+        let value = serde_json::to_vec(&record).expect("a JSON map with string keys serializes");
+        let records = vec![NewRecord { key: key.into_bytes(), value }];
+        if let Err(error) = runtime.ingest(&chain, &entity, false, records).await {
+            tracing::warn!(%error, %chain, %entity, "demo feed append failed");
+        }
+    }
 }
 
 /// Opens the store the settings name, creating the data directory for the SQLite default.

@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// TOML file that extends or replaces the source catalog (see docs/catalog.md).
     #[arg(long, env = "SLUICE_CATALOG_FILE", value_name = "FILE")]
     pub catalog_file: Option<PathBuf>,
+    /// Run gentle generated feeds into every chain stream of the catalog (for trying Sluice
+    /// without an indexer).
+    #[arg(long)]
+    pub demo: bool,
     /// Largest request body accepted, in bytes [default: 16777216].
     #[arg(long, env = "SLUICE_MAX_BODY_BYTES", value_name = "BYTES")]
     pub max_body_bytes: Option<usize>,

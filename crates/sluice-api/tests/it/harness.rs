@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use sluice_api::{AppState, Limits};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::ManualClock;
+use sluice_core::filter_values::FilterValuesListener;
 use sluice_store::{Identity, MetadataStore, SqliteStore};
 use tower::ServiceExt;
 
@@ -50,6 +51,13 @@ impl Harness {
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()));
         let state = AppState::new(store.clone(), Catalog::default(), clock.clone(), limits);
         Self { store, clock, state, _dir: dir }
+    }
+
+    /// A harness whose filter-value changes go to `listener`.
+    pub async fn with_listener(listener: Arc<dyn FilterValuesListener>) -> Self {
+        let mut harness = Self::new().await;
+        harness.state = harness.state.with_filter_listener(listener);
+        harness
     }
 
     pub async fn user(&self, org: &str, team: &str, name: &str) -> User {

@@ -2,6 +2,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod deployments;
+mod filter_values;
 mod harness;
 mod openapi;
 mod permissions;

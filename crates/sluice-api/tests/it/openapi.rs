@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 13] = [
+const ROUTES: [(&str, &str); 19] = [
     ("post", "/api/v1/beam"),
     ("get", "/api/v1/beam"),
     ("get", "/api/v1/beam/sources"),
@@ -15,6 +15,12 @@ const ROUTES: [(&str, &str); 13] = [
     ("delete", "/api/v1/beam/{config_id}"),
     ("get", "/api/v1/beam/{config_id}/permissions"),
     ("put", "/api/v1/beam/{config_id}/permissions"),
+    ("get", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
+    ("post", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
+    ("put", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
+    ("delete", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
+    ("get", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/check"),
+    ("get", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/count"),
     ("get", "/api/v1/me"),
     ("get", "/healthz"),
     ("get", "/readyz"),
@@ -43,7 +49,7 @@ async fn the_document_is_openapi_3_1_and_lists_exactly_the_served_routes() {
 
     // Each documented route is served (a 404 from the router would mean a phantom route).
     for (method, path) in ROUTES {
-        let path = path.replace("{config_id}", "missing");
+        let path = path.replace("{config_id}", "missing").replace("{transform_uid}", "f1");
         let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
         let (status, body) = h.call(method.clone(), &path, None, None).await;
         let unrouted = status == StatusCode::NOT_FOUND && body.is_null();

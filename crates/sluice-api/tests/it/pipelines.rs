@@ -250,7 +250,7 @@ async fn org_flags_gate_the_pipeline_service_and_script_transforms() {
 
 #[tokio::test]
 async fn bodies_over_the_limit_get_413_with_a_detail() {
-    let h = Harness::with_limits(Limits { max_body_bytes: 1024 }).await;
+    let h = Harness::with_limits(Limits { max_body_bytes: 1024, ..Limits::default() }).await;
     let ann = h.user("acme", "data", "ann").await;
     let mut body = pipeline_body("p");
     body["description"] = json!("x".repeat(2000));

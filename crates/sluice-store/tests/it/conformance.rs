@@ -7,11 +7,14 @@ use std::sync::Arc;
 use chrono::{Duration, TimeZone, Utc};
 use serde_json::json;
 use sluice_core::catalog::Catalog;
+use sluice_core::deployment::{DeploymentRecord, DeploymentState};
 use sluice_core::identity::Principal;
 use sluice_core::permission::{Access, Grants, UserRole};
 use sluice_core::pipeline::Pipeline;
 use sluice_core::pipeline::validate::{BodyMode, validate_pipeline_body};
-use sluice_store::{Identity, MetadataStore, NewApiKey, PgStore, SqliteStore, UnknownMembers};
+use sluice_store::{
+    FilterValuePage, Identity, MetadataStore, NewApiKey, PgStore, SqliteStore, UnknownMembers,
+};
 use sqlx::postgres::PgConnectOptions;
 
 /// A store plus whatever keeps it alive (the SQLite temp dir).
@@ -70,6 +73,16 @@ conformance!(
     update_replaces_fields_and_drops_values_of_removed_set_filters,
     delete_removes_pipeline_grants_and_filter_values,
     unknown_members_are_reported_per_org,
+    filter_value_counts_ignore_repeats_and_absent_values,
+    replace_makes_the_set_exactly_the_values_and_empty_clears_it,
+    bulk_changes_cross_statement_chunks,
+    listing_pages_in_insertion_order_with_an_exact_last_page,
+    values_added_between_pages_list_after_and_nothing_repeats,
+    paging_while_another_task_adds_is_a_prefix_of_the_final_listing,
+    filter_values_are_isolated_per_transform_and_pipeline,
+    changes_to_a_missing_pipeline_change_nothing,
+    delete_pipeline_removes_its_values_and_deployment,
+    deployment_round_trips_and_upserts,
 );
 
 fn principal(identity: &Identity) -> Principal {
@@ -348,4 +361,350 @@ async fn unknown_members_are_reported_per_org(store: Arc<dyn MetadataStore>) {
             teams: vec![outsider.team.id]
         }
     );
+}
+
+fn strings(values: &[&str]) -> Vec<String> {
+    values.iter().map(|v| (*v).to_owned()).collect()
+}
+
+/// Every value of a set, paging `limit` at a time.
+async fn list_all(store: &dyn MetadataStore, id: &str, uid: &str, limit: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store.list_filter_values(id, uid, after, limit).await.unwrap();
+        out.extend(page.values);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return out,
+        }
+    }
+}
+
+async fn stored_pipeline(store: &dyn MetadataStore) -> (Identity, Pipeline) {
+    let owner = store.ensure_identity("o", "t", "u", false).await.unwrap();
+    let p = pipeline(&owner, "p", 0);
+    store.insert_pipeline(&p, &owner.team.id, &[]).await.unwrap();
+    (owner, p)
+}
+
+async fn filter_value_counts_ignore_repeats_and_absent_values(store: Arc<dyn MetadataStore>) {
+    let (_, p) = stored_pipeline(store.as_ref()).await;
+    let added = store.add_filter_values(&p.id, "f1", &strings(&["0xa", "0xb", "0xa"])).await;
+    assert_eq!(added.unwrap(), 2);
+    let added = store.add_filter_values(&p.id, "f1", &strings(&["0xb", "0xc", "0xc", "0xd"])).await;
+    assert_eq!(added.unwrap(), 2, "0xb was there already, 0xc counts once");
+    assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 4);
+    assert!(store.has_filter_value(&p.id, "f1", "0xc").await.unwrap());
+    assert!(!store.has_filter_value(&p.id, "f1", "0xe").await.unwrap());
+
+    let removed = store.remove_filter_values(&p.id, "f1", &strings(&["0xa", "0xa", "0xe"])).await;
+    assert_eq!(removed.unwrap(), 1, "0xe was never there, 0xa counts once");
+    assert!(!store.has_filter_value(&p.id, "f1", "0xa").await.unwrap());
+    assert_eq!(store.remove_filter_values(&p.id, "f1", &[]).await.unwrap(), 0);
+    assert_eq!(store.add_filter_values(&p.id, "f1", &[]).await.unwrap(), 0);
+    assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 3);
+}
+
+async fn replace_makes_the_set_exactly_the_values_and_empty_clears_it(
+    store: Arc<dyn MetadataStore>,
+) {
+    let (_, p) = stored_pipeline(store.as_ref()).await;
+    store.add_filter_values(&p.id, "f1", &strings(&["0xa", "0xb", "0xc"])).await.unwrap();
+    let values = strings(&["0xc", "0xd", "0xd", "0xe"]);
+    assert_eq!(store.replace_filter_values(&p.id, "f1", &values).await.unwrap(), 3);
+    let mut listed = list_all(store.as_ref(), &p.id, "f1", 100).await;
+    listed.sort();
+    assert_eq!(listed, ["0xc", "0xd", "0xe"]);
+
+    assert_eq!(store.replace_filter_values(&p.id, "f1", &[]).await.unwrap(), 0);
+    assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 0);
+    assert_eq!(
+        store.list_filter_values(&p.id, "f1", None, 10).await.unwrap(),
+        FilterValuePage { values: vec![], next: None }
+    );
+}
+
+async fn bulk_changes_cross_statement_chunks(store: Arc<dyn MetadataStore>) {
+    // More values than one bulk statement carries on either backend (10,000 on SQLite,
+    // 50,000 on PostgreSQL), with repeats spread across chunks.
+    let (_, p) = stored_pipeline(store.as_ref()).await;
+    let mut values: Vec<String> = (0..60_000).map(|i| format!("0x{i:040x}")).collect();
+    values.extend((0..5_000).map(|i| format!("0x{:040x}", i * 7)));
+    assert_eq!(store.add_filter_values(&p.id, "f1", &values).await.unwrap(), 60_000);
+    assert_eq!(store.add_filter_values(&p.id, "f1", &values).await.unwrap(), 0);
+    let evens: Vec<String> = (0..120_000).step_by(2).map(|i| format!("0x{i:040x}")).collect();
+    assert_eq!(store.remove_filter_values(&p.id, "f1", &evens).await.unwrap(), 30_000);
+    assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 30_000);
+    assert!(store.has_filter_value(&p.id, "f1", &format!("0x{:040x}", 59_999)).await.unwrap());
+    assert!(!store.has_filter_value(&p.id, "f1", &format!("0x{:040x}", 59_998)).await.unwrap());
+    assert_eq!(store.replace_filter_values(&p.id, "f1", &values).await.unwrap(), 60_000);
+    let listed = list_all(store.as_ref(), &p.id, "f1", 10_000).await;
+    assert_eq!(listed.len(), 60_000);
+}
+
+async fn listing_pages_in_insertion_order_with_an_exact_last_page(store: Arc<dyn MetadataStore>) {
+    let (_, p) = stored_pipeline(store.as_ref()).await;
+    store.add_filter_values(&p.id, "f1", &strings(&["0xb", "0xa"])).await.unwrap();
+    store.add_filter_values(&p.id, "f1", &strings(&["0x0", "0xc"])).await.unwrap();
+    let first = store.list_filter_values(&p.id, "f1", None, 2).await.unwrap();
+    // Within one request the order is the store's; across requests, later adds come later.
+    let mut firsts = first.values.clone();
+    firsts.sort();
+    assert_eq!(firsts, ["0xa", "0xb"]);
+    let next = first.next.expect("two more values follow");
+    let second = store.list_filter_values(&p.id, "f1", Some(next), 2).await.unwrap();
+    let mut seconds = second.values.clone();
+    seconds.sort();
+    assert_eq!(seconds, ["0x0", "0xc"]);
+    assert_eq!(second.next, None, "a page that ends exactly at the last value has no next");
+    let all = store.list_filter_values(&p.id, "f1", None, 4).await.unwrap();
+    assert_eq!(all.next, None);
+    assert_eq!(all.values.len(), 4);
+    let limit_zero = store.list_filter_values(&p.id, "f1", None, 0).await.unwrap();
+    assert_eq!(limit_zero.values.len(), 1, "a limit of 0 is taken as 1");
+}
+
+async fn values_added_between_pages_list_after_and_nothing_repeats(store: Arc<dyn MetadataStore>) {
+    let (_, p) = stored_pipeline(store.as_ref()).await;
+    let initial: Vec<String> = (1..=9).map(|i| format!("b{i}")).collect();
+    store.add_filter_values(&p.id, "f1", &initial).await.unwrap();
+    let first = store.list_filter_values(&p.id, "f1", None, 4).await.unwrap();
+    assert_eq!(first.values, ["b1", "b2", "b3", "b4"]);
+    // A value that sorts first, one already listed, one already present but not yet listed.
+    store.add_filter_values(&p.id, "f1", &strings(&["a0", "b2", "b7", "c0"])).await.unwrap();
+    store.remove_filter_values(&p.id, "f1", &strings(&["b6"])).await.unwrap();
+    let mut seen = first.values;
+    let mut after = first.next;
+    while let Some(cursor) = after {
+        let page = store.list_filter_values(&p.id, "f1", Some(cursor), 4).await.unwrap();
+        seen.extend(page.values);
+        after = page.next;
+    }
+    assert_eq!(seen, ["b1", "b2", "b3", "b4", "b5", "b7", "b8", "b9", "a0", "c0"]);
+}
+
+async fn paging_while_another_task_adds_is_a_prefix_of_the_final_listing(
+    store: Arc<dyn MetadataStore>,
+) {
+    let (_, p) = stored_pipeline(store.as_ref()).await;
+    let initial: Vec<String> = (0..500).map(|i| format!("init-{i:04}")).collect();
+    store.add_filter_values(&p.id, "f1", &initial).await.unwrap();
+    let writer = {
+        let (store, id) = (store.clone(), p.id.clone());
+        tokio::spawn(async move {
+            for batch in 0..50 {
+                // Each batch repeats a value of the previous one and one of the initial set.
+                let mut values: Vec<String> =
+                    (0..20).map(|i| format!("add-{batch:02}-{i:02}")).collect();
+                values.push(format!("init-{:04}", batch * 7));
+                if batch > 0 {
+                    values.push(format!("add-{:02}-00", batch - 1));
+                }
+                store.add_filter_values(&id, "f1", &values).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let paged = list_all(store.as_ref(), &p.id, "f1", 7).await;
+    writer.await.unwrap();
+    let all = list_all(store.as_ref(), &p.id, "f1", 10_000).await;
+    assert_eq!(all.len(), 500 + 50 * 20);
+    assert_eq!(paged[..], all[..paged.len()], "paging skipped, repeated or reordered a value");
+    assert!(paged.len() >= 500);
+}
+
+async fn filter_values_are_isolated_per_transform_and_pipeline(store: Arc<dyn MetadataStore>) {
+    let (owner, p) = stored_pipeline(store.as_ref()).await;
+    let q = pipeline(&owner, "q", 1);
+    store.insert_pipeline(&q, &owner.team.id, &[]).await.unwrap();
+    store.add_filter_values(&p.id, "f1", &strings(&["0xa", "0xb"])).await.unwrap();
+    store.add_filter_values(&p.id, "f2", &strings(&["0xa"])).await.unwrap();
+    store.add_filter_values(&q.id, "f1", &strings(&["0xc"])).await.unwrap();
+    assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 2);
+    assert_eq!(store.filter_value_count(&p.id, "f2").await.unwrap(), 1);
+    assert_eq!(store.filter_value_count(&q.id, "f1").await.unwrap(), 1);
+    assert!(!store.has_filter_value(&q.id, "f1", "0xa").await.unwrap());
+
+    store.replace_filter_values(&p.id, "f1", &strings(&["0xz"])).await.unwrap();
+    store.remove_filter_values(&q.id, "f1", &strings(&["0xa"])).await.unwrap();
+    assert_eq!(list_all(store.as_ref(), &p.id, "f2", 10).await, ["0xa"]);
+    assert_eq!(list_all(store.as_ref(), &q.id, "f1", 10).await, ["0xc"]);
+    assert_eq!(list_all(store.as_ref(), &p.id, "f1", 10).await, ["0xz"]);
+    assert_eq!(list_all(store.as_ref(), &p.id, "f3", 10).await, Vec::<String>::new());
+}
+
+async fn changes_to_a_missing_pipeline_change_nothing(store: Arc<dyn MetadataStore>) {
+    let values = strings(&["0xa"]);
+    assert_eq!(store.add_filter_values("missing", "f1", &values).await.unwrap(), 0);
+    assert_eq!(store.replace_filter_values("missing", "f1", &values).await.unwrap(), 0);
+    assert_eq!(store.remove_filter_values("missing", "f1", &values).await.unwrap(), 0);
+    assert_eq!(store.filter_value_count("missing", "f1").await.unwrap(), 0);
+}
+
+fn deployment(p: &Pipeline, state: DeploymentState, minutes: i64) -> DeploymentRecord {
+    let at = Utc.with_ymd_and_hms(2026, 2, 1, 0, 0, 0).unwrap() + Duration::minutes(minutes);
+    DeploymentRecord {
+        pipeline_id: p.id.clone(),
+        state,
+        pipeline: p.clone(),
+        deployed_at: at,
+        updated_at: at + Duration::microseconds(123_456),
+    }
+}
+
+async fn delete_pipeline_removes_its_values_and_deployment(store: Arc<dyn MetadataStore>) {
+    let (owner, p) = stored_pipeline(store.as_ref()).await;
+    let q = pipeline(&owner, "q", 1);
+    store.insert_pipeline(&q, &owner.team.id, &[]).await.unwrap();
+    for id in [&p.id, &q.id] {
+        store.add_filter_values(id, "f1", &strings(&["0xa", "0xb"])).await.unwrap();
+    }
+    store.put_deployment(&deployment(&p, DeploymentState::Deployed, 0)).await.unwrap();
+    store.put_deployment(&deployment(&q, DeploymentState::Paused, 1)).await.unwrap();
+
+    assert!(store.delete_pipeline(&p.id).await.unwrap());
+    assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 0);
+    assert!(store.deployment(&p.id).await.unwrap().is_none());
+    assert_eq!(store.filter_value_count(&q.id, "f1").await.unwrap(), 2);
+    let left = store.list_deployments().await.unwrap();
+    assert_eq!(left.iter().map(|d| d.pipeline_id.as_str()).collect::<Vec<_>>(), [q.id.as_str()]);
+}
+
+async fn deployment_round_trips_and_upserts(store: Arc<dyn MetadataStore>) {
+    let (owner, p) = stored_pipeline(store.as_ref()).await;
+    let q = pipeline(&owner, "q", 1);
+    store.insert_pipeline(&q, &owner.team.id, &[]).await.unwrap();
+    assert!(store.deployment(&p.id).await.unwrap().is_none());
+    assert!(store.list_deployments().await.unwrap().is_empty());
+
+    let later = deployment(&q, DeploymentState::Deployed, 10);
+    store.put_deployment(&later).await.unwrap();
+    let first = deployment(&p, DeploymentState::Deployed, 0);
+    store.put_deployment(&first).await.unwrap();
+    assert_eq!(store.deployment(&p.id).await.unwrap(), Some(first.clone()));
+    assert_eq!(store.list_deployments().await.unwrap(), [first.clone(), later.clone()]);
+
+    let mut paused = first.clone();
+    paused.state = DeploymentState::Paused;
+    paused.pipeline.name = "snapshot changed".into();
+    paused.updated_at = first.updated_at + Duration::minutes(3);
+    store.put_deployment(&paused).await.unwrap();
+    assert_eq!(store.deployment(&p.id).await.unwrap(), Some(paused.clone()));
+    assert_eq!(store.list_deployments().await.unwrap().len(), 2);
+
+    assert!(store.delete_deployment(&p.id).await.unwrap());
+    assert!(!store.delete_deployment(&p.id).await.unwrap());
+    assert!(store.deployment(&p.id).await.unwrap().is_none());
+    assert_eq!(store.list_deployments().await.unwrap(), [later]);
+    assert!(
+        store.put_deployment(&deployment(&p, DeploymentState::Deployed, 0)).await.is_ok(),
+        "a torn-down pipeline can be deployed again"
+    );
+    let mut orphan = deployment(&p, DeploymentState::Deployed, 0);
+    orphan.pipeline_id = "missing".into();
+    assert!(store.put_deployment(&orphan).await.is_err(), "a deployment needs its pipeline");
+}
+
+/// Databases created by an older release: migrations must keep what they hold.
+mod migration {
+    use super::*;
+
+    const MIGRATION_1: &str = include_str!("../../src/migrations/0001_identity_and_pipelines.sql");
+
+    /// The statements that leave a database as release 0.1 (migration 1) left it, with one
+    /// pipeline whose set filter `f1` holds three values.
+    fn version_1_database(config: &str) -> String {
+        let at = "2026-01-01T00:00:00.000000Z";
+        let config = config.replace('\'', "''");
+        format!(
+            "CREATE TABLE sluice_schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL);
+             INSERT INTO sluice_schema_migrations VALUES (1, 'identity_and_pipelines', '{at}');
+             {MIGRATION_1}
+             INSERT INTO orgs VALUES ('org', 'acme', TRUE, TRUE, '{at}');
+             INSERT INTO teams VALUES ('team', 'org', 'data', '{at}');
+             INSERT INTO users VALUES ('user', 'org', 'team', 'ann', FALSE, '{at}');
+             INSERT INTO pipelines VALUES ('pipe', 'org', 'user', 'p', 'd', NULL, FALSE, 'S',
+                 'at_least_once', '{config}', '{at}', '{at}');
+             INSERT INTO filter_values VALUES ('pipe', 'f1', '0xc'), ('pipe', 'f1', '0xa'),
+                 ('pipe', 'f1', '0xb'), ('pipe', 'f2', '0xa');"
+        )
+    }
+
+    fn config_json() -> String {
+        let owner = Identity {
+            org: sluice_core::identity::Org {
+                id: "org".into(),
+                name: "acme".into(),
+                flags: Default::default(),
+            },
+            team: sluice_core::identity::Team {
+                id: "team".into(),
+                org_id: "org".into(),
+                name: "data".into(),
+            },
+            user: sluice_core::identity::User {
+                id: "user".into(),
+                org_id: "org".into(),
+                team_id: "team".into(),
+                name: "ann".into(),
+                is_operator: false,
+            },
+        };
+        serde_json::to_string(&pipeline(&owner, "p", 0).pipeline_config).unwrap()
+    }
+
+    async fn migrated_values_are_kept_and_new_ones_list_after(store: Arc<dyn MetadataStore>) {
+        assert_eq!(store.filter_value_count("pipe", "f1").await.unwrap(), 3);
+        assert!(store.has_filter_value("pipe", "f1", "0xb").await.unwrap());
+        let first = store.list_filter_values("pipe", "f1", None, 2).await.unwrap();
+        assert_eq!(first.values.len(), 2);
+        store.add_filter_values("pipe", "f1", &strings(&["0x0", "0xa"])).await.unwrap();
+        let rest = store.list_filter_values("pipe", "f1", first.next, 10).await.unwrap();
+        let mut all = first.values;
+        all.extend(rest.values);
+        assert_eq!(all.len(), 4);
+        all[..3].sort();
+        assert_eq!(all, ["0xa", "0xb", "0xc", "0x0"]);
+        assert_eq!(list_all(store.as_ref(), "pipe", "f2", 10).await, ["0xa"]);
+        let caller = Principal {
+            user_id: "user".into(),
+            team_id: "team".into(),
+            org_id: "org".into(),
+            is_operator: false,
+            flags: Default::default(),
+        };
+        assert!(store.pipeline_with_access("pipe", &caller).await.unwrap().is_some());
+        assert!(store.delete_pipeline("pipe").await.unwrap());
+        assert_eq!(store.filter_value_count("pipe", "f1").await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn from_version_1_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+        let options =
+            sqlx::sqlite::SqliteConnectOptions::from_str(&url).unwrap().create_if_missing(true);
+        let old = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        sqlx::raw_sql(&version_1_database(&config_json())).execute(&old).await.unwrap();
+        old.close().await;
+        let store = SqliteStore::open(&url).await.unwrap();
+        migrated_values_are_kept_and_new_ones_list_after(Arc::new(store)).await;
+    }
+
+    #[tokio::test]
+    async fn from_version_1_on_postgres() {
+        let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
+            .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
+        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let admin = sqlx::PgPool::connect(&url).await.unwrap();
+        sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
+        admin.close().await;
+        let options = PgConnectOptions::from_str(&url).unwrap().options([("search_path", &schema)]);
+        let old = sqlx::PgPool::connect_with(options.clone()).await.unwrap();
+        sqlx::raw_sql(&version_1_database(&config_json())).execute(&old).await.unwrap();
+        old.close().await;
+        let store = PgStore::open_with(options).await.unwrap();
+        migrated_values_are_kept_and_new_ones_list_after(Arc::new(store)).await;
+    }
 }

@@ -2,5 +2,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod crash;
 mod process;
 mod serve;

@@ -1,0 +1,307 @@
+//! Deployment endpoints: deploy, pause, teardown, and reading a managed sink's records.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sluice_core::permission::Permission;
+use sluice_runtime::{Paused, RuntimeError};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::pipelines::MessageBody;
+
+/// Connection details of one sink, returned by deploy.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SinkConnection {
+    pub uid: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    pub sink_type: String,
+    /// The managed topic the sink writes to.
+    pub topic: String,
+    /// Where to read the topic's records over HTTP (same API key, read permission).
+    pub records_url: String,
+    /// How to connect: the embedded log is read over HTTP with the API key.
+    #[schema(value_type = Object)]
+    pub connection: Value,
+    /// Ready-to-run consumers, by language.
+    #[schema(value_type = Object)]
+    pub consumer_snippets: Value,
+}
+
+/// The answer to a deploy.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeployBody {
+    pub message: String,
+    /// Always `deployed`.
+    pub status: String,
+    pub sinks: Vec<SinkConnection>,
+}
+
+impl From<RuntimeError> for ApiError {
+    fn from(error: RuntimeError) -> Self {
+        match error {
+            RuntimeError::Plan(plan) => {
+                ApiError::Validation(vec![sluice_core::validation::Violation::new(
+                    &sluice_core::validation::Loc::body().at("pipeline_config"),
+                    "not_deployable",
+                    plan.to_string(),
+                )])
+            }
+            RuntimeError::Store(store) => ApiError::Store(store),
+            RuntimeError::UnknownStream(topic) => {
+                ApiError::NotFound(format!("no chain stream {topic}"))
+            }
+            RuntimeError::Bus(bus) => ApiError::Internal(format!("stream log: {bus}")),
+        }
+    }
+}
+
+/// Deploy a pipeline (edit permission). Not deployed → deployed, reading from the stream's
+/// end; paused → deployed, resuming from the kept offsets (records older than 2 days are
+/// skipped); deployed → deployed with the stored configuration, swapped in at a batch
+/// boundary with no gap. Idempotent.
+#[utoipa::path(
+    post, path = "/api/v1/beam/{config_id}/deploy", tag = "deployments",
+    params(("config_id" = String, Path, description = "Pipeline id")),
+    responses(
+        (status = 200, description = "Deployed; sink connection details", body = DeployBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Read but not edit permission", body = ErrorBody),
+        (status = 404, description = "No such pipeline, or no read permission", body = ErrorBody),
+        (status = 422, description = "The configuration cannot run in this build", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn deploy(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(config_id): Path<String>,
+) -> Result<Json<DeployBody>, ApiError> {
+    let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    let runtime = state.runtime()?;
+    let deployed = runtime.deploy(&pipeline).await?;
+    let sinks = pipeline
+        .pipeline_config
+        .sinks
+        .iter()
+        .filter_map(|sink| {
+            let topic = deployed.sink_topics.iter().find(|(uid, _)| *uid == sink.uid)?.1.clone();
+            let records_url = format!("/api/v1/beam/{config_id}/sinks/{}/records", sink.uid);
+            Some(SinkConnection {
+                uid: sink.uid.clone(),
+                name: sink.name.clone(),
+                sink_type: sink.sink_type.clone(),
+                connection: json!({
+                    "transport": "http",
+                    "records_url": records_url,
+                    "auth_header": "X-API-Key",
+                    "topic": topic,
+                    "partitions": sluice_runtime::SINK_PARTITIONS,
+                }),
+                consumer_snippets: json!({
+                    "curl": format!(
+                        "curl -s \"$SLUICE_URL{records_url}?offset=0&limit=500&wait_ms=5000\" -H \"X-API-Key: $SLUICE_API_KEY\""
+                    ),
+                    "python": format!(
+                        "import os, requests\n\
+                         url = os.environ['SLUICE_URL'] + '{records_url}'\n\
+                         headers = {{'X-API-Key': os.environ['SLUICE_API_KEY']}}\n\
+                         offset = 0\n\
+                         while True:\n    \
+                             page = requests.get(url, params={{'offset': offset, 'limit': 500, 'wait_ms': 5000}}, headers=headers).json()\n    \
+                             for record in page['records']:\n        \
+                                 print(record['key'], record['value'])\n    \
+                             offset = page['next_offset']\n"
+                    ),
+                }),
+                topic,
+                records_url,
+            })
+        })
+        .collect();
+    Ok(Json(DeployBody {
+        message: format!("Pipeline {config_id} successfully deployed"),
+        status: "deployed".to_owned(),
+        sinks,
+    }))
+}
+
+/// Pause a deployed pipeline (edit permission): processing stops; configuration, sinks and
+/// offsets stay, and incoming data is held for up to 2 days. Deploy resumes it. No effect on
+/// a pipeline that is not deployed.
+#[utoipa::path(
+    post, path = "/api/v1/beam/{config_id}/pause", tag = "deployments",
+    params(("config_id" = String, Path, description = "Pipeline id")),
+    responses(
+        (status = 200, description = "Paused (or nothing to do)", body = MessageBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Read but not edit permission", body = ErrorBody),
+        (status = 404, description = "No such pipeline, or no read permission", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn pause(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(config_id): Path<String>,
+) -> Result<Json<MessageBody>, ApiError> {
+    caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    let message = match state.runtime()?.pause(&config_id).await? {
+        Paused::Paused => format!("Pipeline {config_id} successfully paused"),
+        Paused::AlreadyPaused => format!("Pipeline {config_id} is already paused"),
+        Paused::NotDeployed => format!("Pipeline {config_id} is not deployed; nothing to pause"),
+    };
+    Ok(Json(MessageBody { message }))
+}
+
+/// Tear a deployment down (edit permission): workers, the managed sink topic and the source
+/// offsets are removed; the configuration stays. Data arriving before the next deploy is
+/// never delivered.
+#[utoipa::path(
+    post, path = "/api/v1/beam/{config_id}/teardown", tag = "deployments",
+    params(("config_id" = String, Path, description = "Pipeline id")),
+    responses(
+        (status = 200, description = "Torn down (or nothing to do)", body = MessageBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Read but not edit permission", body = ErrorBody),
+        (status = 404, description = "No such pipeline, or no read permission", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn teardown(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(config_id): Path<String>,
+) -> Result<Json<MessageBody>, ApiError> {
+    caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    let message = if state.runtime()?.teardown(&config_id).await? {
+        format!("Pipeline {config_id} successfully torn down")
+    } else {
+        format!("Pipeline {config_id} is not deployed; nothing to tear down")
+    };
+    Ok(Json(MessageBody { message }))
+}
+
+/// Where to read a managed sink's records from.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RecordsQuery {
+    /// First offset to return (default 0: the oldest retained record).
+    pub offset: Option<u64>,
+    /// Most records to return, 1 to 10,000 (default 500).
+    pub limit: Option<u32>,
+    /// When nothing is there yet, wait up to this long for records (0 to 30,000; default 0).
+    pub wait_ms: Option<u64>,
+}
+
+/// One delivered record.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SinkRecord {
+    pub offset: u64,
+    /// The stable key of the source record (use it to de-duplicate).
+    pub key: String,
+    /// When the record reached the sink (RFC 3339).
+    pub timestamp: String,
+    /// The record as delivered.
+    #[schema(value_type = Object)]
+    pub value: Value,
+}
+
+/// A page of a managed sink's records.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RecordsBody {
+    pub records: Vec<SinkRecord>,
+    /// The offset to ask for next.
+    pub next_offset: u64,
+}
+
+/// Read the records a deployed pipeline delivered to its managed (`kafka`) sink, in order
+/// (read permission). Page with `next_offset`; `wait_ms` long-polls.
+#[utoipa::path(
+    get, path = "/api/v1/beam/{config_id}/sinks/{sink_uid}/records", tag = "deployments",
+    params(
+        ("config_id" = String, Path, description = "Pipeline id"),
+        ("sink_uid" = String, Path, description = "Sink uid"),
+        RecordsQuery,
+    ),
+    responses(
+        (status = 200, description = "Records from `offset` on", body = RecordsBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such pipeline or sink, or not deployed", body = ErrorBody),
+        (status = 422, description = "Bad query parameter", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn sink_records(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((config_id, sink_uid)): Path<(String, String)>,
+    query: Result<Query<RecordsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<RecordsBody>, ApiError> {
+    let Query(query) = query.map_err(|rejection| {
+        ApiError::Validation(vec![sluice_core::validation::Violation::new(
+            &sluice_core::validation::Loc::query("offset"),
+            "query",
+            rejection.body_text(),
+        )])
+    })?;
+    let limit = query.limit.unwrap_or(500);
+    let wait_ms = query.wait_ms.unwrap_or(0);
+    let mut violations = Vec::new();
+    if !(1..=10_000).contains(&limit) {
+        violations.push(sluice_core::validation::Violation::value(
+            &sluice_core::validation::Loc::query("limit"),
+            "limit must be between 1 and 10000",
+        ));
+    }
+    if wait_ms > 30_000 {
+        violations.push(sluice_core::validation::Violation::value(
+            &sluice_core::validation::Loc::query("wait_ms"),
+            "wait_ms must be between 0 and 30000",
+        ));
+    }
+    if !violations.is_empty() {
+        return Err(ApiError::Validation(violations));
+    }
+    caller.pipeline(&state, &config_id, Permission::Read).await?;
+    let runtime = state.runtime()?;
+    let not_found =
+        || ApiError::NotFound(format!("Sink {sink_uid} of pipeline {config_id} is not deployed"));
+    let topic = runtime.sink_topic(&config_id, &sink_uid).await?.ok_or_else(not_found)?;
+    let log = runtime.log();
+    let mut watch = log.watch(&topic);
+    let from = query.offset.unwrap_or(0);
+    let deadline = std::time::Instant::now() + Duration::from_millis(wait_ms);
+    let records = loop {
+        let records = log.read(&topic, 0, from, limit as usize).await.map_err(|e| match e {
+            sluice_bus::BusError::UnknownTopic(_) => not_found(),
+            other => ApiError::Internal(format!("stream log: {other}")),
+        })?;
+        let now = std::time::Instant::now();
+        if !records.is_empty() || now >= deadline {
+            break records;
+        }
+        watch.wait(deadline - now).await;
+    };
+    let next_offset = records.last().map_or(from, |r| r.offset + 1);
+    let records = records
+        .into_iter()
+        .map(|record| SinkRecord {
+            offset: record.offset,
+            key: String::from_utf8_lossy(&record.key).into_owned(),
+            timestamp: chrono::DateTime::from_timestamp_millis(record.timestamp_ms)
+                .map(sluice_core::time::format)
+                .unwrap_or_default(),
+            value: serde_json::from_slice(&record.value).unwrap_or_else(|_| {
+                Value::String(String::from_utf8_lossy(&record.value).into_owned())
+            }),
+        })
+        .collect();
+    Ok(Json(RecordsBody { records, next_offset }))
+}

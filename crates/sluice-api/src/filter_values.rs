@@ -1,0 +1,511 @@
+//! Filter values of a set-filter (`redis_set_filter`) transform, under
+//! `{base_url}/{config_id}/transforms/{transform_uid}/filter-values`: list, add, replace,
+//! remove, check membership, count.
+//!
+//! Values are normalised with [`sluice_core::filter_values::normalize`] (lowercase) before
+//! they are stored or looked up. The transform must be a set filter of the *stored*
+//! configuration (what `GET {base_url}/{config_id}` shows): an unknown uid is 404, a script
+//! transform 422. Every committed change is then told to [`AppState::filter_listener`], so
+//! running pipelines follow at once.
+//!
+//! A change may carry a million values (~45 MB of JSON), so these routes have their own body
+//! limit ([`crate::Limits::max_filter_values_body_bytes`]) and the body is deserialized
+//! straight into `Vec<String>`; only a body that fails that fast path is walked again as a
+//! JSON tree to say precisely what is wrong.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use sluice_core::filter_values::{FilterValuesChange, normalize};
+use sluice_core::permission::Permission;
+use sluice_core::pipeline::Transform;
+use sluice_core::validation::{Fields, Loc, Violation, Violations, parse_object, str_array};
+use utoipa::ToSchema;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+
+/// Largest page of `GET …/filter-values` (SPEC "Limits").
+pub const MAX_PAGE_SIZE: i64 = 10_000;
+
+/// Page size when `count` is not given.
+pub const DEFAULT_PAGE_SIZE: i64 = 100;
+
+/// Longest filter value, in bytes of UTF-8 after lowercasing. Addresses, topics and symbols
+/// are far shorter; the cap keeps every value within what a PostgreSQL index entry can hold.
+pub const MAX_VALUE_BYTES: usize = 1024;
+
+/// Body of `POST`, `PUT` and `DELETE …/filter-values`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ValuesRequest {
+    /// Values, matched in lowercase; repeats count once. At least one, except for `PUT`,
+    /// where an empty list clears the set.
+    pub values: Vec<String>,
+}
+
+/// One page of values, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ValuePage {
+    pub values: Vec<String>,
+    /// Pass as `cursor` to get the next page; `null` when no value follows.
+    pub cursor: Option<i64>,
+    /// Values in the set.
+    pub total_count: u64,
+}
+
+/// `{"added": n}`: values that were not in the set before.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AddedBody {
+    pub added: u64,
+}
+
+/// `{"removed": n}`: values that were in the set.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RemovedBody {
+    pub removed: u64,
+}
+
+/// `{"count": n}`: values in the set.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CountBody {
+    pub count: u64,
+}
+
+/// Whether one value is in the set.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MembershipBody {
+    /// The value looked up, lowercased as it is matched.
+    pub value: String,
+    pub is_member: bool,
+}
+
+/// Path of every filter-values route.
+#[derive(Debug, Deserialize)]
+pub struct FilterValuesPath {
+    config_id: String,
+    transform_uid: String,
+}
+
+type QueryPairs = Result<Query<Vec<(String, String)>>, QueryRejection>;
+
+/// Loads the pipeline (404 unless the caller reads it, 403 without `needed`) and checks that
+/// `uid` is one of its set filters (404 when absent, 422 when a script).
+async fn check_set_filter(
+    state: &AppState,
+    caller: &Caller,
+    path: &FilterValuesPath,
+    needed: Permission,
+) -> Result<(), ApiError> {
+    let (pipeline, _) = caller.pipeline(state, &path.config_id, needed).await?;
+    let uid = &path.transform_uid;
+    match pipeline.pipeline_config.transforms.iter().find(|t| t.uid() == uid) {
+        None => Err(ApiError::NotFound(format!(
+            "Transform {uid} not found in pipeline {}",
+            path.config_id
+        ))),
+        Some(Transform::Script { .. }) => Err(ApiError::Validation(vec![Violation::value(
+            &Loc::default().at("path").at("transform_uid"),
+            format!(
+                "transform {uid} is a v8 script; only redis_set_filter transforms have filter values"
+            ),
+        )])),
+        Some(Transform::SetFilter { .. }) => Ok(()),
+    }
+}
+
+/// The last value of query parameter `name`.
+fn query_param<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    pairs.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
+}
+
+fn query_pairs(query: QueryPairs) -> Result<Vec<(String, String)>, ApiError> {
+    query.map(|Query(pairs)| pairs).map_err(|rejection| {
+        ApiError::Validation(vec![Violation::new(
+            &Loc::default().at("query"),
+            "query_invalid",
+            rejection.body_text(),
+        )])
+    })
+}
+
+/// An optional integer query parameter within `min..=max`, pydantic-style violations.
+fn int_param(
+    pairs: &[(String, String)],
+    name: &str,
+    min: i64,
+    max: i64,
+    errors: &mut Violations,
+) -> Option<i64> {
+    let text = query_param(pairs, name)?;
+    let loc = Loc::query(name);
+    let Ok(number) = text.trim().parse::<i64>() else {
+        errors.push(Violation::new(
+            &loc,
+            "int_parsing",
+            "Input should be a valid integer, unable to parse string as an integer",
+        ));
+        return None;
+    };
+    if number < min {
+        errors.push(Violation::new(
+            &loc,
+            "greater_than_equal",
+            format!("Input should be greater than or equal to {min}"),
+        ));
+        None
+    } else if number > max {
+        errors.push(Violation::new(
+            &loc,
+            "less_than_equal",
+            format!("Input should be less than or equal to {max}"),
+        ));
+        None
+    } else {
+        Some(number)
+    }
+}
+
+/// Lowercases in place; the same result as [`normalize`] without a new allocation for the
+/// (usual) ASCII value.
+fn normalize_in_place(value: &mut String) {
+    if value.is_ascii() {
+        value.make_ascii_lowercase();
+    } else {
+        *value = normalize(value);
+    }
+}
+
+/// The normalised values of a change body.
+///
+/// # Errors
+/// 413 over the limit; 422 for a body that is not `{"values": [string, …]}`, an empty list
+/// when `at_least_one`, or an over-long value.
+fn read_values(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    at_least_one: bool,
+) -> Result<Vec<String>, ApiError> {
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge { limit: state.limits.max_filter_values_body_bytes }
+        } else {
+            ApiError::Validation(vec![Violation::new(
+                &Loc::body(),
+                "body_read",
+                rejection.body_text(),
+            )])
+        }
+    })?;
+    let mut values = parse_values(&bytes)?;
+    let loc = Loc::body().at("values");
+    if at_least_one && values.is_empty() {
+        return Err(ApiError::Validation(vec![Violation::new(
+            &loc,
+            "too_short",
+            "List should have at least 1 item after validation, not 0",
+        )]));
+    }
+    let mut errors = Violations::default();
+    for (index, value) in values.iter_mut().enumerate() {
+        normalize_in_place(value);
+        if value.len() > MAX_VALUE_BYTES {
+            errors.push(Violation::value(
+                &loc.at(index),
+                format!(
+                    "a filter value is at most {MAX_VALUE_BYTES} bytes of UTF-8 (lowercased); this one has {}",
+                    value.len()
+                ),
+            ));
+        }
+    }
+    Ok(errors.finish(values)?)
+}
+
+/// `{"values": [string, …]}` as strings, not yet normalised.
+fn parse_values(bytes: &[u8]) -> Result<Vec<String>, Vec<Violation>> {
+    // serde would also take a struct written as a JSON array, which the API does not.
+    let is_object = bytes.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'{');
+    if is_object {
+        if let Ok(body) = serde_json::from_slice::<ValuesRequest>(bytes) {
+            return Ok(body.values);
+        }
+    }
+    // Slow path: walk the body as a tree to report every violation where it is.
+    let map = parse_object(bytes)?;
+    let mut errors = Violations::default();
+    let mut fields = Fields::new(&map, Loc::body());
+    let loc = fields.loc("values");
+    let values = match fields.get("values") {
+        None => {
+            errors.push(Violation::missing(&loc));
+            None
+        }
+        Some(value) => str_array(value, &loc, &mut errors),
+    };
+    fields.finish(&mut errors, |_| None);
+    let values = values.map(|values| values.into_iter().map(str::to_owned).collect());
+    match values {
+        Some(values) if errors.is_empty() => Ok(values),
+        _ => Err(errors.finish(()).err().unwrap_or_default()),
+    }
+}
+
+/// List the values of a set filter, oldest first (read permission).
+///
+/// The cursor is an opaque integer: pass the `cursor` of one page to get the next. Paging
+/// while others add values neither skips nor repeats a value; values added meanwhile appear
+/// on later pages.
+#[utoipa::path(
+    get, path = "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values",
+    tag = "filter-values",
+    params(
+        ("config_id" = String, Path, description = "Pipeline id"),
+        ("transform_uid" = String, Path, description = "Uid of a redis_set_filter transform"),
+        ("cursor" = Option<i64>, Query, description = "`cursor` of the previous page; omit for the first page"),
+        ("count" = Option<i64>, Query, minimum = 1, maximum = 10000, description = "Page size, 1 to 10,000; default 100"),
+    ),
+    responses(
+        (status = 200, description = "One page of values", body = ValuePage),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
+        (status = 422, description = "Not a set filter, or a bad cursor or count", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_filter_values(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(path): Path<FilterValuesPath>,
+    query: QueryPairs,
+) -> Result<Json<ValuePage>, ApiError> {
+    check_set_filter(&state, &caller, &path, Permission::Read).await?;
+    let pairs = query_pairs(query)?;
+    let mut errors = Violations::default();
+    let cursor = int_param(&pairs, "cursor", 0, i64::MAX, &mut errors);
+    let count = int_param(&pairs, "count", 1, MAX_PAGE_SIZE, &mut errors);
+    errors.finish(())?;
+    let limit = u32::try_from(count.unwrap_or(DEFAULT_PAGE_SIZE)).unwrap_or(u32::MAX);
+    let (id, uid) = (&path.config_id, &path.transform_uid);
+    let page = state.store.list_filter_values(id, uid, cursor, limit).await?;
+    let total_count = state.store.filter_value_count(id, uid).await?;
+    Ok(Json(ValuePage { values: page.values, cursor: page.next, total_count }))
+}
+
+/// Add values to a set filter; values already present are ignored (edit permission).
+#[utoipa::path(
+    post, path = "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values",
+    tag = "filter-values",
+    params(
+        ("config_id" = String, Path, description = "Pipeline id"),
+        ("transform_uid" = String, Path, description = "Uid of a redis_set_filter transform"),
+    ),
+    request_body = ValuesRequest,
+    responses(
+        (status = 200, description = "How many values were new", body = AddedBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Read but not edit permission", body = ErrorBody),
+        (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
+        (status = 413, description = "Body over the filter-values size limit", body = ErrorBody),
+        (status = 422, description = "Not a set filter, or a bad body", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn add_filter_values(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(path): Path<FilterValuesPath>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AddedBody>, ApiError> {
+    check_set_filter(&state, &caller, &path, Permission::Edit).await?;
+    let values = read_values(&state, body, true)?;
+    let (id, uid) = (&path.config_id, &path.transform_uid);
+    let added = state.store.add_filter_values(id, uid, &values).await?;
+    state.filter_listener.changed(id, uid, FilterValuesChange::Added(&values));
+    tracing::info!(config_id = %id, transform_uid = %uid, given = values.len(), added, "filter values added");
+    Ok(Json(AddedBody { added }))
+}
+
+/// Replace every value of a set filter at once; an empty list clears it (edit permission).
+#[utoipa::path(
+    put, path = "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values",
+    tag = "filter-values",
+    params(
+        ("config_id" = String, Path, description = "Pipeline id"),
+        ("transform_uid" = String, Path, description = "Uid of a redis_set_filter transform"),
+    ),
+    request_body = ValuesRequest,
+    responses(
+        (status = 200, description = "Values in the set now", body = CountBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Read but not edit permission", body = ErrorBody),
+        (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
+        (status = 413, description = "Body over the filter-values size limit", body = ErrorBody),
+        (status = 422, description = "Not a set filter, or a bad body", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn replace_filter_values(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(path): Path<FilterValuesPath>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<CountBody>, ApiError> {
+    check_set_filter(&state, &caller, &path, Permission::Edit).await?;
+    let values = read_values(&state, body, false)?;
+    let (id, uid) = (&path.config_id, &path.transform_uid);
+    let count = state.store.replace_filter_values(id, uid, &values).await?;
+    state.filter_listener.changed(id, uid, FilterValuesChange::Replaced(&values));
+    tracing::info!(config_id = %id, transform_uid = %uid, count, "filter values replaced");
+    Ok(Json(CountBody { count }))
+}
+
+/// Remove values from a set filter; values not in it are ignored (edit permission).
+#[utoipa::path(
+    delete, path = "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values",
+    tag = "filter-values",
+    params(
+        ("config_id" = String, Path, description = "Pipeline id"),
+        ("transform_uid" = String, Path, description = "Uid of a redis_set_filter transform"),
+    ),
+    request_body = ValuesRequest,
+    responses(
+        (status = 200, description = "How many values were removed", body = RemovedBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Read but not edit permission", body = ErrorBody),
+        (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
+        (status = 413, description = "Body over the filter-values size limit", body = ErrorBody),
+        (status = 422, description = "Not a set filter, or a bad body", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn remove_filter_values(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(path): Path<FilterValuesPath>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<RemovedBody>, ApiError> {
+    check_set_filter(&state, &caller, &path, Permission::Edit).await?;
+    let values = read_values(&state, body, true)?;
+    let (id, uid) = (&path.config_id, &path.transform_uid);
+    let removed = state.store.remove_filter_values(id, uid, &values).await?;
+    state.filter_listener.changed(id, uid, FilterValuesChange::Removed(&values));
+    tracing::info!(config_id = %id, transform_uid = %uid, given = values.len(), removed, "filter values removed");
+    Ok(Json(RemovedBody { removed }))
+}
+
+/// Whether a value is in a set filter; the value is lowercased first, as records' values are
+/// (read permission).
+#[utoipa::path(
+    get, path = "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/check",
+    tag = "filter-values",
+    params(
+        ("config_id" = String, Path, description = "Pipeline id"),
+        ("transform_uid" = String, Path, description = "Uid of a redis_set_filter transform"),
+        ("value" = String, Query, description = "The value to look up"),
+    ),
+    responses(
+        (status = 200, description = "The lowercased value and whether it is in the set", body = MembershipBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
+        (status = 422, description = "Not a set filter, or `value` missing", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn check_filter_value(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(path): Path<FilterValuesPath>,
+    query: QueryPairs,
+) -> Result<Json<MembershipBody>, ApiError> {
+    check_set_filter(&state, &caller, &path, Permission::Read).await?;
+    let pairs = query_pairs(query)?;
+    let Some(value) = query_param(&pairs, "value") else {
+        return Err(ApiError::Validation(vec![Violation::missing(&Loc::query("value"))]));
+    };
+    let value = normalize(value);
+    // A value too long to be stored cannot be a member.
+    let is_member = value.len() <= MAX_VALUE_BYTES
+        && state.store.has_filter_value(&path.config_id, &path.transform_uid, &value).await?;
+    Ok(Json(MembershipBody { value, is_member }))
+}
+
+/// Number of values in a set filter (read permission).
+#[utoipa::path(
+    get, path = "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/count",
+    tag = "filter-values",
+    params(
+        ("config_id" = String, Path, description = "Pipeline id"),
+        ("transform_uid" = String, Path, description = "Uid of a redis_set_filter transform"),
+    ),
+    responses(
+        (status = 200, description = "Values in the set", body = CountBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
+        (status = 422, description = "Not a set filter", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn count_filter_values(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(path): Path<FilterValuesPath>,
+) -> Result<Json<CountBody>, ApiError> {
+    check_set_filter(&state, &caller, &path, Permission::Read).await?;
+    let count = state.store.filter_value_count(&path.config_id, &path.transform_uid).await?;
+    Ok(Json(CountBody { count }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_place_normalisation_matches_normalize() {
+        for text in ["0xABcd", "already", "ÄÖÜ-Straße", "İstanbul", "ΣΑΣ", ""] {
+            let mut value = text.to_owned();
+            normalize_in_place(&mut value);
+            assert_eq!(value, normalize(text), "{text}");
+        }
+    }
+
+    #[test]
+    fn fast_and_slow_paths_agree_on_valid_bodies() {
+        assert_eq!(parse_values(br#" {"values": ["a", "B"]} "#).unwrap(), ["a", "B"]);
+        // Repeated keys fail serde's derive but are valid JSON: the last one wins.
+        assert_eq!(parse_values(br#"{"values": ["a"], "values": ["b"]}"#).unwrap(), ["b"]);
+    }
+
+    #[test]
+    fn malformed_bodies_are_located_precisely() {
+        let kinds = |body: &[u8]| {
+            parse_values(body)
+                .unwrap_err()
+                .into_iter()
+                .map(|v| (serde_json::to_value(&v.loc).unwrap(), v.kind))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            kinds(br#"{"values": ["a", 1, "c", null]}"#),
+            [
+                (serde_json::json!(["body", "values", 1]), "string_type".to_owned()),
+                (serde_json::json!(["body", "values", 3]), "string_type".to_owned()),
+            ]
+        );
+        assert_eq!(kinds(br#"[["a"]]"#)[0].1, "dict_type");
+        assert_eq!(kinds(br#"{"values": null}"#)[0].1, "missing");
+        assert_eq!(kinds(br#"{"values": "a"}"#)[0].1, "list_type");
+        assert_eq!(kinds(b"{\"values\": [\"a\"]").first().unwrap().1, "json_invalid");
+        assert_eq!(
+            kinds(br#"{"values": [], "value": []}"#),
+            [(serde_json::json!(["body", "value"]), "extra_forbidden".to_owned())]
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! Chain-stream ingest: operators' indexers push records into a stream as NDJSON.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sluice_bus::NewRecord;
+use sluice_core::validation::{Loc, Violation};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+
+/// Which variant of the stream to append to.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct IngestQuery {
+    /// Append to the zerolag (pre-finality) stream; only where the catalog offers one.
+    #[serde(default)]
+    pub zerolag: bool,
+}
+
+/// `{"accepted": n}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IngestBody {
+    pub accepted: usize,
+}
+
+/// Append records to a chain stream (operator keys only). The body is NDJSON: one JSON
+/// object per line (blank lines are ignored), each with the key and time fields its entity
+/// defines (docs/streams.md). Either every line is appended, durably, or — when any line is
+/// malformed — none is, and the 422 lists each bad line as `["body", <line number>]`.
+#[utoipa::path(
+    post, path = "/api/v1/streams/{chain}/{entity}/records", tag = "streams",
+    params(
+        ("chain" = String, Path, description = "Chain, as in the catalog"),
+        ("entity" = String, Path, description = "Entity, as in the catalog"),
+        IngestQuery,
+    ),
+    request_body(content = String, content_type = "application/x-ndjson", description = "One JSON record per line"),
+    responses(
+        (status = 200, description = "Every record appended", body = IngestBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not an operator key", body = ErrorBody),
+        (status = 404, description = "No such chain stream in the catalog", body = ErrorBody),
+        (status = 413, description = "Body over the size limit", body = ErrorBody),
+        (status = 422, description = "Malformed lines; nothing was appended", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn ingest(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((chain, entity)): Path<(String, String)>,
+    Query(query): Query<IngestQuery>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<IngestBody>, ApiError> {
+    if !caller.0.is_operator {
+        return Err(ApiError::Forbidden("stream ingest needs an operator key".to_owned()));
+    }
+    let body = body.map_err(|rejection| {
+        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge { limit: state.limits.max_body_bytes }
+        } else {
+            ApiError::Validation(vec![Violation::new(
+                &Loc::body(),
+                "body_read",
+                rejection.body_text(),
+            )])
+        }
+    })?;
+    let Some(entry) = state.catalog.find(&chain, &entity) else {
+        return Err(ApiError::NotFound(format!("no chain stream {chain}.{entity} in the catalog")));
+    };
+    if query.zerolag && !entry.zerolag {
+        return Err(ApiError::Validation(vec![Violation::value(
+            &Loc::query("zerolag"),
+            format!("{chain}.{entity} has no zerolag stream"),
+        )]));
+    }
+    let records = parse_ndjson(&entity, &body)?;
+    let accepted = state.runtime()?.ingest(&chain, &entity, query.zerolag, records).await?;
+    Ok(Json(IngestBody { accepted }))
+}
+
+/// Parses every line, keying each record; all problems are reported together.
+fn parse_ndjson(entity: &str, body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
+    let mut records = Vec::new();
+    let mut violations = Vec::new();
+    for (index, line) in body.split(|b| *b == b'\n').enumerate() {
+        let line_number = index + 1;
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let loc = Loc::body().at(line_number);
+        let object = match serde_json::from_slice::<Value>(line) {
+            Ok(Value::Object(object)) => object,
+            Ok(_) => {
+                violations.push(Violation::new(
+                    &loc,
+                    "type_error.object",
+                    format!("line {line_number}: a record must be a JSON object"),
+                ));
+                continue;
+            }
+            Err(error) => {
+                violations.push(Violation::new(
+                    &loc,
+                    "value_error.json",
+                    format!("line {line_number}: invalid JSON: {error}"),
+                ));
+                continue;
+            }
+        };
+        match key_of(entity, &object) {
+            Ok(key) => records.push(NewRecord { key: key.into_bytes(), value: line.to_vec() }),
+            Err(message) => violations.push(Violation::new(
+                &loc,
+                "value_error.record",
+                format!("line {line_number}: {message}"),
+            )),
+        }
+    }
+    if violations.is_empty() { Ok(records) } else { Err(ApiError::Validation(violations)) }
+}
+
+fn key_of(entity: &str, object: &Map<String, Value>) -> Result<String, String> {
+    let key = sluice_core::streams::record_key(entity, object).map_err(|e| e.to_string())?;
+    if sluice_core::streams::event_time(entity, object).is_none() {
+        let field =
+            sluice_core::streams::entity_schema(entity).map_or("the time field", |s| s.time_field);
+        return Err(format!("{field} is missing or not a valid time"));
+    }
+    Ok(key)
+}

@@ -1,0 +1,508 @@
+//! End to end through the HTTP API with a real runtime and embedded log: deploy, ingest,
+//! filter, deliver, pause, resume, tear down, redeploy, restart.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use chrono::{TimeZone, Utc};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use sluice_api::{AppState, Limits};
+use sluice_bus::EmbeddedLog;
+use sluice_core::catalog::Catalog;
+use sluice_core::clock::ManualClock;
+use sluice_runtime::{Runtime, RuntimeSettings};
+use sluice_store::{MetadataStore, SqliteStore};
+use tower::ServiceExt;
+
+const USDC: &str = "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913";
+const WETH: &str = "0x4200000000000000000000000000000000000006";
+const OTHER: &str = "0x1111111111111111111111111111111111111111";
+
+struct Stack {
+    dir: tempfile::TempDir,
+    clock: Arc<ManualClock>,
+    store: Arc<dyn MetadataStore>,
+    log: Arc<EmbeddedLog>,
+    runtime: Arc<Runtime>,
+    state: AppState,
+    operator: String,
+    owner: String,
+    reader: String,
+}
+
+fn settings() -> RuntimeSettings {
+    RuntimeSettings {
+        idle_wait: Duration::from_millis(20),
+        initial_backoff: Duration::from_millis(10),
+        ..RuntimeSettings::default()
+    }
+}
+
+async fn key_for(
+    store: &dyn MetadataStore,
+    org: &str,
+    team: &str,
+    user: &str,
+    operator: bool,
+) -> String {
+    let identity = store.ensure_identity(org, team, user, operator).await.unwrap();
+    sluice_api::auth::issue_key(store, &identity.user.id, None).await.unwrap().unwrap()
+}
+
+impl Stack {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let clock =
+            Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()));
+        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+        let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
+        let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+        let operator = key_for(store.as_ref(), "sluice", "ops", "admin", true).await;
+        let owner = key_for(store.as_ref(), "acme", "data", "ann", false).await;
+        let reader = key_for(store.as_ref(), "acme", "data2", "bob", false).await;
+        let (runtime, state) = Self::serve(&store, &log, &clock).await;
+        Self { dir, clock, store, log, runtime, state, operator, owner, reader }
+    }
+
+    async fn serve(
+        store: &Arc<dyn MetadataStore>,
+        log: &Arc<EmbeddedLog>,
+        clock: &Arc<ManualClock>,
+    ) -> (Arc<Runtime>, AppState) {
+        let catalog = Arc::new(Catalog::default());
+        let runtime =
+            Runtime::start(store.clone(), log.clone(), catalog, clock.clone(), settings())
+                .await
+                .unwrap();
+        let state =
+            AppState::new(store.clone(), Catalog::default(), clock.clone(), Limits::default())
+                .with_runtime(runtime.clone());
+        (runtime, state)
+    }
+
+    /// Stops this runtime and starts another over the same store and log, as a server
+    /// restart does.
+    async fn restart(&mut self) {
+        self.runtime.shutdown().await;
+        let (runtime, state) = Self::serve(&self.store, &self.log, &self.clock).await;
+        self.runtime = runtime;
+        self.state = state;
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        key: &str,
+        body: Option<Body>,
+    ) -> (StatusCode, Value) {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("X-API-Key", key)
+            .header("content-type", "application/json")
+            .body(body.unwrap_or_else(Body::empty))
+            .unwrap();
+        let response = sluice_api::app(self.state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (status, value)
+    }
+
+    async fn post(&self, path: &str, key: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, path, key, Some(Body::from(body.to_string()))).await
+    }
+
+    async fn create(&self, filter_values: &[&str], extra: Value) -> String {
+        let mut body = json!({
+            "name": "usdc",
+            "description": "USDC and WETH transfers",
+            "pipeline_config": {
+                "source": {"chain": "base", "entity": "erc20_token_transfer"},
+                "transforms": [{"type": "redis_set_filter", "uid": "tf-tokens",
+                                "filter_expr": "root = this.token_address",
+                                "set_values": filter_values}],
+                "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+            }
+        });
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            body.extend(extra.clone());
+        }
+        let (status, created) = self.post("/api/v1/beam", &self.owner, body).await;
+        assert_eq!(status, StatusCode::OK, "{created}");
+        created["id"].as_str().unwrap().to_owned()
+    }
+
+    async fn action(&self, id: &str, action: &str) -> Value {
+        let (status, body) =
+            self.post(&format!("/api/v1/beam/{id}/{action}"), &self.owner, json!({})).await;
+        assert_eq!(status, StatusCode::OK, "{action}: {body}");
+        body
+    }
+
+    /// Ingests transfers `(n, token)` into base.erc20_token_transfer.
+    async fn ingest(&self, transfers: &[(u64, &str)]) {
+        let ndjson: String =
+            transfers.iter().map(|(n, token)| transfer(*n, token).to_string() + "\n").collect();
+        let (status, body) = self
+            .call(
+                Method::POST,
+                "/api/v1/streams/base/erc20_token_transfer/records",
+                &self.operator,
+                Some(Body::from(ndjson)),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["accepted"], transfers.len());
+    }
+
+    /// Reads the sink from offset 0 until it holds `count` records (or a generous deadline
+    /// passes, which fails the test) and returns their transfer numbers in order.
+    async fn delivered(&self, id: &str, count: usize) -> Vec<u64> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let numbers = self.sink_now(id).await;
+            if numbers.len() >= count || tokio::time::Instant::now() > deadline {
+                return numbers;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn sink_now(&self, id: &str) -> Vec<u64> {
+        let (status, page) = self
+            .call(
+                Method::GET,
+                &format!("/api/v1/beam/{id}/sinks/sk-out/records?limit=10000"),
+                &self.owner,
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        page["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["value"]["n"].as_u64().unwrap())
+            .collect()
+    }
+
+    /// Waits until the deployment has read everything ingested so far.
+    async fn settle(&self, id: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let group = sluice_bus::topics::deployment_group(id);
+        loop {
+            use sluice_bus::StreamLog as _;
+            let ends = self.log.offsets("base.erc20_token_transfer").await.unwrap();
+            let committed = self.log.committed(&group, "base.erc20_token_transfer").await.unwrap();
+            let caught_up = ends
+                .iter()
+                .enumerate()
+                .all(|(p, r)| committed.get(&(p as u32)).copied().unwrap_or(0) >= r.end);
+            assert!(tokio::time::Instant::now() < deadline, "deployment did not catch up");
+            if caught_up {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// A transfer record numbered `n` (its key is unique per `n`).
+fn transfer(n: u64, token: &str) -> Value {
+    json!({
+        "n": n,
+        "block_number": 1000 + n / 10,
+        "block_timestamp": "2026-11-21T12:00:00Z",
+        "transaction_hash": format!("0x{n:064x}"),
+        "log_index": n % 10,
+        "token_address": token,
+        "from_address": OTHER,
+        "to_address": OTHER,
+        "amount_str": "1.5",
+    })
+}
+
+#[tokio::test]
+async fn deploy_delivers_only_matching_records_in_order_from_the_end_of_the_stream() {
+    let stack = Stack::new().await;
+    stack.ingest(&[(1, USDC)]).await; // before the deploy: never delivered
+    let id = stack.create(&[&USDC.to_uppercase().replace("0X", "0x")], json!({})).await;
+    let deployed = stack.action(&id, "deploy").await;
+    assert_eq!(deployed["status"], "deployed");
+    assert_eq!(deployed["message"], format!("Pipeline {id} successfully deployed"));
+    let sink = &deployed["sinks"][0];
+    assert_eq!(sink["uid"], "sk-out");
+    assert_eq!(sink["topic"], format!("sink.{id}.transfers"));
+    assert_eq!(sink["records_url"], format!("/api/v1/beam/{id}/sinks/sk-out/records"));
+    assert!(sink["consumer_snippets"]["curl"].as_str().unwrap().contains("records"));
+
+    // Mixed case in the record still matches: values and extracted fields are lowercased.
+    let upper = USDC.to_uppercase().replace("0X", "0x");
+    stack.ingest(&[(2, USDC), (3, WETH), (4, &upper), (5, OTHER), (6, USDC)]).await;
+    assert_eq!(stack.delivered(&id, 3).await, vec![2, 4, 6]);
+    stack.settle(&id).await;
+    assert_eq!(stack.sink_now(&id).await, vec![2, 4, 6]);
+}
+
+#[tokio::test]
+async fn a_value_added_after_deploy_lets_its_records_through_without_a_redeploy() {
+    let stack = Stack::new().await;
+    let id = stack.create(&[USDC], json!({})).await;
+    stack.action(&id, "deploy").await;
+    stack.ingest(&[(1, WETH), (2, USDC)]).await;
+    assert_eq!(stack.delivered(&id, 1).await, vec![2]);
+    stack.settle(&id).await;
+    let path = format!("/api/v1/beam/{id}/transforms/tf-tokens/filter-values");
+    let (status, body) =
+        stack.post(&path, &stack.owner, json!({"values": [WETH.to_uppercase()]})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    stack.ingest(&[(3, WETH), (4, OTHER)]).await;
+    assert_eq!(stack.delivered(&id, 2).await, vec![2, 3]);
+    let (status, _) = stack
+        .call(
+            Method::DELETE,
+            &path,
+            &stack.owner,
+            Some(Body::from(json!({"values": [USDC]}).to_string())),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    stack.ingest(&[(5, USDC), (6, WETH)]).await;
+    assert_eq!(stack.delivered(&id, 3).await, vec![2, 3, 6]);
+}
+
+#[tokio::test]
+async fn pause_holds_records_and_resume_skips_those_older_than_two_days() {
+    let stack = Stack::new().await;
+    let id = stack.create(&[USDC], json!({})).await;
+    stack.action(&id, "deploy").await;
+    stack.ingest(&[(1, USDC)]).await;
+    assert_eq!(stack.delivered(&id, 1).await, vec![1]);
+    assert_eq!(
+        stack.action(&id, "pause").await["message"],
+        format!("Pipeline {id} successfully paused")
+    );
+    stack.ingest(&[(2, USDC)]).await; // will be older than 2 days at resume
+    stack.clock.advance(chrono::Duration::hours(47));
+    stack.ingest(&[(3, USDC)]).await; // held, within 2 days at resume
+    stack.clock.advance(chrono::Duration::hours(1) + chrono::Duration::seconds(1));
+    // Nothing moves while paused.
+    assert_eq!(stack.sink_now(&id).await, vec![1]);
+    stack.action(&id, "deploy").await;
+    stack.ingest(&[(4, USDC)]).await;
+    assert_eq!(stack.delivered(&id, 3).await, vec![1, 3, 4]);
+    stack.settle(&id).await;
+    assert_eq!(stack.sink_now(&id).await, vec![1, 3, 4]);
+    let counters = stack.runtime.counters(&id).await.unwrap();
+    assert_eq!(sluice_runtime::Counters::get(&counters.skipped_expired), 1);
+}
+
+#[tokio::test]
+async fn pause_of_a_pipeline_that_is_not_deployed_has_no_effect() {
+    let stack = Stack::new().await;
+    let id = stack.create(&[USDC], json!({})).await;
+    let body = stack.action(&id, "pause").await;
+    assert!(body["message"].as_str().unwrap().contains("not deployed"), "{body}");
+    assert_eq!(stack.runtime.state(&id).await.unwrap(), None);
+    let body = stack.action(&id, "teardown").await;
+    assert!(body["message"].as_str().unwrap().contains("not deployed"), "{body}");
+}
+
+#[tokio::test]
+async fn teardown_then_deploy_never_delivers_what_arrived_in_between() {
+    let stack = Stack::new().await;
+    let id = stack.create(&[USDC], json!({})).await;
+    stack.action(&id, "deploy").await;
+    stack.ingest(&[(1, USDC)]).await;
+    assert_eq!(stack.delivered(&id, 1).await, vec![1]);
+    let body = stack.action(&id, "teardown").await;
+    assert_eq!(body["message"], format!("Pipeline {id} successfully torn down"));
+    // The managed topic went with the deployment.
+    let (status, _) = stack
+        .call(Method::GET, &format!("/api/v1/beam/{id}/sinks/sk-out/records"), &stack.owner, None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    stack.ingest(&[(2, USDC), (3, USDC)]).await; // the gap
+    stack.action(&id, "deploy").await;
+    stack.ingest(&[(4, USDC)]).await;
+    assert_eq!(stack.delivered(&id, 1).await, vec![4]);
+    stack.settle(&id).await;
+    assert_eq!(stack.sink_now(&id).await, vec![4]);
+    // The config is kept.
+    let (status, _) =
+        stack.call(Method::GET, &format!("/api/v1/beam/{id}"), &stack.owner, None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn redeploying_under_load_with_changing_worker_counts_loses_nothing() {
+    let stack = Arc::new(Stack::new().await);
+    let id = stack.create(&[USDC], json!({})).await;
+    stack.action(&id, "deploy").await;
+    let feeder = {
+        let stack = stack.clone();
+        tokio::spawn(async move {
+            for batch in 0..40u64 {
+                let transfers: Vec<(u64, &str)> = (0..25)
+                    .map(|i| (batch * 25 + i, if i % 2 == 0 { USDC } else { WETH }))
+                    .collect();
+                stack.ingest(&transfers).await;
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    for (round, size) in ["M", "S", "L", "S", "XL", "S"].iter().enumerate() {
+        let path = format!("/api/v1/beam/{id}");
+        let body = json!({
+            "name": "usdc", "description": format!("round {round}"), "pod_size": size,
+            "pipeline_config": {
+                "source": {"chain": "base", "entity": "erc20_token_transfer"},
+                "transforms": [{"type": "redis_set_filter", "uid": "tf-tokens", "filter_expr": "root = this.token_address"}],
+                "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+            }
+        });
+        let (status, updated) =
+            stack.call(Method::PUT, &path, &stack.owner, Some(Body::from(body.to_string()))).await;
+        assert_eq!(status, StatusCode::OK, "{updated}");
+        stack.action(&id, "deploy").await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    feeder.await.unwrap();
+    let expected: Vec<u64> = (0..1000).filter(|n| n % 25 % 2 == 0).collect();
+    let mut got = stack.delivered(&id, expected.len()).await;
+    got.sort_unstable();
+    got.dedup();
+    assert_eq!(got, expected);
+}
+
+#[tokio::test]
+async fn a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused() {
+    let mut stack = Stack::new().await;
+    let running = stack.create(&[USDC], json!({})).await;
+    let paused = stack.create(&[USDC], json!({})).await;
+    stack.action(&running, "deploy").await;
+    stack.action(&paused, "deploy").await;
+    stack.action(&paused, "pause").await;
+    stack.restart().await;
+    stack.ingest(&[(1, USDC)]).await;
+    assert_eq!(stack.delivered(&running, 1).await, vec![1]);
+    stack.settle(&running).await;
+    assert_eq!(stack.sink_now(&paused).await, Vec::<u64>::new());
+    assert_eq!(
+        stack.runtime.state(&paused).await.unwrap(),
+        Some(sluice_core::deployment::DeploymentState::Paused)
+    );
+    // Resuming delivers what was held.
+    stack.action(&paused, "deploy").await;
+    assert_eq!(stack.delivered(&paused, 1).await, vec![1]);
+}
+
+#[tokio::test]
+async fn deleting_a_deployed_pipeline_tears_it_down() {
+    let stack = Stack::new().await;
+    let id = stack.create(&[USDC], json!({})).await;
+    stack.action(&id, "deploy").await;
+    let (status, _) =
+        stack.call(Method::DELETE, &format!("/api/v1/beam/{id}"), &stack.owner, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(stack.runtime.state(&id).await.unwrap(), None);
+    use sluice_bus::StreamLog as _;
+    assert_eq!(stack.log.topic(&format!("sink.{id}.transfers")).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn lifecycle_calls_need_edit_and_hide_pipelines_from_strangers() {
+    let stack = Stack::new().await;
+    let id = stack.create(&[USDC], json!({})).await;
+    let reader_id = {
+        let (_, me) = stack.call(Method::GET, "/api/v1/me", &stack.reader, None).await;
+        me["user_id"].as_str().unwrap().to_owned()
+    };
+    let (status, body) = stack
+        .call(
+            Method::PUT,
+            &format!("/api/v1/beam/{id}/permissions"),
+            &stack.owner,
+            Some(Body::from(
+                json!({"editors": [], "readers": [reader_id], "viewer_teams": []}).to_string(),
+            )),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let stranger = key_for(stack.store.as_ref(), "other", "t", "eve", false).await;
+    for action in ["deploy", "pause", "teardown"] {
+        let path = format!("/api/v1/beam/{id}/{action}");
+        assert_eq!(
+            stack.post(&path, &stack.reader, json!({})).await.0,
+            StatusCode::FORBIDDEN,
+            "{action}"
+        );
+        assert_eq!(
+            stack.post(&path, &stranger, json!({})).await.0,
+            StatusCode::NOT_FOUND,
+            "{action}"
+        );
+        assert_eq!(
+            stack.post(&path, "slk_0000000000000000000000000000000000000000", json!({})).await.0,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    stack.action(&id, "deploy").await;
+    let records = format!("/api/v1/beam/{id}/sinks/sk-out/records");
+    assert_eq!(stack.call(Method::GET, &records, &stack.reader, None).await.0, StatusCode::OK);
+    assert_eq!(stack.call(Method::GET, &records, &stranger, None).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        stack.call(Method::GET, &format!("{records}?limit=0"), &stack.owner, None).await.0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+}
+
+#[tokio::test]
+async fn ingest_takes_every_line_or_none_and_names_the_bad_lines() {
+    let stack = Stack::new().await;
+    let path = "/api/v1/streams/base/erc20_token_transfer/records";
+    let good = transfer(1, USDC).to_string();
+    let mut missing_key = transfer(2, USDC);
+    missing_key.as_object_mut().unwrap().remove("log_index");
+    let body = format!("{good}\n\n{{not json\n[1,2]\n{missing_key}\n{good}\n");
+    let (status, errors) =
+        stack.call(Method::POST, path, &stack.operator, Some(Body::from(body))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{errors}");
+    let locs: Vec<Value> =
+        errors["detail"].as_array().unwrap().iter().map(|d| d["loc"].clone()).collect();
+    assert_eq!(locs, vec![json!(["body", 3]), json!(["body", 4]), json!(["body", 5])]);
+    use sluice_bus::StreamLog as _;
+    let ends: u64 =
+        stack.log.offsets("base.erc20_token_transfer").await.unwrap().iter().map(|r| r.end).sum();
+    assert_eq!(ends, 0, "a rejected request appends nothing");
+
+    assert_eq!(
+        stack.call(Method::POST, path, &stack.owner, Some(Body::from(good.clone()))).await.0,
+        StatusCode::FORBIDDEN
+    );
+    let unknown = "/api/v1/streams/base/nothing/records";
+    assert_eq!(
+        stack.call(Method::POST, unknown, &stack.operator, Some(Body::from(good.clone()))).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let solana_zerolag = "/api/v1/streams/solana/nonvoting_transaction/records?zerolag=true";
+    assert_eq!(
+        stack.call(Method::POST, solana_zerolag, &stack.operator, Some(Body::from("{}"))).await.0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    let (status, body) = stack
+        .call(
+            Method::POST,
+            &format!("{path}?zerolag=true"),
+            &stack.operator,
+            Some(Body::from(good)),
+        )
+        .await;
+    assert_eq!((status, body["accepted"].as_u64()), (StatusCode::OK, Some(1)));
+    let _ = &stack.dir;
+}

@@ -1,0 +1,497 @@
+//! [`extract`]: the value at a path in a record's raw JSON bytes, found without building a
+//! document.
+//!
+//! The walk reads each level's keys (or array elements) in order and skips the values it
+//! does not need: strings by searching for `"` and `\`, containers by counting depth (outside
+//! strings), scalars by their grammar. It stops at the value it wants, so the cost is the
+//! bytes before that value.
+//!
+//! # What is checked
+//! Everything the walk reads on its way must be well-formed JSON, and so must the value it
+//! returns (string escapes, UTF-8, no raw control characters; number grammar), followed by
+//! `,` or the enclosing closer. Inside a skipped container only the structure is checked
+//! (strings terminated, brackets balanced and matching, at most [`MAX_SKIP_DEPTH`] levels),
+//! and nothing after the returned value is read; a record malformed only there may still
+//! yield a value. Keys without escapes are compared byte for byte and not otherwise checked.
+//!
+//! # Duplicate keys
+//! The first occurrence of a key wins: the walk stops there. (`serde_json` keeps the last.)
+
+use std::borrow::Cow;
+
+use sluice_core::filter_expr::PathSegment;
+
+/// How deeply nested a skipped container may be; deeper ones make the record malformed
+/// (`serde_json` refuses nesting past 128 levels too).
+pub const MAX_SKIP_DEPTH: u32 = 128;
+
+/// A scalar found at a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Extracted<'a> {
+    /// A JSON string, unescaped; borrowed from the record when it had no escapes.
+    Str(Cow<'a, str>),
+    /// A JSON number, as its literal text (`1e5`, `-0.50`), never reformatted.
+    Number(&'a str),
+}
+
+/// The string or number at `path` in the JSON document `record`.
+///
+/// `None` when the path is missing (no such key, index past the end, a step into a scalar),
+/// when the value there is an object, array, `true`, `false` or `null`, and when the bytes the
+/// walk reads are not JSON (see the [module docs](self) for what is checked). An empty path
+/// names the whole document.
+pub fn extract<'a>(record: &'a [u8], path: &[PathSegment]) -> Option<Extracted<'a>> {
+    let mut pos = skip_ws(record, 0);
+    let mut closer = None;
+    for segment in path {
+        match segment {
+            PathSegment::Field(name) => {
+                pos = find_field(record, pos, name.as_bytes())?;
+                closer = Some(b'}');
+            }
+            PathSegment::Index(index) => {
+                pos = find_index(record, pos, *index)?;
+                closer = Some(b']');
+            }
+        }
+    }
+    scalar_at(record, pos, closer)
+}
+
+/// The position of the value of key `name` in the object at `pos`.
+#[inline]
+fn find_field(record: &[u8], pos: usize, name: &[u8]) -> Option<usize> {
+    if record.get(pos) != Some(&b'{') {
+        return None;
+    }
+    let name_is_plain = !name.iter().any(|&byte| byte == b'"' || byte == b'\\');
+    let mut pos = skip_ws(record, pos + 1);
+    if record.get(pos) == Some(&b'}') {
+        return None;
+    }
+    loop {
+        if record.get(pos) != Some(&b'"') {
+            return None;
+        }
+        let key_start = pos + 1;
+        let name_end = key_start + name.len();
+        // Most keys are written plainly: when the bytes are `name"`, that is the key. The
+        // closing quote is checked first, as it rules out most keys without a comparison.
+        let (key_end, is_match) = if name_is_plain
+            && record.get(name_end) == Some(&b'"')
+            && record.get(key_start..name_end) == Some(name)
+        {
+            (name_end, true)
+        } else {
+            let (key_end, escaped) = string_end(record, key_start)?;
+            // A key without escapes that is `name` took the branch above.
+            let is_match = escaped && unescaped_key_is(&record[key_start..key_end], name)?;
+            (key_end, is_match)
+        };
+        pos = skip_ws(record, key_end + 1);
+        if record.get(pos) != Some(&b':') {
+            return None;
+        }
+        pos = skip_ws(record, pos + 1);
+        if is_match {
+            return Some(pos);
+        }
+        pos = skip_ws(record, skip_value(record, pos)?);
+        match record.get(pos) {
+            Some(b',') => pos = skip_ws(record, pos + 1),
+            _ => return None,
+        }
+    }
+}
+
+/// The position of element `index` of the array at `pos`.
+fn find_index(record: &[u8], pos: usize, index: usize) -> Option<usize> {
+    if record.get(pos) != Some(&b'[') {
+        return None;
+    }
+    let mut pos = skip_ws(record, pos + 1);
+    if record.get(pos) == Some(&b']') {
+        return None;
+    }
+    for _ in 0..index {
+        pos = skip_ws(record, skip_value(record, pos)?);
+        match record.get(pos) {
+            Some(b',') => pos = skip_ws(record, pos + 1),
+            _ => return None,
+        }
+    }
+    Some(pos)
+}
+
+/// The string or number at `pos`, which must be followed by `,` or `closer` (or, for the
+/// whole document, by nothing but whitespace).
+fn scalar_at(record: &[u8], pos: usize, closer: Option<u8>) -> Option<Extracted<'_>> {
+    let (value, end) = match record.get(pos)? {
+        b'"' => {
+            let (end, escaped) = string_end(record, pos + 1)?;
+            let raw = &record[pos + 1..end];
+            if has_control_byte(raw) {
+                return None;
+            }
+            let text = std::str::from_utf8(raw).ok()?;
+            let text = if escaped { Cow::Owned(unescape(text)?) } else { Cow::Borrowed(text) };
+            (Extracted::Str(text), end + 1)
+        }
+        b'-' | b'0'..=b'9' => {
+            let end = number_end(record, pos)?;
+            let text = std::str::from_utf8(&record[pos..end]).ok()?;
+            (Extracted::Number(text), end)
+        }
+        _ => return None,
+    };
+    let after = skip_ws(record, end);
+    let terminated = match closer {
+        Some(closer) => matches!(record.get(after), Some(&byte) if byte == b',' || byte == closer),
+        None => after == record.len(),
+    };
+    terminated.then_some(value)
+}
+
+/// The position just past the value at `pos`.
+#[inline]
+fn skip_value(record: &[u8], pos: usize) -> Option<usize> {
+    match record.get(pos)? {
+        b'"' => string_end(record, pos + 1).map(|(end, _)| end + 1),
+        b'{' | b'[' => skip_container(record, pos),
+        b'-' | b'0'..=b'9' => number_end(record, pos),
+        b't' => literal_end(record, pos, b"true"),
+        b'f' => literal_end(record, pos, b"false"),
+        b'n' => literal_end(record, pos, b"null"),
+        _ => None,
+    }
+}
+
+fn literal_end(record: &[u8], pos: usize, literal: &[u8]) -> Option<usize> {
+    let end = pos + literal.len();
+    (record.get(pos..end)? == literal).then_some(end)
+}
+
+/// For a string whose contents start at `start`: the position of its closing quote, and
+/// whether it contains escapes. Escapes are skipped, not checked.
+#[inline]
+fn string_end(record: &[u8], start: usize) -> Option<(usize, bool)> {
+    let mut pos = start;
+    let mut escaped = false;
+    loop {
+        let found = pos + find_quote_or_backslash(record.get(pos..)?)?;
+        if record[found] == b'"' {
+            return Some((found, escaped));
+        }
+        escaped = true;
+        pos = found + 2;
+    }
+}
+
+/// The position of the first `"` or `\` in `bytes`.
+///
+/// Eight bytes at a time in a `u64` (SWAR): JSON keys and values are mostly short, where
+/// this beats `memchr2`'s per-call dispatch and setup.
+#[inline]
+fn find_quote_or_backslash(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
+    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
+    // The high bit of every zero byte of `word` (and maybe of bytes after the first zero,
+    // through borrows; the lowest set bit is exact).
+    let zero_bytes = |word: u64| word.wrapping_sub(ONES) & !word & HIGHS;
+    let mut pos = 0;
+    while let Some(chunk) = bytes.get(pos..).and_then(<[u8]>::first_chunk::<8>) {
+        let word = u64::from_le_bytes(*chunk);
+        let found = zero_bytes(word ^ QUOTES) | zero_bytes(word ^ BACKSLASHES);
+        if found != 0 {
+            return Some(pos + (found.trailing_zeros() / 8) as usize);
+        }
+        pos += 8;
+    }
+    bytes[pos..].iter().position(|&byte| byte == b'"' || byte == b'\\').map(|at| pos + at)
+}
+
+/// Whether `bytes` holds a byte JSON strings may not hold raw (below 0x20). A fold, not
+/// `any`: without the early exit it compiles to vector code.
+#[inline]
+fn has_control_byte(bytes: &[u8]) -> bool {
+    bytes.iter().fold(false, |found, &byte| found | (byte < 0x20))
+}
+
+/// The position just past the object or array at `pos`, checking only that strings end and
+/// brackets match.
+fn skip_container(record: &[u8], pos: usize) -> Option<usize> {
+    // Bit `n` says whether the container at depth `n + 1` (counted from the innermost) is an
+    // array; `MAX_SKIP_DEPTH` bits.
+    let mut arrays: u128 = 0;
+    let mut depth = 0;
+    let mut pos = pos;
+    while let Some(&byte) = record.get(pos) {
+        match byte {
+            b'"' => pos = string_end(record, pos + 1)?.0,
+            b'{' | b'[' => {
+                if depth == MAX_SKIP_DEPTH {
+                    return None;
+                }
+                arrays = (arrays << 1) | u128::from(byte == b'[');
+                depth += 1;
+            }
+            b'}' | b']' => {
+                if depth == 0 || (arrays & 1 == 1) != (byte == b']') {
+                    return None;
+                }
+                arrays >>= 1;
+                depth -= 1;
+                if depth == 0 {
+                    return Some(pos + 1);
+                }
+            }
+            _ => {}
+        }
+        pos += 1;
+    }
+    None
+}
+
+/// The position just past the number at `pos`:
+/// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+fn number_end(record: &[u8], pos: usize) -> Option<usize> {
+    let digits_from = |pos: usize| {
+        let count = record.get(pos..).map_or(0, |rest| {
+            rest.iter().position(|byte| !byte.is_ascii_digit()).unwrap_or(rest.len())
+        });
+        (count > 0).then_some(pos + count)
+    };
+    let mut pos = pos;
+    if record.get(pos) == Some(&b'-') {
+        pos += 1;
+    }
+    pos = match record.get(pos)? {
+        b'0' => pos + 1,
+        b'1'..=b'9' => digits_from(pos)?,
+        _ => return None,
+    };
+    if record.get(pos) == Some(&b'.') {
+        pos = digits_from(pos + 1)?;
+    }
+    if matches!(record.get(pos), Some(b'e' | b'E')) {
+        pos += 1;
+        if matches!(record.get(pos), Some(b'+' | b'-')) {
+            pos += 1;
+        }
+        pos = digits_from(pos)?;
+    }
+    Some(pos)
+}
+
+#[inline]
+fn skip_ws(record: &[u8], mut pos: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\r' | b'\t') = record.get(pos) {
+        pos += 1;
+    }
+    pos
+}
+
+/// Whether the escaped key `raw` (between its quotes) reads `name`; `None` when the key is
+/// not a valid JSON string.
+fn unescaped_key_is(raw: &[u8], name: &[u8]) -> Option<bool> {
+    if has_control_byte(raw) {
+        return None;
+    }
+    let key = unescape(std::str::from_utf8(raw).ok()?)?;
+    Some(key.as_bytes() == name)
+}
+
+/// Resolves the escapes of a JSON string's contents; `None` for an invalid escape or a lone
+/// surrogate.
+fn unescape(raw: &str) -> Option<String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(at) = memchr::memchr(b'\\', rest.as_bytes()) {
+        out.push_str(&rest[..at]);
+        let escape = *rest.as_bytes().get(at + 1)?;
+        if !matches!(escape, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' | b'u') {
+            return None;
+        }
+        // The escape is ASCII, so this slices at a char boundary.
+        rest = &rest[at + 2..];
+        let ch = match escape {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            _ => {
+                let unit = hex4(rest)?;
+                rest = &rest[4..];
+                match unit {
+                    0xd800..=0xdbff => {
+                        let low = rest.strip_prefix("\\u").and_then(hex4)?;
+                        if !(0xdc00..=0xdfff).contains(&low) {
+                            return None;
+                        }
+                        rest = &rest[6..];
+                        char::from_u32(0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00))?
+                    }
+                    _ => char::from_u32(unit)?,
+                }
+            }
+        };
+        out.push(ch);
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+/// The value of the four hex digits that start `text`.
+fn hex4(text: &str) -> Option<u32> {
+    let digits = text.get(..4)?;
+    if !digits.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+        return None;
+    }
+    u32::from_str_radix(digits, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(text: &str) -> Vec<PathSegment> {
+        text.split('.')
+            .map(|segment| match segment.parse() {
+                Ok(index) => PathSegment::Index(index),
+                Err(_) => PathSegment::Field(segment.to_owned()),
+            })
+            .collect()
+    }
+
+    fn get<'a>(record: &'a str, at: &str) -> Option<Extracted<'a>> {
+        extract(record.as_bytes(), &path(at))
+    }
+
+    fn string(text: &str) -> Option<Extracted<'_>> {
+        Some(Extracted::Str(Cow::Borrowed(text)))
+    }
+
+    #[test]
+    fn finds_strings_and_numbers_past_other_fields() {
+        let record = r#" { "a" : {"x":[1,"}]\"",{}]} , "n":-1.5E+3,"token":"0xAb" , "z":null } "#;
+        assert_eq!(get(record, "token"), string("0xAb"));
+        assert_eq!(get(record, "n"), Some(Extracted::Number("-1.5E+3")));
+        assert_eq!(get(record, "a.x.1"), string("}]\""));
+        assert!(matches!(get(record, "a.x.1"), Some(Extracted::Str(Cow::Owned(_)))));
+        assert_eq!(get(record, "a.x.0"), Some(Extracted::Number("1")));
+    }
+
+    #[test]
+    fn missing_paths_and_non_scalars_yield_nothing() {
+        let record = r#"{"a":{"b":[true,false,null,{},[]]},"s":"x"}"#;
+        for at in ["b", "a.c", "a.b.5", "a.b.0", "a.b.1", "a.b.2", "a.b.3", "a.b.4", "a", "s.0"] {
+            assert_eq!(get(record, at), None, "{at}");
+        }
+        assert_eq!(get(r#"{"a":[]}"#, "a.0"), None);
+        assert_eq!(get("{}", "a"), None);
+    }
+
+    #[test]
+    fn the_first_of_duplicate_keys_wins() {
+        assert_eq!(get(r#"{"a":"first","a":"second"}"#, "a"), string("first"));
+    }
+
+    #[test]
+    fn escaped_keys_match_their_unescaped_name() {
+        let record = r#"{"tok\u0065n_address":"0x1","token\"":"0x2","\ud83d\ude00":"3"}"#;
+        assert_eq!(get(record, "token_address"), string("0x1"));
+        assert_eq!(get(record, "token\""), string("0x2"));
+        assert_eq!(get(record, "😀"), string("3"));
+        assert_eq!(get(r#"{"a\q":"1","b":"2"}"#, "b"), None);
+    }
+
+    #[test]
+    fn string_escapes_are_resolved() {
+        let record = r#"{"s":"a\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00z"}"#;
+        assert_eq!(
+            get(record, "s"),
+            Some(Extracted::Str(Cow::Owned("a\"\\/\u{8}\u{c}\n\r\té😀z".to_owned())))
+        );
+        for bad in [
+            r#"{"s":"\ud83d"}"#,
+            r#"{"s":"\ude00"}"#,
+            r#"{"s":"\x"}"#,
+            r#"{"s":"\u12"}"#,
+            r#"{"s":"\é"}"#,
+        ] {
+            assert_eq!(get(bad, "s"), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn malformed_records_yield_nothing() {
+        for bad in [
+            "",
+            "{",
+            r#"{"a""#,
+            r#"{"a":"#,
+            r#"{"a":"x"#,
+            r#"{"a" "x"}"#,
+            r#"{"a":"x""#,
+            r#"{"a":"x"]"#,
+            r#"{"a":"x" "b":1}"#,
+            r#"{"a":01}"#,
+            r#"{"a":1.}"#,
+            r#"{"a":-}"#,
+            r#"{"a":1e}"#,
+            r#"{"a":12x}"#,
+            "{\"a\":\"tab\there\"}",
+            r#"{"b":[1}],"a":"x"}"#,
+            r#"{"b":tru,"a":"x"}"#,
+            r#"{"b":"x",}"#,
+            r#"{"b":"x",,"a":"x"}"#,
+            r#"["x",]"#,
+        ] {
+            let at = if bad.starts_with('[') { "1" } else { "a" };
+            assert_eq!(get(bad, at), None, "{bad}");
+        }
+        assert_eq!(extract(b"{\"a\":\"\xff\"}", &path("a")), None);
+        // Documented limit: what follows the returned value (but its separator) is not read.
+        assert_eq!(get(r#"{"a":"x",}"#, "a"), string("x"));
+    }
+
+    #[test]
+    fn containers_nested_past_the_limit_are_malformed() {
+        let nest = |depth: usize| {
+            format!(r#"{{"deep":{}{},"a":"x"}}"#, "[".repeat(depth), "]".repeat(depth))
+        };
+        assert_eq!(get(&nest(MAX_SKIP_DEPTH as usize), "a"), string("x"));
+        assert_eq!(get(&nest(MAX_SKIP_DEPTH as usize + 1), "a"), None);
+    }
+
+    #[test]
+    fn the_word_at_a_time_search_finds_the_first_quote_or_backslash() {
+        for len in 0..40 {
+            for (at, special) in (0..len).flat_map(|at| [(at, b'"'), (at, b'\\')]) {
+                let mut bytes: Vec<u8> =
+                    (0..len).map(|i| b"ab\x00\x7f\xff\x22\x5b"[i % 6] ^ 1).collect();
+                bytes[at] = special;
+                if at + 3 < len {
+                    bytes[at + 3] = b'"';
+                }
+                assert_eq!(find_quote_or_backslash(&bytes), Some(at), "{bytes:?}");
+            }
+            let plain = vec![b'a'; len];
+            assert_eq!(find_quote_or_backslash(&plain), None);
+        }
+    }
+
+    #[test]
+    fn an_empty_path_names_the_whole_document() {
+        assert_eq!(extract(b" 42 ", &[]), Some(Extracted::Number("42")));
+        assert_eq!(extract(b"\"x\"", &[]), string("x"));
+        assert_eq!(extract(b"42 1", &[]), None);
+        assert_eq!(extract(b"{}", &[]), None);
+    }
+}

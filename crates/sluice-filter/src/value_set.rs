@@ -1,0 +1,614 @@
+//! [`ValueSet`]: an exact set of normalised filter values, compact enough to hold tens of
+//! millions of addresses.
+//!
+//! # Layout
+//! Every value lives once in a single byte arena as `header, payload`:
+//! - the header is a LEB128 varint of `payload_len << 1 | packed`;
+//! - a *packed* value is one that reads `0x` followed by 2 to [`MAX_PACKED_BYTES`]`* 2`
+//!   lowercase hex digits (an even number); its payload is the decoded bytes, so a 42-char
+//!   address takes 21 bytes;
+//! - every other value is stored as its UTF-8 bytes (a 1-byte header up to 63 bytes).
+//!
+//! Whether a value is packed is a function of the string alone, so each string has exactly
+//! one encoding and comparing encodings is comparing strings. A [`hashbrown::HashTable`] holds
+//! the arena offset of every live entry (4 bytes per slot while the arena is below 4 GiB, 8
+//! bytes after that), hashed with foldhash over `(packed, payload)`. A lookup encodes the
+//! candidate the same way into a stack buffer, so it never allocates.
+//!
+//! Removing a value only drops its slot; the bytes stay in the arena as garbage until garbage
+//! outweighs live bytes, when the arena is rewritten with live entries only.
+
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+
+use foldhash::fast::FixedState;
+use hashbrown::HashTable;
+
+/// The longest decoded `0x…` hex value stored packed (64 bytes = 128 hex digits). Longer hex
+/// values are stored as text; the bound keeps lookups allocation-free.
+pub const MAX_PACKED_BYTES: usize = 64;
+
+/// Values of at most this many bytes are lowercased on the stack by
+/// [`ValueSet::contains_unnormalized`]; longer ASCII values allocate once.
+pub const STACK_LOWERCASE_BYTES: usize = 256;
+
+/// The fixed hash seed: sets are process-local and rebuilt from the store, so a per-process
+/// random seed would buy nothing but non-reproducible benchmarks. Inputs are operator-chosen
+/// filter values and record fields, and a hash-flooding record can only slow lookups of its
+/// own field, never make them wrong.
+const HASH_STATE: FixedState = FixedState::with_seed(0x5c1e_e5e7_f117_e700);
+
+/// The arena grows by at least this much, and otherwise by an eighth of its size: small
+/// steps keep the unused tail small (large reallocations are cheap remaps on Linux).
+const MIN_ARENA_GROWTH: usize = 64 * 1024;
+
+/// The largest entry offset a 4-byte slot holds.
+const NARROW_OFFSET_LIMIT: usize = u32::MAX as usize;
+
+/// An exact set of strings, stored compactly.
+///
+/// Values given to [`insert`](Self::insert), [`remove`](Self::remove) and
+/// [`contains`](Self::contains) are taken as they are (callers pass values already in
+/// normal form, see [`sluice_core::filter_values::normalize`]);
+/// [`contains_unnormalized`](Self::contains_unnormalized) lowercases its argument first.
+///
+/// There is no size limit other than memory: offsets are 4 bytes until the arena passes
+/// 4 GiB, and the table switches to 8-byte offsets (a one-time rebuild) when it does.
+pub struct ValueSet {
+    arena: Vec<u8>,
+    slots: Slots,
+    /// Arena bytes (headers included) of live entries.
+    live_bytes: usize,
+    /// Arena bytes of removed entries not yet compacted away.
+    garbage_bytes: usize,
+    /// The largest entry offset kept in narrow slots; lowered only by unit tests, to reach
+    /// the wide-slot path without a 4 GiB arena.
+    narrow_offset_limit: usize,
+}
+
+enum Slots {
+    Narrow(HashTable<u32>),
+    Wide(HashTable<u64>),
+}
+
+/// An arena offset as stored in a table slot.
+trait Slot: Copy {
+    fn offset(self) -> usize;
+    fn from_offset(offset: usize) -> Self;
+}
+
+impl Slot for u32 {
+    #[inline]
+    fn offset(self) -> usize {
+        self as usize
+    }
+
+    fn from_offset(offset: usize) -> Self {
+        u32::try_from(offset).expect("narrow slots only hold offsets up to u32::MAX")
+    }
+}
+
+impl Slot for u64 {
+    #[inline]
+    fn offset(self) -> usize {
+        // An arena offset came from a usize, so it fits back into one.
+        self as usize
+    }
+
+    fn from_offset(offset: usize) -> Self {
+        offset as u64
+    }
+}
+
+/// Runs `$body` with `$table` bound to whichever table the set uses.
+macro_rules! with_table {
+    ($slots:expr, $table:ident => $body:expr) => {
+        match $slots {
+            Slots::Narrow($table) => $body,
+            Slots::Wide($table) => $body,
+        }
+    };
+}
+
+impl ValueSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::with_capacity(0)
+    }
+
+    /// An empty set whose table holds `values` values without growing. The arena is not
+    /// reserved ahead (the size of the values is unknown); it grows in steps of an eighth.
+    pub fn with_capacity(values: usize) -> Self {
+        Self {
+            arena: Vec::new(),
+            slots: Slots::Narrow(HashTable::with_capacity(values)),
+            live_bytes: 0,
+            garbage_bytes: 0,
+            narrow_offset_limit: NARROW_OFFSET_LIMIT,
+        }
+    }
+
+    /// The number of values.
+    pub fn len(&self) -> usize {
+        with_table!(&self.slots, table => table.len())
+    }
+
+    /// Whether the set holds no value.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes allocated by the arena and the table (capacity, not just what is used).
+    pub fn heap_bytes(&self) -> usize {
+        self.arena.capacity() + with_table!(&self.slots, table => table.allocation_size())
+    }
+
+    /// Adds `value`; returns whether it was new.
+    pub fn insert(&mut self, value: &str) -> bool {
+        let mut buf = [0; MAX_PACKED_BYTES];
+        let (packed, payload) = encode(value.as_bytes(), &mut buf);
+        let hash = hash(packed, payload);
+        if self.find_offset(hash, packed, payload).is_some() {
+            return false;
+        }
+        let offset = self.arena.len();
+        if offset > self.narrow_offset_limit {
+            self.widen();
+        }
+        self.push_entry(packed, payload);
+        let arena = &self.arena;
+        with_table!(&mut self.slots, table => {
+            table.insert_unique(hash, Slot::from_offset(offset), |&slot| rehash(arena, slot));
+        });
+        true
+    }
+
+    /// Removes `value`; returns whether it was present.
+    pub fn remove(&mut self, value: &str) -> bool {
+        let mut buf = [0; MAX_PACKED_BYTES];
+        let (packed, payload) = encode(value.as_bytes(), &mut buf);
+        let hash = hash(packed, payload);
+        let arena = &self.arena;
+        let removed = with_table!(&mut self.slots, table => {
+            match table.find_entry(hash, |&slot| entry_is(arena, slot.offset(), packed, payload)) {
+                Ok(entry) => Some(entry.remove().0.offset()),
+                Err(_) => None,
+            }
+        });
+        let Some(offset) = removed else {
+            return false;
+        };
+        let size = entry_size(&self.arena, offset);
+        self.live_bytes -= size;
+        self.garbage_bytes += size;
+        if self.garbage_bytes > self.live_bytes {
+            self.compact();
+        }
+        true
+    }
+
+    /// Whether `value`, taken as it is, is in the set.
+    #[inline]
+    pub fn contains(&self, value: &str) -> bool {
+        let mut buf = [0; MAX_PACKED_BYTES];
+        let (packed, payload) = encode(value.as_bytes(), &mut buf);
+        self.find_offset(hash(packed, payload), packed, payload).is_some()
+    }
+
+    /// Whether `value` (UTF-8), once lowercased as
+    /// [`sluice_core::filter_values::normalize`] does, is in the set.
+    ///
+    /// ASCII values do not allocate up to [`STACK_LOWERCASE_BYTES`] bytes (and `0x…` hex of
+    /// any case up to [`MAX_PACKED_BYTES`] decoded bytes is decoded straight from the input);
+    /// other values go through `str::to_lowercase`. Bytes that are not UTF-8 are never in the
+    /// set, whose values are all strings.
+    #[inline]
+    pub fn contains_unnormalized(&self, value: &[u8]) -> bool {
+        if !value.is_ascii() {
+            return match std::str::from_utf8(value) {
+                Ok(text) => self.contains(&text.to_lowercase()),
+                Err(_) => false,
+            };
+        }
+        let mut hex = [0; MAX_PACKED_BYTES];
+        if let Some(len) = pack_hex(value, true, &mut hex) {
+            let payload = &hex[..len];
+            return self.find_offset(hash(true, payload), true, payload).is_some();
+        }
+        // Not packable once lowercased either: `pack_hex` ignoring case is exactly "the
+        // lowercased value is packable", so the lowercased value is stored as text.
+        if value.len() <= STACK_LOWERCASE_BYTES {
+            let mut lower = [0; STACK_LOWERCASE_BYTES];
+            let lower = &mut lower[..value.len()];
+            lower.copy_from_slice(value);
+            lower.make_ascii_lowercase();
+            self.find_offset(hash(false, lower), false, lower).is_some()
+        } else {
+            let lower = value.to_ascii_lowercase();
+            self.find_offset(hash(false, &lower), false, &lower).is_some()
+        }
+    }
+
+    /// Removes every value, keeping the allocated memory.
+    pub fn clear(&mut self) {
+        self.arena.clear();
+        with_table!(&mut self.slots, table => table.clear());
+        self.live_bytes = 0;
+        self.garbage_bytes = 0;
+    }
+
+    /// Releases unused arena and table capacity (for example after a bulk load).
+    pub fn shrink_to_fit(&mut self) {
+        self.compact();
+        let arena = &self.arena;
+        with_table!(&mut self.slots, table => table.shrink_to_fit(|&slot| rehash(arena, slot)));
+    }
+
+    #[inline]
+    fn find_offset(&self, hash: u64, packed: bool, payload: &[u8]) -> Option<usize> {
+        let arena = &self.arena;
+        with_table!(&self.slots, table => {
+            table
+                .find(hash, |&slot| entry_is(arena, slot.offset(), packed, payload))
+                .map(|&slot| slot.offset())
+        })
+    }
+
+    fn push_entry(&mut self, packed: bool, payload: &[u8]) {
+        let tag = (payload.len() << 1) | usize::from(packed);
+        let size = varint_len(tag) + payload.len();
+        if self.arena.capacity() - self.arena.len() < size {
+            let step = (self.arena.capacity() / 8).max(MIN_ARENA_GROWTH).max(size);
+            self.arena.reserve_exact(step);
+        }
+        write_varint(&mut self.arena, tag);
+        self.arena.extend_from_slice(payload);
+        self.live_bytes += size;
+    }
+
+    /// Switches to 8-byte slots, once the arena outgrows 4-byte offsets.
+    fn widen(&mut self) {
+        let Slots::Narrow(narrow) = &self.slots else {
+            return;
+        };
+        let arena = &self.arena;
+        let mut wide = HashTable::with_capacity(narrow.capacity());
+        for &slot in narrow {
+            wide.insert_unique(rehash(arena, slot), slot.into(), |&slot: &u64| rehash(arena, slot));
+        }
+        self.slots = Slots::Wide(wide);
+    }
+
+    /// Rewrites the arena with live entries only. Offsets only move down, so slots keep their
+    /// width, and hashes do not depend on offsets, so the table is not rehashed.
+    fn compact(&mut self) {
+        if self.garbage_bytes == 0 && self.arena.capacity() == self.arena.len() {
+            return;
+        }
+        let mut arena = Vec::with_capacity(self.live_bytes);
+        with_table!(&mut self.slots, table => {
+            for slot in table.iter_mut() {
+                let start = slot.offset();
+                let end = start + entry_size(&self.arena, start);
+                *slot = Slot::from_offset(arena.len());
+                arena.extend_from_slice(&self.arena[start..end]);
+            }
+        });
+        self.arena = arena;
+        self.garbage_bytes = 0;
+    }
+}
+
+impl Default for ValueSet {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for ValueSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ValueSet")
+            .field("len", &self.len())
+            .field("heap_bytes", &self.heap_bytes())
+            .field("garbage_bytes", &self.garbage_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Extend<&'a str> for ValueSet {
+    fn extend<I: IntoIterator<Item = &'a str>>(&mut self, values: I) {
+        for value in values {
+            self.insert(value);
+        }
+    }
+}
+
+impl<'a> FromIterator<&'a str> for ValueSet {
+    fn from_iter<I: IntoIterator<Item = &'a str>>(values: I) -> Self {
+        let values = values.into_iter();
+        let mut set = Self::with_capacity(values.size_hint().0);
+        set.extend(values);
+        set
+    }
+}
+
+/// The encoding of `value`: `(true, decoded bytes)` when it is packable `0x…` lowercase hex,
+/// otherwise `(false, value)`.
+#[inline]
+fn encode<'a>(value: &'a [u8], buf: &'a mut [u8; MAX_PACKED_BYTES]) -> (bool, &'a [u8]) {
+    match pack_hex(value, false, buf) {
+        Some(len) => (true, &buf[..len]),
+        None => (false, value),
+    }
+}
+
+/// Decodes `0x` + an even number (2 to `2 * MAX_PACKED_BYTES`) of hex digits into `buf`,
+/// returning the decoded length. With `ignore_case`, `0X` and `A`-`F` are accepted too, which
+/// makes this "is the ASCII-lowercased value packable".
+#[inline]
+fn pack_hex(value: &[u8], ignore_case: bool, buf: &mut [u8; MAX_PACKED_BYTES]) -> Option<usize> {
+    let digits = match value {
+        [b'0', b'x', digits @ ..] => digits,
+        [b'0', b'X', digits @ ..] if ignore_case => digits,
+        _ => return None,
+    };
+    if digits.is_empty() || digits.len() % 2 != 0 || digits.len() > 2 * MAX_PACKED_BYTES {
+        return None;
+    }
+    // Table lookups and one check at the end: mixed-case addresses would make per-digit
+    // branches unpredictable.
+    let table = if ignore_case { &HEX_ANY_CASE } else { &HEX_LOWER };
+    let mut invalid = 0;
+    for (out, pair) in buf.iter_mut().zip(digits.chunks_exact(2)) {
+        let (high, low) = (table[usize::from(pair[0])], table[usize::from(pair[1])]);
+        invalid |= high | low;
+        *out = (high << 4) | (low & 0x0f);
+    }
+    (invalid & NOT_HEX == 0).then_some(digits.len() / 2)
+}
+
+/// The mark for "not a hex digit" in the digit tables.
+const NOT_HEX: u8 = 0x80;
+const HEX_LOWER: [u8; 256] = hex_table(false);
+const HEX_ANY_CASE: [u8; 256] = hex_table(true);
+
+/// Digit values by byte, [`NOT_HEX`] for everything else.
+const fn hex_table(upper_too: bool) -> [u8; 256] {
+    let mut table = [NOT_HEX; 256];
+    let mut digit = 0;
+    while digit < 16 {
+        let lower = b"0123456789abcdef"[digit];
+        let upper = b"0123456789ABCDEF"[digit];
+        table[lower as usize] = digit as u8;
+        if upper_too {
+            table[upper as usize] = digit as u8;
+        }
+        digit += 1;
+    }
+    table
+}
+
+#[inline]
+fn hash(packed: bool, payload: &[u8]) -> u64 {
+    let mut hasher = HASH_STATE.build_hasher();
+    hasher.write_u8(u8::from(packed));
+    hasher.write(payload);
+    hasher.finish()
+}
+
+fn rehash(arena: &[u8], slot: impl Slot) -> u64 {
+    let (packed, payload) = entry_at(arena, slot.offset());
+    hash(packed, payload)
+}
+
+/// Whether the entry at `offset` encodes `(packed, payload)`.
+#[inline]
+fn entry_is(arena: &[u8], offset: usize, packed: bool, payload: &[u8]) -> bool {
+    let tag = (payload.len() << 1) | usize::from(packed);
+    // Almost every entry has a one-byte header; compare it before decoding anything.
+    if tag < 0x80 {
+        return arena[offset] as usize == tag
+            && &arena[offset + 1..offset + 1 + payload.len()] == payload;
+    }
+    let (stored, header) = read_varint(arena, offset);
+    stored == tag && &arena[offset + header..offset + header + payload.len()] == payload
+}
+
+fn entry_at(arena: &[u8], offset: usize) -> (bool, &[u8]) {
+    let (tag, header) = read_varint(arena, offset);
+    let start = offset + header;
+    (tag & 1 == 1, &arena[start..start + (tag >> 1)])
+}
+
+fn entry_size(arena: &[u8], offset: usize) -> usize {
+    let (tag, header) = read_varint(arena, offset);
+    header + (tag >> 1)
+}
+
+fn varint_len(mut value: usize) -> usize {
+    let mut len = 1;
+    while value >= 0x80 {
+        value >>= 7;
+        len += 1;
+    }
+    len
+}
+
+fn write_varint(out: &mut Vec<u8>, mut value: usize) {
+    while value >= 0x80 {
+        out.push((value as u8 & 0x7f) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// Decodes the varint at `offset`: `(value, bytes read)`. Only ever reads headers this module
+/// wrote.
+fn read_varint(arena: &[u8], offset: usize) -> (usize, usize) {
+    let mut value = 0;
+    let mut shift = 0;
+    let mut at = offset;
+    loop {
+        let byte = arena[at];
+        value |= usize::from(byte & 0x7f) << shift;
+        at += 1;
+        if byte < 0x80 {
+            return (value, at - offset);
+        }
+        shift += 7;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const ADDRESS: &str = "0x00000000219ab540356cbb839cbe05303d7705fa";
+
+    #[test]
+    fn an_address_takes_twenty_one_arena_bytes() {
+        let mut set = ValueSet::new();
+        assert!(set.insert(ADDRESS));
+        assert_eq!(set.live_bytes, 21);
+        assert!(set.insert("usdc"));
+        assert_eq!(set.live_bytes, 21 + 5);
+    }
+
+    #[test]
+    fn packed_and_text_encodings_of_look_alike_values_stay_distinct() {
+        let mut set = ValueSet::new();
+        // "0x6162" packs to the bytes b"ab", which are also the text payload of "ab".
+        assert!(set.insert("0x6162"));
+        assert!(!set.contains("ab"));
+        assert!(set.insert("ab"));
+        assert!(set.contains("0x6162") && set.contains("ab"));
+        assert!(!set.contains("0x6162 "));
+        // Not packable: odd length, uppercase, too long, empty hex.
+        for value in ["0x616", "0x6A", "0X6a", "0x", &format!("0x{}", "ab".repeat(65))] {
+            let mut buf = [0; MAX_PACKED_BYTES];
+            assert!(!encode(value.as_bytes(), &mut buf).0, "{value}");
+        }
+        let longest = format!("0x{}", "ab".repeat(64));
+        let mut buf = [0; MAX_PACKED_BYTES];
+        assert!(encode(longest.as_bytes(), &mut buf).0);
+    }
+
+    #[test]
+    fn long_values_use_multi_byte_headers() {
+        let mut set = ValueSet::new();
+        let long = "x".repeat(70_000);
+        assert!(set.insert(&long));
+        assert_eq!(set.live_bytes, 3 + 70_000);
+        assert!(set.contains(&long));
+        assert!(!set.contains(&long[1..]));
+        assert!(set.remove(&long));
+        assert!(set.is_empty());
+    }
+
+    #[test]
+    fn garbage_is_compacted_once_it_outweighs_live_values() {
+        let mut set = ValueSet::new();
+        for i in 0..100 {
+            set.insert(&format!("value-{i:03}"));
+        }
+        for i in 0..50 {
+            assert!(set.remove(&format!("value-{i:03}")));
+        }
+        assert_eq!(set.garbage_bytes, 50 * 10);
+        assert!(set.remove("value-050"));
+        assert_eq!(set.garbage_bytes, 0);
+        assert_eq!(set.arena.len(), set.live_bytes);
+        assert_eq!(set.len(), 49);
+        for i in 0..100 {
+            assert_eq!(set.contains(&format!("value-{i:03}")), i > 50, "{i}");
+        }
+    }
+
+    #[test]
+    fn sets_past_the_narrow_offset_limit_switch_to_wide_slots() {
+        let mut set = ValueSet::new();
+        set.narrow_offset_limit = 100;
+        for i in 0..50 {
+            set.insert(&format!("value-{i:03}"));
+        }
+        assert!(matches!(set.slots, Slots::Wide(_)));
+        for i in 0..60 {
+            assert_eq!(set.contains(&format!("value-{i:03}")), i < 50, "{i}");
+        }
+    }
+
+    #[test]
+    fn unnormalized_lookups_lowercase_ascii_hex_and_unicode() {
+        let mut set = ValueSet::new();
+        set.extend([ADDRESS, "usdc", "straße", "ǆ", "0x0a"]);
+        assert!(set.contains_unnormalized(ADDRESS.to_uppercase().replace("0X", "0x").as_bytes()));
+        assert!(set.contains_unnormalized(ADDRESS.to_uppercase().as_bytes()));
+        assert!(set.contains_unnormalized(b"USDC"));
+        assert!(set.contains_unnormalized("STRAßE".as_bytes()));
+        assert!(set.contains_unnormalized("ǅ".as_bytes()));
+        assert!(set.contains_unnormalized(b"0X0A"));
+        assert!(!set.contains_unnormalized(b"0x0a0"));
+        assert!(!set.contains_unnormalized(b"\xff"));
+        let long = "Q".repeat(STACK_LOWERCASE_BYTES + 1);
+        assert!(!set.contains_unnormalized(long.as_bytes()));
+        set.insert(&long.to_lowercase());
+        assert!(set.contains_unnormalized(long.as_bytes()));
+    }
+
+    #[test]
+    fn shrink_to_fit_keeps_every_value() {
+        let mut set: ValueSet = ["a", "b", ADDRESS].into_iter().collect();
+        set.remove("a");
+        set.shrink_to_fit();
+        assert_eq!(set.arena.capacity(), set.live_bytes);
+        assert!(set.contains("b") && set.contains(ADDRESS) && !set.contains("a"));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(String),
+        Remove(String),
+        Contains(String),
+    }
+
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "0x[0-9a-f]{0,6}",
+            "[a-c0-9]{0,3}",
+            "0x[0-9a-f]{40}".prop_map(|v| v[..6].to_owned() + "0".repeat(36).as_str()),
+        ]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            value().prop_map(Op::Insert),
+            value().prop_map(Op::Remove),
+            value().prop_map(Op::Contains),
+        ]
+    }
+
+    proptest! {
+        /// The model test of `tests/it`, on wide slots and with entries past the limit.
+        #[test]
+        fn wide_slots_behave_like_a_hash_set(ops in proptest::collection::vec(op(), 0..200)) {
+            let mut set = ValueSet::new();
+            set.narrow_offset_limit = 40;
+            let mut model = HashSet::new();
+            for op in ops {
+                match op {
+                    Op::Insert(v) => prop_assert_eq!(set.insert(&v), model.insert(v)),
+                    Op::Remove(v) => prop_assert_eq!(set.remove(&v), model.remove(&v)),
+                    Op::Contains(v) => prop_assert_eq!(set.contains(&v), model.contains(&v)),
+                }
+                prop_assert_eq!(set.len(), model.len());
+            }
+            for v in &model {
+                prop_assert!(set.contains(v));
+            }
+        }
+    }
+}

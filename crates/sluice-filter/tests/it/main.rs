@@ -1,0 +1,7 @@
+//! Integration tests of `sluice-filter`, one module per area; `json_doc` generates the JSON
+//! documents the property tests walk.
+
+mod extract;
+mod json_doc;
+mod set_filter;
+mod value_set;

@@ -1,0 +1,639 @@
+//! The pipeline benchmark: records through log → set filter → managed sink with one worker.
+//!
+//! `cargo run --release -p sluice-runtime --example pipeline_bench -- [--records N]
+//! [--values N] [--rate R] [--seconds S] [--match-percent P] [--phase both|throughput|latency]`
+//! (defaults: 2 000 000 records, 1 000 000 values, 10 000 records/s for 20 s, 100 % matching,
+//! both phases).
+//!
+//! Everything is real and in a temporary directory: the SQLite metadata store, the embedded
+//! stream log (durable appends) and the runtime with `RuntimeSettings::default()`. The
+//! pipeline reads `base/erc20_token_transfer`, keeps records whose `token_address` is in a set
+//! of `--values` random addresses, and delivers to one `kafka` (managed) sink; pod size S (one
+//! worker), `at_least_once`.
+//!
+//! - throughput: deploy (pins the offsets at the stream end), pause, append `--records`
+//!   records of which 5 % match, deploy again and time until the deployment's committed
+//!   offsets reach the end offsets.
+//! - latency: with the pipeline deployed, append at `--rate` records/s in batches every 10 ms,
+//!   each record stamped with `sent_at_us` just before its append; a reader long-polls the sink
+//!   topic and takes now − `sent_at_us` for every record it sees.
+//!
+//! Prints one JSON line per measurement, then the same figures for people. Linux only (reads
+//! `/proc/self/stat` for CPU time).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_bus::{EmbeddedLog, NewRecord, StreamLog, topics};
+use sluice_core::catalog::Catalog;
+use sluice_core::clock::{Clock, SystemClock};
+use sluice_core::pipeline::{
+    DeliveryGuarantee, Pipeline, PipelineConfig, PipelineSpec, PodSize, Sink, Source, SourceType,
+    Transform,
+};
+use sluice_runtime::{Counters, Runtime, RuntimeSettings};
+use sluice_store::{MetadataStore, SqliteStore};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const CHAIN: &str = "base";
+const ENTITY: &str = "erc20_token_transfer";
+const TRANSFORM_UID: &str = "tf-bench";
+const SINK_NAME: &str = "bench-out";
+/// Records per `ingest` call in the throughput phase.
+const INGEST_BATCH: usize = 5_000;
+/// Values per `add_filter_values` call while the set is loaded into the store.
+const VALUES_PER_ADD: usize = 100_000;
+/// The share of records whose token is in the set (throughput phase).
+const HIT_RATE_THROUGHPUT: f64 = 0.05;
+/// Set values kept to build matching records from.
+const SAMPLE_SIZE: usize = 10_000;
+/// Non-matching records pick their token from this many addresses, as real traffic
+/// concentrates on a few tokens.
+const OTHER_TOKENS: usize = 2_000;
+/// Interval between appends in the latency phase.
+const LATENCY_TICK: Duration = Duration::from_millis(10);
+/// `/proc/self/stat` counts CPU time in clock ticks; 100 per second on the Linux we run on.
+const CLOCK_TICKS_PER_SEC: f64 = 100.0;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Both,
+    Throughput,
+    Latency,
+}
+
+#[derive(Debug)]
+struct Args {
+    records: usize,
+    values: usize,
+    rate: u64,
+    seconds: f64,
+    match_percent: u32,
+    phase: Phase,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        records: 2_000_000,
+        values: 1_000_000,
+        rate: 10_000,
+        seconds: 20.0,
+        match_percent: 100,
+        phase: Phase::Both,
+    };
+    let mut argv = std::env::args().skip(1);
+    while let Some(flag) = argv.next() {
+        let value = argv.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let bad = || format!("{flag}: not a valid value: {value}");
+        match flag.as_str() {
+            "--records" => args.records = value.parse().map_err(|_| bad())?,
+            "--values" => args.values = value.parse().map_err(|_| bad())?,
+            "--rate" => args.rate = value.parse().map_err(|_| bad())?,
+            "--seconds" => args.seconds = value.parse().map_err(|_| bad())?,
+            "--match-percent" => {
+                args.match_percent = value.parse().map_err(|_| bad())?;
+                if args.match_percent > 100 {
+                    return Err(bad());
+                }
+            }
+            "--phase" => {
+                args.phase = match value.as_str() {
+                    "both" => Phase::Both,
+                    "throughput" => Phase::Throughput,
+                    "latency" => Phase::Latency,
+                    _ => return Err(bad()),
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "unknown argument {flag}; use --records, --values, --rate, --seconds, \
+                     --match-percent, --phase"
+                ));
+            }
+        }
+    }
+    if args.values == 0 {
+        return Err("--values must be at least 1".to_owned());
+    }
+    Ok(args)
+}
+
+#[tokio::main]
+async fn main() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(error) = run(&args).await {
+        eprintln!("pipeline_bench failed: {error}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: &Args) -> Result<(), BoxError> {
+    let dir = tempfile::tempdir()?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store: Arc<dyn MetadataStore> = Arc::new(
+        SqliteStore::open(&format!("sqlite://{}", dir.path().join("meta.db").display())).await?,
+    );
+    let log: Arc<dyn StreamLog> =
+        Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone())?);
+    let runtime = Runtime::start(
+        store.clone(),
+        log.clone(),
+        Arc::new(Catalog::default()),
+        clock.clone(),
+        RuntimeSettings::default(),
+    )
+    .await?;
+
+    let identity = store.ensure_identity("bench", "bench", "bench", false).await?;
+    let pipeline = Pipeline::new(
+        "pipeline-bench".to_owned(),
+        bench_spec(),
+        identity.user.id.clone(),
+        identity.org.id.clone(),
+        clock.now(),
+    );
+    store.insert_pipeline(&pipeline, &identity.team.id, &[]).await?;
+
+    let mut rng = SplitMix(0x5eed);
+    let load_start = Instant::now();
+    let sample = load_values(store.as_ref(), &pipeline.id, args.values, &mut rng).await?;
+    let load_secs = load_start.elapsed().as_secs_f64();
+    let others: Vec<String> = (0..OTHER_TOKENS).map(|_| rng.address()).collect();
+
+    // The first deploy builds the set index from the store and pins the offsets at the end.
+    let deploy_start = Instant::now();
+    runtime.deploy(&pipeline).await?;
+    let deploy_secs = deploy_start.elapsed().as_secs_f64();
+    let index_len = runtime.set_indexes().acquire(&pipeline.id, TRANSFORM_UID).await?.len();
+    report(
+        serde_json::json!({
+            "bench": "pipeline_setup",
+            "values": args.values,
+            "index_values": index_len,
+            "store_load_secs": round3(load_secs),
+            "first_deploy_secs": round3(deploy_secs),
+        }),
+        &[
+            format!(
+                "setup: {} filter values into SQLite in {load_secs:.2} s (add_filter_values, \
+                 {VALUES_PER_ADD} per call)",
+                args.values
+            ),
+            format!(
+                "  first deploy (set index of {index_len} values loaded) in {deploy_secs:.2} s"
+            ),
+        ],
+    );
+
+    let mut generator = Generator { rng, sample, others, next: 0 };
+    if args.phase != Phase::Latency {
+        throughput(&runtime, log.as_ref(), &pipeline, &mut generator, args.records).await?;
+    }
+    if args.phase != Phase::Throughput {
+        latency(&runtime, &log, &pipeline, &mut generator, args).await?;
+    }
+    runtime.shutdown().await;
+    Ok(())
+}
+
+fn bench_spec() -> PipelineSpec {
+    PipelineSpec {
+        name: "pipeline-bench".to_owned(),
+        description: "pipeline_bench example".to_owned(),
+        tags: None,
+        static_egress_ip: false,
+        pod_size: PodSize::S,
+        delivery_guarantee: DeliveryGuarantee::AtLeastOnce,
+        pipeline_config: PipelineConfig {
+            source: Source {
+                source_type: SourceType::Pubsub,
+                chain: CHAIN.to_owned(),
+                entity: ENTITY.to_owned(),
+                is_zerolag: false,
+            },
+            transforms: vec![Transform::SetFilter {
+                uid: TRANSFORM_UID.to_owned(),
+                filter_expr: "root = this.token_address".to_owned(),
+            }],
+            sinks: vec![Sink {
+                sink_type: "kafka".to_owned(),
+                name: SINK_NAME.to_owned(),
+                uid: "sk-bench".to_owned(),
+            }],
+        },
+    }
+}
+
+/// Adds `count` random addresses to the pipeline's set in the store; returns a sample of them.
+async fn load_values(
+    store: &dyn MetadataStore,
+    pipeline_id: &str,
+    count: usize,
+    rng: &mut SplitMix,
+) -> Result<Vec<String>, BoxError> {
+    let keep_every = (count / SAMPLE_SIZE).max(1);
+    let mut sample = Vec::with_capacity(SAMPLE_SIZE + 1);
+    let mut added = 0;
+    while added < count {
+        let chunk: Vec<String> =
+            (0..VALUES_PER_ADD.min(count - added)).map(|_| rng.address()).collect();
+        sample.extend(chunk.iter().step_by(keep_every).cloned());
+        store.add_filter_values(pipeline_id, TRANSFORM_UID, &chunk).await?;
+        added += chunk.len();
+    }
+    Ok(sample)
+}
+
+/// Phase a: a backlog of `records` appended while paused, then drained by one worker.
+async fn throughput(
+    runtime: &Runtime,
+    log: &dyn StreamLog,
+    pipeline: &Pipeline,
+    generator: &mut Generator,
+    records: usize,
+) -> Result<(), BoxError> {
+    let source = topics::chain_stream(CHAIN, ENTITY, false);
+    let group = topics::deployment_group(&pipeline.id);
+    let sink = topics::sink_topic(&pipeline.id, SINK_NAME);
+    runtime.pause(&pipeline.id).await?;
+    let sink_before = total_end(log, &sink).await?;
+
+    let mut append_time = Duration::ZERO;
+    let mut hits = 0usize;
+    let mut bytes = 0usize;
+    let ingest_start = Instant::now();
+    let mut appended = 0;
+    while appended < records {
+        let size = INGEST_BATCH.min(records - appended);
+        let batch: Vec<NewRecord> = (0..size)
+            .map(|_| {
+                let (record, hit) = generator.record(HIT_RATE_THROUGHPUT, None);
+                hits += usize::from(hit);
+                bytes += record.value.len();
+                record
+            })
+            .collect();
+        let start = Instant::now();
+        runtime.ingest(CHAIN, ENTITY, false, batch).await?;
+        append_time += start.elapsed();
+        appended += size;
+    }
+    let ingest_wall = ingest_start.elapsed().as_secs_f64();
+    let append_secs = append_time.as_secs_f64();
+
+    let ends: Vec<u64> = log.offsets(&source).await?.iter().map(|range| range.end).collect();
+    let cpu_start = process_cpu_secs();
+    let start = Instant::now();
+    runtime.deploy(pipeline).await?;
+    loop {
+        let committed = log.committed(&group, &source).await?;
+        let done = ends
+            .iter()
+            .enumerate()
+            .all(|(partition, end)| committed.get(&(partition as u32)).is_some_and(|c| c >= end));
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let drain_secs = start.elapsed().as_secs_f64();
+    let drain_cpu = process_cpu_secs() - cpu_start;
+    let delivered = total_end(log, &sink).await? - sink_before;
+    let counters = runtime.counters(&pipeline.id).await.ok_or("the pipeline is not running")?;
+    if delivered != hits as u64 {
+        return Err(format!("{delivered} records reached the sink, {hits} were expected").into());
+    }
+
+    let per_sec = records as f64 / drain_secs;
+    let append_rate = records as f64 / append_secs;
+    report(
+        serde_json::json!({
+            "bench": "pipeline_throughput",
+            "records": records,
+            "avg_record_bytes": bytes / records.max(1),
+            "matching": hits,
+            "delivered": delivered,
+            "received_counter": Counters::get(&counters.received),
+            "drain_secs": round3(drain_secs),
+            "drain_process_cpu_secs": round3(drain_cpu),
+            "records_per_sec": per_sec.round(),
+            "records_per_process_cpu_sec": (records as f64 / drain_cpu).round(),
+        }),
+        &[
+            format!(
+                "throughput: {records} records ({} bytes on average, {hits} matching) through log \
+                 → set filter → managed sink with one worker in {drain_secs:.2} s",
+                bytes / records.max(1)
+            ),
+            format!(
+                "  {:.0} records/s ({:.0} per process CPU-second; {drain_cpu:.2} s CPU, all threads)",
+                per_sec,
+                records as f64 / drain_cpu
+            ),
+        ],
+    );
+    report(
+        serde_json::json!({
+            "bench": "pipeline_ingest",
+            "records": records,
+            "batch": INGEST_BATCH,
+            "append_secs": round3(append_secs),
+            "append_records_per_sec": append_rate.round(),
+            "append_mib_per_sec": round3(bytes as f64 / append_secs / (1024.0 * 1024.0)),
+            "wall_secs_with_generation": round3(ingest_wall),
+        }),
+        &[format!(
+            "ingest: {records} records appended in batches of {INGEST_BATCH} in {append_secs:.2} s \
+             of append calls: {append_rate:.0} records/s, {:.1} MiB/s (durable; {ingest_wall:.2} s \
+             wall including generating the records)",
+            bytes as f64 / append_secs / (1024.0 * 1024.0)
+        )],
+    );
+    Ok(())
+}
+
+/// Phase b: records appended at a steady rate; ingest-to-sink latency of each.
+async fn latency(
+    runtime: &Runtime,
+    log: &Arc<dyn StreamLog>,
+    pipeline: &Pipeline,
+    generator: &mut Generator,
+    args: &Args,
+) -> Result<(), BoxError> {
+    runtime.deploy(pipeline).await?;
+    let sink = topics::sink_topic(&pipeline.id, SINK_NAME);
+    let total = (args.rate as f64 * args.seconds) as u64;
+    let hit_rate = f64::from(args.match_percent) / 100.0;
+
+    // The reader starts at the sink's current end before anything is sent.
+    let from = log.offsets(&sink).await?.first().map_or(0, |range| range.end);
+    let (expected_tx, expected_rx) = tokio::sync::watch::channel(None::<u64>);
+    let reader = tokio::spawn(read_latencies(log.clone(), sink, from, expected_rx));
+
+    let start = Instant::now();
+    let mut ticks = tokio::time::interval(LATENCY_TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sent = 0u64;
+    let mut hits = 0u64;
+    let mut slowest_append = Duration::ZERO;
+    while sent < total {
+        ticks.tick().await;
+        // Catches up after a slow append: the rate holds over the run.
+        let due = ((start.elapsed().as_secs_f64() * args.rate as f64) as u64).min(total);
+        if due <= sent {
+            continue;
+        }
+        let sent_at_us = chrono::Utc::now().timestamp_micros();
+        let batch: Vec<NewRecord> = (sent..due)
+            .map(|_| {
+                let (record, hit) = generator.record(hit_rate, Some(sent_at_us));
+                hits += u64::from(hit);
+                record
+            })
+            .collect();
+        let append_start = Instant::now();
+        runtime.ingest(CHAIN, ENTITY, false, batch).await?;
+        slowest_append = slowest_append.max(append_start.elapsed());
+        sent = due;
+    }
+    let send_secs = start.elapsed().as_secs_f64();
+    expected_tx.send_replace(Some(hits));
+    let mut latencies = reader.await??;
+    let received = latencies.len() as u64;
+    if received != hits {
+        return Err(format!("{received} records reached the sink, {hits} were expected").into());
+    }
+    latencies.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        let rank = ((p / 100.0) * latencies.len() as f64).ceil() as usize;
+        latencies
+            .get(rank.clamp(1, latencies.len().max(1)) - 1)
+            .map_or(f64::NAN, |us| *us as f64 / 1000.0)
+    };
+    let (p50, p90, p99, max) = (pct(50.0), pct(90.0), pct(99.0), pct(100.0));
+    let achieved = sent as f64 / send_secs;
+    report(
+        serde_json::json!({
+            "bench": "pipeline_latency",
+            "rate_target": args.rate,
+            "rate_achieved": achieved.round(),
+            "seconds": round3(send_secs),
+            "records": sent,
+            "match_percent": args.match_percent,
+            "delivered": received,
+            "tick_ms": LATENCY_TICK.as_millis(),
+            "slowest_append_ms": round3(slowest_append.as_secs_f64() * 1000.0),
+            "p50_ms": round3(p50),
+            "p90_ms": round3(p90),
+            "p99_ms": round3(p99),
+            "max_ms": round3(max),
+        }),
+        &[
+            format!(
+                "latency: {sent} records at {achieved:.0}/s (target {}) for {send_secs:.1} s, \
+                 {}% matching, appended every {} ms; {received} delivered",
+                args.rate,
+                args.match_percent,
+                LATENCY_TICK.as_millis()
+            ),
+            format!(
+                "  ingest-to-sink ms: p50 {p50:.2}, p90 {p90:.2}, p99 {p99:.2}, max {max:.2} \
+                 (slowest append {:.2} ms)",
+                slowest_append.as_secs_f64() * 1000.0
+            ),
+        ],
+    );
+    Ok(())
+}
+
+/// Long-polls the sink topic from `from`; returns now − `sent_at_us` of every record, in
+/// microseconds, once it has seen as many as `expected` says (or 60 s after it was told).
+async fn read_latencies(
+    log: Arc<dyn StreamLog>,
+    sink: String,
+    mut from: u64,
+    expected: tokio::sync::watch::Receiver<Option<u64>>,
+) -> Result<Vec<i64>, BoxError> {
+    let mut watch = log.watch(&sink);
+    let mut latencies = Vec::new();
+    let mut told_at: Option<Instant> = None;
+    loop {
+        let records = log.read(&sink, 0, from, 10_000).await?;
+        let now_us = chrono::Utc::now().timestamp_micros();
+        for record in &records {
+            let sent_at = sent_at_us(&record.value).ok_or("a sink record has no sent_at_us")?;
+            latencies.push(now_us - sent_at);
+        }
+        if let Some(last) = records.last() {
+            from = last.offset + 1;
+            continue;
+        }
+        if let Some(expected) = *expected.borrow() {
+            let told = *told_at.get_or_insert_with(Instant::now);
+            if latencies.len() as u64 >= expected || told.elapsed() > Duration::from_secs(60) {
+                return Ok(latencies);
+            }
+        }
+        watch.wait(Duration::from_millis(100)).await;
+    }
+}
+
+/// The `sent_at_us` number of a record, found without parsing the whole document.
+fn sent_at_us(value: &[u8]) -> Option<i64> {
+    const FIELD: &[u8] = b"\"sent_at_us\":";
+    let at = value.windows(FIELD.len()).position(|window| window == FIELD)? + FIELD.len();
+    let digits = value[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&value[at..at + digits]).ok()?.parse().ok()
+}
+
+async fn total_end(log: &dyn StreamLog, topic: &str) -> Result<u64, BoxError> {
+    Ok(log.offsets(topic).await?.iter().map(|range| range.end).sum())
+}
+
+/// Builds `erc20_token_transfer` records shaped like the feed's: the same fields, keys in
+/// the order serde_json writes them (alphabetical), unique `<transaction_hash>:<log_index>`.
+struct Generator {
+    rng: SplitMix,
+    /// Addresses in the set.
+    sample: Vec<String>,
+    /// Addresses not in the set.
+    others: Vec<String>,
+    next: u64,
+}
+
+impl Generator {
+    /// One record; true when its token is in the set.
+    fn record(&mut self, hit_rate: f64, sent_at_us: Option<i64>) -> (NewRecord, bool) {
+        const TOKENS: [(&str, &str); 5] = [
+            ("USDC", "USD Coin"),
+            ("USDT", "Tether USD"),
+            ("WETH", "Wrapped Ether"),
+            ("DAI", "Dai Stablecoin"),
+            ("PEPE", "Pepe"),
+        ];
+        let n = self.next;
+        self.next += 1;
+        let hit = self.rng.unit() < hit_rate;
+        let token = if hit {
+            &self.sample[self.rng.below(self.sample.len())]
+        } else {
+            &self.others[self.rng.below(self.others.len())]
+        };
+        // Four logs per transaction, 150 transactions per block; `mix` is a bijection, so
+        // transaction hashes never repeat.
+        let (tx, log_index) = (n / 4, n % 4);
+        let block = 20_000_000 + tx / 150;
+        let tx_hash = format!(
+            "0x{:016x}{:016x}{:016x}{:016x}",
+            mix(tx),
+            mix(tx ^ (1 << 63)),
+            mix(!tx),
+            mix(tx + 7)
+        );
+        let block_hash = format!(
+            "0x{:016x}{:016x}{:016x}{:016x}",
+            mix(block),
+            mix(block ^ (1 << 62)),
+            mix(!block),
+            mix(block + 11)
+        );
+        let (symbol, name) = TOKENS[self.rng.below(TOKENS.len())];
+        let whole = 1 + self.rng.below(1_000_000);
+        let cents = self.rng.below(100);
+        let from = &self.others[self.rng.below(self.others.len())];
+        let to = self.rng.address();
+        let sent_at = sent_at_us.map(|us| format!(r#""sent_at_us":{us},"#)).unwrap_or_default();
+        let value = format!(
+            concat!(
+                r#"{{"amount":{whole}.{cents:02},"amount_str":"{whole}.{cents:02}","#,
+                r#""block_hash":"{block_hash}","block_number":{block},"#,
+                r#""block_timestamp":"2025-06-{day:02} {hour:02}:{minute:02}:{second:02}","#,
+                r#""from_address":"{from}","log_index":{log_index},"#,
+                r#""raw_amount":{whole}{cents:02}0000000000000000,"#,
+                r#""raw_amount_str":"{whole}{cents:02}0000000000000000",{sent_at}"#,
+                r#""to_address":"{to}","token_address":"{token}","token_name":"{name}","#,
+                r#""token_symbol":"{symbol}","transaction_hash":"{tx_hash}","#,
+                r#""transaction_index":{tx_index}}}"#
+            ),
+            whole = whole,
+            cents = cents,
+            block_hash = block_hash,
+            block = block,
+            day = 1 + block % 28,
+            hour = tx % 24,
+            minute = tx % 60,
+            second = (tx / 2) % 60,
+            from = from,
+            log_index = log_index,
+            sent_at = sent_at,
+            to = to,
+            token = token,
+            name = name,
+            symbol = symbol,
+            tx_hash = tx_hash,
+            tx_index = tx % 150,
+        );
+        let key = format!("{tx_hash}:{log_index}").into_bytes();
+        (NewRecord { key, value: value.into_bytes() }, hit)
+    }
+}
+
+/// SplitMix64: small, fast and good enough for test data (no dependency needed).
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        mix(self.0)
+    }
+
+    fn below(&mut self, bound: usize) -> usize {
+        (self.next_u64() % bound.max(1) as u64) as usize
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A random lowercase `0x` address (the stored, normalised form).
+    fn address(&mut self) -> String {
+        let (a, b, c) = (self.next_u64(), self.next_u64(), self.next_u64());
+        format!("0x{a:016x}{b:016x}{:08x}", c >> 32)
+    }
+}
+
+/// The SplitMix64 finaliser: a bijection on `u64`.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// User + system CPU time of the whole process (every thread), in seconds.
+fn process_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |index: usize| fields.get(index).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    (ticks(11) + ticks(12)) as f64 / CLOCK_TICKS_PER_SEC
+}
+
+fn report(line: serde_json::Value, readable: &[String]) {
+    println!("{line}");
+    for text in readable {
+        println!("{text}");
+    }
+}
+
+fn round3(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
+}

@@ -1,0 +1,386 @@
+//! `sluice-runtime` owns running pipelines: deployments and their lifecycle (SPEC "States
+//! and transitions"), the workers that read a chain stream, apply the transforms and deliver
+//! to the sink under the pipeline's delivery guarantee, the in-memory set-filter indexes that
+//! follow filter-value changes live, and the chain-stream topics records are ingested into.
+//!
+//! Start at [`Runtime`]: `deploy`, `pause`, `teardown`, `ingest`. Workers live in
+//! [`worker`], set indexes in [`sets`], the compiled form of a pipeline in [`plan`]. This
+//! crate must not depend on the API.
+
+mod deployment;
+pub mod plan;
+pub mod sets;
+mod worker;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_bus::{BusError, NewRecord, Retention, StreamLog, TopicConfig, topics};
+use sluice_core::catalog::Catalog;
+use sluice_core::clock::Clock;
+use sluice_core::deployment::{DeploymentRecord, DeploymentState};
+use sluice_core::pipeline::Pipeline;
+use sluice_store::{MetadataStore, StoreError};
+use tokio::sync::Mutex;
+
+pub use deployment::Counters;
+use deployment::Running;
+pub use plan::PlanError;
+use sets::SetIndexes;
+
+/// Partitions of every chain-stream topic: enough for the largest pod size (XL, 8 workers)
+/// to give each worker its own.
+pub const CHAIN_STREAM_PARTITIONS: u32 = 8;
+
+/// Partitions of a managed sink topic. One keeps the consumer's view simple (one offset)
+/// while records of one key still arrive in order.
+pub const SINK_PARTITIONS: u32 = 1;
+
+/// Errors of the runtime, by whose fault.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The pipeline cannot run as configured (a user fix is needed).
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// The metadata store failed (retry may help).
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// The stream log failed.
+    #[error("stream log: {0}")]
+    Bus(#[from] BusError),
+    /// A chain stream that the catalog does not list.
+    #[error("no chain stream {0}")]
+    UnknownStream(String),
+}
+
+pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
+
+/// How workers behave; tests shorten the waits.
+#[derive(Debug, Clone, Copy)]
+pub struct RuntimeSettings {
+    /// Most records a worker reads from one partition per batch.
+    pub batch_size: usize,
+    /// How long an idle worker waits for new records before looking again.
+    pub idle_wait: Duration,
+    /// First retry delay after a sink failure (`at_least_once`); doubles up to `max_backoff`.
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    /// Records older than this (by append time) are skipped, never delivered: the pause hold.
+    pub hold: Duration,
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        Self {
+            batch_size: 2000,
+            idle_wait: Duration::from_millis(200),
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(10),
+            hold: Retention::DEFAULT_MAX_AGE,
+        }
+    }
+}
+
+/// What a deploy did, for the response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deployed {
+    /// The managed topic of each sink, by sink uid.
+    pub sink_topics: Vec<(String, String)>,
+    /// Whether the pipeline was running before this deploy (a zero-downtime redeploy).
+    pub was_running: bool,
+}
+
+/// Result of a pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paused {
+    Paused,
+    AlreadyPaused,
+    NotDeployed,
+}
+
+/// The running side of Sluice: one per process.
+pub struct Runtime {
+    store: Arc<dyn MetadataStore>,
+    log: Arc<dyn StreamLog>,
+    catalog: Arc<Catalog>,
+    clock: Arc<dyn Clock>,
+    sets: Arc<SetIndexes>,
+    settings: RuntimeSettings,
+    /// Running deployments by pipeline id. Lifecycle calls on one pipeline serialize here.
+    running: Mutex<HashMap<String, Running>>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("settings", &self.settings).finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// Creates the chain-stream topics of the catalog and runs again every pipeline that was
+    /// deployed when the process last stopped (paused ones stay paused).
+    ///
+    /// # Errors
+    /// When the store or the log fails, or a stored deployment cannot run.
+    pub async fn start(
+        store: Arc<dyn MetadataStore>,
+        log: Arc<dyn StreamLog>,
+        catalog: Arc<Catalog>,
+        clock: Arc<dyn Clock>,
+        settings: RuntimeSettings,
+    ) -> Result<Arc<Self>> {
+        let sets = Arc::new(SetIndexes::new(store.clone()));
+        let runtime = Arc::new(Self {
+            store,
+            log,
+            catalog,
+            clock,
+            sets,
+            settings,
+            running: Mutex::new(HashMap::new()),
+        });
+        runtime.create_chain_topics().await?;
+        for record in runtime.store.list_deployments().await? {
+            if record.state == DeploymentState::Deployed {
+                let mut running = runtime.running.lock().await;
+                match runtime.start_workers(&record.pipeline).await {
+                    Ok(workers) => {
+                        running.insert(record.pipeline_id.clone(), workers);
+                        tracing::info!(config_id = %record.pipeline_id, "resumed deployed pipeline");
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, config_id = %record.pipeline_id, "cannot resume deployed pipeline");
+                    }
+                }
+            }
+        }
+        Ok(runtime)
+    }
+
+    /// The set indexes, which must hear every filter-value change (give them to the API).
+    pub fn set_indexes(&self) -> Arc<SetIndexes> {
+        self.sets.clone()
+    }
+
+    pub fn log(&self) -> &Arc<dyn StreamLog> {
+        &self.log
+    }
+
+    async fn create_chain_topics(&self) -> Result<()> {
+        let config = TopicConfig {
+            partitions: CHAIN_STREAM_PARTITIONS,
+            retention: Retention { max_age: self.settings.hold, max_bytes: None },
+        };
+        for entry in self.catalog.entries() {
+            self.log
+                .create_topic(&topics::chain_stream(&entry.chain, &entry.entity, false), config)
+                .await?;
+            if entry.zerolag {
+                self.log
+                    .create_topic(&topics::chain_stream(&entry.chain, &entry.entity, true), config)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends keyed records to a chain stream; durable when this returns.
+    ///
+    /// # Errors
+    /// [`RuntimeError::UnknownStream`] when the catalog has no such stream, or a log failure.
+    pub async fn ingest(
+        &self,
+        chain: &str,
+        entity: &str,
+        zerolag: bool,
+        records: Vec<NewRecord>,
+    ) -> Result<usize> {
+        let known = self
+            .catalog
+            .entries()
+            .iter()
+            .any(|e| e.chain == chain && e.entity == entity && (!zerolag || e.zerolag));
+        let topic = topics::chain_stream(chain, entity, zerolag);
+        if !known {
+            return Err(RuntimeError::UnknownStream(topic));
+        }
+        let count = records.len();
+        self.log.append(&topic, records).await?;
+        Ok(count)
+    }
+
+    /// Deploys `pipeline` (SPEC: not deployed → deployed; paused → deployed, resuming from
+    /// the kept offsets; deployed → deployed with the new configuration at a batch boundary,
+    /// no gap in offsets). Idempotent.
+    ///
+    /// # Errors
+    /// A configuration the runtime cannot run, or a store or log failure.
+    pub async fn deploy(&self, pipeline: &Pipeline) -> Result<Deployed> {
+        let plan = plan::Plan::compile(pipeline)?;
+        let mut running = self.running.lock().await;
+        let now = self.clock.now();
+        let existing = self.store.deployment(&pipeline.id).await?;
+        // Sink topics and source offsets exist before the answer, so records that arrive
+        // right after the deploy returns are delivered.
+        let sink_config =
+            TopicConfig { partitions: SINK_PARTITIONS, retention: Retention::default() };
+        for (_, topic) in &plan.sink_topics {
+            self.log.create_topic(topic, sink_config).await?;
+        }
+        self.pin_start_offsets(&plan).await?;
+        let record = DeploymentRecord {
+            pipeline_id: pipeline.id.clone(),
+            state: DeploymentState::Deployed,
+            pipeline: pipeline.clone(),
+            deployed_at: existing.as_ref().map_or(now, |e| e.deployed_at),
+            updated_at: now,
+        };
+        self.store.put_deployment(&record).await?;
+        let was_running = match running.get_mut(&pipeline.id) {
+            Some(current)
+                if current.workers() == pipeline.pod_size.workers()
+                    && current.source() == plan.source =>
+            {
+                let plan = self.bind(plan.clone()).await?;
+                current.replace_plan(plan);
+                true
+            }
+            Some(_) => {
+                if let Some(current) = running.remove(&pipeline.id) {
+                    current.stop().await;
+                }
+                running.insert(pipeline.id.clone(), self.start_workers(pipeline).await?);
+                true
+            }
+            None => {
+                running.insert(pipeline.id.clone(), self.start_workers(pipeline).await?);
+                false
+            }
+        };
+        tracing::info!(config_id = %pipeline.id, was_running, "pipeline deployed");
+        Ok(Deployed { sink_topics: plan.sink_topics.clone(), was_running })
+    }
+
+    /// Pauses a deployed pipeline: its workers finish their batch and stop; offsets, sinks
+    /// and topics stay. No effect on a pipeline that is not deployed.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn pause(&self, pipeline_id: &str) -> Result<Paused> {
+        let mut running = self.running.lock().await;
+        let Some(mut record) = self.store.deployment(pipeline_id).await? else {
+            return Ok(Paused::NotDeployed);
+        };
+        if record.state == DeploymentState::Paused {
+            return Ok(Paused::AlreadyPaused);
+        }
+        if let Some(current) = running.remove(pipeline_id) {
+            current.stop().await;
+        }
+        record.state = DeploymentState::Paused;
+        record.updated_at = self.clock.now();
+        self.store.put_deployment(&record).await?;
+        tracing::info!(config_id = %pipeline_id, "pipeline paused");
+        Ok(Paused::Paused)
+    }
+
+    /// Tears a deployment down: workers stop, its sink topics and source offsets are removed
+    /// (the next deploy reads from the stream's end), the configuration stays. True when
+    /// there was a deployment.
+    ///
+    /// # Errors
+    /// A store or log failure.
+    pub async fn teardown(&self, pipeline_id: &str) -> Result<bool> {
+        let mut running = self.running.lock().await;
+        if let Some(current) = running.remove(pipeline_id) {
+            current.stop().await;
+        }
+        let Some(record) = self.store.deployment(pipeline_id).await? else {
+            return Ok(false);
+        };
+        if let Ok(plan) = plan::Plan::compile(&record.pipeline) {
+            for (_, topic) in &plan.sink_topics {
+                self.log.delete_topic(topic).await?;
+            }
+        }
+        self.log.delete_group(&topics::deployment_group(pipeline_id)).await?;
+        self.store.delete_deployment(pipeline_id).await?;
+        self.sets.release_pipeline(pipeline_id);
+        tracing::info!(config_id = %pipeline_id, "pipeline torn down");
+        Ok(true)
+    }
+
+    /// The stored deployment state of a pipeline (`None`: not deployed).
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn state(&self, pipeline_id: &str) -> Result<Option<DeploymentState>> {
+        Ok(self.store.deployment(pipeline_id).await?.map(|record| record.state))
+    }
+
+    /// The managed topic of a deployed (or paused) pipeline's sink; `None` when the
+    /// pipeline is not deployed or has no such sink.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn sink_topic(&self, pipeline_id: &str, sink_uid: &str) -> Result<Option<String>> {
+        let Some(record) = self.store.deployment(pipeline_id).await? else { return Ok(None) };
+        let plan = plan::Plan::compile(&record.pipeline)?;
+        Ok(plan.sink_topics.into_iter().find(|(uid, _)| uid == sink_uid).map(|(_, topic)| topic))
+    }
+
+    /// The counters of a running deployment.
+    pub async fn counters(&self, pipeline_id: &str) -> Option<Arc<Counters>> {
+        self.running.lock().await.get(pipeline_id).map(Running::counters)
+    }
+
+    /// Stops every worker (each finishes and commits its batch); deployments stay stored as
+    /// they are, so the next start runs them again.
+    pub async fn shutdown(&self) {
+        let mut running = self.running.lock().await;
+        for (_, deployment) in running.drain() {
+            deployment.stop().await;
+        }
+    }
+
+    /// Commits the stream's end offsets for partitions the deployment has never read, so
+    /// that a first deploy (or one after a teardown) starts at the end.
+    async fn pin_start_offsets(&self, plan: &plan::Plan) -> Result<()> {
+        let group = topics::deployment_group(&plan.pipeline_id);
+        let committed = self.log.committed(&group, &plan.source).await?;
+        let ends = self.log.offsets(&plan.source).await?;
+        let missing: Vec<(u32, u64)> = ends
+            .iter()
+            .enumerate()
+            .filter(|(partition, _)| !committed.contains_key(&(*partition as u32)))
+            .map(|(partition, range)| (partition as u32, range.end))
+            .collect();
+        if !missing.is_empty() {
+            self.log.commit(&group, &plan.source, &missing).await?;
+        }
+        Ok(())
+    }
+
+    async fn bind(&self, plan: plan::Plan) -> Result<Arc<plan::BoundPlan>> {
+        let mut sets = Vec::new();
+        for uid in plan.set_filter_uids() {
+            sets.push(self.sets.acquire(&plan.pipeline_id, uid).await?);
+        }
+        Ok(Arc::new(plan.bind(sets)))
+    }
+
+    async fn start_workers(&self, pipeline: &Pipeline) -> Result<Running> {
+        let plan = plan::Plan::compile(pipeline)?;
+        self.pin_start_offsets(&plan).await?;
+        let bound = self.bind(plan).await?;
+        Ok(Running::start(
+            bound,
+            pipeline.pod_size.workers(),
+            pipeline.delivery_guarantee,
+            self.log.clone(),
+            self.clock.clone(),
+            self.settings,
+        ))
+    }
+}

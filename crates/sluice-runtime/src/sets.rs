@@ -1,0 +1,188 @@
+//! In-memory set-filter indexes, shared by a deployment's workers and kept current with
+//! every committed filter-value change.
+//!
+//! The store is the source of truth. An index is built when a deployment first needs it:
+//! it is registered *before* the store is read, changes that arrive while it loads are
+//! queued and replayed over the loaded snapshot in order (each change is idempotent), so no
+//! change committed around the load is lost. Changes reach running workers at once: the next
+//! batch sees them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use sluice_core::filter_values::{FilterValuesChange, FilterValuesListener};
+use sluice_filter::ValueSet;
+use sluice_store::MetadataStore;
+
+use crate::Result;
+
+/// Values read from the store per page while an index loads.
+const LOAD_PAGE: u32 = 100_000;
+
+/// A change, owned, queued while an index loads.
+#[derive(Debug, Clone)]
+enum Change {
+    Added(Vec<String>),
+    Removed(Vec<String>),
+    Replaced(Vec<String>),
+}
+
+impl Change {
+    fn apply(&self, set: &mut ValueSet) {
+        match self {
+            Self::Added(values) => values.iter().for_each(|v| {
+                set.insert(v);
+            }),
+            Self::Removed(values) => values.iter().for_each(|v| {
+                set.remove(v);
+            }),
+            Self::Replaced(values) => {
+                set.clear();
+                values.iter().for_each(|v| {
+                    set.insert(v);
+                });
+            }
+        }
+    }
+}
+
+/// One set filter's index.
+#[derive(Debug, Default)]
+pub struct SetHandle {
+    values: RwLock<ValueSet>,
+    /// `Some` while the index loads: changes wait here to be replayed.
+    pending: Mutex<Option<Vec<Change>>>,
+}
+
+impl SetHandle {
+    /// Runs `f` with the current values under the read lock.
+    pub fn with<R>(&self, f: impl FnOnce(&ValueSet) -> R) -> R {
+        f(&self.values.read().expect("set index lock is never poisoned"))
+    }
+
+    pub fn len(&self) -> usize {
+        self.with(ValueSet::len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn apply(&self, change: Change) {
+        let mut pending = self.pending.lock().expect("pending-changes lock is never poisoned");
+        match pending.as_mut() {
+            Some(queue) => queue.push(change),
+            None => {
+                change.apply(&mut self.values.write().expect("set index lock is never poisoned"))
+            }
+        }
+    }
+}
+
+/// Every loaded index, by `(pipeline id, transform uid)`.
+pub struct SetIndexes {
+    store: Arc<dyn MetadataStore>,
+    handles: Mutex<HashMap<(String, String), Arc<SetHandle>>>,
+}
+
+impl std::fmt::Debug for SetIndexes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SetIndexes").finish_non_exhaustive()
+    }
+}
+
+impl SetIndexes {
+    pub fn new(store: Arc<dyn MetadataStore>) -> Self {
+        Self { store, handles: Mutex::new(HashMap::new()) }
+    }
+
+    /// The index of one set filter, loading it from the store the first time.
+    ///
+    /// # Errors
+    /// A store failure while loading (the half-built index is dropped).
+    pub async fn acquire(&self, pipeline_id: &str, uid: &str) -> Result<Arc<SetHandle>> {
+        let key = (pipeline_id.to_owned(), uid.to_owned());
+        let handle = {
+            let mut handles = self.handles.lock().expect("set index map lock is never poisoned");
+            if let Some(handle) = handles.get(&key) {
+                return Ok(handle.clone());
+            }
+            let handle = Arc::new(SetHandle {
+                pending: Mutex::new(Some(Vec::new())),
+                ..SetHandle::default()
+            });
+            handles.insert(key.clone(), handle.clone());
+            handle
+        };
+        match self.load(&handle, pipeline_id, uid).await {
+            Ok(()) => Ok(handle),
+            Err(error) => {
+                self.handles.lock().expect("set index map lock is never poisoned").remove(&key);
+                Err(error)
+            }
+        }
+    }
+
+    async fn load(&self, handle: &SetHandle, pipeline_id: &str, uid: &str) -> Result<()> {
+        let count = self.store.filter_value_count(pipeline_id, uid).await?;
+        let mut set = ValueSet::with_capacity(usize::try_from(count).unwrap_or(0));
+        let mut after = None;
+        loop {
+            let page = self.store.list_filter_values(pipeline_id, uid, after, LOAD_PAGE).await?;
+            for value in &page.values {
+                set.insert(value);
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        // Replay what changed during the load, then let changes apply directly; both under
+        // the pending lock so no change slips between the two.
+        let mut pending = handle.pending.lock().expect("pending-changes lock is never poisoned");
+        for change in pending.take().unwrap_or_default() {
+            change.apply(&mut set);
+        }
+        *handle.values.write().expect("set index lock is never poisoned") = set;
+        tracing::debug!(
+            config_id = pipeline_id,
+            transform_uid = uid,
+            values = count,
+            "set index loaded"
+        );
+        Ok(())
+    }
+
+    /// Drops every index of a pipeline (after teardown or delete).
+    pub fn release_pipeline(&self, pipeline_id: &str) {
+        self.handles
+            .lock()
+            .expect("set index map lock is never poisoned")
+            .retain(|(pipeline, _), _| pipeline != pipeline_id);
+    }
+
+    fn handle(&self, pipeline_id: &str, uid: &str) -> Option<Arc<SetHandle>> {
+        let handles = self.handles.lock().expect("set index map lock is never poisoned");
+        handles.get(&(pipeline_id.to_owned(), uid.to_owned())).cloned()
+    }
+}
+
+impl FilterValuesListener for SetIndexes {
+    fn changed(&self, pipeline_id: &str, transform_uid: &str, change: FilterValuesChange<'_>) {
+        // Only loaded indexes follow changes; the others read the store when they load.
+        let Some(handle) = self.handle(pipeline_id, transform_uid) else { return };
+        let change = match change {
+            FilterValuesChange::Added(values) => Change::Added(values.to_vec()),
+            FilterValuesChange::Removed(values) => Change::Removed(values.to_vec()),
+            FilterValuesChange::Replaced(values) => Change::Replaced(values.to_vec()),
+            FilterValuesChange::Dropped => {
+                self.handles
+                    .lock()
+                    .expect("set index map lock is never poisoned")
+                    .remove(&(pipeline_id.to_owned(), transform_uid.to_owned()));
+                return;
+            }
+        };
+        handle.apply(change);
+    }
+}
