@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use sluice_api::Limits;
 use sluice_core::filter_values::{FilterValuesChange, FilterValuesListener};
 
-use crate::harness::{Harness, User, pipeline_body};
+use crate::harness::{Harness, User};
 
 const OK: StatusCode = StatusCode::OK;
 const FORBIDDEN: StatusCode = StatusCode::FORBIDDEN;

@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use crate::process::{Server, data_dir_args, free_port, sluice};
 
-const KEY: &str = "slk_crashtest00000000000000000000000000000000";
-const USDC: &str = "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913";
+pub const KEY: &str = "slk_crashtest00000000000000000000000000000000";
+pub const USDC: &str = "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913";
 
 fn start(dir: &std::path::Path, port: u16) -> Server {
     let mut command = sluice();
@@ -20,7 +20,7 @@ fn start(dir: &std::path::Path, port: u16) -> Server {
     Server::start(command, port)
 }
 
-async fn send(
+pub async fn send(
     client: &reqwest::Client,
     method: reqwest::Method,
     url: &str,
@@ -40,7 +40,7 @@ async fn send(
     }
 }
 
-fn batch(from: u64, count: u64) -> String {
+pub fn batch(from: u64, count: u64) -> String {
     (from..from + count)
         .map(|n| {
             json!({

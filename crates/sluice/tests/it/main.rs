@@ -3,5 +3,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod crash;
+mod postgres_runtime;
 mod process;
 mod serve;
