@@ -375,28 +375,29 @@ async fn a_million_values_go_in_one_post_above_the_general_body_limit() {
 
 #[tokio::test]
 async fn the_filter_values_limit_replaces_the_general_one_on_these_routes_only() {
-    let limits = Limits { max_body_bytes: 200, max_filter_values_body_bytes: 2_000 };
+    let limits = Limits { max_body_bytes: 1_000, max_filter_values_body_bytes: 4_000 };
     let h = Harness::with_limits(limits).await;
     let ann = h.user("acme", "data", "ann").await;
     let mut body = body_with_uids();
     let id = h.create(&ann, body.clone()).await["id"].as_str().unwrap().to_owned();
     let path = base(&id, "f1");
-    let medium: Vec<String> = (0..20).map(|i| format!("value-{i:010}")).collect();
+    // About 1,800 bytes: over the general limit, under the filter-values one.
+    let medium: Vec<String> = (0..100).map(|i| format!("value-{i:010}")).collect();
     assert_eq!(
         send(&h, Method::POST, &path, &ann, json!(medium)).await,
-        (OK, json!({"added": 20}))
+        (OK, json!({"added": 100}))
     );
-    let large: Vec<String> = (0..200).map(|i| format!("value-{i:010}")).collect();
+    let large: Vec<String> = (0..300).map(|i| format!("value-{i:010}")).collect();
     for method in [Method::POST, Method::PUT, Method::DELETE] {
         let (status, answer) = send(&h, method.clone(), &path, &ann, json!(large)).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{method}");
         assert_eq!(
             answer,
-            json!({"detail": "request body is larger than the limit of 2000 bytes"})
+            json!({"detail": "request body is larger than the limit of 4000 bytes"})
         );
     }
-    assert_eq!(h.get(&format!("{path}/count"), &ann).await.1, json!({"count": 20}));
-    body["description"] = json!("x".repeat(300));
+    assert_eq!(h.get(&format!("{path}/count"), &ann).await.1, json!({"count": 100}));
+    body["description"] = json!("x".repeat(1_500));
     let (status, _) = h.put(&format!("/api/v1/beam/{id}"), &ann, body).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "other routes keep the general limit");
 }

@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 19] = [
+const ROUTES: [(&str, &str); 24] = [
     ("post", "/api/v1/beam"),
     ("get", "/api/v1/beam"),
     ("get", "/api/v1/beam/sources"),
@@ -21,6 +21,11 @@ const ROUTES: [(&str, &str); 19] = [
     ("delete", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
     ("get", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/check"),
     ("get", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/count"),
+    ("post", "/api/v1/beam/{config_id}/deploy"),
+    ("post", "/api/v1/beam/{config_id}/pause"),
+    ("post", "/api/v1/beam/{config_id}/teardown"),
+    ("get", "/api/v1/beam/{config_id}/sinks/{sink_uid}/records"),
+    ("post", "/api/v1/streams/{chain}/{entity}/records"),
     ("get", "/api/v1/me"),
     ("get", "/healthz"),
     ("get", "/readyz"),
@@ -88,7 +93,9 @@ async fn every_schema_reference_resolves_and_authenticated_routes_declare_the_ke
     for (path, item) in doc["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {
             let secured = op.get("security").is_some();
-            let needs_key = path.starts_with("/api/v1/beam") || path == "/api/v1/me";
+            let needs_key = path.starts_with("/api/v1/beam")
+                || path.starts_with("/api/v1/streams")
+                || path == "/api/v1/me";
             assert_eq!(secured, needs_key, "{method} {path}");
         }
     }

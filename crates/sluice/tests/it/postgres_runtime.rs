@@ -19,7 +19,7 @@ fn start(dir: &std::path::Path, database_url: &str, port: u16) -> Server {
     Server::start(command, port)
 }
 
-/// Transfer numbers in the sink, waiting until at least `count` are there.
+/// Transfer numbers in the sink, sorted, waiting until at least `count` are there.
 async fn delivered(client: &reqwest::Client, url: &str, count: usize) -> Vec<u64> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -34,6 +34,9 @@ async fn delivered(client: &reqwest::Client, url: &str, count: usize) -> Vec<u64
             .map(|r| r["value"]["n"].as_u64().unwrap())
             .collect();
         if numbers.len() >= count || Instant::now() > deadline {
+            // Order holds per key (per source partition), not across keys.
+            let mut numbers = numbers;
+            numbers.sort_unstable();
             return numbers;
         }
     }
