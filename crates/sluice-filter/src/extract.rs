@@ -2,9 +2,9 @@
 //! document.
 //!
 //! The walk reads each level's keys (or array elements) in order and skips the values it
-//! does not need: strings by searching for `"` and `\`, containers by counting depth (outside
-//! strings), scalars by their grammar. It stops at the value it wants, so the cost is the
-//! bytes before that value.
+//! does not need: strings by searching eight bytes at a time for `"` and `\`, containers by
+//! counting depth (outside strings), scalars by their grammar. It stops at the value it
+//! wants, so the cost is the bytes before that value.
 //!
 //! # What is checked
 //! Everything the walk reads on its way must be well-formed JSON, and so must the value it
@@ -32,6 +32,16 @@ pub enum Extracted<'a> {
     Str(Cow<'a, str>),
     /// A JSON number, as its literal text (`1e5`, `-0.50`), never reformatted.
     Number(&'a str),
+}
+
+impl Extracted<'_> {
+    /// The string's text, or the number's literal text.
+    pub fn text(&self) -> &str {
+        match self {
+            Self::Str(text) => text,
+            Self::Number(literal) => literal,
+        }
+    }
 }
 
 /// The string or number at `path` in the JSON document `record`.

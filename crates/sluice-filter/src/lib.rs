@@ -7,8 +7,9 @@
 //! it evaluates and whose [`normalize`](sluice_core::filter_values::normalize) defines the
 //! lowercasing). Keeping sets up to date and feeding records through is the runtime's job.
 //!
-//! Start reading at [`SetFilter`], then [`ValueSet`] (the memory layout) and [`extract`]
-//! (the raw JSON walk). `docs/set-filter.md` has the semantics and measured figures.
+//! Start reading at [`SetFilter`] (the semantics, and [`SetFilter::passes_batch`] for
+//! throughput), then [`value_set`] (the memory layout) and [`extract()`] (the raw JSON walk).
+//! `docs/set-filter.md` has the semantics and measured figures.
 
 pub mod extract;
 pub mod set_filter;

@@ -3,7 +3,7 @@
 use sluice_core::filter_expr::{FilterExpr, PathSegment};
 
 use crate::extract::{Extracted, extract};
-use crate::value_set::ValueSet;
+use crate::value_set::{Probe, ValueSet};
 
 /// Tests records against a [`ValueSet`] by the value at one path.
 ///
@@ -33,12 +33,62 @@ impl SetFilter {
     /// Whether `record` (the raw bytes of a JSON document) passes.
     #[inline]
     pub fn passes(&self, record: &[u8], set: &ValueSet) -> bool {
-        match extract(record, &self.path) {
-            Some(Extracted::Str(text)) => set.contains_unnormalized(text.as_bytes()),
-            Some(Extracted::Number(literal)) => set.contains_unnormalized(literal.as_bytes()),
-            None => false,
+        extract(record, &self.path)
+            .is_some_and(|value| set.contains_unnormalized(value.text().as_bytes()))
+    }
+
+    /// Whether each of `records` passes: clears `passed`, then pushes one answer per record,
+    /// the same as [`passes`](Self::passes) gives.
+    ///
+    /// Faster than calling `passes` in a loop when the set is much larger than the CPU
+    /// caches: values are extracted from a few records at a time and their table memory read
+    /// together, so the cache misses of those lookups overlap rather than queue.
+    pub fn passes_batch<R: AsRef<[u8]>>(
+        &self,
+        records: &[R],
+        set: &ValueSet,
+        passed: &mut Vec<bool>,
+    ) {
+        passed.clear();
+        passed.reserve(records.len());
+        let mut values: [Option<Extracted<'_>>; BATCH] = std::array::from_fn(|_| None);
+        let mut probes = [Probe::Absent; BATCH];
+        for chunk in records.chunks(BATCH) {
+            preload_records(chunk);
+            for ((value, probe), record) in values.iter_mut().zip(&mut probes).zip(chunk) {
+                *value = extract(record.as_ref(), &self.path);
+                *probe = match value {
+                    Some(value) => ValueSet::probe(value.text().as_bytes()),
+                    None => Probe::Absent,
+                };
+            }
+            let (values, probes) = (&values[..chunk.len()], &probes[..chunk.len()]);
+            set.preload(probes);
+            passed.extend(values.iter().zip(probes).map(|(value, probe)| {
+                value
+                    .as_ref()
+                    .is_some_and(|value| set.contains_probe(probe, value.text().as_bytes()))
+            }));
         }
     }
+}
+
+/// Records whose lookups [`SetFilter::passes_batch`] prepares together: enough misses in
+/// flight to hide most of the memory latency, few enough to stay in L1.
+const BATCH: usize = 32;
+
+/// How far into each record [`preload_records`] reads.
+const PRELOAD_RECORD_BYTES: usize = 1024;
+
+/// Reads one byte per cache line of the start of each record, in a tight loop, so that the
+/// extraction after it does not wait for records one miss at a time.
+fn preload_records<R: AsRef<[u8]>>(records: &[R]) {
+    let touched = records.iter().fold(0, |seen, record| {
+        let record = record.as_ref();
+        let start = &record[..record.len().min(PRELOAD_RECORD_BYTES)];
+        start.iter().step_by(64).fold(seen, |seen, &byte| seen ^ byte)
+    });
+    std::hint::black_box(touched);
 }
 
 impl From<&FilterExpr> for SetFilter {

@@ -40,7 +40,13 @@ pub fn number() -> impl Strategy<Value = String> {
 
 /// String contents: unicode, quotes, backslashes, control characters, addresses.
 pub fn text() -> impl Strategy<Value = String> {
-    prop_oneof!["\\PC{0,8}", "[\"\\\\/\\x00-\\x1f a-zA-Z\u{e9}\u{1f600}]{0,8}", "0x[0-9a-fA-F]{40}",]
+    prop_oneof![
+        "\\PC{0,8}",
+        "[\"\\\\/\\x00-\\x1f a-zA-Z\u{e9}\u{1f600}]{0,8}",
+        "0x[0-9a-fA-F]{40}",
+        // Longer than a batch probe keeps.
+        "[a-zA-Z0-9]{65,80}",
+    ]
 }
 
 fn key() -> impl Strategy<Value = String> {

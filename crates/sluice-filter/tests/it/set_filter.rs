@@ -65,6 +65,54 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The batch answer is the per-record answer, across chunk boundaries and for records
+    /// that are not JSON.
+    #[test]
+    fn passes_batch_answers_like_passes(
+        docs in proptest::collection::vec((json_doc::doc(), any::<u64>()), 0..40),
+        noise in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..20), 0..5),
+    ) {
+        let mut records: Vec<Vec<u8>> = docs
+            .iter()
+            .map(|(doc, seed)| {
+                let doc = Doc::Obj(vec![("a".into(), doc.clone()), ("b".into(), Doc::Str("x".into()))]);
+                json_doc::render(&doc, *seed)
+            })
+            .collect();
+        records.extend(noise);
+        let texts: Vec<String> = docs
+            .iter()
+            .filter_map(|(doc, _)| match doc {
+                Doc::Str(text) | Doc::Num(text) => Some(text.to_lowercase()),
+                _ => None,
+            })
+            .step_by(2)
+            .collect();
+        let set: ValueSet = texts.iter().map(String::as_str).collect();
+        for expr in ["root = this.a", "root = this.b", "root = this.a.0"] {
+            let filter = filter(expr);
+            let mut batch = vec![true; 3];
+            filter.passes_batch(&records, &set, &mut batch);
+            let single: Vec<bool> = records.iter().map(|record| filter.passes(record, &set)).collect();
+            prop_assert_eq!(&batch, &single, "{}", expr);
+        }
+    }
+}
+
+#[test]
+fn passes_batch_finds_members_in_every_position_of_a_long_batch() {
+    let set: ValueSet = ["0xa0b86991c6218b36c1d19d4a2e9eb0ce3606eb48"].into_iter().collect();
+    let other = TRANSFER.replace("0xA0b86991", "0xB0b86991");
+    let records: Vec<&[u8]> =
+        (0..100).map(|i| if i % 7 == 3 { TRANSFER.as_bytes() } else { other.as_bytes() }).collect();
+    let mut passed = Vec::new();
+    filter("root = this.token_address").passes_batch(&records, &set, &mut passed);
+    assert_eq!(passed, (0..100).map(|i| i % 7 == 3).collect::<Vec<_>>());
+}
+
 /// `path` spelled as `root = this.<path>` (which may not parse: keys are printed as they are).
 fn expr_text(path: &[PathSegment]) -> String {
     let mut text = "root = this".to_owned();
