@@ -159,11 +159,13 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn filter_value_count(&self, pipeline_id: &str, transform_uid: &str) -> Result<u64>;
 
     /// Adds `values` (normalised by the caller; repeats within `values` count once) to the
-    /// set of one transform. Returns how many were not in the set before. A pipeline that
-    /// does not exist (deleted meanwhile) gets nothing and returns 0.
+    /// set of one transform. Returns how many were not in the set before.
     ///
-    /// Writers of one pipeline's filter values are serialised, so values committed later
-    /// always list after values committed earlier.
+    /// Values are stored only for a set filter of the stored pipeline configuration: when
+    /// the pipeline does not exist or `transform_uid` is not one of its set filters (say a
+    /// concurrent update removed it), nothing changes and the answer is 0. Writers of one
+    /// pipeline are serialised, so values committed later always list after values
+    /// committed earlier.
     ///
     /// # Errors
     /// A database failure; nothing is added then.
@@ -175,7 +177,8 @@ pub trait MetadataStore: Send + Sync + 'static {
     ) -> Result<u64>;
 
     /// Removes `values` from the set of one transform; values not in it are ignored. Returns
-    /// how many were removed.
+    /// how many were removed (0 when `transform_uid` is not a set filter of a stored
+    /// pipeline).
     ///
     /// # Errors
     /// A database failure; nothing is removed then.
@@ -187,8 +190,10 @@ pub trait MetadataStore: Send + Sync + 'static {
     ) -> Result<u64>;
 
     /// Makes the set of one transform exactly `values` (empty clears it), atomically: readers
-    /// see the old set or the new one. Returns the number of values in the set after (0 when
-    /// the pipeline does not exist). Every value gets a new cursor position.
+    /// see the old set or the new one. Returns the number of values in the set after (0, and
+    /// nothing changes, when `transform_uid` is not a set filter of a stored pipeline, as for
+    /// [`MetadataStore::add_filter_values`]). Values in both the old and the new set keep their
+    /// cursor position; new ones list after every value already there.
     ///
     /// # Errors
     /// A database failure; the old set stays then.

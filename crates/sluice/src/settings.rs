@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes [default: 16777216].
     #[arg(long, env = "SLUICE_MAX_BODY_BYTES", value_name = "BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// Largest filter-values change body (a million values are ~45 MB), in bytes
+    /// [default: 134217728].
+    #[arg(long, env = "SLUICE_MAX_FILTER_VALUES_BODY_BYTES", value_name = "BYTES")]
+    pub max_filter_values_body_bytes: Option<usize>,
 }
 
 /// The config file: every setting, all optional.
@@ -54,6 +58,7 @@ struct FileSettings {
     listen: Option<SocketAddr>,
     catalog_file: Option<PathBuf>,
     max_body_bytes: Option<usize>,
+    max_filter_values_body_bytes: Option<usize>,
 }
 
 /// Resolved settings.
@@ -64,11 +69,13 @@ pub struct Settings {
     pub listen: SocketAddr,
     pub catalog_file: Option<PathBuf>,
     pub max_body_bytes: usize,
+    pub max_filter_values_body_bytes: usize,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_DATA_DIR: &str = "./sluice-data";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+pub const DEFAULT_MAX_FILTER_VALUES_BODY_BYTES: usize = 128 * 1024 * 1024;
 
 impl Settings {
     /// Resolves `serve` settings.
@@ -94,6 +101,13 @@ impl Settings {
         if max_body_bytes == 0 {
             bail!("max_body_bytes must be greater than 0");
         }
+        let max_filter_values_body_bytes = args
+            .max_filter_values_body_bytes
+            .or(file.max_filter_values_body_bytes)
+            .unwrap_or(DEFAULT_MAX_FILTER_VALUES_BODY_BYTES);
+        if max_filter_values_body_bytes == 0 {
+            bail!("max_filter_values_body_bytes must be greater than 0");
+        }
         Ok(Self {
             data_dir,
             database_url,
@@ -103,6 +117,7 @@ impl Settings {
                 .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("the default address parses")),
             catalog_file: args.catalog_file.clone().or(file.catalog_file),
             max_body_bytes,
+            max_filter_values_body_bytes,
         })
     }
 
@@ -154,6 +169,7 @@ mod tests {
         assert_eq!(settings.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
         assert_eq!(settings.database_url, "sqlite://./sluice-data/sluice.db");
         assert_eq!(settings.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+        assert_eq!(settings.max_filter_values_body_bytes, DEFAULT_MAX_FILTER_VALUES_BODY_BYTES);
     }
 
     #[test]
@@ -161,7 +177,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = file(
             &dir,
-            "data_dir = \"/from/file\"\nlisten = \"127.0.0.1:9000\"\nmax_body_bytes = 10\n",
+            "data_dir = \"/from/file\"\nlisten = \"127.0.0.1:9000\"\nmax_body_bytes = 10\n\
+             max_filter_values_body_bytes = 20\n",
         );
         let mut args = ServeArgs::default();
         args.store.config = Some(config);
@@ -172,6 +189,7 @@ mod tests {
         assert_eq!(settings.data_dir, PathBuf::from("/from/file"));
         assert_eq!(settings.database_url, "sqlite:///from/file/sluice.db");
         assert_eq!(settings.max_body_bytes, 10);
+        assert_eq!(settings.max_filter_values_body_bytes, 20);
     }
 
     #[test]

@@ -80,7 +80,7 @@ conformance!(
     values_added_between_pages_list_after_and_nothing_repeats,
     paging_while_another_task_adds_is_a_prefix_of_the_final_listing,
     filter_values_are_isolated_per_transform_and_pipeline,
-    changes_to_a_missing_pipeline_change_nothing,
+    values_are_stored_only_for_set_filters_of_the_stored_config,
     delete_pipeline_removes_its_values_and_deployment,
     deployment_round_trips_and_upserts,
 );
@@ -381,9 +381,20 @@ async fn list_all(store: &dyn MetadataStore, id: &str, uid: &str, limit: u32) ->
     }
 }
 
+/// A pipeline with set filters `f1` and `f2` and a script `s1`.
+fn filter_pipeline(owner: &Identity, name: &str, age_minutes: i64) -> Pipeline {
+    let mut p = pipeline(owner, name, age_minutes);
+    let f2 = sluice_core::pipeline::Transform::SetFilter {
+        uid: "f2".into(),
+        filter_expr: "root = this.topic0".into(),
+    };
+    p.pipeline_config.transforms.insert(1, f2);
+    p
+}
+
 async fn stored_pipeline(store: &dyn MetadataStore) -> (Identity, Pipeline) {
     let owner = store.ensure_identity("o", "t", "u", false).await.unwrap();
-    let p = pipeline(&owner, "p", 0);
+    let p = filter_pipeline(&owner, "p", 0);
     store.insert_pipeline(&p, &owner.team.id, &[]).await.unwrap();
     (owner, p)
 }
@@ -411,11 +422,20 @@ async fn replace_makes_the_set_exactly_the_values_and_empty_clears_it(
 ) {
     let (_, p) = stored_pipeline(store.as_ref()).await;
     store.add_filter_values(&p.id, "f1", &strings(&["0xa", "0xb", "0xc"])).await.unwrap();
-    let values = strings(&["0xc", "0xd", "0xd", "0xe"]);
-    assert_eq!(store.replace_filter_values(&p.id, "f1", &values).await.unwrap(), 3);
+    let replacement = strings(&["0xc", "0xd", "0xd", "0xe"]);
+    assert_eq!(store.replace_filter_values(&p.id, "f1", &replacement).await.unwrap(), 3);
     let mut listed = list_all(store.as_ref(), &p.id, "f1", 100).await;
     listed.sort();
     assert_eq!(listed, ["0xc", "0xd", "0xe"]);
+
+    // Values in both sets keep their place; new ones list after them.
+    store.replace_filter_values(&p.id, "f1", &strings(&["0xa", "0xb", "0xc"])).await.unwrap();
+    store.add_filter_values(&p.id, "f1", &strings(&["0x0"])).await.unwrap();
+    assert_eq!(
+        store.replace_filter_values(&p.id, "f1", &strings(&["0xf", "0x0", "0xb"])).await.unwrap(),
+        3
+    );
+    assert_eq!(list_all(store.as_ref(), &p.id, "f1", 2).await, ["0xb", "0x0", "0xf"]);
 
     assert_eq!(store.replace_filter_values(&p.id, "f1", &[]).await.unwrap(), 0);
     assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 0);
@@ -516,7 +536,7 @@ async fn paging_while_another_task_adds_is_a_prefix_of_the_final_listing(
 
 async fn filter_values_are_isolated_per_transform_and_pipeline(store: Arc<dyn MetadataStore>) {
     let (owner, p) = stored_pipeline(store.as_ref()).await;
-    let q = pipeline(&owner, "q", 1);
+    let q = filter_pipeline(&owner, "q", 1);
     store.insert_pipeline(&q, &owner.team.id, &[]).await.unwrap();
     store.add_filter_values(&p.id, "f1", &strings(&["0xa", "0xb"])).await.unwrap();
     store.add_filter_values(&p.id, "f2", &strings(&["0xa"])).await.unwrap();
@@ -534,12 +554,27 @@ async fn filter_values_are_isolated_per_transform_and_pipeline(store: Arc<dyn Me
     assert_eq!(list_all(store.as_ref(), &p.id, "f3", 10).await, Vec::<String>::new());
 }
 
-async fn changes_to_a_missing_pipeline_change_nothing(store: Arc<dyn MetadataStore>) {
+async fn values_are_stored_only_for_set_filters_of_the_stored_config(
+    store: Arc<dyn MetadataStore>,
+) {
+    let (_, p) = stored_pipeline(store.as_ref()).await;
     let values = strings(&["0xa"]);
-    assert_eq!(store.add_filter_values("missing", "f1", &values).await.unwrap(), 0);
-    assert_eq!(store.replace_filter_values("missing", "f1", &values).await.unwrap(), 0);
-    assert_eq!(store.remove_filter_values("missing", "f1", &values).await.unwrap(), 0);
-    assert_eq!(store.filter_value_count("missing", "f1").await.unwrap(), 0);
+    for (id, uid) in [("missing", "f1"), (p.id.as_str(), "s1"), (p.id.as_str(), "nope")] {
+        assert_eq!(store.add_filter_values(id, uid, &values).await.unwrap(), 0, "{uid}");
+        assert_eq!(store.replace_filter_values(id, uid, &values).await.unwrap(), 0, "{uid}");
+        assert_eq!(store.remove_filter_values(id, uid, &values).await.unwrap(), 0, "{uid}");
+        assert_eq!(store.filter_value_count(id, uid).await.unwrap(), 0, "{uid}");
+    }
+    // Once an update removes a set filter, writes to it (say from a request that checked the
+    // old config) change nothing.
+    store.add_filter_values(&p.id, "f2", &values).await.unwrap();
+    let mut changed = p.clone();
+    changed.pipeline_config.transforms.remove(1);
+    assert!(store.update_pipeline(&changed).await.unwrap());
+    assert_eq!(store.filter_value_count(&p.id, "f2").await.unwrap(), 0);
+    assert_eq!(store.add_filter_values(&p.id, "f2", &values).await.unwrap(), 0);
+    assert_eq!(store.filter_value_count(&p.id, "f2").await.unwrap(), 0);
+    assert_eq!(store.add_filter_values(&p.id, "f1", &values).await.unwrap(), 1);
 }
 
 fn deployment(p: &Pipeline, state: DeploymentState, minutes: i64) -> DeploymentRecord {
@@ -555,7 +590,7 @@ fn deployment(p: &Pipeline, state: DeploymentState, minutes: i64) -> DeploymentR
 
 async fn delete_pipeline_removes_its_values_and_deployment(store: Arc<dyn MetadataStore>) {
     let (owner, p) = stored_pipeline(store.as_ref()).await;
-    let q = pipeline(&owner, "q", 1);
+    let q = filter_pipeline(&owner, "q", 1);
     store.insert_pipeline(&q, &owner.team.id, &[]).await.unwrap();
     for id in [&p.id, &q.id] {
         store.add_filter_values(id, "f1", &strings(&["0xa", "0xb"])).await.unwrap();
@@ -573,7 +608,7 @@ async fn delete_pipeline_removes_its_values_and_deployment(store: Arc<dyn Metada
 
 async fn deployment_round_trips_and_upserts(store: Arc<dyn MetadataStore>) {
     let (owner, p) = stored_pipeline(store.as_ref()).await;
-    let q = pipeline(&owner, "q", 1);
+    let q = filter_pipeline(&owner, "q", 1);
     store.insert_pipeline(&q, &owner.team.id, &[]).await.unwrap();
     assert!(store.deployment(&p.id).await.unwrap().is_none());
     assert!(store.list_deployments().await.unwrap().is_empty());
