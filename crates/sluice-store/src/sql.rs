@@ -14,9 +14,9 @@ use crate::{Result, StoreError};
 
 /// The values of one request, each once, sorted.
 ///
-/// Requests may repeat a value, and sorted rows go into the `(pipeline_id, transform_uid,
-/// value)` index in key order, which keeps a large load appending to the same index pages
-/// instead of touching pages all over the tree.
+/// Requests may repeat a value, and sorted rows go into the `(set_id, value)` membership key
+/// in key order, which keeps a large load appending to the same index pages instead of
+/// touching pages all over the tree.
 pub(crate) fn sorted_unique(values: &[String]) -> Vec<&str> {
     let mut sorted: Vec<&str> = values.iter().map(String::as_str).collect();
     sorted.sort_unstable();
@@ -70,6 +70,11 @@ impl DeploymentRow {
         })
     }
 }
+
+/// The id of the set of pipeline `$1`'s transform `$2`, as a scalar subquery (NULL, so no
+/// rows, when the set was never written).
+pub(crate) const SET_ID: &str =
+    "(SELECT id FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2)";
 
 pub(crate) const PIPELINE_COLUMNS: &str = "p.id, p.organization_id, p.owner_user_id, p.name, \
     p.description, p.tags, p.static_egress_ip, p.pod_size, p.delivery_guarantee, \
@@ -180,9 +185,9 @@ impl KeyRow {
 /// `const BACKEND: Backend`, `const LOCK_PIPELINE: &str` (a statement that selects
 /// `pipeline_config` of pipeline `$1` and holds off other writers of that row until commit),
 /// `async fn begin_write(&self)` (a transaction that will write), and the bulk filter-value
-/// statements `insert_values` (with a flag telling that none of the values is in the set)
-/// and `delete_values`, given sorted, unique values while the pipeline lock is held; each
-/// returns the rows changed.
+/// statements `insert_values(tx, set_id, values, known_absent)` (the flag tells that none of
+/// the values is in the set) and `delete_values(tx, set_id, values)`, given sorted, unique
+/// values while the pipeline lock is held; each returns the rows changed.
 macro_rules! metadata_store_impl {
     ($store:ty, $db:ty) => {
         use sluice_core::deployment::DeploymentRecord;
@@ -192,8 +197,8 @@ macro_rules! metadata_store_impl {
         use sqlx::Row as _;
 
         use crate::sql::{
-            DeploymentRow, KeyRow, PIPELINE_COLUMNS, PipelineRow, deployment_text, pipeline_text,
-            sorted_unique,
+            DeploymentRow, KeyRow, PIPELINE_COLUMNS, PipelineRow, SET_ID, deployment_text,
+            pipeline_text, sorted_unique,
         };
         use crate::{
             FilterValuePage, Identity, KeyCandidate, MetadataStore, NewApiKey, Result, StoreError,
@@ -338,6 +343,105 @@ macro_rules! metadata_store_impl {
                         StoreError::Corrupt { what: "pipeline", detail: format!("{id}: pipeline_config: {e}") }
                     })?;
                 Ok(config.transforms.iter().any(|t| t.is_set_filter() && t.uid() == uid))
+            }
+
+            /// The id of the set of pipeline `id`'s transform `uid`; `create` makes it when
+            /// missing, else `None` means the set was never written. Call with the pipeline
+            /// locked.
+            async fn set_id(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                id: &str,
+                uid: &str,
+                create: bool,
+            ) -> Result<Option<i64>> {
+                if create {
+                    sqlx::query(
+                        "INSERT INTO filter_sets (pipeline_id, transform_uid, value_count) \
+                         VALUES ($1, $2, 0) ON CONFLICT (pipeline_id, transform_uid) DO NOTHING",
+                    )
+                    .bind(id)
+                    .bind(uid)
+                    .execute(&mut **tx)
+                    .await?;
+                }
+                let row = sqlx::query(
+                    "SELECT id FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2",
+                )
+                .bind(id)
+                .bind(uid)
+                .fetch_optional(&mut **tx)
+                .await?;
+                Ok(row.map(|row| row.try_get("id")).transpose()?)
+            }
+
+            /// Reads the values of a set, in pages along the membership key (which holds every
+            /// column needed), and hands each to `each`. With `max`, stops once more than `max`
+            /// values were read; returns whether every value was read.
+            async fn scan_set(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                set_id: i64,
+                max: Option<usize>,
+                mut each: impl FnMut(String) + Send,
+            ) -> Result<bool> {
+                let mut after: Option<String> = None;
+                let mut read = 0;
+                loop {
+                    let sql = if after.is_some() {
+                        "SELECT value FROM filter_values WHERE set_id = $1 AND value > $3 \
+                         ORDER BY value LIMIT $2"
+                    } else {
+                        "SELECT value FROM filter_values WHERE set_id = $1 ORDER BY value LIMIT $2"
+                    };
+                    let mut query = sqlx::query(sql).bind(set_id).bind(SCAN_PAGE);
+                    if let Some(last) = &after {
+                        query = query.bind(last.as_str());
+                    }
+                    let rows = query.fetch_all(&mut **tx).await?;
+                    read += rows.len();
+                    let last = match rows.last() {
+                        Some(row) => Some(row.try_get::<String, _>("value")?),
+                        None => None,
+                    };
+                    for row in &rows {
+                        each(row.try_get("value")?);
+                    }
+                    if (rows.len() as i64) < SCAN_PAGE {
+                        return Ok(true);
+                    }
+                    if max.is_some_and(|max| read > max) {
+                        return Ok(false);
+                    }
+                    after = last;
+                }
+            }
+
+            /// Adds `change` to the kept size of a set.
+            async fn count_change(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                set_id: i64,
+                change: i64,
+            ) -> Result<()> {
+                if change != 0 {
+                    sqlx::query("UPDATE filter_sets SET value_count = value_count + $2 WHERE id = $1")
+                        .bind(set_id)
+                        .bind(change)
+                        .execute(&mut **tx)
+                        .await?;
+                }
+                Ok(())
+            }
+
+            /// Deletes one set and its values.
+            async fn drop_set(tx: &mut sqlx::Transaction<'_, $db>, set_id: i64) -> Result<()> {
+                sqlx::query("DELETE FROM filter_values WHERE set_id = $1")
+                    .bind(set_id)
+                    .execute(&mut **tx)
+                    .await?;
+                sqlx::query("DELETE FROM filter_sets WHERE id = $1")
+                    .bind(set_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
             }
         }
 
@@ -527,8 +631,11 @@ macro_rules! metadata_store_impl {
                     .execute(&mut *tx)
                     .await?;
                 for (uid, values) in filter_values {
-                    Self::insert_values(&mut tx, &pipeline.id, uid, &sorted_unique(values), true)
-                        .await?;
+                    let set = Self::set_id(&mut tx, &pipeline.id, uid, true)
+                        .await?
+                        .ok_or(sqlx::Error::RowNotFound)?;
+                    let added = Self::insert_values(&mut tx, set, &sorted_unique(values), true).await?;
+                    Self::count_change(&mut tx, set, added as i64).await?;
                 }
                 tx.commit().await?;
                 Ok(())
@@ -596,22 +703,16 @@ macro_rules! metadata_store_impl {
                 if updated == 0 {
                     return Ok(false);
                 }
-                let stored: Vec<String> = sqlx::query(
-                    "SELECT DISTINCT transform_uid FROM filter_values WHERE pipeline_id = $1",
-                )
-                .bind(&pipeline.id)
-                .fetch_all(&mut *tx)
-                .await?
-                .iter()
-                .map(|row| row.try_get("transform_uid"))
-                .collect::<Result<_, _>>()?;
+                let sets = sqlx::query("SELECT id, transform_uid FROM filter_sets WHERE pipeline_id = $1")
+                    .bind(&pipeline.id)
+                    .fetch_all(&mut *tx)
+                    .await?;
                 let kept: Vec<&str> = pipeline.set_filter_uids().collect();
-                for uid in stored.iter().filter(|uid| !kept.contains(&uid.as_str())) {
-                    sqlx::query("DELETE FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2")
-                        .bind(&pipeline.id)
-                        .bind(uid)
-                        .execute(&mut *tx)
-                        .await?;
+                for row in &sets {
+                    let uid: String = row.try_get("transform_uid")?;
+                    if !kept.contains(&uid.as_str()) {
+                        Self::drop_set(&mut tx, row.try_get("id")?).await?;
+                    }
                 }
                 tx.commit().await?;
                 Ok(true)
@@ -619,13 +720,20 @@ macro_rules! metadata_store_impl {
 
             async fn delete_pipeline(&self, id: &str) -> Result<bool> {
                 let mut tx = self.begin_write().await?;
-                // The pipeline row first: that waits for filter-value writers holding it, so
-                // the values deleted next include everything they committed.
+                // Lock the pipeline row first: that waits for filter-value writers holding it,
+                // so the values deleted next include everything they committed. Deleting the
+                // pipeline then deletes its sets, grants and deployment by cascade.
+                if sqlx::query(Self::LOCK_PIPELINE).bind(id).fetch_optional(&mut *tx).await?.is_none() {
+                    return Ok(false);
+                }
+                sqlx::query(
+                    "DELETE FROM filter_values WHERE set_id IN \
+                     (SELECT id FROM filter_sets WHERE pipeline_id = $1)",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
                 let done = sqlx::query("DELETE FROM pipelines WHERE id = $1")
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query("DELETE FROM filter_values WHERE pipeline_id = $1")
                     .bind(id)
                     .execute(&mut *tx)
                     .await?;
@@ -733,13 +841,14 @@ macro_rules! metadata_store_impl {
 
             async fn filter_value_count(&self, pipeline_id: &str, transform_uid: &str) -> Result<u64> {
                 let row = sqlx::query(
-                    "SELECT COUNT(*) AS n FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2",
+                    "SELECT value_count FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2",
                 )
                 .bind(pipeline_id)
                 .bind(transform_uid)
-                .fetch_one(&self.pool)
+                .fetch_optional(&self.pool)
                 .await?;
-                Ok(u64::try_from(row.try_get::<i64, _>("n")?).unwrap_or(0))
+                let count = row.map(|row| row.try_get::<i64, _>("value_count")).transpose()?;
+                Ok(count.map_or(0, |count| u64::try_from(count).unwrap_or(0)))
             }
 
             async fn add_filter_values(
@@ -753,8 +862,14 @@ macro_rules! metadata_store_impl {
                 if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
                     return Ok(0);
                 }
-                let added =
-                    Self::insert_values(&mut tx, pipeline_id, transform_uid, &values, false).await?;
+                if values.is_empty() {
+                    return Ok(0);
+                }
+                let set = Self::set_id(&mut tx, pipeline_id, transform_uid, true)
+                    .await?
+                    .ok_or(sqlx::Error::RowNotFound)?;
+                let added = Self::insert_values(&mut tx, set, &values, false).await?;
+                Self::count_change(&mut tx, set, added as i64).await?;
                 tx.commit().await?;
                 Ok(added)
             }
@@ -770,7 +885,11 @@ macro_rules! metadata_store_impl {
                 if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
                     return Ok(0);
                 }
-                let removed = Self::delete_values(&mut tx, pipeline_id, transform_uid, &values).await?;
+                let Some(set) = Self::set_id(&mut tx, pipeline_id, transform_uid, false).await? else {
+                    return Ok(0);
+                };
+                let removed = Self::delete_values(&mut tx, set, &values).await?;
+                Self::count_change(&mut tx, set, -(removed as i64)).await?;
                 tx.commit().await?;
                 Ok(removed)
             }
@@ -787,55 +906,33 @@ macro_rules! metadata_store_impl {
                     return Ok(0);
                 }
                 if values.is_empty() {
-                    sqlx::query("DELETE FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2")
-                        .bind(pipeline_id)
-                        .bind(transform_uid)
-                        .execute(&mut *tx)
-                        .await?;
+                    if let Some(set) = Self::set_id(&mut tx, pipeline_id, transform_uid, false).await? {
+                        Self::drop_set(&mut tx, set).await?;
+                    }
                     tx.commit().await?;
                     return Ok(0);
                 }
+                let set = Self::set_id(&mut tx, pipeline_id, transform_uid, true)
+                    .await?
+                    .ok_or(sqlx::Error::RowNotFound)?;
                 // Only the difference is written: values in both sets keep their cursor
                 // position, and re-sending a mostly unchanged list writes little. The diff is
                 // taken here rather than by an anti-join in SQL, whose plan (on a table the
                 // planner has no statistics for yet) can degrade to comparing every pair.
                 let mut absent: std::collections::HashSet<&str> = values.iter().copied().collect();
                 let mut stale = Vec::new();
-                // Read in pages along the membership key, which holds every column needed.
-                let mut after: Option<String> = None;
-                loop {
-                    let sql = if after.is_some() {
-                        "SELECT value FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2 \
-                         AND value > $4 ORDER BY value LIMIT $3"
-                    } else {
-                        "SELECT value FROM filter_values WHERE pipeline_id = $1 AND transform_uid = $2 \
-                         ORDER BY value LIMIT $3"
-                    };
-                    let mut query =
-                        sqlx::query(sql).bind(pipeline_id).bind(transform_uid).bind(SCAN_PAGE);
-                    if let Some(last) = &after {
-                        query = query.bind(last.as_str());
+                Self::scan_set(&mut tx, set, None, |value| {
+                    if !absent.remove(value.as_str()) {
+                        stale.push(value);
                     }
-                    let rows = query.fetch_all(&mut *tx).await?;
-                    let full = rows.len() as i64 == SCAN_PAGE;
-                    let mut last = None;
-                    for row in &rows {
-                        let value: String = row.try_get("value")?;
-                        if !absent.remove(value.as_str()) {
-                            stale.push(value.clone());
-                        }
-                        last = Some(value);
-                    }
-                    if !full {
-                        break;
-                    }
-                    after = last;
-                }
+                })
+                .await?;
                 stale.sort_unstable();
                 let stale: Vec<&str> = stale.iter().map(String::as_str).collect();
-                Self::delete_values(&mut tx, pipeline_id, transform_uid, &stale).await?;
+                let removed = Self::delete_values(&mut tx, set, &stale).await?;
                 let new: Vec<&str> = values.iter().copied().filter(|v| absent.contains(v)).collect();
-                Self::insert_values(&mut tx, pipeline_id, transform_uid, &new, true).await?;
+                let added = Self::insert_values(&mut tx, set, &new, true).await?;
+                Self::count_change(&mut tx, set, added as i64 - removed as i64).await?;
                 tx.commit().await?;
                 Ok(values.len() as u64)
             }
@@ -848,11 +945,12 @@ macro_rules! metadata_store_impl {
                 limit: u32,
             ) -> Result<FilterValuePage> {
                 let limit = limit.max(1);
-                // One row more than asked tells whether another page follows.
-                let rows = sqlx::query(
+                // One row more than asked tells whether another page follows. `set_id + 0`
+                // selects the listing's index (see migration 2).
+                let rows = sqlx::query(&format!(
                     "SELECT seq, value FROM filter_values \
-                     WHERE pipeline_id = $1 AND transform_uid = $2 AND seq > $3 ORDER BY seq LIMIT $4",
-                )
+                     WHERE set_id + 0 = {SET_ID} AND seq > $3 ORDER BY seq LIMIT $4"
+                ))
                 .bind(pipeline_id)
                 .bind(transform_uid)
                 .bind(after.unwrap_or(0))
@@ -875,10 +973,9 @@ macro_rules! metadata_store_impl {
                 transform_uid: &str,
                 value: &str,
             ) -> Result<bool> {
-                let found = sqlx::query(
-                    "SELECT 1 AS hit FROM filter_values \
-                     WHERE pipeline_id = $1 AND transform_uid = $2 AND value = $3",
-                )
+                let found = sqlx::query(&format!(
+                    "SELECT 1 AS hit FROM filter_values WHERE set_id = {SET_ID} AND value = $3"
+                ))
                 .bind(pipeline_id)
                 .bind(transform_uid)
                 .bind(value)

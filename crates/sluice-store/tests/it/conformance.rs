@@ -413,6 +413,18 @@ async fn filter_value_counts_ignore_repeats_and_absent_values(store: Arc<dyn Met
     assert_eq!(removed.unwrap(), 1, "0xe was never there, 0xa counts once");
     assert!(!store.has_filter_value(&p.id, "f1", "0xa").await.unwrap());
     assert_eq!(store.remove_filter_values(&p.id, "f1", &[]).await.unwrap(), 0);
+    // Values that need escaping in the backends' bulk statements arrive intact.
+    let odd = strings(&["say \"hi\"", "back\\slash", "tab\tand\nline", "ünï€ode", "", "\u{1}"]);
+    assert_eq!(store.add_filter_values(&p.id, "f2", &odd).await.unwrap(), 6);
+    let mut listed = list_all(store.as_ref(), &p.id, "f2", 100).await;
+    listed.sort();
+    let mut expected = odd.clone();
+    expected.sort();
+    assert_eq!(listed, expected);
+    assert!(store.has_filter_value(&p.id, "f2", "say \"hi\"").await.unwrap());
+    assert_eq!(store.remove_filter_values(&p.id, "f2", &odd[..3]).await.unwrap(), 3);
+    assert_eq!(store.replace_filter_values(&p.id, "f2", &odd).await.unwrap(), 6);
+    assert_eq!(store.filter_value_count(&p.id, "f2").await.unwrap(), 6);
     assert_eq!(store.add_filter_values(&p.id, "f1", &[]).await.unwrap(), 0);
     assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 3);
 }
@@ -453,6 +465,11 @@ async fn bulk_changes_cross_statement_chunks(store: Arc<dyn MetadataStore>) {
     values.extend((0..5_000).map(|i| format!("0x{:040x}", i * 7)));
     assert_eq!(store.add_filter_values(&p.id, "f1", &values).await.unwrap(), 60_000);
     assert_eq!(store.add_filter_values(&p.id, "f1", &values).await.unwrap(), 0);
+    // A request much smaller than the set (PostgreSQL probes the index instead of reading
+    // the set).
+    let few = vec![format!("0x{:040x}", 7), "0xnew".to_owned(), "0xnew".to_owned()];
+    assert_eq!(store.add_filter_values(&p.id, "f1", &few).await.unwrap(), 1);
+    assert_eq!(store.remove_filter_values(&p.id, "f1", &few[1..]).await.unwrap(), 1);
     let evens: Vec<String> = (0..120_000).step_by(2).map(|i| format!("0x{i:040x}")).collect();
     assert_eq!(store.remove_filter_values(&p.id, "f1", &evens).await.unwrap(), 30_000);
     assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 30_000);
