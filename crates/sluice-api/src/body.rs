@@ -19,17 +19,23 @@ impl FromRequest<AppState> for JsonObject {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge { limit: state.limits.max_body_bytes }
-            } else {
-                ApiError::Validation(vec![sluice_core::validation::Violation::new(
-                    &sluice_core::validation::Loc::body(),
-                    "body_read",
-                    rejection.body_text(),
-                )])
-            }
-        })?;
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|rejection| read_error(&rejection, state.limits.max_body_bytes))?;
         Ok(Self(parse_object(&bytes)?))
+    }
+}
+
+/// The API's error for a body that could not be read: 413 naming `limit` when it was too
+/// large, otherwise a 422 at `["body"]`.
+pub fn read_error(rejection: &axum::extract::rejection::BytesRejection, limit: usize) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::PayloadTooLarge { limit }
+    } else {
+        ApiError::Validation(vec![sluice_core::validation::Violation::new(
+            &sluice_core::validation::Loc::body(),
+            "body_read",
+            rejection.body_text(),
+        )])
     }
 }

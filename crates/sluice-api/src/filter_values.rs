@@ -17,7 +17,6 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use sluice_core::filter_values::{FilterValuesChange, normalize};
 use sluice_core::permission::Permission;
@@ -191,15 +190,7 @@ fn read_values(
     at_least_one: bool,
 ) -> Result<Vec<String>, ApiError> {
     let bytes = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge { limit: state.limits.max_filter_values_body_bytes }
-        } else {
-            ApiError::Validation(vec![Violation::new(
-                &Loc::body(),
-                "body_read",
-                rejection.body_text(),
-            )])
-        }
+        crate::body::read_error(&rejection, state.limits.max_filter_values_body_bytes)
     })?;
     let mut values = parse_values(&bytes)?;
     let loc = Loc::body().at("values");

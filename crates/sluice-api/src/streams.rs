@@ -60,17 +60,8 @@ pub async fn ingest(
     if !caller.0.is_operator {
         return Err(ApiError::Forbidden("stream ingest needs an operator key".to_owned()));
     }
-    let body = body.map_err(|rejection| {
-        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge { limit: state.limits.max_body_bytes }
-        } else {
-            ApiError::Validation(vec![Violation::new(
-                &Loc::body(),
-                "body_read",
-                rejection.body_text(),
-            )])
-        }
-    })?;
+    let body =
+        body.map_err(|rejection| crate::body::read_error(&rejection, state.limits.max_body_bytes))?;
     let Some(entry) = state.catalog.find(&chain, &entity) else {
         return Err(ApiError::NotFound(format!("no chain stream {chain}.{entity} in the catalog")));
     };

@@ -171,7 +171,11 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     let deploy_start = Instant::now();
     runtime.deploy(&pipeline).await?;
     let deploy_secs = deploy_start.elapsed().as_secs_f64();
-    let index_len = runtime.set_indexes().acquire(&pipeline.id, TRANSFORM_UID).await?.len();
+    let index_len = runtime
+        .set_indexes()
+        .acquire(&pipeline.id, TRANSFORM_UID)
+        .await?
+        .with(sluice_filter::ValueSet::len);
     report(
         serde_json::json!({
             "bench": "pipeline_setup",

@@ -144,7 +144,12 @@ impl Runtime {
         for record in runtime.store.list_deployments().await? {
             if record.state == DeploymentState::Deployed {
                 let mut running = runtime.running.lock().await;
-                match runtime.start_workers(&record.pipeline).await {
+                let started = async {
+                    let plan = plan::Plan::compile(&record.pipeline)?;
+                    runtime.pin_start_offsets(&plan).await?;
+                    runtime.start_workers(&record.pipeline, plan).await
+                };
+                match started.await {
                     Ok(workers) => {
                         running.insert(record.pipeline_id.clone(), workers);
                         tracing::info!(config_id = %record.pipeline_id, "resumed deployed pipeline");
@@ -237,29 +242,29 @@ impl Runtime {
             updated_at: now,
         };
         self.store.put_deployment(&record).await?;
+        let sink_topics = plan.sink_topics.clone();
         let was_running = match running.get_mut(&pipeline.id) {
             Some(current)
                 if current.workers() == pipeline.pod_size.workers()
                     && current.source() == plan.source =>
             {
-                let plan = self.bind(plan.clone()).await?;
-                current.replace_plan(plan);
+                current.replace_plan(self.bind(plan).await?);
                 true
             }
             Some(_) => {
                 if let Some(current) = running.remove(&pipeline.id) {
                     current.stop().await;
                 }
-                running.insert(pipeline.id.clone(), self.start_workers(pipeline).await?);
+                running.insert(pipeline.id.clone(), self.start_workers(pipeline, plan).await?);
                 true
             }
             None => {
-                running.insert(pipeline.id.clone(), self.start_workers(pipeline).await?);
+                running.insert(pipeline.id.clone(), self.start_workers(pipeline, plan).await?);
                 false
             }
         };
         tracing::info!(config_id = %pipeline.id, was_running, "pipeline deployed");
-        Ok(Deployed { sink_topics: plan.sink_topics.clone(), was_running })
+        Ok(Deployed { sink_topics, was_running })
     }
 
     /// Pauses a deployed pipeline: its workers finish their batch and stop; offsets, sinks
@@ -370,9 +375,9 @@ impl Runtime {
         Ok(Arc::new(plan.bind(sets)))
     }
 
-    async fn start_workers(&self, pipeline: &Pipeline) -> Result<Running> {
-        let plan = plan::Plan::compile(pipeline)?;
-        self.pin_start_offsets(&plan).await?;
+    /// Starts the workers of `plan`, compiled from `pipeline`; its start offsets must be
+    /// pinned already.
+    async fn start_workers(&self, pipeline: &Pipeline, plan: plan::Plan) -> Result<Running> {
         let bound = self.bind(plan).await?;
         Ok(Running::start(
             bound,

@@ -60,14 +60,6 @@ impl SetHandle {
         f(&self.values.read().expect("set index lock is never poisoned"))
     }
 
-    pub fn len(&self) -> usize {
-        self.with(ValueSet::len)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn apply(&self, change: Change) {
         let mut pending = self.pending.lock().expect("pending-changes lock is never poisoned");
         match pending.as_mut() {
