@@ -8,6 +8,7 @@
 
 pub mod catalog;
 pub mod clock;
+pub mod datasets;
 pub mod deployment;
 pub mod filter_expr;
 pub mod filter_values;
