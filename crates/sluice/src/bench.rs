@@ -254,16 +254,24 @@ async fn drive(target: &Arc<Target>, args: &BenchArgs, length: Duration) -> (Vec
     let start = Instant::now();
     let mut sent = 0usize;
     loop {
-        let due = if args.rate == 0 {
-            Instant::now()
-        } else {
-            start + Duration::from_secs_f64(sent as f64 / f64::from(args.rate))
-        };
-        if due.duration_since(start) >= length {
+        if start.elapsed() >= length {
             break;
         }
-        tokio::time::sleep_until(due.into()).await;
-        let permit = permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let (permit, due) = if args.rate == 0 {
+            // Closed loop: send as soon as a worker is free, timed from that moment (a
+            // `sleep_until(now)` would still wait for the next 1 ms timer tick).
+            let permit = permits.clone().acquire_owned().await.expect("never closed");
+            (permit, Instant::now())
+        } else {
+            let due = start + Duration::from_secs_f64(sent as f64 / f64::from(args.rate));
+            if due.duration_since(start) >= length {
+                break;
+            }
+            if due > Instant::now() {
+                tokio::time::sleep_until(due.into()).await;
+            }
+            (permits.clone().acquire_owned().await.expect("never closed"), due)
+        };
         let (target, done) = (target.clone(), done_tx.clone());
         tokio::spawn(async move {
             let outcome = target.send(sent).await;
