@@ -1,11 +1,17 @@
 //! Deployment endpoints: deploy, pause, teardown, and reading a managed sink's records.
 
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use sluice_bus::StreamLog;
 use sluice_core::permission::Permission;
 use sluice_runtime::{Paused, RuntimeError};
 use utoipa::{IntoParams, ToSchema};
@@ -100,6 +106,7 @@ pub async fn deploy(
                 connection: json!({
                     "transport": "http",
                     "records_url": records_url,
+                    "stream_url": format!("{records_url}/stream"),
                     "auth_header": "X-API-Key",
                     "topic": topic,
                     "partitions": sluice_runtime::SINK_PARTITIONS,
@@ -107,6 +114,9 @@ pub async fn deploy(
                 consumer_snippets: json!({
                     "curl": format!(
                         "curl -s \"$SLUICE_URL{records_url}?offset=0&limit=500&wait_ms=5000\" -H \"X-API-Key: $SLUICE_API_KEY\""
+                    ),
+                    "curl_live": format!(
+                        "curl -sN \"$SLUICE_URL{records_url}/stream\" -H \"X-API-Key: $SLUICE_API_KEY\""
                     ),
                     "python": format!(
                         "import os, requests\n\
@@ -290,9 +300,13 @@ pub async fn sink_records(
         watch.wait(deadline - now).await;
     };
     let next_offset = records.last().map_or(from, |r| r.offset + 1);
-    let records = records
-        .into_iter()
-        .map(|record| SinkRecord {
+    let records = records.into_iter().map(SinkRecord::from).collect();
+    Ok(Json(RecordsBody { records, next_offset }))
+}
+
+impl From<sluice_bus::Record> for SinkRecord {
+    fn from(record: sluice_bus::Record) -> Self {
+        Self {
             offset: record.offset,
             key: String::from_utf8_lossy(&record.key).into_owned(),
             timestamp: chrono::DateTime::from_timestamp_millis(record.timestamp_ms)
@@ -301,7 +315,138 @@ pub async fn sink_records(
             value: serde_json::from_slice(&record.value).unwrap_or_else(|_| {
                 Value::String(String::from_utf8_lossy(&record.value).into_owned())
             }),
-        })
-        .collect();
-    Ok(Json(RecordsBody { records, next_offset }))
+        }
+    }
+}
+
+/// Where a live tail starts.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TailQuery {
+    /// First offset to send (default: the sink's end, so only new records). A `Last-Event-ID`
+    /// header, sent by reconnecting `EventSource` clients, wins: the tail resumes after it.
+    pub offset: Option<u64>,
+}
+
+/// How long a tail waits for records before it checks that the sink still exists.
+const TAIL_IDLE_CHECK: Duration = Duration::from_secs(5);
+/// Records read from the log per step of a tail.
+const TAIL_READ_BATCH: usize = 500;
+
+/// A live tail of a managed sink as Server-Sent Events (read permission): one `record` event
+/// per delivered record, whose `id` is its offset and whose `data` is the record as
+/// `GET …/records` returns it, a keep-alive comment every 15 s while idle, and an `end` event
+/// when the sink is torn down.
+#[utoipa::path(
+    get, path = "/api/v1/beam/{config_id}/sinks/{sink_uid}/records/stream", tag = "deployments",
+    params(
+        ("config_id" = String, Path, description = "Pipeline id"),
+        ("sink_uid" = String, Path, description = "Sink uid"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this offset"),
+        TailQuery,
+    ),
+    responses(
+        (status = 200, description = "`text/event-stream` of `record` events", content_type = "text/event-stream", body = String),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such pipeline or sink, or not deployed", body = ErrorBody),
+        (status = 422, description = "Bad query parameter or Last-Event-ID", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn sink_records_stream(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((config_id, sink_uid)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+    query: Result<Query<TailQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let Query(query) = query.map_err(|rejection| {
+        ApiError::Validation(vec![sluice_core::validation::Violation::new(
+            &sluice_core::validation::Loc::query("offset"),
+            "query",
+            rejection.body_text(),
+        )])
+    })?;
+    let last_event_id = match headers.get("last-event-id") {
+        None => None,
+        Some(value) => Some(
+            value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).ok_or_else(|| {
+                ApiError::Validation(vec![sluice_core::validation::Violation::value(
+                    &sluice_core::validation::Loc::header("Last-Event-ID"),
+                    "Last-Event-ID must be a record offset (a non-negative integer)",
+                )])
+            })?,
+        ),
+    };
+    caller.pipeline(&state, &config_id, Permission::Read).await?;
+    let runtime = state.runtime()?;
+    let not_found =
+        || ApiError::NotFound(format!("Sink {sink_uid} of pipeline {config_id} is not deployed"));
+    let topic = runtime.sink_topic(&config_id, &sink_uid).await?.ok_or_else(not_found)?;
+    let log = runtime.log().clone();
+    let watch = log.watch(&topic);
+    let end = match log.offsets(&topic).await {
+        Ok(ranges) => ranges.first().map_or(0, |range| range.end),
+        Err(sluice_bus::BusError::UnknownTopic(_)) => return Err(not_found()),
+        Err(other) => return Err(ApiError::Internal(format!("stream log: {other}"))),
+    };
+    let from = last_event_id.map(|id| id + 1).or(query.offset).unwrap_or(end);
+    let tail = Tail { log, topic, next: from, watch, pending: VecDeque::new(), ended: false };
+    let events = futures_util::stream::unfold(tail, |mut tail| async move {
+        let event = tail.next_event().await?;
+        Some((Ok(event), tail))
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+/// The state of one live tail.
+struct Tail {
+    log: Arc<dyn StreamLog>,
+    topic: String,
+    next: u64,
+    watch: sluice_bus::AppendWatch,
+    pending: VecDeque<sluice_bus::Record>,
+    ended: bool,
+}
+
+impl Tail {
+    /// The next event, waiting for records as long as the sink exists; `None` after `end`.
+    async fn next_event(&mut self) -> Option<Event> {
+        if self.ended {
+            return None;
+        }
+        loop {
+            if let Some(record) = self.pending.pop_front() {
+                let id = record.offset.to_string();
+                let data = serde_json::to_string(&SinkRecord::from(record))
+                    .expect("a sink record serializes");
+                return Some(Event::default().event("record").id(id).data(data));
+            }
+            match self.log.read(&self.topic, 0, self.next, TAIL_READ_BATCH).await {
+                Ok(records) if !records.is_empty() => {
+                    self.next = records.last().map_or(self.next, |r| r.offset + 1);
+                    self.pending.extend(records);
+                }
+                Ok(_) => {
+                    if !self.watch.wait(TAIL_IDLE_CHECK).await
+                        && !matches!(self.log.topic(&self.topic).await, Ok(Some(_)))
+                    {
+                        return Some(self.end("the sink was torn down"));
+                    }
+                }
+                Err(sluice_bus::BusError::UnknownTopic(_)) => {
+                    return Some(self.end("the sink was torn down"));
+                }
+                Err(other) => {
+                    tracing::warn!(topic = %self.topic, error = %other, "sink tail read failed");
+                    return Some(self.end(&format!("stream log: {other}")));
+                }
+            }
+        }
+    }
+
+    fn end(&mut self, reason: &str) -> Event {
+        self.ended = true;
+        Event::default().event("end").data(json!({ "detail": reason }).to_string())
+    }
 }

@@ -45,6 +45,11 @@ impl Loc {
         Loc(vec!["query".into(), name.into()])
     }
 
+    /// A request header.
+    pub fn header(name: &str) -> Self {
+        Loc(vec!["header".into(), name.into()])
+    }
+
     /// This location extended by one step.
     pub fn at(&self, item: impl Into<LocItem>) -> Self {
         let mut items = self.0.clone();

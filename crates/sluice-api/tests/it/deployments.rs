@@ -532,3 +532,116 @@ async fn ingest_takes_every_line_or_none_and_names_the_bad_lines() {
     assert_eq!((status, body["accepted"].as_u64()), (StatusCode::OK, Some(1)));
     let _ = &stack.dir;
 }
+
+/// An open `…/records/stream` response, read event by event.
+struct EventStream {
+    body: Body,
+    buffer: String,
+}
+
+impl EventStream {
+    async fn open(stack: &Stack, id: &str, query: &str, last_event_id: Option<&str>) -> Self {
+        let mut request = Request::builder()
+            .uri(format!("/api/v1/beam/{id}/sinks/sk-out/records/stream{query}"))
+            .header("X-API-Key", &stack.owner);
+        if let Some(last) = last_event_id {
+            request = request.header("Last-Event-ID", last);
+        }
+        let response = sluice_api::app(stack.state.clone())
+            .oneshot(request.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        Self { body: response.into_body(), buffer: String::new() }
+    }
+
+    /// The next event as `(event, id, data)`, skipping keep-alive comments; fails the test
+    /// when none comes within a generous deadline.
+    async fn next(&mut self) -> (String, String, Value) {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let (mut event, mut id, mut data) = (String::new(), String::new(), Value::Null);
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event: ") {
+                        event = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("id: ") {
+                        id = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data = serde_json::from_str(v).unwrap();
+                    }
+                }
+                if !event.is_empty() {
+                    return (event, id, data);
+                }
+                continue;
+            }
+            let frame = tokio::time::timeout(Duration::from_secs(30), self.body.frame())
+                .await
+                .expect("an event within 30 s")
+                .expect("the stream is still open")
+                .unwrap();
+            if let Ok(bytes) = frame.into_data() {
+                self.buffer.push_str(std::str::from_utf8(&bytes).unwrap());
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_live_tail_streams_new_records_resumes_after_last_event_id_and_ends_at_teardown() {
+    let stack = Stack::new().await;
+    let id = stack.create(&[USDC], json!({})).await;
+    let deployed = stack.action(&id, "deploy").await;
+    let stream_url = format!("/api/v1/beam/{id}/sinks/sk-out/records/stream");
+    assert_eq!(deployed["sinks"][0]["connection"]["stream_url"], stream_url);
+    assert!(
+        deployed["sinks"][0]["consumer_snippets"]["curl_live"]
+            .as_str()
+            .unwrap()
+            .contains(&stream_url)
+    );
+    stack.ingest(&[(1, USDC), (2, OTHER)]).await;
+    assert_eq!(stack.delivered(&id, 1).await, vec![1]);
+
+    // Without an offset the tail starts at the end: only records delivered from now on.
+    let mut live = EventStream::open(&stack, &id, "", None).await;
+    stack.ingest(&[(3, USDC), (4, OTHER), (5, USDC)]).await;
+    let (event, event_id, data) = live.next().await;
+    assert_eq!((event.as_str(), event_id.as_str()), ("record", "1"));
+    assert_eq!(data["offset"], 1);
+    assert_eq!(data["value"]["n"], 3);
+    assert_eq!(data["key"], format!("0x{:064x}:3", 3));
+    assert_eq!(live.next().await.2["value"]["n"], 5);
+
+    // From an offset, and resuming after a Last-Event-ID (which wins over the query).
+    let mut from_start = EventStream::open(&stack, &id, "?offset=0", None).await;
+    let numbers: Vec<Value> =
+        [from_start.next().await.2, from_start.next().await.2, from_start.next().await.2]
+            .iter()
+            .map(|d| d["value"]["n"].clone())
+            .collect();
+    assert_eq!(numbers, vec![json!(1), json!(3), json!(5)]);
+    let mut resumed = EventStream::open(&stack, &id, "?offset=0", Some("1")).await;
+    assert_eq!(resumed.next().await.1, "2");
+
+    // Teardown removes the sink: an open tail says so and closes.
+    stack.action(&id, "teardown").await;
+    let (event, _, data) = live.next().await;
+    assert_eq!(event, "end");
+    assert!(data["detail"].as_str().unwrap().contains("torn down"));
+
+    // A bad Last-Event-ID is a 422; a stranger gets 404.
+    let request = Request::builder()
+        .uri(format!("/api/v1/beam/{id}/sinks/sk-out/records/stream"))
+        .header("X-API-Key", &stack.owner)
+        .header("Last-Event-ID", "abc")
+        .body(Body::empty())
+        .unwrap();
+    let response = sluice_api::app(stack.state.clone()).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let path = format!("/api/v1/beam/{id}/sinks/sk-out/records/stream");
+    let (status, _) = stack.call(Method::GET, &path, &stack.reader, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
