@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use sluice_core::clock::Clock;
 use tokio::sync::{oneshot, watch};
 
-use crate::record::{decode, encode, partition_for_key, timestamp_of};
+use crate::record::{decode, encode, key_of, partition_for_key, set_timestamp, timestamp_of};
 use crate::topics::check_name;
 use crate::{
     AppendWatch, BusError, NewRecord, OffsetRange, Position, Record, Result, Retention, StreamLog,
@@ -312,11 +312,12 @@ impl Writer {
         Ok(true)
     }
 
+    /// Appends records already [`encode`]d by the caller (their time stamp is set here).
     fn append(
         &mut self,
         txn: &WriteTransaction,
         topic: &str,
-        records: Vec<NewRecord>,
+        records: Vec<Vec<u8>>,
     ) -> Result<Vec<Position>> {
         let now = self.clock.now().timestamp_millis();
         let Some((stored, states)) = self.topics.get_mut(topic) else {
@@ -326,12 +327,12 @@ impl Writer {
             txn.open_table(records_table(&records_table_name(topic))).map_err(redb::Error::from)?;
         let mut positions = Vec::with_capacity(records.len());
         let mut touched = vec![false; states.len()];
-        for record in records {
-            let partition = partition_for_key(&record.key, stored.partitions);
+        for mut encoded in records {
+            let partition = partition_for_key(key_of(&encoded), stored.partitions);
             let state = &mut states[partition as usize];
             // Append time never goes back within a partition, so seek by time can bisect.
             let timestamp_ms = now.max(state.last_timestamp_ms);
-            let encoded = encode(timestamp_ms, &record.key, &record.value);
+            set_timestamp(&mut encoded, timestamp_ms);
             table
                 .insert((partition, state.next_offset), encoded.as_slice())
                 .map_err(redb::Error::from)?;
@@ -355,6 +356,24 @@ impl Writer {
         }
         self.touched.push(topic.to_owned());
         Ok(positions)
+    }
+
+    /// Stores `group`'s next offsets on `topic`.
+    fn commit(
+        &self,
+        txn: &WriteTransaction,
+        group: &str,
+        topic: &str,
+        offsets: &[(u32, u64)],
+    ) -> Result<()> {
+        if !self.topics.contains_key(topic) {
+            return Err(BusError::UnknownTopic(topic.to_owned()));
+        }
+        let mut groups = txn.open_table(GROUPS).map_err(redb::Error::from)?;
+        for &(partition, offset) in offsets {
+            groups.insert((group, topic, partition), offset).map_err(redb::Error::from)?;
+        }
+        Ok(())
     }
 
     fn enforce_retention(&mut self, txn: &WriteTransaction) -> Result<u64> {
@@ -478,7 +497,8 @@ impl StreamLog for EmbeddedLog {
             return Ok(Vec::new());
         }
         let name = topic.to_owned();
-        self.write(move |w, txn| w.append(txn, &name, records)).await
+        let encoded = records.iter().map(|r| encode(0, &r.key, &r.value)).collect();
+        self.write(move |w, txn| w.append(txn, &name, encoded)).await
     }
 
     async fn read(
@@ -563,17 +583,28 @@ impl StreamLog for EmbeddedLog {
 
     async fn commit(&self, group: &str, topic: &str, offsets: &[(u32, u64)]) -> Result<()> {
         let (group, topic, offsets) = (group.to_owned(), topic.to_owned(), offsets.to_vec());
+        self.write(move |w, txn| w.commit(txn, &group, &topic, &offsets)).await
+    }
+
+    async fn append_and_commit(
+        &self,
+        topic: &str,
+        records: &[NewRecord],
+        group: &str,
+        source: &str,
+        offsets: &[(u32, u64)],
+    ) -> Result<Vec<Position>> {
+        let encoded: Vec<Vec<u8>> = records.iter().map(|r| encode(0, &r.key, &r.value)).collect();
+        let (topic, group, source) = (topic.to_owned(), group.to_owned(), source.to_owned());
+        let offsets = offsets.to_vec();
         self.write(move |w, txn| {
-            if !w.topics.contains_key(&topic) {
+            // Both topics are checked before anything is written: a failure other than a
+            // storage one would not abort the transaction.
+            if !encoded.is_empty() && !w.topics.contains_key(&topic) {
                 return Err(BusError::UnknownTopic(topic));
             }
-            let mut groups = txn.open_table(GROUPS).map_err(redb::Error::from)?;
-            for (partition, offset) in offsets {
-                groups
-                    .insert((group.as_str(), topic.as_str(), partition), offset)
-                    .map_err(redb::Error::from)?;
-            }
-            Ok(())
+            w.commit(txn, &group, &source, &offsets)?;
+            if encoded.is_empty() { Ok(Vec::new()) } else { w.append(txn, &topic, encoded) }
         })
         .await
     }

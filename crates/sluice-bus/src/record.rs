@@ -39,6 +39,17 @@ pub(crate) fn encode(timestamp_ms: i64, key: &[u8], value: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The key of an encoded record.
+pub(crate) fn key_of(stored: &[u8]) -> &[u8] {
+    let key_len = u32::from_le_bytes(stored[8..12].try_into().expect("4 bytes")) as usize;
+    &stored[12..12 + key_len]
+}
+
+/// Stamps an encoded record with its append time.
+pub(crate) fn set_timestamp(stored: &mut [u8], timestamp_ms: i64) {
+    stored[..8].copy_from_slice(&timestamp_ms.to_le_bytes());
+}
+
 /// The append time of a stored value, without copying it.
 pub(crate) fn timestamp_of(stored: &[u8]) -> Option<i64> {
     Some(i64::from_le_bytes(stored.get(..8)?.try_into().ok()?))

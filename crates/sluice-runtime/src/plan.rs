@@ -112,22 +112,34 @@ pub struct BoundPlan {
 }
 
 impl BoundPlan {
-    /// Keeps the records of a batch that pass every stage, holding each set's read lock once
-    /// for the whole batch (the hot path).
-    pub fn filter_batch<'r, T>(&self, records: &'r [T], bytes: impl Fn(&T) -> &[u8]) -> Vec<&'r T> {
-        let mut kept: Vec<&T> = records.iter().collect();
+    /// Which records of a batch pass every stage: one answer per record. Each stage tests
+    /// the survivors of the one before in a single batched lookup
+    /// ([`SetFilter::passes_batch`]), holding the set's read lock once for the whole batch
+    /// (the hot path).
+    pub fn filter_batch<T>(&self, records: &[T], bytes: impl Fn(&T) -> &[u8]) -> Vec<bool> {
+        let mut alive: Vec<usize> = (0..records.len()).collect();
+        let mut values: Vec<&[u8]> = Vec::with_capacity(records.len());
+        let mut passed = Vec::with_capacity(records.len());
         let mut sets = self.sets.iter();
         for stage in &self.plan.stages {
+            if alive.is_empty() {
+                break;
+            }
             match stage {
                 Stage::SetFilter { filter, .. } => {
                     let set = sets.next().expect("a bound plan has one set per set filter");
-                    set.with(|values| kept.retain(|record| filter.passes(bytes(record), values)));
+                    values.clear();
+                    values.extend(alive.iter().map(|&i| bytes(&records[i])));
+                    set.with(|set| filter.passes_batch(&values, set, &mut passed));
                 }
             }
-            if kept.is_empty() {
-                break;
-            }
+            let mut answers = passed.iter();
+            alive.retain(|_| *answers.next().expect("one answer per surviving record"));
         }
-        kept
+        let mut keep = vec![false; records.len()];
+        for i in alive {
+            keep[i] = true;
+        }
+        keep
     }
 }

@@ -1,8 +1,13 @@
 //! One worker: reads its share of the source partitions in batches, runs the plan, delivers
 //! to the sink and commits the source offsets after the sink acknowledged.
 //!
-//! `at_least_once`: a batch's offsets are committed only after its records are in the sink;
-//! a failed sink write is retried with doubling backoff and the worker reads nothing further
+//! A batch is one round over the worker's partitions (up to `batch_size` records of each).
+//! Its sink records and its source offsets are written in one step of the log
+//! ([`StreamLog::append_and_commit`]): on the embedded log that is one durable transaction,
+//! so a crash leaves both or neither, and a round costs one disk flush.
+//!
+//! `at_least_once`: a batch's offsets are committed only with (or after) its records in the
+//! sink; a failed write is retried with doubling backoff and the worker reads nothing further
 //! meanwhile (the source is held back). A stop during retries leaves the offsets where they
 //! were, so the batch is delivered again after the next start. `best_effort`: a failed write
 //! drops the batch (counted) and the offsets move on.
@@ -47,42 +52,39 @@ impl Worker {
             if self.plan.has_changed().unwrap_or(false) {
                 plan = self.plan.borrow_and_update().clone();
             }
-            let mut progressed = false;
+            // One batch per round: up to `batch_size` records of each of this worker's
+            // partitions, delivered and committed together.
+            let mut batch = Vec::new();
+            let mut offsets = Vec::with_capacity(partitions.len());
             for &partition in &partitions {
                 let from = next[&partition];
-                let records =
-                    match self.log.read(&source, partition, from, self.settings.batch_size).await {
-                        Ok(records) => records,
-                        Err(error) => {
-                            tracing::warn!(%error, %source, partition, "source read failed");
-                            self.pause_for(self.settings.initial_backoff).await;
-                            continue;
+                match self.log.read(&source, partition, from, self.settings.batch_size).await {
+                    Ok(records) => {
+                        let Some(last) = records.last().map(|r| r.offset) else { continue };
+                        offsets.push((partition, last + 1));
+                        batch.extend(records);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, %source, partition, "source read failed");
+                        if !self.pause_for(self.settings.initial_backoff).await {
+                            return;
                         }
-                    };
-                let Some(last) = records.last().map(|r| r.offset) else { continue };
-                progressed = true;
-                if !self.process(&plan, &records).await {
-                    // Stopped while the sink kept failing: offsets stay for the next start.
-                    return;
-                }
-                next.insert(partition, last + 1);
-                if let Err(error) = self.log.commit(&group, &source, &[(partition, last + 1)]).await
-                {
-                    // The next successful commit covers this batch; until then a restart
-                    // would deliver it again, which at-least-once allows.
-                    tracing::warn!(%error, %source, partition, "offset commit failed");
-                }
-                if self.stopping() {
-                    return;
+                    }
                 }
             }
-            if !progressed {
+            if offsets.is_empty() {
                 let mut stop = self.stop.clone();
                 tokio::select! {
                     _ = watch.wait(self.settings.idle_wait) => {}
                     _ = stop.changed() => {}
                 }
+                continue;
             }
+            if !self.process(&plan, batch, &group, &offsets).await {
+                // Stopped while the sink kept failing: offsets stay for the next start.
+                return;
+            }
+            next.extend(offsets.iter().copied());
         }
     }
 
@@ -126,27 +128,41 @@ impl Worker {
         }
     }
 
-    /// Filters and delivers one batch. False when the worker was stopped before the batch
-    /// was settled (its offsets must not be committed).
-    async fn process(&self, plan: &BoundPlan, records: &[Record]) -> bool {
+    /// Filters and delivers one batch and commits its source `offsets` (in one step of the
+    /// log when it can: [`StreamLog::append_and_commit`]). False when the worker was stopped
+    /// before the batch was settled (its offsets must not be committed).
+    async fn process(
+        &self,
+        plan: &BoundPlan,
+        records: Vec<Record>,
+        group: &str,
+        offsets: &[(u32, u64)],
+    ) -> bool {
         Counters::add(&self.counters.received, records.len() as u64);
         let hold_ms = i64::try_from(self.settings.hold.as_millis()).unwrap_or(i64::MAX);
         let cutoff = self.clock.now().timestamp_millis().saturating_sub(hold_ms);
-        let fresh: Vec<&Record> = records.iter().filter(|r| r.timestamp_ms >= cutoff).collect();
-        let expired = records.len() - fresh.len();
-        if expired > 0 {
-            Counters::add(&self.counters.skipped_expired, expired as u64);
+        let read = records.len();
+        let fresh: Vec<Record> = records.into_iter().filter(|r| r.timestamp_ms >= cutoff).collect();
+        if fresh.len() < read {
+            Counters::add(&self.counters.skipped_expired, (read - fresh.len()) as u64);
         }
-        let kept = plan.filter_batch(&fresh, |record| &record.value);
-        if kept.is_empty() {
-            return true;
-        }
-        let out: Vec<NewRecord> =
-            kept.iter().map(|r| NewRecord { key: r.key.clone(), value: r.value.clone() }).collect();
-        let Some((_, sink)) = plan.plan.sink_topics.first() else { return true };
+        let keep = plan.filter_batch(&fresh, |record| &record.value);
+        // The kept records move into the sink batch: nothing is copied.
+        let out: Vec<NewRecord> = fresh
+            .into_iter()
+            .zip(keep)
+            .filter_map(|(r, keep)| keep.then_some(NewRecord { key: r.key, value: r.value }))
+            .collect();
+        let sink = plan.plan.sink_topics.first().map_or("", |(_, topic)| topic.as_str());
+        let source = plan.plan.source.as_str();
         let mut backoff = self.settings.initial_backoff;
         loop {
-            match self.log.append(sink, out.clone()).await {
+            let written = if sink.is_empty() {
+                self.log.commit(group, source, offsets).await.map(|()| Vec::new())
+            } else {
+                self.log.append_and_commit(sink, &out, group, source, offsets).await
+            };
+            match written {
                 Ok(_) => {
                     Counters::add(&self.counters.sent, out.len() as u64);
                     return true;
@@ -156,6 +172,10 @@ impl Worker {
                     if self.guarantee == DeliveryGuarantee::BestEffort {
                         tracing::warn!(%error, %sink, records = out.len(), "sink write failed; batch dropped (best_effort)");
                         Counters::add(&self.counters.dropped, out.len() as u64);
+                        if let Err(error) = self.log.commit(group, source, offsets).await {
+                            // The next successful commit covers this batch.
+                            tracing::warn!(%error, %source, "offset commit failed");
+                        }
                         return true;
                     }
                     tracing::warn!(%error, %sink, ?backoff, "sink write failed; retrying (at_least_once)");
