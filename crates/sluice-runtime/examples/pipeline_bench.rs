@@ -34,6 +34,10 @@ use sluice_core::pipeline::{
 use sluice_runtime::{Counters, Runtime, RuntimeSettings};
 use sluice_store::{MetadataStore, SqliteStore};
 
+/// The allocator the `sluice` binary uses.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const CHAIN: &str = "base";

@@ -54,7 +54,7 @@ impl Worker {
             }
             // One batch per round: up to `batch_size` records of each of this worker's
             // partitions, delivered and committed together.
-            let mut batch = Vec::new();
+            let mut batch = Vec::with_capacity(self.settings.batch_size * partitions.len());
             let mut offsets = Vec::with_capacity(partitions.len());
             for &partition in &partitions {
                 let from = next[&partition];

@@ -24,11 +24,47 @@ impl SqliteStore {
             // last transactions.
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
-            .foreign_keys(true);
+            .foreign_keys(true)
+            // Up to 64 MiB of page cache per connection (allocated as used; SQLite's default
+            // is 2 MiB): a set of millions of values has an index of hundreds of MiB, and
+            // inserting into it misses the cache on almost every value with the default.
+            .pragma("cache_size", "-65536")
+            // Checkpoints run in the background (below), not in the request that happens to
+            // cross the threshold; this high threshold is only a safety net.
+            .pragma("wal_autocheckpoint", WAL_SAFETY_CHECKPOINT_PAGES.to_string());
         let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
         let store = Self { pool };
         store.migrate().await?;
+        tokio::spawn(checkpoint_in_background(store.pool.clone()));
         Ok(store)
+    }
+}
+
+/// How often the background checkpointer copies committed WAL pages into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+/// WAL pages after which the committing connection checkpoints by itself (about 400 MiB):
+/// reached only when the background checkpointer falls far behind.
+const WAL_SAFETY_CHECKPOINT_PAGES: u32 = 100_000;
+
+/// Copies committed WAL pages into the database file every [`CHECKPOINT_EVERY`], so that a
+/// large write (a million filter values) does not pay for its checkpoint before it answers:
+/// with SQLite's default the connection that commits past 1,000 WAL pages checkpoints inline,
+/// which was about 30 % of the time of a bulk filter-value load. `PASSIVE` never blocks
+/// readers or writers. Ends when the pool is closed.
+async fn checkpoint_in_background(pool: sqlx::SqlitePool) {
+    let mut ticks = tokio::time::interval(CHECKPOINT_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if pool.is_closed() {
+            return;
+        }
+        if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&pool).await {
+            if pool.is_closed() {
+                return;
+            }
+            tracing::warn!(%error, "background WAL checkpoint failed");
+        }
     }
 }
 

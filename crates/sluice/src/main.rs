@@ -33,6 +33,11 @@ enum Command {
     Feed(feed::FeedArgs),
 }
 
+/// mimalloc rather than the system allocator: the pipeline hot path allocates a buffer per
+/// record read, and glibc's malloc cost about 20 % of a worker's time (BENCHMARKS.md §2).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logging();
