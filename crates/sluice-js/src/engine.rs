@@ -303,7 +303,10 @@ fn run_one<'js>(ctx: &Ctx<'js>, transform: &Value<'js>, record: &[u8]) -> Result
 
 fn stringify<'js>(ctx: &Ctx<'js>, value: Value<'js>) -> Result<Vec<u8>, Failure> {
     match ctx.json_stringify(value) {
-        Ok(Some(text)) => Ok(text.to_string().map_err(|error| caught(ctx, error))?.into_bytes()),
+        // QuickJS hands out UTF-8 already: copy it without validating it again.
+        Ok(Some(text)) => {
+            Ok(text.to_cstring().map_err(|error| caught(ctx, error))?.as_str().as_bytes().to_vec())
+        }
         // A `toJSON` that answers undefined.
         Ok(None) => Err(Failure::Run(RunError::NotAnObject {
             found: "an object that serializes to nothing".to_owned(),
