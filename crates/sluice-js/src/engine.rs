@@ -5,11 +5,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rquickjs::context::EvalOptions;
-use rquickjs::{Context, Ctx, Exception, Object, Runtime, Value};
+use rquickjs::{Context, Ctx, Exception, Object, Runtime, Type, Value};
 use sluice_core::datasets::DatasetLookup;
 
 use crate::error::{RunError, ScriptError, ScriptErrorKind};
 use crate::globals::{self, LogSink};
+use crate::json::{Plain, Stop};
 use crate::{Limits, Output};
 
 /// The file name the engine gives the script; positions in messages refer to it.
@@ -222,6 +223,7 @@ impl ScriptEngine {
         self.context.with(|ctx| {
             let transform =
                 ctx.globals().get::<_, Value>(PINNED_TRANSFORM).map_err(|e| caught(&ctx, e));
+            let plain = Plain::new(&ctx);
             for record in records {
                 if poisoned {
                     results.push(Err(RunError::OutOfMemory { limit_bytes }));
@@ -229,7 +231,7 @@ impl ScriptEngine {
                 }
                 budget.start(call_budget);
                 let result = match &transform {
-                    Ok(transform) => run_one(&ctx, transform, record),
+                    Ok(transform) => run_one(&ctx, plain.as_ref(), transform, record),
                     Err(Failure::OutOfMemory) => Err(Failure::OutOfMemory),
                     Err(Failure::Run(error)) => Err(Failure::Run(error.clone())),
                 };
@@ -256,7 +258,12 @@ enum Failure {
     OutOfMemory,
 }
 
-fn run_one<'js>(ctx: &Ctx<'js>, transform: &Value<'js>, record: &[u8]) -> Result<Output, Failure> {
+fn run_one<'js>(
+    ctx: &Ctx<'js>,
+    plain: Option<&Plain<'js>>,
+    transform: &Value<'js>,
+    record: &[u8],
+) -> Result<Output, Failure> {
     let input = match ctx.json_parse(record) {
         Ok(input) => input,
         Err(error) => {
@@ -291,17 +298,31 @@ fn run_one<'js>(ctx: &Ctx<'js>, transform: &Value<'js>, record: &[u8]) -> Result
                     found: format!("an array whose element {index} is {}", describe(&element)),
                 }));
             }
-            records.push(stringify(ctx, element)?);
+            records.push(stringify(ctx, plain, element)?);
         }
         return Ok(records);
     }
     if !is_plain_object(&output) {
         return Err(Failure::Run(RunError::NotAnObject { found: describe(&output) }));
     }
-    Ok(vec![stringify(ctx, output)?])
+    Ok(vec![stringify(ctx, plain, output)?])
 }
 
-fn stringify<'js>(ctx: &Ctx<'js>, value: Value<'js>) -> Result<Vec<u8>, Failure> {
+fn stringify<'js>(
+    ctx: &Ctx<'js>,
+    plain: Option<&Plain<'js>>,
+    value: Value<'js>,
+) -> Result<Vec<u8>, Failure> {
+    if let (Some(plain), Type::Object) = (plain, value.type_of()) {
+        if let Some(object) = value.as_object() {
+            let mut out = Vec::with_capacity(1024);
+            match plain.write_object(object, &mut out) {
+                Ok(()) => return Ok(out),
+                Err(Stop::Engine(error)) => return Err(caught(ctx, error)),
+                Err(Stop::Unsupported) => {}
+            }
+        }
+    }
     match ctx.json_stringify(value) {
         // QuickJS hands out UTF-8 already: copy it without validating it again.
         Ok(Some(text)) => {

@@ -17,6 +17,7 @@
 mod engine;
 mod error;
 mod globals;
+mod json;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! Integration tests of the script engine, through its public API.
 
 mod compile;
+mod json;
 mod limits;
 mod transform;
 
