@@ -92,6 +92,13 @@ impl Budget {
         self.fired.load(Ordering::Relaxed)
     }
 
+    /// Whether the call in progress is past its deadline (without marking it interrupted).
+    fn is_over(&self) -> bool {
+        let deadline = self.deadline.load(Ordering::Relaxed);
+        deadline != u64::MAX
+            && u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX) > deadline
+    }
+
     fn should_interrupt(&self) -> bool {
         let deadline = self.deadline.load(Ordering::Relaxed);
         if deadline == u64::MAX {
@@ -235,7 +242,12 @@ impl ScriptEngine {
                     Err(Failure::OutOfMemory) => Err(Failure::OutOfMemory),
                     Err(Failure::Run(error)) => Err(Failure::Run(error.clone())),
                 };
-                let timed_out = budget.stop();
+                let timed_out = budget.fired.load(Ordering::Relaxed);
+                // Promise callbacks and `queueMicrotask` jobs the call queued run now, in
+                // what is left of the budget, so that they cannot pile up in the runtime;
+                // what they throw or return is ignored (they cannot change the output).
+                while !timed_out && !budget.is_over() && ctx.execute_pending_job() {}
+                budget.stop();
                 let result = result.map_err(|failure| match failure {
                     _ if timed_out => RunError::TimedOut { budget: call_budget },
                     Failure::OutOfMemory => {

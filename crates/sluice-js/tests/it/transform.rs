@@ -268,3 +268,48 @@ fn state_persists_between_calls_and_run_batch_answers_in_order() {
     assert!(matches!(&results[3], Err(RunError::BadInput { .. })));
     assert_eq!(text(results[4].as_ref().expect("ok")), vec![r#"{"a":2,"seen":4}"#]);
 }
+
+#[test]
+fn promise_callbacks_run_after_the_call_and_cannot_change_the_output() {
+    let logs = Arc::new(CapturedLogs::default());
+    let mut engine = ScriptEngine::new(
+        "let n = 0;\nfunction transform(r) { Promise.resolve().then(() => { n += 1; console.log('tick', n); r.late = true; }); queueMicrotask(() => { throw new Error('ignored'); }); r.n = n; return r; }",
+        limits(),
+        Arc::new(sluice_core::datasets::NoDatasets),
+        "u",
+        Arc::clone(&logs) as Arc<dyn sluice_js::LogSink>,
+    )
+    .expect("loads");
+    assert_eq!(run(&mut engine, "{}").expect("runs"), vec![json!({"n": 0})]);
+    assert_eq!(run(&mut engine, "{}").expect("runs"), vec![json!({"n": 1})]);
+    let lines = logs.0.lock().expect("lock").clone();
+    assert_eq!(
+        lines,
+        vec![(LogLevel::Info, "tick 1".to_owned()), (LogLevel::Info, "tick 2".to_owned())]
+    );
+}
+
+#[test]
+fn endless_microtasks_stop_at_the_budget_without_failing_the_record() {
+    let mut engine = load(
+        "function spin() { queueMicrotask(spin); }\nfunction transform(r) { spin(); return r; }",
+    );
+    assert_eq!(
+        run(&mut engine, r#"{"a":1}"#).expect("the record still goes on"),
+        vec![json!({"a": 1})]
+    );
+    assert_eq!(run(&mut engine, r#"{"a":2}"#).expect("usable"), vec![json!({"a": 2})]);
+}
+
+#[test]
+fn deep_recursion_is_a_per_record_error() {
+    let mut engine = load(
+        "function f(n) { return f(n + 1) + 1; }\nfunction transform(r) { return { v: f(0) }; }",
+    );
+    let error = run(&mut engine, "{}").expect_err("stack overflow");
+    assert!(
+        matches!(&error, RunError::Threw { message, .. } if message == "RangeError: Maximum call stack size exceeded"),
+        "{error:?}"
+    );
+    assert!(!error.is_fatal());
+}
