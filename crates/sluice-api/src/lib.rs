@@ -14,6 +14,7 @@ pub mod error;
 pub mod filter_values;
 pub mod ops;
 pub mod pipelines;
+pub mod scripts;
 pub mod sharing;
 pub mod sources;
 pub mod streams;

@@ -7,12 +7,14 @@ use sluice_core::filter_values::FilterValuesChange;
 use sluice_core::permission::Permission;
 use sluice_core::pipeline::validate::{BodyMode, validate_pipeline_body};
 use sluice_core::pipeline::{Pipeline, PipelineSpec};
+use sluice_core::validation::Loc;
 use utoipa::ToSchema;
 
 use crate::AppState;
 use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::scripts::check_transform_list;
 
 /// `{"message": "..."}`: the answer to an action.
 #[derive(Debug, Serialize, ToSchema)]
@@ -20,11 +22,18 @@ pub struct MessageBody {
     pub message: String,
 }
 
+/// Where a create or update body keeps its transforms.
+fn transforms_loc() -> Loc {
+    Loc::body().at("pipeline_config").at("transforms")
+}
+
 /// Create a pipeline configuration.
 ///
 /// The caller becomes its owner and the caller's team its `viewer_team`. Transform and sink
 /// uids are generated when omitted; `source.type` comes from the catalog. The older inline
-/// `set_values` on a `redis_set_filter` becomes that transform's initial filter values.
+/// `set_values` on a `redis_set_filter` becomes that transform's initial filter values. The
+/// script of a `v8` transform is compiled: a syntax error or a missing `transform` function
+/// is a 422 on that transform's `script`, with the engine's message and line.
 #[utoipa::path(
     post, path = "/api/v1/beam", tag = "pipelines",
     request_body = PipelineSpec,
@@ -45,6 +54,7 @@ pub async fn create_pipeline(
     caller.require_pipelines()?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Create)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
+    check_transform_list(&valid.spec.pipeline_config.transforms, &transforms_loc()).await?;
     let Caller(principal) = caller;
     let pipeline = Pipeline::new(
         sluice_core::ids::new_id(),
@@ -106,7 +116,8 @@ pub async fn get_pipeline(
 
 /// Replace a pipeline's editable fields (edit permission). Server-managed fields keep their
 /// values and are ignored if sent. Filter values of transforms that are no longer set filters
-/// are deleted. Deploy again to apply the change to a running pipeline.
+/// are deleted. `v8` scripts are compiled as on create. Deploy again to apply the change to a
+/// running pipeline.
 #[utoipa::path(
     put, path = "/api/v1/beam/{config_id}", tag = "pipelines",
     params(("config_id" = String, Path, description = "Pipeline id")),
@@ -130,6 +141,7 @@ pub async fn update_pipeline(
     let (mut pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Update)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
+    check_transform_list(&valid.spec.pipeline_config.transforms, &transforms_loc()).await?;
     let old_set_filters: Vec<String> = pipeline.set_filter_uids().map(str::to_owned).collect();
     pipeline.apply(valid.spec, state.clock.now());
     if !state.store.update_pipeline(&pipeline).await? {

@@ -1,0 +1,150 @@
+//! Time budget and memory limit: contained, classified, and what the engine can do after.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_core::datasets::NoDatasets;
+use sluice_core::pipeline::PodSize;
+use sluice_js::{
+    DEFAULT_CALL_BUDGET, Fault, Limits, NoLogs, RunError, ScriptEngine, ScriptErrorKind,
+    memory_limit_for,
+};
+
+use super::{load, run};
+
+#[test]
+fn an_infinite_loop_is_cut_at_the_budget_and_the_engine_stays_usable() {
+    let mut engine = load(
+        "function transform(r) { if (r.spin) { while (true) {} } if (r.catchy) { for (;;) { try { while (true) {} } catch (e) {} } } return r; }",
+    );
+    let budget = Duration::from_millis(100);
+    assert_eq!(run(&mut engine, r#"{"spin":true}"#), Err(RunError::TimedOut { budget }));
+    // The interruption cannot be caught by the script.
+    assert_eq!(run(&mut engine, r#"{"catchy":true}"#), Err(RunError::TimedOut { budget }));
+    let error = RunError::TimedOut { budget };
+    assert!(!error.is_fatal());
+    assert_eq!(error.fault(), Fault::Record);
+    assert_eq!(
+        run(&mut engine, r#"{"ok":1}"#).expect("usable after a timeout"),
+        vec![json!({"ok": 1})]
+    );
+    assert!(!engine.is_poisoned());
+}
+
+#[test]
+fn each_record_of_a_batch_gets_its_own_budget() {
+    let mut engine = load("function transform(r) { if (r.spin) { while (true) {} } return r; }");
+    let records: Vec<&[u8]> =
+        vec![br#"{"spin":true}"#, br#"{"a":1}"#, br#"{"spin":true}"#, br#"{"a":2}"#];
+    let results = engine.run_batch(records);
+    assert!(matches!(results[0], Err(RunError::TimedOut { .. })));
+    assert!(results[1].is_ok());
+    assert!(matches!(results[2], Err(RunError::TimedOut { .. })));
+    assert!(results[3].is_ok());
+}
+
+#[test]
+fn a_memory_bomb_is_a_fatal_out_of_memory_error_and_restart_recovers() {
+    let limits = Limits { memory_bytes: 16 * 1024 * 1024, call_budget: Duration::from_secs(30) };
+    let mut engine = ScriptEngine::new(
+        "function transform(r) { if (r.bomb) { const a = []; while (true) { a.push('x'.repeat(4096) + a.length); } } return r; }",
+        limits,
+        Arc::new(NoDatasets),
+        "u",
+        Arc::new(NoLogs),
+    )
+    .expect("loads");
+    let error = run(&mut engine, r#"{"bomb":true}"#).expect_err("out of memory");
+    assert_eq!(error, RunError::OutOfMemory { limit_bytes: 16 * 1024 * 1024 });
+    assert!(error.is_fatal());
+    assert_eq!(error.fault(), Fault::Worker);
+    assert!(engine.is_poisoned());
+    // A poisoned engine refuses work until it is restarted.
+    assert_eq!(
+        run(&mut engine, r#"{"ok":1}"#),
+        Err(RunError::OutOfMemory { limit_bytes: 16 * 1024 * 1024 })
+    );
+    engine.restart().expect("restarts");
+    assert!(!engine.is_poisoned());
+    assert_eq!(
+        run(&mut engine, r#"{"ok":1}"#).expect("runs after restart"),
+        vec![json!({"ok": 1})]
+    );
+}
+
+#[test]
+fn a_memory_bomb_that_catches_the_error_is_still_out_of_memory() {
+    let limits = Limits { memory_bytes: 16 * 1024 * 1024, call_budget: Duration::from_secs(30) };
+    let mut engine = ScriptEngine::new(
+        "function transform(r) { const a = []; try { while (true) { a.push('y'.repeat(4096) + a.length); } } catch (e) { throw e; } }",
+        limits,
+        Arc::new(NoDatasets),
+        "u",
+        Arc::new(NoLogs),
+    )
+    .expect("loads");
+    assert!(matches!(run(&mut engine, "{}"), Err(RunError::OutOfMemory { .. })));
+}
+
+#[test]
+fn a_batch_stops_at_an_out_of_memory_error() {
+    let limits = Limits { memory_bytes: 16 * 1024 * 1024, call_budget: Duration::from_secs(30) };
+    let mut engine = ScriptEngine::new(
+        "function transform(r) { if (r.bomb) { const a = []; for (;;) { a.push({ n: a.length, s: 'z'.repeat(1024) + a.length }); } } return r; }",
+        limits,
+        Arc::new(NoDatasets),
+        "u",
+        Arc::new(NoLogs),
+    )
+    .expect("loads");
+    let records: Vec<&[u8]> = vec![br#"{"a":1}"#, br#"{"bomb":true}"#, br#"{"a":2}"#];
+    let results = engine.run_batch(records);
+    assert!(results[0].is_ok());
+    assert!(matches!(results[1], Err(RunError::OutOfMemory { .. })), "{:?}", results[1]);
+    assert!(matches!(results[2], Err(RunError::OutOfMemory { .. })), "no record runs after an OOM");
+}
+
+#[test]
+fn top_level_code_is_held_to_the_same_limits() {
+    let limits = Limits { memory_bytes: 16 * 1024 * 1024, call_budget: Duration::from_millis(50) };
+    let spin = ScriptEngine::new(
+        "while (true) {}\nfunction transform(r) { return r; }",
+        limits,
+        Arc::new(NoDatasets),
+        "u",
+        Arc::new(NoLogs),
+    )
+    .expect_err("top-level loop");
+    assert_eq!(spin.kind, ScriptErrorKind::TimedOut);
+    let limits = Limits { call_budget: Duration::from_secs(30), ..limits };
+    let bomb = ScriptEngine::new("const a = []; for (;;) { a.push('z'.repeat(4096) + a.length); }\nfunction transform(r) { return r; }", limits, Arc::new(NoDatasets), "u", Arc::new(NoLogs))
+        .expect_err("top-level bomb");
+    assert_eq!(bomb.kind, ScriptErrorKind::OutOfMemory);
+}
+
+#[test]
+fn pod_sizes_map_to_growing_memory_limits_and_a_100ms_budget() {
+    let mib = 1024 * 1024;
+    assert_eq!(memory_limit_for(PodSize::S), 64 * mib);
+    assert_eq!(memory_limit_for(PodSize::M), 96 * mib);
+    assert_eq!(memory_limit_for(PodSize::L), 128 * mib);
+    assert_eq!(memory_limit_for(PodSize::XL), 256 * mib);
+    assert_eq!(Limits::for_pod_size(PodSize::L).memory_bytes, 128 * mib);
+    assert_eq!(Limits::for_pod_size(PodSize::S).call_budget, DEFAULT_CALL_BUDGET);
+    assert_eq!(DEFAULT_CALL_BUDGET, Duration::from_millis(100));
+}
+
+#[test]
+fn an_engine_can_move_to_another_thread() {
+    fn assert_send<T: Send>(_: &T) {}
+    let mut engine = load("function transform(r) { r.t = 1; return r; }");
+    assert_send(&engine);
+    let mut engine = std::thread::spawn(move || {
+        run(&mut engine, "{}").expect("runs on another thread");
+        engine
+    })
+    .join()
+    .expect("thread");
+    assert_eq!(run(&mut engine, "{}").expect("runs back here"), vec![json!({"t": 1})]);
+}
