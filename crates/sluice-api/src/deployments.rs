@@ -254,54 +254,163 @@ pub async fn sink_records(
     Path((config_id, sink_uid)): Path<(String, String)>,
     query: Result<Query<RecordsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<RecordsBody>, ApiError> {
-    let Query(query) = query.map_err(|rejection| {
-        ApiError::Validation(vec![sluice_core::validation::Violation::new(
-            &sluice_core::validation::Loc::query("offset"),
-            "query",
-            rejection.body_text(),
-        )])
-    })?;
-    let limit = query.limit.unwrap_or(500);
-    let wait_ms = query.wait_ms.unwrap_or(0);
-    let mut violations = Vec::new();
-    if !(1..=10_000).contains(&limit) {
-        violations.push(sluice_core::validation::Violation::value(
-            &sluice_core::validation::Loc::query("limit"),
-            "limit must be between 1 and 10000",
-        ));
-    }
-    if wait_ms > 30_000 {
-        violations.push(sluice_core::validation::Violation::value(
-            &sluice_core::validation::Loc::query("wait_ms"),
-            "wait_ms must be between 0 and 30000",
-        ));
-    }
-    if !violations.is_empty() {
-        return Err(ApiError::Validation(violations));
-    }
+    let page = PageQuery::from_query(query)?;
     caller.pipeline(&state, &config_id, Permission::Read).await?;
     let runtime = state.runtime()?;
     let not_found =
         || ApiError::NotFound(format!("Sink {sink_uid} of pipeline {config_id} is not deployed"));
     let topic = runtime.sink_topic(&config_id, &sink_uid).await?.ok_or_else(not_found)?;
-    let log = runtime.log();
-    let mut watch = log.watch(&topic);
-    let from = query.offset.unwrap_or(0);
-    let deadline = std::time::Instant::now() + Duration::from_millis(wait_ms);
-    let records = loop {
-        let records = log.read(&topic, 0, from, limit as usize).await.map_err(|e| match e {
-            sluice_bus::BusError::UnknownTopic(_) => not_found(),
-            other => ApiError::Internal(format!("stream log: {other}")),
-        })?;
-        let now = std::time::Instant::now();
-        if !records.is_empty() || now >= deadline {
-            break records;
-        }
-        watch.wait(deadline - now).await;
-    };
-    let next_offset = records.last().map_or(from, |r| r.offset + 1);
+    let records = page.read(runtime.log().as_ref(), &topic).await?.ok_or_else(not_found)?;
+    let next_offset = records.last().map_or(page.from, |r| r.offset + 1);
     let records = records.into_iter().map(SinkRecord::from).collect();
     Ok(Json(RecordsBody { records, next_offset }))
+}
+
+/// `offset`, `limit` and `wait_ms` of a topic read, checked.
+struct PageQuery {
+    from: u64,
+    limit: usize,
+    wait: Duration,
+}
+
+impl PageQuery {
+    fn from_query(
+        query: Result<Query<RecordsQuery>, axum::extract::rejection::QueryRejection>,
+    ) -> Result<Self, ApiError> {
+        let Query(query) = query.map_err(|rejection| {
+            ApiError::Validation(vec![sluice_core::validation::Violation::new(
+                &sluice_core::validation::Loc::query("offset"),
+                "query",
+                rejection.body_text(),
+            )])
+        })?;
+        let limit = query.limit.unwrap_or(500);
+        let wait_ms = query.wait_ms.unwrap_or(0);
+        let mut violations = Vec::new();
+        if !(1..=10_000).contains(&limit) {
+            violations.push(sluice_core::validation::Violation::value(
+                &sluice_core::validation::Loc::query("limit"),
+                "limit must be between 1 and 10000",
+            ));
+        }
+        if wait_ms > 30_000 {
+            violations.push(sluice_core::validation::Violation::value(
+                &sluice_core::validation::Loc::query("wait_ms"),
+                "wait_ms must be between 0 and 30000",
+            ));
+        }
+        if !violations.is_empty() {
+            return Err(ApiError::Validation(violations));
+        }
+        Ok(Self {
+            from: query.offset.unwrap_or(0),
+            limit: limit as usize,
+            wait: Duration::from_millis(wait_ms),
+        })
+    }
+
+    /// Up to `limit` records of partition 0 of `topic` from `from` on, waiting up to `wait`
+    /// for the first; `None` when the topic does not exist.
+    async fn read(
+        &self,
+        log: &dyn StreamLog,
+        topic: &str,
+    ) -> Result<Option<Vec<sluice_bus::Record>>, ApiError> {
+        let mut watch = log.watch(topic);
+        let deadline = std::time::Instant::now() + self.wait;
+        loop {
+            let records = match log.read(topic, 0, self.from, self.limit).await {
+                Ok(records) => records,
+                Err(sluice_bus::BusError::UnknownTopic(_)) => return Ok(None),
+                Err(other) => return Err(ApiError::Internal(format!("stream log: {other}"))),
+            };
+            let now = std::time::Instant::now();
+            if !records.is_empty() || now >= deadline {
+                return Ok(Some(records));
+            }
+            watch.wait(deadline - now).await;
+        }
+    }
+}
+
+/// One record a transform failed on.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeadLetter {
+    pub offset: u64,
+    /// The key of the source record (with `#n` for the n-th output of a fan-out before it).
+    pub key: String,
+    /// When it was written to the dead-letter topic (RFC 3339).
+    pub timestamp: String,
+    /// The transform that failed.
+    pub transform_uid: String,
+    /// The error of the last attempt, with the script's line where the engine gave one.
+    pub error: String,
+    /// Calls of the transform before the record was set aside.
+    pub attempts: u32,
+    /// The record as it entered the failing transform.
+    #[schema(value_type = Object)]
+    pub record: Value,
+}
+
+/// A page of a pipeline's dead letters.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeadLettersBody {
+    pub dead_letters: Vec<DeadLetter>,
+    /// The offset to ask for next.
+    pub next_offset: u64,
+}
+
+/// Read the records a deployed pipeline's transforms failed on, oldest first (read
+/// permission). Page with `next_offset`; `wait_ms` long-polls. Kept 2 days, removed by
+/// teardown.
+#[utoipa::path(
+    get, path = "/api/v1/beam/{config_id}/dead-letters", tag = "deployments",
+    params(("config_id" = String, Path, description = "Pipeline id"), RecordsQuery),
+    responses(
+        (status = 200, description = "Dead letters from `offset` on", body = DeadLettersBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such pipeline, or not deployed", body = ErrorBody),
+        (status = 422, description = "Bad query parameter", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn dead_letters(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(config_id): Path<String>,
+    query: Result<Query<RecordsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<DeadLettersBody>, ApiError> {
+    let page = PageQuery::from_query(query)?;
+    caller.pipeline(&state, &config_id, Permission::Read).await?;
+    let runtime = state.runtime()?;
+    let not_found = || ApiError::NotFound(format!("Pipeline {config_id} is not deployed"));
+    let topic = runtime.dead_letter_topic(&config_id).await?.ok_or_else(not_found)?;
+    // A deployment from before dead letters existed has no topic yet: nothing failed there.
+    let records = page.read(runtime.log().as_ref(), &topic).await?.unwrap_or_default();
+    let next_offset = records.last().map_or(page.from, |r| r.offset + 1);
+    let dead_letters = records
+        .into_iter()
+        .map(|record| {
+            let mut body: Value = serde_json::from_slice(&record.value).unwrap_or(Value::Null);
+            let mut take =
+                |field: &str| body.get_mut(field).map(Value::take).unwrap_or(Value::Null);
+            DeadLetter {
+                offset: record.offset,
+                key: String::from_utf8_lossy(&record.key).into_owned(),
+                timestamp: chrono::DateTime::from_timestamp_millis(record.timestamp_ms)
+                    .map(sluice_core::time::format)
+                    .unwrap_or_default(),
+                transform_uid: take("transform_uid").as_str().unwrap_or_default().to_owned(),
+                error: take("error").as_str().unwrap_or_default().to_owned(),
+                attempts: take("attempts")
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or(0),
+                record: take("record"),
+            }
+        })
+        .collect();
+    Ok(Json(DeadLettersBody { dead_letters, next_offset }))
 }
 
 impl From<sluice_bus::Record> for SinkRecord {

@@ -173,6 +173,7 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(deployments::teardown))
         .routes(routes!(deployments::sink_records))
         .routes(routes!(deployments::sink_records_stream))
+        .routes(routes!(deployments::dead_letters))
         .routes(routes!(streams::ingest))
         .routes(routes!(account::me))
         .routes(routes!(ops::healthz))

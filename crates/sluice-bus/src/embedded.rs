@@ -588,23 +588,31 @@ impl StreamLog for EmbeddedLog {
 
     async fn append_and_commit(
         &self,
-        topic: &str,
-        records: &[NewRecord],
+        appends: &[(&str, &[NewRecord])],
         group: &str,
         source: &str,
         offsets: &[(u32, u64)],
-    ) -> Result<Vec<Position>> {
-        let encoded: Vec<Vec<u8>> = records.iter().map(|r| encode(0, &r.key, &r.value)).collect();
-        let (topic, group, source) = (topic.to_owned(), group.to_owned(), source.to_owned());
-        let offsets = offsets.to_vec();
+    ) -> Result<()> {
+        let encoded: Vec<(String, Vec<Vec<u8>>)> = appends
+            .iter()
+            .filter(|(_, records)| !records.is_empty())
+            .map(|(topic, records)| {
+                let records = records.iter().map(|r| encode(0, &r.key, &r.value)).collect();
+                ((*topic).to_owned(), records)
+            })
+            .collect();
+        let (group, source, offsets) = (group.to_owned(), source.to_owned(), offsets.to_vec());
         self.write(move |w, txn| {
-            // Both topics are checked before anything is written: a failure other than a
+            // Every topic is checked before anything is written: a failure other than a
             // storage one would not abort the transaction.
-            if !encoded.is_empty() && !w.topics.contains_key(&topic) {
-                return Err(BusError::UnknownTopic(topic));
+            if let Some((topic, _)) = encoded.iter().find(|(t, _)| !w.topics.contains_key(t)) {
+                return Err(BusError::UnknownTopic(topic.clone()));
             }
             w.commit(txn, &group, &source, &offsets)?;
-            if encoded.is_empty() { Ok(Vec::new()) } else { w.append(txn, &topic, encoded) }
+            for (topic, records) in encoded {
+                w.append(txn, &topic, records)?;
+            }
+            Ok(())
         })
         .await
     }

@@ -122,32 +122,31 @@ pub trait StreamLog: Send + Sync + 'static {
     /// When this returns, the records are durable.
     async fn append(&self, topic: &str, records: Vec<NewRecord>) -> Result<Vec<Position>>;
 
-    /// Appends `records` to `topic` (as [`StreamLog::append`]) and stores `group`'s next
-    /// offsets on `source` (as [`StreamLog::commit`]) as one step: after a crash either both
-    /// happened or neither, so a consumer that delivers through this never delivers a batch
-    /// twice nor commits one it did not deliver (Kafka: a transactional producer sending the
-    /// consumer's offsets to its transaction). With no records it only commits.
+    /// Appends records to one or more topics (each as [`StreamLog::append`]: `appends` is
+    /// `(topic, records)`) and stores `group`'s next offsets on `source` (as
+    /// [`StreamLog::commit`]) as one step: after a crash either all of it happened or none,
+    /// so a consumer that delivers through this never delivers a batch twice nor commits one
+    /// it did not deliver (Kafka: a transactional producer sending the consumer's offsets to
+    /// its transaction). With no records it only commits.
     ///
-    /// This default appends, then commits (a crash between the two delivers the batch again,
-    /// which at-least-once allows); logs that can do both atomically override it.
+    /// This default appends, then commits (a crash in between delivers the batch again,
+    /// which at-least-once allows); logs that can do it atomically override it.
     ///
     /// # Errors
     /// As `append` and `commit`; when it fails, the offsets were not committed.
     async fn append_and_commit(
         &self,
-        topic: &str,
-        records: &[NewRecord],
+        appends: &[(&str, &[NewRecord])],
         group: &str,
         source: &str,
         offsets: &[(u32, u64)],
-    ) -> Result<Vec<Position>> {
-        let positions = if records.is_empty() {
-            Vec::new()
-        } else {
-            self.append(topic, records.to_vec()).await?
-        };
-        self.commit(group, source, offsets).await?;
-        Ok(positions)
+    ) -> Result<()> {
+        for (topic, records) in appends {
+            if !records.is_empty() {
+                self.append(topic, records.to_vec()).await?;
+            }
+        }
+        self.commit(group, source, offsets).await
     }
 
     /// Up to `max` records of one partition from offset `from` on (records before the

@@ -16,6 +16,11 @@ pub fn sink_topic(pipeline_id: &str, sink_name: &str) -> String {
     format!("sink.{pipeline_id}.{sink_name}")
 }
 
+/// The topic where a pipeline's dead letters go: records a transform failed on.
+pub fn dead_letter_topic(pipeline_id: &str) -> String {
+    format!("deadletter.{pipeline_id}")
+}
+
 /// The consumer group a deployment reads its source with.
 pub fn deployment_group(pipeline_id: &str) -> String {
     format!("deploy.{pipeline_id}")

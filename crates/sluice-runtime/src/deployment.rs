@@ -26,6 +26,10 @@ pub struct Counters {
     pub dropped: AtomicU64,
     /// Failed sink writes.
     pub output_errors: AtomicU64,
+    /// Records a transform failed on, written to the dead-letter topic.
+    pub dead_lettered: AtomicU64,
+    /// Script runtimes replaced after running out of memory.
+    pub oom_restarts: AtomicU64,
 }
 
 impl Counters {

@@ -19,6 +19,7 @@ use std::time::Duration;
 use sluice_bus::{BusError, NewRecord, Retention, StreamLog, TopicConfig, topics};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::Clock;
+use sluice_core::datasets::{DatasetLookup, NoDatasets};
 use sluice_core::deployment::{DeploymentRecord, DeploymentState};
 use sluice_core::pipeline::Pipeline;
 use sluice_store::{MetadataStore, StoreError};
@@ -106,6 +107,9 @@ pub struct Runtime {
     catalog: Arc<Catalog>,
     clock: Arc<dyn Clock>,
     sets: Arc<SetIndexes>,
+    /// What `beam.contains` in scripts asks; every dataset is empty until
+    /// [`Runtime::use_datasets`].
+    datasets: Arc<DatasetSlot>,
     settings: RuntimeSettings,
     /// Running deployments by pipeline id. Lifecycle calls on one pipeline serialize here.
     running: Mutex<HashMap<String, Running>>,
@@ -137,6 +141,7 @@ impl Runtime {
             catalog,
             clock,
             sets,
+            datasets: Arc::new(DatasetSlot(std::sync::RwLock::new(Arc::new(NoDatasets)))),
             settings,
             running: Mutex::new(HashMap::new()),
         });
@@ -166,6 +171,25 @@ impl Runtime {
     /// The set indexes, which must hear every filter-value change (give them to the API).
     pub fn set_indexes(&self) -> Arc<SetIndexes> {
         self.sets.clone()
+    }
+
+    /// Answers scripts' `beam.contains` from `lookup` (the process's dataset index), in
+    /// running pipelines too.
+    pub fn use_datasets(&self, lookup: Arc<dyn DatasetLookup>) {
+        *self.datasets.0.write().expect("dataset lookup lock is never poisoned") = lookup;
+    }
+
+    /// The dead-letter topic of a deployed (or paused) pipeline; `None` when it is not
+    /// deployed.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn dead_letter_topic(&self, pipeline_id: &str) -> Result<Option<String>> {
+        Ok(self
+            .store
+            .deployment(pipeline_id)
+            .await?
+            .map(|_| topics::dead_letter_topic(pipeline_id)))
     }
 
     pub fn log(&self) -> &Arc<dyn StreamLog> {
@@ -233,6 +257,7 @@ impl Runtime {
         for (_, topic) in &plan.sink_topics {
             self.log.create_topic(topic, sink_config).await?;
         }
+        self.log.create_topic(&topics::dead_letter_topic(&pipeline.id), sink_config).await?;
         self.pin_start_offsets(&plan).await?;
         let record = DeploymentRecord {
             pipeline_id: pipeline.id.clone(),
@@ -309,6 +334,7 @@ impl Runtime {
                 self.log.delete_topic(topic).await?;
             }
         }
+        self.log.delete_topic(&topics::dead_letter_topic(pipeline_id)).await?;
         self.log.delete_group(&topics::deployment_group(pipeline_id)).await?;
         self.store.delete_deployment(pipeline_id).await?;
         self.sets.release_pipeline(pipeline_id);
@@ -372,7 +398,7 @@ impl Runtime {
         for uid in plan.set_filter_uids() {
             sets.push(self.sets.acquire(&plan.pipeline_id, uid).await?);
         }
-        Ok(Arc::new(plan.bind(sets)))
+        Ok(Arc::new(plan.bind(sets, self.datasets.clone())))
     }
 
     /// Starts the workers of `plan`, compiled from `pipeline`; its start offsets must be
@@ -387,5 +413,16 @@ impl Runtime {
             self.clock.clone(),
             self.settings,
         ))
+    }
+}
+
+/// The dataset lookup of the process, replaceable after the runtime started (the index is
+/// loaded after it): plans hold the slot, so running pipelines see the replacement.
+struct DatasetSlot(std::sync::RwLock<Arc<dyn DatasetLookup>>);
+
+impl DatasetLookup for DatasetSlot {
+    fn contains_any(&self, owner_user_id: &str, dataset: &str, values: &[&str]) -> bool {
+        let lookup = self.0.read().expect("dataset lookup lock is never poisoned").clone();
+        lookup.contains_any(owner_user_id, dataset, values)
     }
 }

@@ -1,24 +1,29 @@
 //! A pipeline compiled for the workers: the source topic, the transform stages in order and
 //! the sink topics. [`Plan`] is checked and pure; [`BoundPlan`] holds the live set indexes
-//! its set filters test against.
+//! its set filters test against and the dataset lookup its scripts call, and runs a batch
+//! through every stage ([`BoundPlan::run`]).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use sluice_bus::topics;
+use sluice_core::datasets::DatasetLookup;
 use sluice_core::filter_expr::FilterExpr;
-use sluice_core::pipeline::{Pipeline, Transform};
+use sluice_core::pipeline::{Pipeline, PodSize, Transform};
 use sluice_filter::SetFilter;
+use sluice_js::{LogLevel, LogSink, ScriptEngine};
 
 use crate::sets::SetHandle;
+
+/// Calls of `transform` a record gets before it is dead-lettered: the first and two retries
+/// (on a fresh engine when the runtime ran out of memory).
+pub const SCRIPT_ATTEMPTS: u32 = 3;
 
 /// Why a stored pipeline cannot run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
-    #[error(
-        "transform {uid} is a v8 script: script transforms cannot run in this build yet \
-         (the script engine is not part of it); remove the transform to deploy"
-    )]
-    ScriptsUnsupported { uid: String },
+    #[error("transform {uid}: the script cannot run: {reason}")]
+    BadScript { uid: String, reason: String },
     #[error("transform {uid}: {reason}")]
     BadFilterExpr { uid: String, reason: String },
     #[error(
@@ -33,12 +38,17 @@ pub enum PlanError {
 #[derive(Debug, Clone)]
 pub enum Stage {
     SetFilter { uid: String, filter: SetFilter },
+    Script { uid: String, source: Arc<str> },
 }
 
 /// A pipeline compiled for the workers.
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub pipeline_id: String,
+    /// The pipeline's owner, whose datasets `beam.contains` sees.
+    pub owner_user_id: String,
+    /// Sets the memory limit of each worker's script runtimes.
+    pub pod_size: PodSize,
     /// The chain-stream topic the pipeline reads.
     pub source: String,
     pub stages: Vec<Stage>,
@@ -68,9 +78,14 @@ impl Plan {
                     })?;
                     Ok(Stage::SetFilter { uid: uid.clone(), filter: SetFilter::new(&expr) })
                 }
-                Transform::Script { uid, .. } => {
-                    Err(PlanError::ScriptsUnsupported { uid: uid.clone() })
-                }
+                Transform::Script { uid, script } => match sluice_js::compile_check(script) {
+                    Ok(()) => {
+                        Ok(Stage::Script { uid: uid.clone(), source: script.as_str().into() })
+                    }
+                    Err(error) => {
+                        Err(PlanError::BadScript { uid: uid.clone(), reason: error.to_string() })
+                    }
+                },
             })
             .collect::<Result<Vec<_>, _>>()?;
         if config.sinks.len() != 1 {
@@ -90,56 +105,235 @@ impl Plan {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { pipeline_id: pipeline.id.clone(), source, stages, sink_topics })
+        Ok(Self {
+            pipeline_id: pipeline.id.clone(),
+            owner_user_id: pipeline.owner_org_team_user_id.clone(),
+            pod_size: pipeline.pod_size,
+            source,
+            stages,
+            sink_topics,
+        })
     }
 
     /// Uids of the set filters, in stage order.
     pub fn set_filter_uids(&self) -> impl Iterator<Item = &str> {
-        self.stages.iter().map(|Stage::SetFilter { uid, .. }| uid.as_str())
+        self.stages.iter().filter_map(|stage| match stage {
+            Stage::SetFilter { uid, .. } => Some(uid.as_str()),
+            Stage::Script { .. } => None,
+        })
     }
 
-    /// Attaches the live set indexes, one per set filter in stage order.
-    pub(crate) fn bind(self, sets: Vec<Arc<SetHandle>>) -> BoundPlan {
-        BoundPlan { plan: self, sets }
+    /// Whether a stage runs a script (the batch then runs off the async executor).
+    pub fn has_scripts(&self) -> bool {
+        self.stages.iter().any(|stage| matches!(stage, Stage::Script { .. }))
+    }
+
+    /// Attaches the live set indexes, one per set filter in stage order, and the dataset
+    /// lookup of its scripts.
+    pub(crate) fn bind(
+        self,
+        sets: Vec<Arc<SetHandle>>,
+        datasets: Arc<dyn DatasetLookup>,
+    ) -> BoundPlan {
+        BoundPlan { plan: self, sets, datasets }
     }
 }
 
 /// A plan with its live set indexes.
-#[derive(Debug)]
 pub struct BoundPlan {
     pub plan: Plan,
     sets: Vec<Arc<SetHandle>>,
+    datasets: Arc<dyn DatasetLookup>,
+}
+
+impl std::fmt::Debug for BoundPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoundPlan").field("plan", &self.plan).finish_non_exhaustive()
+    }
+}
+
+/// A record on its way through the stages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+/// A record a transform failed on, every attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failed {
+    /// The record as it entered the failing transform.
+    pub item: Item,
+    pub transform_uid: String,
+    pub error: String,
+    pub attempts: u32,
+}
+
+/// What a batch became.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Records for the sink, in order.
+    pub out: Vec<Item>,
+    /// Records for the dead-letter topic.
+    pub failed: Vec<Failed>,
+    /// Times a script runtime ran out of memory and was replaced.
+    pub oom_restarts: u64,
+}
+
+/// One worker's script runtimes, by transform uid; built on first use and rebuilt when the
+/// script changes (a redeploy).
+#[derive(Default)]
+pub struct Engines {
+    by_uid: HashMap<String, (Arc<str>, ScriptEngine)>,
+}
+
+impl std::fmt::Debug for Engines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engines").field("scripts", &self.by_uid.len()).finish()
+    }
+}
+
+/// `console.*` of a pipeline's scripts, into the process log.
+struct ScriptLog {
+    pipeline_id: String,
+    uid: String,
+}
+
+impl LogSink for ScriptLog {
+    fn log(&self, level: LogLevel, message: &str) {
+        let (config_id, transform) = (&self.pipeline_id, &self.uid);
+        match level {
+            LogLevel::Error => tracing::error!(%config_id, %transform, "script: {message}"),
+            LogLevel::Warn => tracing::warn!(%config_id, %transform, "script: {message}"),
+            _ => tracing::info!(%config_id, %transform, "script: {message}"),
+        }
+    }
 }
 
 impl BoundPlan {
-    /// Which records of a batch pass every stage: one answer per record. Each stage tests
-    /// the survivors of the one before in a single batched lookup
-    /// ([`SetFilter::passes_batch`]), holding the set's read lock once for the whole batch
-    /// (the hot path).
-    pub fn filter_batch<T>(&self, records: &[T], bytes: impl Fn(&T) -> &[u8]) -> Vec<bool> {
-        let mut alive: Vec<usize> = (0..records.len()).collect();
-        let mut values: Vec<&[u8]> = Vec::with_capacity(records.len());
-        let mut passed = Vec::with_capacity(records.len());
+    /// Runs a batch through every stage in order: set filters keep or drop records, scripts
+    /// reshape, drop or fan them out. A record a script fails on ([`SCRIPT_ATTEMPTS`]
+    /// calls) leaves the batch as [`Failed`]; the others go on. When a script runtime runs
+    /// out of memory it is replaced by a fresh one (counted) and the record is tried again.
+    ///
+    /// Blocking: with scripts, call it off the async executor.
+    pub fn run(&self, items: Vec<Item>, engines: &mut Engines) -> Outcome {
+        let mut outcome = Outcome::default();
+        let mut items = items;
         let mut sets = self.sets.iter();
         for stage in &self.plan.stages {
-            if alive.is_empty() {
+            if items.is_empty() {
                 break;
             }
             match stage {
                 Stage::SetFilter { filter, .. } => {
                     let set = sets.next().expect("a bound plan has one set per set filter");
-                    values.clear();
-                    values.extend(alive.iter().map(|&i| bytes(&records[i])));
-                    set.with(|set| filter.passes_batch(&values, set, &mut passed));
+                    let mut passed = Vec::with_capacity(items.len());
+                    set.with(|set| filter.passes_batch(&values_of(&items), set, &mut passed));
+                    let mut answers = passed.into_iter();
+                    items.retain(|_| answers.next().unwrap_or(false));
+                }
+                Stage::Script { uid, source } => {
+                    items = self.run_script(uid, source, items, engines, &mut outcome);
                 }
             }
-            let mut answers = passed.iter();
-            alive.retain(|_| *answers.next().expect("one answer per surviving record"));
         }
-        let mut keep = vec![false; records.len()];
-        for i in alive {
-            keep[i] = true;
-        }
-        keep
+        outcome.out = items;
+        outcome
     }
+
+    fn run_script(
+        &self,
+        uid: &str,
+        source: &Arc<str>,
+        items: Vec<Item>,
+        engines: &mut Engines,
+        outcome: &mut Outcome,
+    ) -> Vec<Item> {
+        let engine = match self.engine(uid, source, engines) {
+            Ok(engine) => engine,
+            Err(error) => {
+                // Checked at deploy, so only a runtime that cannot be created lands here.
+                outcome.failed.extend(items.into_iter().map(|item| Failed {
+                    item,
+                    transform_uid: uid.to_owned(),
+                    error: error.clone(),
+                    attempts: 1,
+                }));
+                return Vec::new();
+            }
+        };
+        let results = engine.run_batch(items.iter().map(|item| item.value.as_slice()));
+        let mut next = Vec::with_capacity(items.len());
+        for (item, first) in items.into_iter().zip(results) {
+            let mut result = first;
+            let mut attempts = 1;
+            while result.is_err() && attempts < SCRIPT_ATTEMPTS {
+                if engine.is_poisoned() {
+                    outcome.oom_restarts += 1;
+                    tracing::warn!(config_id = %self.plan.pipeline_id, transform = uid, "script runtime ran out of memory; restarted");
+                    if engine.restart().is_err() {
+                        break;
+                    }
+                }
+                result = engine.run(&item.value);
+                attempts += 1;
+            }
+            match result {
+                Ok(outputs) if outputs.len() == 1 => {
+                    let value = outputs.into_iter().next().expect("one output");
+                    next.push(Item { key: item.key, value });
+                }
+                Ok(outputs) => {
+                    // Fan-out: each output gets the source key plus its position, stable
+                    // across retries and redeploys, so consumers can still de-duplicate.
+                    for (index, value) in outputs.into_iter().enumerate() {
+                        let mut key = item.key.clone();
+                        key.extend_from_slice(format!("#{index}").as_bytes());
+                        next.push(Item { key, value });
+                    }
+                }
+                Err(error) => {
+                    outcome.failed.push(Failed {
+                        item,
+                        transform_uid: uid.to_owned(),
+                        error: error.to_string(),
+                        attempts,
+                    });
+                }
+            }
+        }
+        if engine.is_poisoned() {
+            outcome.oom_restarts += 1;
+            let _ = engine.restart();
+        }
+        next
+    }
+
+    /// The worker's runtime for script `uid`, built (or rebuilt for a changed script) here.
+    fn engine<'e>(
+        &self,
+        uid: &str,
+        source: &Arc<str>,
+        engines: &'e mut Engines,
+    ) -> Result<&'e mut ScriptEngine, String> {
+        let current = engines.by_uid.get(uid).is_some_and(|(built, _)| built == source);
+        if !current {
+            let log = ScriptLog { pipeline_id: self.plan.pipeline_id.clone(), uid: uid.to_owned() };
+            let engine = ScriptEngine::new(
+                source,
+                sluice_js::Limits::for_pod_size(self.plan.pod_size),
+                self.datasets.clone(),
+                &self.plan.owner_user_id,
+                Arc::new(log),
+            )
+            .map_err(|error| format!("the script cannot run: {error}"))?;
+            engines.by_uid.insert(uid.to_owned(), (source.clone(), engine));
+        }
+        Ok(&mut engines.by_uid.get_mut(uid).expect("just ensured").1)
+    }
+}
+
+fn values_of(items: &[Item]) -> Vec<&[u8]> {
+    items.iter().map(|item| item.value.as_slice()).collect()
 }

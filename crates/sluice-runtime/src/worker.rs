@@ -23,7 +23,7 @@ use tokio::sync::watch;
 
 use crate::RuntimeSettings;
 use crate::deployment::Counters;
-use crate::plan::BoundPlan;
+use crate::plan::{BoundPlan, Engines, Failed, Item};
 
 pub(crate) struct Worker {
     pub index: usize,
@@ -44,6 +44,10 @@ impl Worker {
         let group = topics::deployment_group(&plan.plan.pipeline_id);
         let Some(mut next) = self.start_offsets(&source, &group).await else { return };
         let mut watch = self.log.watch(&source);
+        let dead_letters = topics::dead_letter_topic(&plan.plan.pipeline_id);
+        // This worker's script runtimes; they move into the blocking task that runs a batch
+        // and come back with its outcome.
+        let mut engines = Engines::default();
         let mut partitions: Vec<u32> = next.keys().copied().collect();
         partitions.sort_unstable();
         tracing::debug!(config_id = %plan.plan.pipeline_id, worker = self.index, ?partitions, "worker started");
@@ -80,7 +84,9 @@ impl Worker {
                 }
                 continue;
             }
-            if !self.process(&plan, batch, &group, &offsets).await {
+            let settled =
+                self.process(&plan, batch, &mut engines, &group, &dead_letters, &offsets).await;
+            if !settled {
                 // Stopped while the sink kept failing: offsets stay for the next start.
                 return;
             }
@@ -128,40 +134,72 @@ impl Worker {
         }
     }
 
-    /// Filters and delivers one batch and commits its source `offsets` (in one step of the
-    /// log when it can: [`StreamLog::append_and_commit`]). False when the worker was stopped
-    /// before the batch was settled (its offsets must not be committed).
+    /// Runs one batch through the plan, delivers it with its dead letters and commits its
+    /// source `offsets` (in one step of the log when it can:
+    /// [`StreamLog::append_and_commit`]). False when the worker was stopped before the batch
+    /// was settled (its offsets must not be committed).
     async fn process(
         &self,
-        plan: &BoundPlan,
+        plan: &Arc<BoundPlan>,
         records: Vec<Record>,
+        engines: &mut Engines,
         group: &str,
+        dead_letter_topic: &str,
         offsets: &[(u32, u64)],
     ) -> bool {
         Counters::add(&self.counters.received, records.len() as u64);
         let hold_ms = i64::try_from(self.settings.hold.as_millis()).unwrap_or(i64::MAX);
         let cutoff = self.clock.now().timestamp_millis().saturating_sub(hold_ms);
         let read = records.len();
-        let fresh: Vec<Record> = records.into_iter().filter(|r| r.timestamp_ms >= cutoff).collect();
-        if fresh.len() < read {
-            Counters::add(&self.counters.skipped_expired, (read - fresh.len()) as u64);
-        }
-        let keep = plan.filter_batch(&fresh, |record| &record.value);
-        // The kept records move into the sink batch: nothing is copied.
-        let out: Vec<NewRecord> = fresh
+        // The records move through the stages and into the sink batch: nothing is copied.
+        let items: Vec<Item> = records
             .into_iter()
-            .zip(keep)
-            .filter_map(|(r, keep)| keep.then_some(NewRecord { key: r.key, value: r.value }))
+            .filter(|r| r.timestamp_ms >= cutoff)
+            .map(|r| Item { key: r.key, value: r.value })
             .collect();
-        let sink = plan.plan.sink_topics.first().map_or("", |(_, topic)| topic.as_str());
+        if items.len() < read {
+            Counters::add(&self.counters.skipped_expired, (read - items.len()) as u64);
+        }
+        let outcome = if plan.plan.has_scripts() {
+            // Scripts block their thread for up to their time budget per record.
+            let (moved_plan, mut moved) = (plan.clone(), std::mem::take(engines));
+            let joined = tokio::task::spawn_blocking(move || {
+                let outcome = moved_plan.run(items, &mut moved);
+                (outcome, moved)
+            })
+            .await;
+            match joined {
+                Ok((outcome, back)) => {
+                    *engines = back;
+                    outcome
+                }
+                Err(error) => {
+                    // A panic in a script stage: the batch is not settled; a restart
+                    // delivers it again.
+                    tracing::error!(%error, "script stage panicked; worker stops");
+                    return false;
+                }
+            }
+        } else {
+            plan.run(items, engines)
+        };
+        Counters::add(&self.counters.oom_restarts, outcome.oom_restarts);
+        Counters::add(&self.counters.dead_lettered, outcome.failed.len() as u64);
+        let out: Vec<NewRecord> = outcome
+            .out
+            .into_iter()
+            .map(|item| NewRecord { key: item.key, value: item.value })
+            .collect();
+        let now = self.clock.now();
+        let dead: Vec<NewRecord> =
+            outcome.failed.into_iter().map(|failed| dead_letter(failed, now)).collect();
+        let Some((_, sink)) = plan.plan.sink_topics.first() else { return true };
+        let sink = sink.as_str();
         let source = plan.plan.source.as_str();
         let mut backoff = self.settings.initial_backoff;
         loop {
-            let written = if sink.is_empty() {
-                self.log.commit(group, source, offsets).await.map(|()| Vec::new())
-            } else {
-                self.log.append_and_commit(sink, &out, group, source, offsets).await
-            };
+            let appends: [(&str, &[NewRecord]); 2] = [(sink, &out), (dead_letter_topic, &dead)];
+            let written = self.log.append_and_commit(&appends, group, source, offsets).await;
             match written {
                 Ok(_) => {
                     Counters::add(&self.counters.sent, out.len() as u64);
@@ -198,5 +236,25 @@ impl Worker {
             () = tokio::time::sleep(length) => true,
             _ = stop.changed() => false,
         }
+    }
+}
+
+/// The dead-letter record of a record a transform failed on: the same key, and a JSON object
+/// with the transform, the error, the attempts, when, and the record itself.
+fn dead_letter(failed: Failed, now: chrono::DateTime<chrono::Utc>) -> NewRecord {
+    let Failed { item, transform_uid, error, attempts } = failed;
+    let record = serde_json::from_slice::<serde_json::Value>(&item.value).unwrap_or_else(|_| {
+        serde_json::Value::String(String::from_utf8_lossy(&item.value).into_owned())
+    });
+    let value = serde_json::json!({
+        "transform_uid": transform_uid,
+        "error": error,
+        "attempts": attempts,
+        "failed_at": sluice_core::time::format(now),
+        "record": record,
+    });
+    NewRecord {
+        key: item.key,
+        value: serde_json::to_vec(&value).expect("a dead letter serializes"),
     }
 }

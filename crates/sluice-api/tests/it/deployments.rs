@@ -645,3 +645,87 @@ async fn the_live_tail_streams_new_records_resumes_after_last_event_id_and_ends_
     let (status, _) = stack.call(Method::GET, &path, &stack.reader, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn scripts_reshape_drop_and_fan_out_and_failing_records_become_dead_letters() {
+    let stack = Stack::new().await;
+    let script = r#"
+function transform(r) {
+  if (r.n === 13) throw new Error("unlucky " + r.n);
+  if (r.n === 21) { while (true) {} }
+  if (r.n === 23) { const hoard = []; while (true) hoard.push(new Array(100000).fill(r.n)); }
+  if (r.n % 2 === 0) return null;
+  if (r.n === 7) return [{n: 7, part: 1}, {n: 7, part: 2}];
+  return {n: r.n, token: r.token_address.toUpperCase()};
+}"#;
+    let body = json!({
+        "name": "scripted",
+        "description": "shaped USDC transfers",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [
+                {"type": "redis_set_filter", "uid": "tf-usdc",
+                 "filter_expr": "root = this.token_address", "set_values": [USDC]},
+                {"type": "v8", "uid": "tf-shape", "script": script}
+            ],
+            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+        }
+    });
+    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    stack.action(&id, "deploy").await;
+
+    let mut transfers: Vec<(u64, &str)> = (1..=24).map(|n| (n, USDC)).collect();
+    transfers.push((25, OTHER)); // the set filter drops it before the script sees it
+    stack.ingest(&transfers).await;
+    stack.settle(&id).await;
+
+    let delivered = stack.sink_records(&id).await;
+    let mut shaped: Vec<(String, Value)> = delivered
+        .iter()
+        .map(|r| (r["key"].as_str().unwrap().to_owned(), r["value"].clone()))
+        .collect();
+    shaped.sort_by_key(|(_, value)| (value["n"].as_u64(), value["part"].as_u64()));
+    let numbers: Vec<u64> = shaped.iter().map(|(_, v)| v["n"].as_u64().unwrap()).collect();
+    assert_eq!(numbers, vec![1, 3, 5, 7, 7, 9, 11, 15, 17, 19]);
+    assert_eq!(shaped[0].1, json!({"n": 1, "token": USDC.to_uppercase()}));
+    // Fan-out: each output keeps the source key plus its position.
+    let key7 = format!("0x{:064x}:7", 7);
+    assert_eq!(shaped[3], (format!("{key7}#0"), json!({"n": 7, "part": 1})));
+    assert_eq!(shaped[4], (format!("{key7}#1"), json!({"n": 7, "part": 2})));
+    assert_eq!(shaped[5].0, format!("0x{:064x}:9", 9));
+
+    // The throwing record, the endless loop and the memory bomb are set aside, each after
+    // every attempt, with its error; the records around them flowed.
+    let (status, page) = stack
+        .call(Method::GET, &format!("/api/v1/beam/{id}/dead-letters"), &stack.owner, None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let dead = page["dead_letters"].as_array().unwrap();
+    let mut by_n: Vec<(u64, &Value)> =
+        dead.iter().map(|d| (d["record"]["n"].as_u64().unwrap(), d)).collect();
+    by_n.sort_by_key(|(n, _)| *n);
+    assert_eq!(by_n.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![13, 21, 23]);
+    for (_, letter) in &by_n {
+        assert_eq!(letter["transform_uid"], "tf-shape");
+        assert_eq!(letter["attempts"], 3);
+    }
+    let error = |i: usize| by_n[i].1["error"].as_str().unwrap().to_owned();
+    assert!(error(0).contains("unlucky 13") && error(0).contains("line 3"), "{}", error(0));
+    assert!(error(1).contains("time budget"), "{}", error(1));
+    assert!(error(2).contains("out of memory"), "{}", error(2));
+    assert_eq!(by_n[0].1["key"], format!("0x{:064x}:3", 13));
+    assert_eq!(page["next_offset"], 3);
+
+    let counters = stack.runtime.counters(&id).await.unwrap();
+    assert_eq!(sluice_runtime::Counters::get(&counters.dead_lettered), 3);
+    assert!(sluice_runtime::Counters::get(&counters.oom_restarts) >= 1);
+    assert_eq!(sluice_runtime::Counters::get(&counters.sent), 10);
+
+    // Strangers do not see them; teardown removes them.
+    let path = format!("/api/v1/beam/{id}/dead-letters");
+    assert_eq!(stack.call(Method::GET, &path, &stack.reader, None).await.0, StatusCode::NOT_FOUND);
+    stack.action(&id, "teardown").await;
+    assert_eq!(stack.call(Method::GET, &path, &stack.owner, None).await.0, StatusCode::NOT_FOUND);
+}

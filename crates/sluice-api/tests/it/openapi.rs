@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 25] = [
+const ROUTES: [(&str, &str); 26] = [
     ("post", "/api/v1/beam"),
     ("get", "/api/v1/beam"),
     ("get", "/api/v1/beam/sources"),
@@ -26,6 +26,7 @@ const ROUTES: [(&str, &str); 25] = [
     ("post", "/api/v1/beam/{config_id}/teardown"),
     ("get", "/api/v1/beam/{config_id}/sinks/{sink_uid}/records"),
     ("get", "/api/v1/beam/{config_id}/sinks/{sink_uid}/records/stream"),
+    ("get", "/api/v1/beam/{config_id}/dead-letters"),
     ("post", "/api/v1/streams/{chain}/{entity}/records"),
     ("get", "/api/v1/me"),
     ("get", "/healthz"),

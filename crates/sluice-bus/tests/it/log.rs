@@ -263,24 +263,28 @@ async fn append_and_commit_writes_records_and_offsets_together_or_not_at_all() {
     f.log.create_topic("base.src", config(2)).await.unwrap();
     f.log.create_topic("sink.out", config(1)).await.unwrap();
     let out = [record("a", "1"), record("b", "2")];
-    let positions = f
-        .log
-        .append_and_commit("sink.out", &out, "g", "base.src", &[(0, 7), (1, 3)])
-        .await
-        .unwrap();
-    assert_eq!(positions.iter().map(|p| p.offset).collect::<Vec<_>>(), vec![0, 1]);
+    f.log.create_topic("dead.out", config(1)).await.unwrap();
+    let dead = [record("c", "3")];
+    let appends: [(&str, &[NewRecord]); 2] = [("sink.out", &out), ("dead.out", &dead)];
+    f.log.append_and_commit(&appends, "g", "base.src", &[(0, 7), (1, 3)]).await.unwrap();
+    let sunk = f.log.read("sink.out", 0, 0, 10).await.unwrap();
+    assert_eq!(sunk.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!(f.log.read("dead.out", 0, 0, 10).await.unwrap()[0].value, b"3");
     let committed: Vec<_> = f.log.committed("g", "base.src").await.unwrap().into_iter().collect();
     assert_eq!(committed, vec![(0, 7), (1, 3)]);
 
     // No records: only the offsets move.
-    f.log.append_and_commit("sink.out", &[], "g", "base.src", &[(0, 9)]).await.unwrap();
+    f.log.append_and_commit(&[("sink.out", &[])], "g", "base.src", &[(0, 9)]).await.unwrap();
     assert_eq!(f.log.committed("g", "base.src").await.unwrap()[&0], 9);
     assert_eq!(f.log.offsets("sink.out").await.unwrap()[0].end, 2);
 
     // An unknown sink or source topic fails and changes neither the sink nor the offsets.
-    let gone = f.log.append_and_commit("sink.gone", &out, "g", "base.src", &[(0, 20)]).await;
+    let gone = f
+        .log
+        .append_and_commit(&[("sink.out", &out), ("sink.gone", &out)], "g", "base.src", &[(0, 20)])
+        .await;
     assert!(matches!(gone, Err(sluice_bus::BusError::UnknownTopic(t)) if t == "sink.gone"));
-    let bad = f.log.append_and_commit("sink.out", &out, "g", "base.none", &[(0, 20)]).await;
+    let bad = f.log.append_and_commit(&[("sink.out", &out)], "g", "base.none", &[(0, 20)]).await;
     assert!(matches!(bad, Err(sluice_bus::BusError::UnknownTopic(t)) if t == "base.none"));
     assert_eq!(f.log.committed("g", "base.src").await.unwrap()[&0], 9);
     assert_eq!(f.log.offsets("sink.out").await.unwrap()[0].end, 2);
