@@ -320,5 +320,8 @@ fn atomics_wait_cannot_block_the_worker() {
         "function transform(r) { const ia = new Int32Array(new SharedArrayBuffer(16)); Atomics.wait(ia, 0, 0); return r; }",
     );
     let error = run(&mut engine, "{}").expect_err("cannot block");
-    assert!(matches!(&error, RunError::Threw { message, .. } if message.starts_with("TypeError")), "{error:?}");
+    assert!(
+        matches!(&error, RunError::Threw { message, .. } if message.starts_with("TypeError")),
+        "{error:?}"
+    );
 }
