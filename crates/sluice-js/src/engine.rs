@@ -115,7 +115,7 @@ impl Budget {
 
 impl ScriptEngine {
     /// Builds a runtime with `limits`, installs `beam` and `console`, and evaluates `source`
-    /// (its top-level code runs once, under the call budget).
+    /// (its top-level code runs once, under [`Limits::load_budget`]).
     ///
     /// `lookup` answers `beam.contains` for the datasets of `owner_user_id` (the pipeline's
     /// owner); `log` receives `console.*` lines.
@@ -154,7 +154,8 @@ impl ScriptEngine {
         // The limit is set after the context exists so that the built-in objects count
         // against it but can never make creation fail under a tiny limit in tests.
         runtime.set_memory_limit(setup.limits.memory_bytes);
-        budget.start(setup.limits.call_budget);
+        let load_budget = setup.limits.load_budget();
+        budget.start(load_budget);
         let loaded = context.with(|ctx| load(&ctx, &setup));
         let timed_out = budget.stop();
         if let Err(mut error) = loaded {
@@ -163,7 +164,7 @@ impl ScriptEngine {
                     kind: ScriptErrorKind::TimedOut,
                     message: format!(
                         "the script's top-level code ran over the time budget of {} ms",
-                        setup.limits.call_budget.as_millis()
+                        load_budget.as_millis()
                     ),
                     line: None,
                     column: None,
@@ -193,7 +194,8 @@ impl ScriptEngine {
         Ok(())
     }
 
-    /// Bytes the runtime currently has allocated (for metrics).
+    /// Bytes the runtime currently has allocated (for metrics). Walks the whole heap: call
+    /// it once per metrics interval, not per record.
     pub fn memory_used_bytes(&self) -> usize {
         usize::try_from(self.runtime.memory_usage().malloc_size).unwrap_or(usize::MAX)
     }

@@ -33,8 +33,7 @@ pub use globals::{LogLevel, LogSink, MAX_LOG_MESSAGE_BYTES, NoLogs};
 /// the record was dropped, more than one when the script fanned out.
 pub type Output = Vec<Vec<u8>>;
 
-/// Default time one `transform` call may run (and the script's top-level code, once, when
-/// the engine is built). Generous for per-record work (the benchmark script takes about a
+/// Default time one `transform` call may run. Generous for per-record work (the benchmark script takes about a
 /// microsecond) while keeping a stuck call from holding a worker's batch for long: at
 /// 100 ms an infinite loop costs one batch a tenth of a second before it is cut off and the
 /// record is treated as failed.
@@ -64,11 +63,21 @@ pub struct Limits {
     /// Bytes the runtime may allocate; an allocation beyond it fails and the engine reports
     /// [`RunError::OutOfMemory`].
     pub memory_bytes: usize,
-    /// Time one `transform` call (and, once, the top-level code) may run.
+    /// Time one `transform` call may run.
     pub call_budget: Duration,
 }
 
+/// Least time the script's top-level code may run when an engine is built: it may build
+/// lookup tables, and it runs once per worker start, not per record.
+pub const MIN_LOAD_BUDGET: Duration = Duration::from_secs(1);
+
 impl Limits {
+    /// Time the script's top-level code may run when an engine is built: the call budget,
+    /// and at least [`MIN_LOAD_BUDGET`].
+    pub fn load_budget(&self) -> Duration {
+        self.call_budget.max(MIN_LOAD_BUDGET)
+    }
+
     /// The limits of a worker of a pipeline of `pod_size`, with [`DEFAULT_CALL_BUDGET`].
     pub fn for_pod_size(pod_size: PodSize) -> Self {
         Self { memory_bytes: memory_limit_for(pod_size), call_budget: DEFAULT_CALL_BUDGET }

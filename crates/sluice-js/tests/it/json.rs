@@ -103,3 +103,71 @@ fn a_getter_that_throws_is_a_per_record_error() {
         "{error:?}"
     );
 }
+
+/// Feeds `{"raw": "<text>", "value": <text>}` and checks that the record the script received
+/// (`value`, parsed by the engine) is indistinguishable from `JSON.parse(raw)`: same JSON,
+/// same own keys in the same order, same `-0`s, same prototype.
+fn assert_parsed_like_json_parse(texts: &[&str]) {
+    let mut engine = load(
+        "const probe = (x) => JSON.stringify(x, (k, v) => Object.is(v, -0) ? 'NEG_ZERO' : v) + ' ' + JSON.stringify(Object.keys(x)) + ' ' + (Object.getPrototypeOf(x) === Object.prototype) + ' ' + Object.getOwnPropertyNames(x).map((k) => JSON.stringify(Object.getOwnPropertyDescriptor(x, k))).join();\nfunction transform(r) { return { ours: probe(r.value), js: probe(JSON.parse(r.raw)) }; }",
+    );
+    for text in texts {
+        let record =
+            format!(r#"{{"raw":{},"value":{text}}}"#, serde_json::to_string(text).expect("JSON"));
+        let out = engine.run(record.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let out: serde_json::Value = serde_json::from_slice(&out[0]).expect("JSON");
+        assert_eq!(out["ours"], out["js"], "{text}");
+    }
+}
+
+#[test]
+fn input_records_are_parsed_like_json_parse() {
+    assert_parsed_like_json_parse(&[
+        r#"{}"#,
+        r#"{"a":1,"b":[1,2,{"c":null}],"d":"x","e":true,"f":false,"g":{},"h":[]}"#,
+        r#"{"n":[0,-0,1,-1,2147483647,2147483648,-2147483648,-2147483649,1.5,1e3,1E-3,2.5e+2,12345678901234567890,1e400,-1e400,0.1,5e-324,-0.0,0e5]}"#,
+        r#"{"s":"a\"b\\c\/d\b\f\n\r\t\u0041\u00e9\u2028\ud83d\ude00 raw é 😀"}"#,
+        r#"{"__proto__":{"x":1},"y":2}"#,
+        r#"{"a":1,"b":2,"a":3}"#,
+        r#"{"b":1,"2":2,"1":3,"-1":4,"4294967295":5}"#,
+        " \t\r\n{ \"a\" : [ 1 , 2 ] , \"b\" : { } } \n",
+        r#"{"lone":"\ud800","low":"\udc00x","pair?":"\ud800\u0041"}"#,
+    ]);
+    let deep = format!(r#"{{"deep":{}1{}}}"#, "[".repeat(90), "]".repeat(90));
+    let deep_objects = format!(r#"{{"a":{}1{}}}"#, r#"{"a":"#.repeat(70), "}".repeat(70));
+    assert_parsed_like_json_parse(&[&deep, &deep_objects]);
+}
+
+#[test]
+fn invalid_json_is_still_rejected() {
+    let mut engine = load("function transform(r) { return r; }");
+    for bad in [
+        r#"{"a":01}"#,
+        r#"{"a":1,}"#,
+        r#"{"a":"\x"}"#,
+        r#"{"a":.5}"#,
+        r#"{"a":1.}"#,
+        r#"{"a":1e}"#,
+        r#"{"a":-}"#,
+        r#"{"a":tru}"#,
+        "{\"a\":\"raw\ncontrol\"}",
+        r#"{} x"#,
+        r#"{"a" 1}"#,
+        r#"{'a':1}"#,
+        r#"{"a":"\u12"}"#,
+        "{\"a\":\"\u{0}\"}",
+    ] {
+        let error = engine.run(bad.as_bytes()).expect_err(bad);
+        assert!(matches!(error, sluice_js::RunError::BadInput { .. }), "{bad}: {error:?}");
+    }
+    assert!(matches!(engine.run(&[b'{', 0xff, b'}']), Err(sluice_js::RunError::BadInput { .. })));
+}
+
+#[test]
+fn parsing_defines_properties_without_calling_prototype_setters() {
+    let mut engine = load(
+        "Object.defineProperty(Object.prototype, 'trap', { set(v) { globalThis.trapped = v; }, configurable: true });\nfunction transform(r) { return { own: Object.hasOwn(r, 'trap'), value: r.trap, trapped: globalThis.trapped === undefined ? null : globalThis.trapped }; }",
+    );
+    let out = text(&engine.run(br#"{"trap":7}"#).expect("runs"));
+    assert_eq!(out, vec![r#"{"own":true,"value":7,"trapped":null}"#]);
+}

@@ -106,8 +106,13 @@ fn a_batch_stops_at_an_out_of_memory_error() {
 }
 
 #[test]
-fn top_level_code_is_held_to_the_same_limits() {
+fn top_level_code_is_held_to_the_load_budget_and_the_memory_limit() {
     let limits = Limits { memory_bytes: 16 * 1024 * 1024, call_budget: Duration::from_millis(50) };
+    assert_eq!(limits.load_budget(), Duration::from_secs(1));
+    assert_eq!(
+        Limits { call_budget: Duration::from_secs(3), ..limits }.load_budget(),
+        Duration::from_secs(3)
+    );
     let spin = ScriptEngine::new(
         "while (true) {}\nfunction transform(r) { return r; }",
         limits,
@@ -117,6 +122,7 @@ fn top_level_code_is_held_to_the_same_limits() {
     )
     .expect_err("top-level loop");
     assert_eq!(spin.kind, ScriptErrorKind::TimedOut);
+    assert_eq!(spin.message, "the script's top-level code ran over the time budget of 1000 ms");
     let limits = Limits { call_budget: Duration::from_secs(30), ..limits };
     let bomb = ScriptEngine::new("const a = []; for (;;) { a.push('z'.repeat(4096) + a.length); }\nfunction transform(r) { return r; }", limits, Arc::new(NoDatasets), "u", Arc::new(NoLogs))
         .expect_err("top-level bomb");

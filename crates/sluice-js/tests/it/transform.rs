@@ -313,3 +313,15 @@ fn deep_recursion_is_a_per_record_error() {
     );
     assert!(!error.is_fatal());
 }
+
+#[test]
+fn atomics_wait_cannot_block_the_worker() {
+    let mut engine = load(
+        "function transform(r) { const ia = new Int32Array(new SharedArrayBuffer(16)); Atomics.wait(ia, 0, 0); return r; }",
+    );
+    let error = run(&mut engine, "{}").expect_err("cannot block");
+    assert!(
+        matches!(&error, RunError::Threw { message, .. } if message.starts_with("TypeError")),
+        "{error:?}"
+    );
+}
