@@ -266,7 +266,9 @@ pub async fn create_dataset(
         if chars == 0 || chars > MAX_NAME_CHARS {
             errors.push(Violation::value(
                 &fields.loc("name"),
-                format!("a dataset name has 1 to {MAX_NAME_CHARS} characters; this one has {chars}"),
+                format!(
+                    "a dataset name has 1 to {MAX_NAME_CHARS} characters; this one has {chars}"
+                ),
             ));
         }
     }
@@ -282,9 +284,8 @@ pub async fn create_dataset(
         let state = state.clone();
         async move {
             let created = state.store.create_dataset(&owner, &name, at).await?;
-            let dataset = created.ok_or_else(|| {
-                ApiError::Conflict(format!("Dataset {name} already exists"))
-            })?;
+            let dataset = created
+                .ok_or_else(|| ApiError::Conflict(format!("Dataset {name} already exists")))?;
             state.dataset_listener.changed(DatasetRef::of(&dataset), DatasetChange::Created);
             Ok(dataset)
         }
@@ -523,7 +524,11 @@ pub async fn list_entries(
         .list_dataset_entries(&caller.0.user_id, &path.dataset_id, cursor, limit)
         .await?
         .ok_or_else(|| not_found(&path.dataset_id))?;
-    Ok(Json(EntryPageBody { values: page.values, cursor: page.next, total_count: page.total_count }))
+    Ok(Json(EntryPageBody {
+        values: page.values,
+        cursor: page.next,
+        total_count: page.total_count,
+    }))
 }
 
 /// Whether a value is an entry of a dataset; the value is lowercased first, as entries are.

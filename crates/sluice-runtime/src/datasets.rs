@@ -18,9 +18,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 
-use sluice_core::datasets::{
-    Dataset, DatasetChange, DatasetListener, DatasetLookup, DatasetRef,
-};
+use sluice_core::datasets::{Dataset, DatasetChange, DatasetListener, DatasetLookup, DatasetRef};
 use sluice_filter::ValueSet;
 use sluice_store::MetadataStore;
 
@@ -234,7 +232,11 @@ impl DatasetListener for DatasetIndex {
             }
         };
         if let Some(entry) = self.entry_for(dataset) {
-            entry.state.write().expect("dataset entry lock is never poisoned").apply(version, pending);
+            entry
+                .state
+                .write()
+                .expect("dataset entry lock is never poisoned")
+                .apply(version, pending);
         }
     }
 }

@@ -162,12 +162,15 @@ pub(crate) struct DatasetRow {
 
 impl DatasetRow {
     pub(crate) fn into_dataset(self) -> Result<Dataset> {
-        let corrupt =
-            |detail: String| StoreError::Corrupt { what: "dataset", detail: format!("{}: {detail}", self.id) };
+        let corrupt = |detail: String| StoreError::Corrupt {
+            what: "dataset",
+            detail: format!("{}: {detail}", self.id),
+        };
         let timestamp = |text: &str| {
             sluice_core::time::parse(text).map_err(|e| corrupt(format!("timestamp {text:?}: {e}")))
         };
-        let count = |n: i64, what: &str| u64::try_from(n).map_err(|_| corrupt(format!("{what} {n}")));
+        let count =
+            |n: i64, what: &str| u64::try_from(n).map_err(|_| corrupt(format!("{what} {n}")));
         Ok(Dataset {
             created_at: timestamp(&self.created_at)?,
             updated_at: timestamp(&self.updated_at)?,

@@ -105,7 +105,9 @@ impl Target {
                 // Every other lookup misses: values from `entries` on were never added.
                 filter_value((n * 7919) % (2 * self.entries.max(1)))
             )),
-            Operation::FilterValues | Operation::DatasetAdd => bail!("bulk loads run their own loop"),
+            Operation::FilterValues | Operation::DatasetAdd => {
+                bail!("bulk loads run their own loop")
+            }
         };
         let response = request.header("X-API-Key", &self.key).send().await?;
         let status = response.status();

@@ -55,9 +55,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Every dataset in memory before the first request, so `beam.contains` never waits on
     // the store; the API keeps it current from then on. The same index is the script
     // engine's `DatasetLookup`.
-    let datasets = Arc::new(
-        DatasetIndex::load(store.as_ref()).await.context("loading the dataset index")?,
-    );
+    let datasets =
+        Arc::new(DatasetIndex::load(store.as_ref()).await.context("loading the dataset index")?);
 
     let state = AppState::new(
         store,

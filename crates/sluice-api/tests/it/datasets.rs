@@ -117,10 +117,14 @@ async fn datasets_of_another_user_are_404_on_every_route_and_names_are_per_user(
         h.get(&format!("{path}/check?value=0xa"), &bob).await,
     ];
     for (status, answer) in answers {
-        assert_eq!((status, answer), (NOT_FOUND, json!({"detail": format!("Dataset {id} not found")})));
+        assert_eq!(
+            (status, answer),
+            (NOT_FOUND, json!({"detail": format!("Dataset {id} not found")}))
+        );
     }
-    let (status, answer) =
-        h.post(&format!("{BASE}/entries"), &bob, json!({"name": "wallets", "values": ["0xb"]})).await;
+    let (status, answer) = h
+        .post(&format!("{BASE}/entries"), &bob, json!({"name": "wallets", "values": ["0xb"]}))
+        .await;
     assert_eq!((status, answer), (NOT_FOUND, json!({"detail": "Dataset named wallets not found"})));
     assert_eq!(h.get(BASE, &bob).await.1, json!([]));
 
@@ -224,7 +228,10 @@ async fn bad_bodies_and_queries_are_422_and_change_nothing() {
             json!({"values": ["0xa", "b".repeat(1025)]}),
             vec![(json!(["body", "values", 1]), "value_error")],
         ),
-        (json!({"values": ["0xa"], "name": "w"}), vec![(json!(["body", "name"]), "extra_forbidden")]),
+        (
+            json!({"values": ["0xa"], "name": "w"}),
+            vec![(json!(["body", "name"]), "extra_forbidden")],
+        ),
         (Value::String("{\"values\": [".to_owned()), vec![(json!(["body"]), "json_invalid")]),
     ];
     for (body, expected) in cases {

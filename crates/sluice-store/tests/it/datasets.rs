@@ -146,9 +146,7 @@ async fn datasets_of_other_users_are_invisible_and_untouched(store: Arc<dyn Meta
     assert_eq!(store.has_dataset_entry(&ann, "no-such-id", "0xa").await.unwrap(), None);
 }
 
-async fn entry_changes_count_what_changed_and_take_the_next_version(
-    store: Arc<dyn MetadataStore>,
-) {
+async fn entry_changes_count_what_changed_and_take_the_next_version(store: Arc<dyn MetadataStore>) {
     let ann = user(store.as_ref(), "ann").await.user.id;
     let d = store.create_dataset(&ann, "wallets", at(0)).await.unwrap().unwrap();
     let id = d.id.as_str();
