@@ -100,7 +100,8 @@ impl DatasetIndex {
                 index.install(dataset, values);
             }
         }
-        tracing::info!(datasets = datasets.len(), entries, "dataset index loaded");
+        let heap_bytes = index.stats().heap_bytes;
+        tracing::info!(datasets = datasets.len(), entries, heap_bytes, "dataset index loaded");
         Ok(index)
     }
 
