@@ -272,9 +272,8 @@ pub async fn create_dataset(
             ));
         }
     }
-    if let Ok(Some(kind)) = fields.optional_enum("type", &[DATASET_TYPE], &mut errors) {
-        debug_assert_eq!(kind, DATASET_TYPE);
-    }
+    // `type` may be sent, but only as the one type there is; it carries nothing to store.
+    let _ = fields.optional_enum("type", &[DATASET_TYPE], &mut errors);
     fields.finish(&mut errors, |_| None);
     let name = errors.finish(name)?.unwrap_or_default().to_owned();
 
