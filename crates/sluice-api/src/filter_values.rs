@@ -90,7 +90,7 @@ pub struct FilterValuesPath {
     transform_uid: String,
 }
 
-type QueryPairs = Result<Query<Vec<(String, String)>>, QueryRejection>;
+pub(crate) type QueryPairs = Result<Query<Vec<(String, String)>>, QueryRejection>;
 
 /// Loads the pipeline (404 unless the caller reads it, 403 without `needed`) and checks that
 /// `uid` is one of its set filters (404 when absent, 422 when a script).
@@ -118,11 +118,11 @@ async fn check_set_filter(
 }
 
 /// The last value of query parameter `name`.
-fn query_param<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
+pub(crate) fn query_param<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
     pairs.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
 }
 
-fn query_pairs(query: QueryPairs) -> Result<Vec<(String, String)>, ApiError> {
+pub(crate) fn query_pairs(query: QueryPairs) -> Result<Vec<(String, String)>, ApiError> {
     query.map(|Query(pairs)| pairs).map_err(|rejection| {
         ApiError::Validation(vec![Violation::new(
             &Loc::default().at("query"),
@@ -133,7 +133,7 @@ fn query_pairs(query: QueryPairs) -> Result<Vec<(String, String)>, ApiError> {
 }
 
 /// An optional integer query parameter within `min..=max`, pydantic-style violations.
-fn int_param(
+pub(crate) fn int_param(
     pairs: &[(String, String)],
     name: &str,
     min: i64,
@@ -171,7 +171,7 @@ fn int_param(
 
 /// Lowercases in place; the same result as [`normalize`] without a new allocation for the
 /// (usual) ASCII value.
-fn normalize_in_place(value: &mut String) {
+pub(crate) fn normalize_in_place(value: &mut String) {
     if value.is_ascii() {
         value.make_ascii_lowercase();
     } else {

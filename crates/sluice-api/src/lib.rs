@@ -9,6 +9,7 @@
 pub mod account;
 pub mod auth;
 pub mod body;
+pub mod datasets;
 pub mod deployments;
 pub mod error;
 pub mod filter_values;
@@ -25,6 +26,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::Clock;
+use sluice_core::datasets::{DatasetListener, NoDatasetIndex};
 use sluice_core::filter_values::{FilterValuesListener, NoInMemoryCopies};
 use sluice_runtime::Runtime;
 use sluice_store::MetadataStore;
@@ -60,6 +62,9 @@ pub struct AppState {
     pub limits: Limits,
     /// Told of every committed filter-value change, so in-memory set indexes follow at once.
     pub filter_listener: Arc<dyn FilterValuesListener>,
+    /// Told of every committed dataset change, so the dataset index behind `beam.contains`
+    /// follows at once.
+    pub dataset_listener: Arc<dyn DatasetListener>,
     /// The pipelines running in this process; `None` in a process that runs none (then the
     /// deployment and ingest endpoints answer 503).
     pub runtime: Option<Arc<Runtime>>,
@@ -81,6 +86,7 @@ impl AppState {
             clock,
             limits,
             filter_listener: Arc::new(NoInMemoryCopies),
+            dataset_listener: Arc::new(NoDatasetIndex),
             runtime: None,
             openapi_json: openapi_json.into(),
         }
@@ -102,6 +108,13 @@ impl AppState {
         self.runtime.as_ref().ok_or_else(|| {
             error::ApiError::Unavailable("this process runs no pipelines".to_owned())
         })
+    }
+
+    /// Sends dataset changes to `listener` (the dataset index behind `beam.contains`).
+    #[must_use]
+    pub fn with_dataset_listener(mut self, listener: Arc<dyn DatasetListener>) -> Self {
+        self.dataset_listener = listener;
+        self
     }
 
     /// Sends filter-value changes to `listener` (the runtime's set indexes).
@@ -129,6 +142,7 @@ impl AppState {
         (name = "deployments", description = "Deploy, pause, tear down, and read managed sinks"),
         (name = "streams", description = "Chain-stream ingest for operators' indexers"),
         (name = "filter-values", description = "Values of set-filter transforms"),
+        (name = "datasets", description = "Named value lists of a user, for `beam.contains` in scripts"),
         (name = "operations", description = "Health, readiness and this documentation"),
     )
 )]
@@ -158,6 +172,15 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(filter_values::check_filter_value))
         .routes(routes!(filter_values::count_filter_values))
         .layer(DefaultBodyLimit::max(limits.max_filter_values_body_bytes));
+    // Entry changes carry up to 250,000 values: the bulk-values limit, as for filter values.
+    let dataset_entries = OpenApiRouter::new()
+        .routes(routes!(
+            datasets::list_entries,
+            datasets::add_entries_by_id,
+            datasets::delete_entries
+        ))
+        .routes(routes!(datasets::add_entries_by_name))
+        .layer(DefaultBodyLimit::max(limits.max_filter_values_body_bytes));
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(pipelines::create_pipeline, pipelines::list_pipelines))
         .routes(routes!(sources::list_sources))
@@ -168,6 +191,10 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(sharing::get_permissions, sharing::put_permissions))
         .merge(filter_values)
+        .routes(routes!(datasets::create_dataset, datasets::list_datasets))
+        .routes(routes!(datasets::delete_dataset))
+        .routes(routes!(datasets::check_entry))
+        .merge(dataset_entries)
         .routes(routes!(deployments::deploy))
         .routes(routes!(deployments::pause))
         .routes(routes!(deployments::teardown))

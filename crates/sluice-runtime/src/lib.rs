@@ -7,6 +7,7 @@
 //! [`worker`], set indexes in [`sets`], the compiled form of a pipeline in [`plan`]. This
 //! crate must not depend on the API.
 
+pub mod datasets;
 mod deployment;
 pub mod plan;
 pub mod sets;

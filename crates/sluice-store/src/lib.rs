@@ -8,6 +8,7 @@
 //! the backend's own module. `tests/it/conformance.rs` runs one suite against each. This
 //! crate must not depend on the runtime or the API.
 
+mod datasets;
 mod migrations;
 mod postgres;
 mod sql;
@@ -21,6 +22,7 @@ use sluice_core::identity::{Org, Principal, Team, User};
 use sluice_core::permission::{Access, Grants};
 use sluice_core::pipeline::Pipeline;
 
+pub use datasets::{DatasetStore, EntriesChange, EntryPage};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
@@ -82,7 +84,7 @@ pub struct FilterValuePage {
 
 /// Durable metadata. Every method is one transaction.
 #[async_trait]
-pub trait MetadataStore: Send + Sync + 'static {
+pub trait MetadataStore: DatasetStore + Send + Sync + 'static {
     /// Checks the database answers.
     async fn ping(&self) -> Result<()>;
 

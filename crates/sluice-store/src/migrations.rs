@@ -59,6 +59,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             postgres: include_str!("migrations/0002_filter_value_seq_and_deployments.postgres.sql"),
         },
     },
+    Migration {
+        version: 3,
+        name: "datasets",
+        sql: Sql::PerBackend {
+            sqlite: include_str!("migrations/0003_datasets.sqlite.sql"),
+            postgres: include_str!("migrations/0003_datasets.postgres.sql"),
+        },
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

@@ -7,7 +7,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 /// Metadata in a PostgreSQL database.
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    pool: sqlx::PgPool,
+    pub(crate) pool: sqlx::PgPool,
 }
 
 impl PgStore {

@@ -8,7 +8,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 /// Metadata in a SQLite database file.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    pool: sqlx::SqlitePool,
+    pub(crate) pool: sqlx::SqlitePool,
 }
 
 impl SqliteStore {
@@ -136,7 +136,7 @@ impl SqliteStore {
 
 /// `values` as a JSON array of strings. Values that need no escaping (the usual addresses and
 /// symbols) are copied as they are, which is most of the cost of building the array.
-fn json_array(values: &[&str]) -> String {
+pub(crate) fn json_array(values: &[&str]) -> String {
     let mut out = String::with_capacity(values.iter().map(|v| v.len() + 3).sum::<usize>() + 2);
     out.push('[');
     for (index, value) in values.iter().enumerate() {

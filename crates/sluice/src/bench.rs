@@ -8,6 +8,10 @@
 //!
 //! `--op filter-values` measures a bulk load instead: `--values` values in batches of
 //! `--batch`, each one `POST …/filter-values`, sent one after another to one set filter.
+//! `--op dataset-add` does the same into a new dataset (`POST …/datasets/{id}/entries`, at
+//! most 250,000 values per request), and `--op dataset-check` loads `--values` entries into a
+//! new dataset, then drives `GET …/datasets/{id}/entries/check` (half hits, half misses) at
+//! `--rate`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +30,10 @@ pub enum Operation {
     Create,
     /// `POST {base_url}/{config_id}/transforms/{uid}/filter-values`: a bulk load in batches.
     FilterValues,
+    /// `POST {base_url}/datasets/{dataset_id}/entries`: a bulk load in batches.
+    DatasetAdd,
+    /// `GET {base_url}/datasets/{dataset_id}/entries/check` on a dataset of `--values` entries.
+    DatasetCheck,
 }
 
 #[derive(Debug, clap::Args)]
@@ -50,10 +58,11 @@ pub struct BenchArgs {
     /// Pipelines created before measuring (`get` picks among them, `list` returns them).
     #[arg(long, default_value_t = 20)]
     pipelines: usize,
-    /// `filter-values`: values in all.
+    /// `filter-values`, `dataset-add`, `dataset-check`: values in all.
     #[arg(long, default_value_t = 1_000_000)]
     values: usize,
-    /// `filter-values`: values per request.
+    /// `filter-values`, `dataset-add`, `dataset-check`: values per request (datasets take at
+    /// most 250,000).
     #[arg(long, default_value_t = 100_000)]
     batch: usize,
 }
@@ -77,6 +86,8 @@ struct Target {
     key: String,
     op: Operation,
     ids: Vec<String>,
+    /// `dataset-check`: entries in the dataset (values `0..entries` are hits).
+    entries: usize,
 }
 
 impl Target {
@@ -87,7 +98,16 @@ impl Target {
             }
             Operation::List => self.client.get(&self.base),
             Operation::Create => self.client.post(&self.base).json(&pipeline_body(n)),
-            Operation::FilterValues => bail!("filter-values runs its own loop"),
+            Operation::DatasetCheck => self.client.get(format!(
+                "{}/datasets/{}/entries/check?value={}",
+                self.base,
+                self.ids[0],
+                // Every other lookup misses: values from `entries` on were never added.
+                filter_value((n * 7919) % (2 * self.entries.max(1)))
+            )),
+            Operation::FilterValues | Operation::DatasetAdd => {
+                bail!("bulk loads run their own loop")
+            }
         };
         let response = request.header("X-API-Key", &self.key).send().await?;
         let status = response.status();
@@ -102,11 +122,19 @@ impl Target {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let client = reqwest::Client::builder().pool_max_idle_per_host(args.concurrency).build()?;
     let base = format!("{}/api/v1/beam", args.url.trim_end_matches('/'));
-    if let Operation::FilterValues = args.op {
-        return load_filter_values(&client, &base, &args).await;
+    match args.op {
+        Operation::FilterValues => return load_filter_values(&client, &base, &args).await,
+        Operation::DatasetAdd => return load_dataset(&client, &base, &args, true).await.map(drop),
+        _ => {}
     }
     let mut ids = Vec::with_capacity(args.pipelines);
-    for index in 0..args.pipelines.max(1) {
+    let setup_pipelines = if let Operation::DatasetCheck = args.op {
+        ids.push(setup_dataset(&client, &base, &args).await?);
+        0
+    } else {
+        args.pipelines.max(1)
+    };
+    for index in 0..setup_pipelines {
         let response = client
             .post(&base)
             .header("X-API-Key", &args.api_key)
@@ -120,7 +148,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         let created: Value = response.json().await?;
         ids.push(created["id"].as_str().context("created pipeline has an id")?.to_owned());
     }
-    let target = Arc::new(Target { client, base, key: args.api_key.clone(), op: args.op, ids });
+    let target = Arc::new(Target {
+        client,
+        base,
+        key: args.api_key.clone(),
+        op: args.op,
+        ids,
+        entries: args.values,
+    });
 
     // Warm up connections and caches; these results are discarded.
     drive(&target, &args, Duration::from_secs(2)).await;
@@ -137,7 +172,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         latencies[rank.clamp(1, latencies.len()) - 1].as_secs_f64() * 1000.0
     };
     let report = json!({
-        "op": format!("{:?}", args.op).to_lowercase(),
+        "op": clap::ValueEnum::to_possible_value(&args.op).map(|v| v.get_name().to_owned()),
         "rate_target": args.rate,
         "concurrency": args.concurrency,
         "requests_ok": latencies.len(),
@@ -245,6 +280,103 @@ async fn load_filter_values(
     });
     println!("{report}");
     Ok(())
+}
+
+/// `--op dataset-check` setup: a new dataset holding `--values` entries; returns its id.
+async fn setup_dataset(
+    client: &reqwest::Client,
+    base: &str,
+    args: &BenchArgs,
+) -> anyhow::Result<String> {
+    load_dataset(client, base, args, false).await
+}
+
+/// Creates a dataset with a fresh name and posts `--values` values in batches of `--batch`
+/// (at most 250,000), one request after another; with `report`, prints values per second.
+/// The request bodies are serialized before the clock starts. Returns the dataset id.
+async fn load_dataset(
+    client: &reqwest::Client,
+    base: &str,
+    args: &BenchArgs,
+    report: bool,
+) -> anyhow::Result<String> {
+    if args.batch == 0 || args.values == 0 {
+        bail!("--batch and --values must be greater than 0");
+    }
+    let batch = args.batch.min(250_000);
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let response = client
+        .post(format!("{base}/datasets"))
+        .header("X-API-Key", &args.api_key)
+        .json(&json!({ "name": format!("bench-{stamp}") }))
+        .send()
+        .await
+        .context("creating the dataset")?;
+    if !response.status().is_success() {
+        bail!("dataset create failed: {} {}", response.status(), response.text().await?);
+    }
+    let created: Value = response.json().await?;
+    let id = created["id"].as_str().context("created dataset has an id")?.to_owned();
+    let url = format!("{base}/datasets/{id}/entries");
+    let body = |range: std::ops::Range<usize>| -> anyhow::Result<Vec<u8>> {
+        let values: Vec<String> = range.map(filter_value).collect();
+        Ok(serde_json::to_vec(&json!({ "values": values }))?)
+    };
+    let post = |body: Vec<u8>| {
+        client
+            .post(&url)
+            .header("X-API-Key", &args.api_key)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let batches = (0..args.values)
+        .step_by(batch)
+        .map(|start| body(start..(start + batch).min(args.values)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut latencies = Vec::with_capacity(batches.len());
+    let mut added = 0u64;
+    let started = Instant::now();
+    for batch in batches {
+        let sent = Instant::now();
+        let response = post(batch).await?;
+        let status = response.status();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("batch failed: {status} {answer}");
+        }
+        latencies.push(sent.elapsed());
+        added += answer["count"].as_u64().unwrap_or(0);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    if !report {
+        return Ok(id);
+    }
+    let page: Value = client
+        .get(format!("{url}?limit=1"))
+        .header("X-API-Key", &args.api_key)
+        .send()
+        .await?
+        .json()
+        .await?;
+    latencies.sort_unstable();
+    let ms = |d: Option<&Duration>| d.map_or(f64::NAN, |d| (d.as_secs_f64() * 1e6).round() / 1e3);
+    let report = json!({
+        "op": "dataset-add",
+        "values": args.values,
+        "batch": batch,
+        "requests": latencies.len(),
+        "added": added,
+        "total_count_after": page["total_count"],
+        "seconds": (elapsed * 1000.0).round() / 1000.0,
+        "values_per_s": (args.values as f64 / elapsed).round(),
+        "batch_p50_ms": ms(latencies.get(latencies.len() / 2)),
+        "batch_max_ms": ms(latencies.last()),
+    });
+    println!("{report}");
+    Ok(id)
 }
 
 /// Runs load for `length`; returns the latencies of successful requests and the error count.

@@ -9,6 +9,7 @@ use sluice_api::{AppState, Limits};
 use sluice_bus::{EmbeddedLog, NewRecord};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::{Clock, SystemClock};
+use sluice_runtime::datasets::DatasetIndex;
 use sluice_runtime::{Runtime, RuntimeSettings};
 use sluice_store::MetadataStore;
 
@@ -51,6 +52,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await
     .context("starting the pipeline runtime")?;
     let background = background_tasks(&runtime, &catalog, args.demo);
+    // Every dataset in memory before the first request, so `beam.contains` never waits on
+    // the store; the API keeps it current from then on. The same index is the script
+    // engine's `DatasetLookup`.
+    let datasets =
+        Arc::new(DatasetIndex::load(store.as_ref()).await.context("loading the dataset index")?);
+    runtime.use_datasets(datasets.clone());
 
     let state = AppState::new(
         store,
@@ -61,7 +68,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_filter_values_body_bytes: settings.max_filter_values_body_bytes,
         },
     )
-    .with_runtime(runtime.clone());
+    .with_runtime(runtime.clone())
+    .with_dataset_listener(datasets);
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;

@@ -60,6 +60,15 @@ impl Harness {
         harness
     }
 
+    /// A harness whose dataset changes go to `listener`.
+    pub async fn with_dataset_listener(
+        listener: Arc<dyn sluice_core::datasets::DatasetListener>,
+    ) -> Self {
+        let mut harness = Self::new().await;
+        harness.state = harness.state.with_dataset_listener(listener);
+        harness
+    }
+
     pub async fn user(&self, org: &str, team: &str, name: &str) -> User {
         let identity = self.store.ensure_identity(org, team, name, false).await.unwrap();
         let key = sluice_api::auth::issue_key(self.store.as_ref(), &identity.user.id, None)

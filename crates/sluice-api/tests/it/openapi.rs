@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 26] = [
+const ROUTES: [(&str, &str); 34] = [
     ("post", "/api/v1/beam"),
     ("get", "/api/v1/beam"),
     ("get", "/api/v1/beam/sources"),
@@ -28,6 +28,14 @@ const ROUTES: [(&str, &str); 26] = [
     ("get", "/api/v1/beam/{config_id}/sinks/{sink_uid}/records/stream"),
     ("get", "/api/v1/beam/{config_id}/dead-letters"),
     ("post", "/api/v1/streams/{chain}/{entity}/records"),
+    ("post", "/api/v1/beam/datasets"),
+    ("get", "/api/v1/beam/datasets"),
+    ("delete", "/api/v1/beam/datasets/{dataset_id}"),
+    ("get", "/api/v1/beam/datasets/{dataset_id}/entries"),
+    ("post", "/api/v1/beam/datasets/{dataset_id}/entries"),
+    ("delete", "/api/v1/beam/datasets/{dataset_id}/entries"),
+    ("post", "/api/v1/beam/datasets/entries"),
+    ("get", "/api/v1/beam/datasets/{dataset_id}/entries/check"),
     ("get", "/api/v1/me"),
     ("get", "/healthz"),
     ("get", "/readyz"),
@@ -56,7 +64,10 @@ async fn the_document_is_openapi_3_1_and_lists_exactly_the_served_routes() {
 
     // Each documented route is served (a 404 from the router would mean a phantom route).
     for (method, path) in ROUTES {
-        let path = path.replace("{config_id}", "missing").replace("{transform_uid}", "f1");
+        let path = path
+            .replace("{config_id}", "missing")
+            .replace("{transform_uid}", "f1")
+            .replace("{dataset_id}", "missing");
         let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
         let (status, body) = h.call(method.clone(), &path, None, None).await;
         let unrouted = status == StatusCode::NOT_FOUND && body.is_null();

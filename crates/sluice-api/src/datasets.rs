@@ -1,0 +1,614 @@
+//! Datasets (SPEC "Datasets", REFERENCE §7) under `{base_url}/datasets`: create, list,
+//! delete, add entries (by id or by name), delete entries, list entries, check an entry.
+//!
+//! A dataset belongs to the user whose key created it; for anyone else it does not exist
+//! (404). Values are lowercased ([`sluice_core::filter_values::normalize`]) before they are
+//! stored or looked up. Every committed change is told to [`AppState::dataset_listener`] (the
+//! index behind `beam.contains`) before the response is sent; the store write and that call
+//! run in their own task, so a client that hangs up mid-request cannot leave a committed
+//! change unheard.
+//!
+//! An entry change carries up to [`MAX_VALUES_PER_REQUEST`] values, so the entry routes take
+//! the larger body limit of bulk value changes ([`crate::Limits::max_filter_values_body_bytes`])
+//! and deserialize the body straight into strings; only a body that fails that fast path is
+//! walked as a JSON tree to say precisely what is wrong.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use sluice_core::datasets::{Dataset, DatasetChange, DatasetRef};
+use sluice_core::filter_values::normalize;
+use sluice_core::validation::{Fields, Loc, Violation, Violations, parse_object, str_array};
+use utoipa::ToSchema;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::body::JsonObject;
+use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::filter_values::{
+    MAX_VALUE_BYTES, QueryPairs, int_param, normalize_in_place, query_pairs, query_param,
+};
+
+/// Most values one request may add or delete (REFERENCE §7).
+pub const MAX_VALUES_PER_REQUEST: usize = 250_000;
+
+/// Largest page of `GET …/entries` (REFERENCE §7).
+pub const MAX_PAGE_SIZE: i64 = 500_000;
+
+/// Page size when `limit` is not given (REFERENCE §7).
+pub const DEFAULT_PAGE_SIZE: i64 = 10_000;
+
+/// Longest dataset name, in characters.
+pub const MAX_NAME_CHARS: usize = 255;
+
+/// The one dataset type (SPEC "Dataset").
+pub const DATASET_TYPE: &str = "postgres";
+
+/// A dataset as the API shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DatasetBody {
+    pub id: String,
+    /// Unique among the owner's datasets.
+    pub name: String,
+    /// Always `postgres`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+    /// Creation, or the last change that added or removed an entry.
+    #[schema(format = DateTime)]
+    pub updated_at: String,
+}
+
+impl From<&Dataset> for DatasetBody {
+    fn from(dataset: &Dataset) -> Self {
+        Self {
+            id: dataset.id.clone(),
+            name: dataset.name.clone(),
+            kind: DATASET_TYPE,
+            created_at: sluice_core::time::format(dataset.created_at),
+            updated_at: sluice_core::time::format(dataset.updated_at),
+        }
+    }
+}
+
+/// Body of `POST {base_url}/datasets`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CreateDatasetRequest {
+    /// 1 to 255 characters, unique among the caller's datasets (compared exactly).
+    pub name: String,
+    /// Optional; only `postgres` is accepted.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+}
+
+/// Body of `POST …/datasets/{dataset_id}/entries` and `DELETE …/datasets/{dataset_id}/entries`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EntriesRequest {
+    /// 1 to 250,000 values, lowercased before use; repeats count once.
+    pub values: Vec<String>,
+}
+
+/// Body of `POST {base_url}/datasets/entries`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NamedEntriesRequest {
+    /// Name of one of the caller's datasets.
+    pub name: String,
+    /// 1 to 250,000 values, lowercased before use; repeats count once.
+    pub values: Vec<String>,
+}
+
+/// `{"count": n}`: entries added (values not in the dataset before) or removed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CountBody {
+    pub count: u64,
+}
+
+/// `{"exists": bool}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExistsBody {
+    pub exists: bool,
+}
+
+/// One page of entries, ascending.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EntryPageBody {
+    pub values: Vec<String>,
+    /// The last value of this page: pass it as `cursor` for the next; `null` when no entry
+    /// follows.
+    pub cursor: Option<String>,
+    /// Entries in the dataset.
+    pub total_count: u64,
+}
+
+/// Path of the routes of one dataset.
+#[derive(Debug, Deserialize)]
+pub struct DatasetPath {
+    dataset_id: String,
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::NotFound(format!("Dataset {id} not found"))
+}
+
+/// The caller's dataset `id`, or 404.
+async fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<Dataset, ApiError> {
+    state.store.dataset(&caller.0.user_id, id).await?.ok_or_else(|| not_found(id))
+}
+
+/// Runs a store write and the listener call that follows it in a task of their own, so that
+/// dropping the request (a client hanging up) cannot stop between the two.
+async fn committed<T: Send + 'static>(
+    write: impl Future<Output = Result<T, ApiError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::spawn(write)
+        .await
+        .map_err(|error| ApiError::Internal(format!("dataset change task failed: {error}")))?
+}
+
+/// The values of an entry change body, lowercased, with the `name` when `named`.
+///
+/// # Errors
+/// 413 over the limit; 422 for a malformed body, an empty list, more than
+/// [`MAX_VALUES_PER_REQUEST`] values or an over-long value.
+fn read_entries(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    named: bool,
+) -> Result<(Option<String>, Vec<String>), ApiError> {
+    let bytes = body.map_err(|rejection| {
+        crate::body::read_error(&rejection, state.limits.max_filter_values_body_bytes)
+    })?;
+    let (name, mut values) = parse_entries(&bytes, named)?;
+    let loc = Loc::body().at("values");
+    if values.is_empty() {
+        return Err(ApiError::Validation(vec![Violation::new(
+            &loc,
+            "too_short",
+            "List should have at least 1 item after validation, not 0",
+        )]));
+    }
+    if values.len() > MAX_VALUES_PER_REQUEST {
+        return Err(ApiError::Validation(vec![Violation::new(
+            &loc,
+            "too_long",
+            format!(
+                "List should have at most {MAX_VALUES_PER_REQUEST} items after validation, not {}: \
+                 send at most 250,000 values per request",
+                values.len()
+            ),
+        )]));
+    }
+    let mut errors = Violations::default();
+    for (index, value) in values.iter_mut().enumerate() {
+        normalize_in_place(value);
+        if value.len() > MAX_VALUE_BYTES {
+            errors.push(Violation::value(
+                &loc.at(index),
+                format!(
+                    "a dataset value is at most {MAX_VALUE_BYTES} bytes of UTF-8 (lowercased); this one has {}",
+                    value.len()
+                ),
+            ));
+        }
+    }
+    Ok(errors.finish((name, values))?)
+}
+
+/// `{"values": [string, …]}` (with `"name": string` when `named`), not yet normalised.
+fn parse_entries(
+    bytes: &[u8],
+    named: bool,
+) -> Result<(Option<String>, Vec<String>), Vec<Violation>> {
+    // serde would also take a struct written as a JSON array, which the API does not.
+    let is_object = bytes.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'{');
+    if is_object {
+        if named {
+            if let Ok(body) = serde_json::from_slice::<NamedEntriesRequest>(bytes) {
+                return Ok((Some(body.name), body.values));
+            }
+        } else if let Ok(body) = serde_json::from_slice::<EntriesRequest>(bytes) {
+            return Ok((None, body.values));
+        }
+    }
+    // Slow path: walk the body as a tree to report every violation where it is.
+    let map = parse_object(bytes)?;
+    let mut errors = Violations::default();
+    let mut fields = Fields::new(&map, Loc::body());
+    let name = if named { fields.required_str("name", &mut errors) } else { None };
+    let loc = fields.loc("values");
+    let values = match fields.get("values") {
+        None => {
+            errors.push(Violation::missing(&loc));
+            None
+        }
+        Some(value) => str_array(value, &loc, &mut errors),
+    };
+    fields.finish(&mut errors, |_| None);
+    match values {
+        Some(values) if errors.is_empty() => {
+            Ok((name.map(str::to_owned), values.into_iter().map(str::to_owned).collect()))
+        }
+        _ => Err(errors.finish(()).err().unwrap_or_default()),
+    }
+}
+
+/// Create a dataset, empty, owned by the caller.
+#[utoipa::path(
+    post, path = "/api/v1/beam/datasets",
+    tag = "datasets",
+    request_body = CreateDatasetRequest,
+    responses(
+        (status = 200, description = "The new dataset", body = DatasetBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 409, description = "The caller already has a dataset of this name", body = ErrorBody),
+        (status = 422, description = "A bad body", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn create_dataset(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonObject(body): JsonObject,
+) -> Result<Json<DatasetBody>, ApiError> {
+    caller.require_pipelines()?;
+    let mut errors = Violations::default();
+    let mut fields = Fields::new(&body, Loc::body());
+    let name = fields.required_str("name", &mut errors);
+    if let Some(name) = name {
+        let chars = name.chars().count();
+        if chars == 0 || chars > MAX_NAME_CHARS {
+            errors.push(Violation::value(
+                &fields.loc("name"),
+                format!(
+                    "a dataset name has 1 to {MAX_NAME_CHARS} characters; this one has {chars}"
+                ),
+            ));
+        }
+    }
+    // `type` may be sent, but only as the one type there is; it carries nothing to store.
+    let _ = fields.optional_enum("type", &[DATASET_TYPE], &mut errors);
+    fields.finish(&mut errors, |_| None);
+    let name = errors.finish(name)?.unwrap_or_default().to_owned();
+
+    let owner = caller.0.user_id.clone();
+    let at = state.clock.now();
+    let dataset = committed({
+        let state = state.clone();
+        async move {
+            let created = state.store.create_dataset(&owner, &name, at).await?;
+            let dataset = created
+                .ok_or_else(|| ApiError::Conflict(format!("Dataset {name} already exists")))?;
+            state.dataset_listener.changed(DatasetRef::of(&dataset), DatasetChange::Created);
+            Ok(dataset)
+        }
+    })
+    .await?;
+    tracing::info!(dataset_id = %dataset.id, name = %dataset.name, owner = %dataset.owner_user_id, "dataset created");
+    Ok(Json(DatasetBody::from(&dataset)))
+}
+
+/// List the caller's datasets, oldest first; `names` (repeatable) keeps only those names.
+#[utoipa::path(
+    get, path = "/api/v1/beam/datasets",
+    tag = "datasets",
+    params(
+        ("names" = Option<Vec<String>>, Query, description = "Dataset names to keep; repeat for several (`?names=a&names=b`). Unknown names are ignored"),
+    ),
+    responses(
+        (status = 200, description = "The caller's datasets", body = [DatasetBody]),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 422, description = "A malformed query", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_datasets(
+    State(state): State<AppState>,
+    caller: Caller,
+    query: QueryPairs,
+) -> Result<Json<Vec<DatasetBody>>, ApiError> {
+    caller.require_pipelines()?;
+    let pairs = query_pairs(query)?;
+    let names: Vec<String> =
+        pairs.into_iter().filter(|(key, _)| key == "names").map(|(_, name)| name).collect();
+    let datasets = state.store.list_datasets(&caller.0.user_id, &names).await?;
+    Ok(Json(datasets.iter().map(DatasetBody::from).collect()))
+}
+
+/// Delete a dataset and every entry of it, irreversibly.
+#[utoipa::path(
+    delete, path = "/api/v1/beam/datasets/{dataset_id}",
+    tag = "datasets",
+    params(("dataset_id" = String, Path, description = "Dataset id")),
+    responses(
+        (status = 204, description = "Deleted; no body"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 404, description = "No such dataset of the caller's", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn delete_dataset(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(path): Path<DatasetPath>,
+) -> Result<StatusCode, ApiError> {
+    caller.require_pipelines()?;
+    let owner = caller.0.user_id.clone();
+    let id = path.dataset_id;
+    let dataset = committed({
+        let state = state.clone();
+        async move {
+            let deleted = state.store.delete_dataset(&owner, &id).await?;
+            let dataset = deleted.ok_or_else(|| not_found(&id))?;
+            state.dataset_listener.changed(DatasetRef::of(&dataset), DatasetChange::Dropped);
+            Ok(dataset)
+        }
+    })
+    .await?;
+    tracing::info!(dataset_id = %dataset.id, entries = dataset.entry_count, "dataset deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Adds `values` to the caller's `dataset` and tells the listener.
+async fn add_entries(
+    state: &AppState,
+    dataset: Dataset,
+    values: Vec<String>,
+) -> Result<Json<CountBody>, ApiError> {
+    let at = state.clock.now();
+    let given = values.len();
+    let (dataset_id, count) = committed({
+        let state = state.clone();
+        async move {
+            let (owner, id) = (&dataset.owner_user_id, &dataset.id);
+            let change = state.store.add_dataset_entries(owner, id, &values, at).await?;
+            let change = change.ok_or_else(|| not_found(id))?;
+            state.dataset_listener.changed(
+                DatasetRef::of(&dataset),
+                DatasetChange::Added { version: change.version, values: &values },
+            );
+            Ok((dataset.id, change.count))
+        }
+    })
+    .await?;
+    tracing::info!(%dataset_id, given, added = count, "dataset entries added");
+    Ok(Json(CountBody { count }))
+}
+
+/// Add entries to a dataset; values already in it are ignored.
+#[utoipa::path(
+    post, path = "/api/v1/beam/datasets/{dataset_id}/entries",
+    tag = "datasets",
+    params(("dataset_id" = String, Path, description = "Dataset id")),
+    request_body = EntriesRequest,
+    responses(
+        (status = 200, description = "How many values were new", body = CountBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 404, description = "No such dataset of the caller's", body = ErrorBody),
+        (status = 413, description = "Body over the bulk-values size limit", body = ErrorBody),
+        (status = 422, description = "A bad body, or more than 250,000 values", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn add_entries_by_id(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(path): Path<DatasetPath>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<CountBody>, ApiError> {
+    caller.require_pipelines()?;
+    let dataset = owned(&state, &caller, &path.dataset_id).await?;
+    let (_, values) = read_entries(&state, body, false)?;
+    add_entries(&state, dataset, values).await
+}
+
+/// Add entries to the caller's dataset of a given name; values already in it are ignored.
+#[utoipa::path(
+    post, path = "/api/v1/beam/datasets/entries",
+    tag = "datasets",
+    request_body = NamedEntriesRequest,
+    responses(
+        (status = 200, description = "How many values were new", body = CountBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 404, description = "The caller has no dataset of this name", body = ErrorBody),
+        (status = 413, description = "Body over the bulk-values size limit", body = ErrorBody),
+        (status = 422, description = "A bad body, or more than 250,000 values", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn add_entries_by_name(
+    State(state): State<AppState>,
+    caller: Caller,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<CountBody>, ApiError> {
+    caller.require_pipelines()?;
+    let (name, values) = read_entries(&state, body, true)?;
+    let name = name.unwrap_or_default();
+    let dataset = state.store.dataset_by_name(&caller.0.user_id, &name).await?;
+    let dataset =
+        dataset.ok_or_else(|| ApiError::NotFound(format!("Dataset named {name} not found")))?;
+    add_entries(&state, dataset, values).await
+}
+
+/// Delete entries from a dataset; values not in it are ignored. Applies immediately.
+#[utoipa::path(
+    delete, path = "/api/v1/beam/datasets/{dataset_id}/entries",
+    tag = "datasets",
+    params(("dataset_id" = String, Path, description = "Dataset id")),
+    request_body = EntriesRequest,
+    responses(
+        (status = 200, description = "How many entries were removed", body = CountBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 404, description = "No such dataset of the caller's", body = ErrorBody),
+        (status = 413, description = "Body over the bulk-values size limit", body = ErrorBody),
+        (status = 422, description = "A bad body, or more than 250,000 values", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn delete_entries(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(path): Path<DatasetPath>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<CountBody>, ApiError> {
+    caller.require_pipelines()?;
+    let dataset = owned(&state, &caller, &path.dataset_id).await?;
+    let (_, values) = read_entries(&state, body, false)?;
+    let at = state.clock.now();
+    let given = values.len();
+    let (dataset_id, count) = committed({
+        let state = state.clone();
+        async move {
+            let (owner, id) = (&dataset.owner_user_id, &dataset.id);
+            let change = state.store.remove_dataset_entries(owner, id, &values, at).await?;
+            let change = change.ok_or_else(|| not_found(id))?;
+            state.dataset_listener.changed(
+                DatasetRef::of(&dataset),
+                DatasetChange::Removed { version: change.version, values: &values },
+            );
+            Ok((dataset.id, change.count))
+        }
+    })
+    .await?;
+    tracing::info!(%dataset_id, given, removed = count, "dataset entries deleted");
+    Ok(Json(CountBody { count }))
+}
+
+/// List a dataset's entries in ascending (bytewise) order.
+///
+/// The cursor is the last value of the previous page; the next page starts after it.
+#[utoipa::path(
+    get, path = "/api/v1/beam/datasets/{dataset_id}/entries",
+    tag = "datasets",
+    params(
+        ("dataset_id" = String, Path, description = "Dataset id"),
+        ("cursor" = Option<String>, Query, description = "`cursor` of the previous page (its last value); omit for the first page"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 500000, description = "Page size, 1 to 500,000; default 10,000"),
+    ),
+    responses(
+        (status = 200, description = "One page of entries", body = EntryPageBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 404, description = "No such dataset of the caller's", body = ErrorBody),
+        (status = 422, description = "A bad limit", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_entries(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(path): Path<DatasetPath>,
+    query: QueryPairs,
+) -> Result<Json<EntryPageBody>, ApiError> {
+    caller.require_pipelines()?;
+    let pairs = query_pairs(query)?;
+    let mut errors = Violations::default();
+    let limit = int_param(&pairs, "limit", 1, MAX_PAGE_SIZE, &mut errors);
+    errors.finish(())?;
+    let limit = u32::try_from(limit.unwrap_or(DEFAULT_PAGE_SIZE)).unwrap_or(u32::MAX);
+    let cursor = query_param(&pairs, "cursor");
+    let page = state
+        .store
+        .list_dataset_entries(&caller.0.user_id, &path.dataset_id, cursor, limit)
+        .await?
+        .ok_or_else(|| not_found(&path.dataset_id))?;
+    Ok(Json(EntryPageBody {
+        values: page.values,
+        cursor: page.next,
+        total_count: page.total_count,
+    }))
+}
+
+/// Whether a value is an entry of a dataset; the value is lowercased first, as entries are.
+#[utoipa::path(
+    get, path = "/api/v1/beam/datasets/{dataset_id}/entries/check",
+    tag = "datasets",
+    params(
+        ("dataset_id" = String, Path, description = "Dataset id"),
+        ("value" = String, Query, description = "The value to look up"),
+    ),
+    responses(
+        (status = 200, description = "Whether the value is an entry", body = ExistsBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 404, description = "No such dataset of the caller's", body = ErrorBody),
+        (status = 422, description = "`value` missing", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn check_entry(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(path): Path<DatasetPath>,
+    query: QueryPairs,
+) -> Result<Json<ExistsBody>, ApiError> {
+    caller.require_pipelines()?;
+    let pairs = query_pairs(query)?;
+    let Some(value) = query_param(&pairs, "value") else {
+        return Err(ApiError::Validation(vec![Violation::missing(&Loc::query("value"))]));
+    };
+    let value = normalize(value);
+    let owner = &caller.0.user_id;
+    let exists = if value.len() > MAX_VALUE_BYTES {
+        // Too long to be stored, so not an entry; the dataset must still be the caller's.
+        owned(&state, &caller, &path.dataset_id).await.map(|_| false)?
+    } else {
+        state
+            .store
+            .has_dataset_entry(owner, &path.dataset_id, &value)
+            .await?
+            .ok_or_else(|| not_found(&path.dataset_id))?
+    };
+    Ok(Json(ExistsBody { exists }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_and_slow_paths_agree_on_valid_bodies() {
+        assert_eq!(parse_entries(br#" {"values": ["a", "B"]} "#, false).unwrap().1, ["a", "B"]);
+        let (name, values) = parse_entries(br#"{"values": ["b"], "name": "w"}"#, true).unwrap();
+        assert_eq!((name.as_deref(), values), (Some("w"), vec!["b".to_owned()]));
+        // Repeated keys fail serde's derive but are valid JSON: the last one wins.
+        let (_, values) = parse_entries(br#"{"values": ["a"], "values": ["c"]}"#, false).unwrap();
+        assert_eq!(values, ["c"]);
+    }
+
+    #[test]
+    fn malformed_bodies_are_located_precisely() {
+        let kinds = |body: &[u8], named: bool| {
+            parse_entries(body, named)
+                .unwrap_err()
+                .into_iter()
+                .map(|v| (serde_json::to_value(&v.loc).unwrap(), v.kind))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            kinds(br#"{"values": ["a", 1]}"#, false),
+            [(serde_json::json!(["body", "values", 1]), "string_type".to_owned())]
+        );
+        assert_eq!(
+            kinds(br#"{"values": ["a"]}"#, true),
+            [(serde_json::json!(["body", "name"]), "missing".to_owned())]
+        );
+        assert_eq!(
+            kinds(br#"{"name": "w", "values": ["a"]}"#, false),
+            [(serde_json::json!(["body", "name"]), "extra_forbidden".to_owned())]
+        );
+        assert_eq!(kinds(br#"["a"]"#, false)[0].1, "dict_type");
+        assert_eq!(kinds(br#"{"name": 3, "values": "a"}"#, true).len(), 2);
+    }
+}
