@@ -13,6 +13,7 @@ use sluice_api::{AppState, Limits};
 use sluice_bus::EmbeddedLog;
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::ManualClock;
+use sluice_runtime::datasets::DatasetIndex;
 use sluice_runtime::{Runtime, RuntimeSettings};
 use sluice_store::{MetadataStore, SqliteStore};
 use tower::ServiceExt;
@@ -77,9 +78,12 @@ impl Stack {
             Runtime::start(store.clone(), log.clone(), catalog, clock.clone(), settings())
                 .await
                 .unwrap();
+        let datasets = Arc::new(DatasetIndex::load(store.as_ref()).await.unwrap());
+        runtime.use_datasets(datasets.clone());
         let state =
             AppState::new(store.clone(), Catalog::default(), clock.clone(), Limits::default())
-                .with_runtime(runtime.clone());
+                .with_runtime(runtime.clone())
+                .with_dataset_listener(datasets);
         (runtime, state)
     }
 
@@ -728,4 +732,61 @@ function transform(r) {
     assert_eq!(stack.call(Method::GET, &path, &stack.reader, None).await.0, StatusCode::NOT_FOUND);
     stack.action(&id, "teardown").await;
     assert_eq!(stack.call(Method::GET, &path, &stack.owner, None).await.0, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_script_sees_dataset_entries_added_after_deploy() {
+    let stack = Stack::new().await;
+    let (status, dataset) =
+        stack.post("/api/v1/beam/datasets", &stack.owner, json!({"name": "watched"})).await;
+    assert_eq!(status, StatusCode::OK, "{dataset}");
+    let dataset_id = dataset["id"].as_str().unwrap().to_owned();
+    let script = "function transform(r) {\n  return beam.contains('watched', [r.from_address, r.to_address]) ? r : null;\n}";
+    let body = json!({
+        "name": "watch", "description": "transfers touching watched wallets",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [{"type": "v8", "uid": "tf-watch", "script": script}],
+            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+        }
+    });
+    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    stack.action(&id, "deploy").await;
+
+    stack.ingest(&[(1, USDC), (2, WETH)]).await;
+    stack.settle(&id).await;
+    assert_eq!(stack.sink_now(&id).await, Vec::<u64>::new());
+
+    // Every transfer's sender and receiver is OTHER; watching it (in upper case) lets the
+    // next ones through with no redeploy.
+    let path = format!("/api/v1/beam/datasets/{dataset_id}/entries");
+    let (status, added) =
+        stack.post(&path, &stack.owner, json!({"values": [OTHER.to_uppercase()]})).await;
+    assert_eq!((status, added["count"].as_u64()), (StatusCode::OK, Some(1)));
+    stack.ingest(&[(3, USDC), (4, WETH)]).await;
+    assert_eq!(stack.delivered(&id, 2).await, vec![3, 4]);
+
+    // Another user's dataset of the same name is not the owner's.
+    let (status, _) = stack
+        .call(
+            Method::DELETE,
+            &path,
+            &stack.owner,
+            Some(Body::from(json!({"values": [OTHER]}).to_string())),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, theirs) =
+        stack.post("/api/v1/beam/datasets", &stack.reader, json!({"name": "watched"})).await;
+    assert_eq!(status, StatusCode::OK, "{theirs}");
+    let their_entries = format!("/api/v1/beam/datasets/{}/entries", theirs["id"].as_str().unwrap());
+    assert_eq!(
+        stack.post(&their_entries, &stack.reader, json!({"values": [OTHER]})).await.0,
+        StatusCode::OK
+    );
+    stack.ingest(&[(5, USDC)]).await;
+    stack.settle(&id).await;
+    assert_eq!(stack.sink_now(&id).await, vec![3, 4]);
 }
