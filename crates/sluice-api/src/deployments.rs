@@ -64,6 +64,7 @@ impl From<RuntimeError> for ApiError {
                 ApiError::NotFound(format!("no chain stream {topic}"))
             }
             RuntimeError::Bus(bus) => ApiError::Internal(format!("stream log: {bus}")),
+            RuntimeError::Replay(reason) => ApiError::Internal(reason),
         }
     }
 }
@@ -268,7 +269,9 @@ pub async fn sink_records(
 
 /// `offset`, `limit` and `wait_ms` of a topic read, checked.
 struct PageQuery {
+    /// The `offset` asked for, or where the endpoint starts by default.
     from: u64,
+    asked_offset: Option<u64>,
     limit: usize,
     wait: Duration,
 }
@@ -304,6 +307,7 @@ impl PageQuery {
         }
         Ok(Self {
             from: query.offset.unwrap_or(0),
+            asked_offset: query.offset,
             limit: limit as usize,
             wait: Duration::from_millis(wait_ms),
         })
@@ -361,8 +365,8 @@ pub struct DeadLettersBody {
 }
 
 /// Read the records a deployed pipeline's transforms failed on, oldest first (read
-/// permission). Page with `next_offset`; `wait_ms` long-polls. Kept 2 days, removed by
-/// teardown.
+/// permission). Without `offset`, from the first one not replayed yet; page with
+/// `next_offset`; `wait_ms` long-polls. Kept 2 days, removed by teardown.
 #[utoipa::path(
     get, path = "/api/v1/beam/{config_id}/dead-letters", tag = "deployments",
     params(("config_id" = String, Path, description = "Pipeline id"), RecordsQuery),
@@ -380,11 +384,15 @@ pub async fn dead_letters(
     Path(config_id): Path<String>,
     query: Result<Query<RecordsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<DeadLettersBody>, ApiError> {
-    let page = PageQuery::from_query(query)?;
+    let mut page = PageQuery::from_query(query)?;
     caller.pipeline(&state, &config_id, Permission::Read).await?;
     let runtime = state.runtime()?;
     let not_found = || ApiError::NotFound(format!("Pipeline {config_id} is not deployed"));
     let topic = runtime.dead_letter_topic(&config_id).await?.ok_or_else(not_found)?;
+    if page.asked_offset.is_none() {
+        // By default the dead letters still waiting: those after the last replay.
+        page.from = runtime.dead_letter_cursor(&config_id).await?;
+    }
     // A deployment from before dead letters existed has no topic yet: nothing failed there.
     let records = page.read(runtime.log().as_ref(), &topic).await?.unwrap_or_default();
     let next_offset = records.last().map_or(page.from, |r| r.offset + 1);
@@ -558,4 +566,108 @@ impl Tail {
         self.ended = true;
         Event::default().event("end").data(json!({ "detail": reason }).to_string())
     }
+}
+
+/// What a replay did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReplayBody {
+    pub message: String,
+    /// Dead letters fed through the current transforms again.
+    pub replayed: u64,
+    /// Records that reached the sink.
+    pub delivered: u64,
+    /// Records that failed again: new dead letters, listed by `GET …/dead-letters`.
+    pub dead_lettered: u64,
+    /// The first dead letter not replayed (the new default start of `GET …/dead-letters`).
+    pub next_offset: u64,
+}
+
+/// Feed the dead letters not replayed yet through the pipeline's current transforms, each
+/// from the transform that failed on it (from the first when that transform is gone), and
+/// deliver what passes to the sink (edit permission). What fails again becomes a new dead
+/// letter. Works on a paused pipeline too.
+#[utoipa::path(
+    post, path = "/api/v1/beam/{config_id}/dead-letters/replay", tag = "deployments",
+    params(("config_id" = String, Path, description = "Pipeline id")),
+    responses(
+        (status = 200, description = "What the replay did", body = ReplayBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Read access only", body = ErrorBody),
+        (status = 404, description = "No such pipeline, or not deployed", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn replay_dead_letters(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(config_id): Path<String>,
+) -> Result<Json<ReplayBody>, ApiError> {
+    caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    let report = state
+        .runtime()?
+        .replay_dead_letters(&config_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("Pipeline {config_id} is not deployed")))?;
+    Ok(Json(ReplayBody {
+        message: format!("Replayed {} dead letters of pipeline {config_id}", report.replayed),
+        replayed: report.replayed,
+        delivered: report.delivered,
+        dead_lettered: report.dead_lettered,
+        next_offset: report.next_offset,
+    }))
+}
+
+/// How many log lines to return.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LogsQuery {
+    /// The most recent lines to return, 1 to 1,000 (default 100).
+    pub limit: Option<u32>,
+}
+
+/// The pipeline's script log lines.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LogsBody {
+    #[schema(value_type = Vec<Object>)]
+    pub logs: Vec<sluice_runtime::plan::LogLine>,
+}
+
+/// The most recent `console.*` lines of the pipeline's scripts, oldest first:
+/// `{timestamp, level, transform_uid, message}` (read permission). Empty when the pipeline
+/// is not deployed; kept 2 days, removed by teardown.
+#[utoipa::path(
+    get, path = "/api/v1/beam/{config_id}/logs", tag = "deployments",
+    params(("config_id" = String, Path, description = "Pipeline id"), LogsQuery),
+    responses(
+        (status = 200, description = "The latest lines", body = LogsBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such pipeline", body = ErrorBody),
+        (status = 422, description = "Bad limit", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn pipeline_logs(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(config_id): Path<String>,
+    query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<LogsBody>, ApiError> {
+    let limit_loc = sluice_core::validation::Loc::query("limit");
+    let Query(query) = query.map_err(|rejection| {
+        ApiError::Validation(vec![sluice_core::validation::Violation::new(
+            &limit_loc,
+            "query",
+            rejection.body_text(),
+        )])
+    })?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::Validation(vec![sluice_core::validation::Violation::value(
+            &limit_loc,
+            "limit must be between 1 and 1000",
+        )]));
+    }
+    caller.pipeline(&state, &config_id, Permission::Read).await?;
+    let logs = state.runtime()?.script_logs(&config_id, limit as usize).await?;
+    Ok(Json(LogsBody { logs }))
 }

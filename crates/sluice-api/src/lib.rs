@@ -201,6 +201,8 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(deployments::sink_records))
         .routes(routes!(deployments::sink_records_stream))
         .routes(routes!(deployments::dead_letters))
+        .routes(routes!(deployments::replay_dead_letters))
+        .routes(routes!(deployments::pipeline_logs))
         .routes(routes!(streams::ingest))
         .routes(routes!(account::me))
         .routes(routes!(ops::healthz))

@@ -21,6 +21,16 @@ pub fn dead_letter_topic(pipeline_id: &str) -> String {
     format!("deadletter.{pipeline_id}")
 }
 
+/// The topic of a pipeline's script log lines (`console.*`).
+pub fn logs_topic(pipeline_id: &str) -> String {
+    format!("logs.{pipeline_id}")
+}
+
+/// The consumer group whose offset on the dead-letter topic marks what was replayed.
+pub fn replay_group(pipeline_id: &str) -> String {
+    format!("replay.{pipeline_id}")
+}
+
 /// The consumer group a deployment reads its source with.
 pub fn deployment_group(pipeline_id: &str) -> String {
     format!("deploy.{pipeline_id}")

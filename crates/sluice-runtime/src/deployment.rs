@@ -97,6 +97,11 @@ impl Running {
         self.plan.send_replace(plan);
     }
 
+    /// The configuration the workers run.
+    pub(crate) fn plan(&self) -> Arc<BoundPlan> {
+        self.plan.borrow().clone()
+    }
+
     pub(crate) fn counters(&self) -> Arc<Counters> {
         self.counters.clone()
     }

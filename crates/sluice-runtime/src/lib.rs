@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_bus::{BusError, NewRecord, Retention, StreamLog, TopicConfig, topics};
+use sluice_bus::{BusError, NewRecord, OffsetRange, Retention, StreamLog, TopicConfig, topics};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::Clock;
 use sluice_core::datasets::{DatasetLookup, NoDatasets};
@@ -54,6 +54,9 @@ pub enum RuntimeError {
     /// A chain stream that the catalog does not list.
     #[error("no chain stream {0}")]
     UnknownStream(String),
+    /// A replay of dead letters stopped (its transforms panicked).
+    #[error("replay failed: {0}")]
+    Replay(String),
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
@@ -193,6 +196,110 @@ impl Runtime {
             .map(|_| topics::dead_letter_topic(pipeline_id)))
     }
 
+    /// The first dead letter not replayed yet (0 when none was).
+    ///
+    /// # Errors
+    /// A log failure.
+    pub async fn dead_letter_cursor(&self, pipeline_id: &str) -> Result<u64> {
+        let topic = topics::dead_letter_topic(pipeline_id);
+        match self.log.committed(&topics::replay_group(pipeline_id), &topic).await {
+            Ok(committed) => Ok(committed.get(&0).copied().unwrap_or(0)),
+            Err(BusError::UnknownTopic(_)) => Ok(0),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Feeds the dead letters not replayed yet through the pipeline's current transforms,
+    /// each from the transform that failed on it (from the first when that transform is
+    /// gone): what passes goes to the sink, what fails again becomes a new dead letter, and
+    /// the replay cursor moves past them, all in one log step per chunk. `None` when the
+    /// pipeline is not deployed. Works on a paused pipeline too.
+    ///
+    /// # Errors
+    /// A store or log failure.
+    pub async fn replay_dead_letters(&self, pipeline_id: &str) -> Result<Option<Replayed>> {
+        // Lifecycle calls wait: a teardown must not remove the topics under the replay.
+        let running = self.running.lock().await;
+        let Some(record) = self.store.deployment(pipeline_id).await? else { return Ok(None) };
+        let plan = match running.get(pipeline_id) {
+            Some(current) => current.plan(),
+            None => self.bind(plan::Plan::compile(&record.pipeline)?).await?,
+        };
+        let Some((_, sink)) = plan.plan.sink_topics.first().cloned() else {
+            return Ok(Some(Replayed::default()));
+        };
+        let (dead_topic, logs_topic) =
+            (topics::dead_letter_topic(pipeline_id), topics::logs_topic(pipeline_id));
+        let group = topics::replay_group(pipeline_id);
+        let end = match self.log.offsets(&dead_topic).await {
+            Ok(ranges) => ranges.first().map_or(0, |range| range.end),
+            Err(BusError::UnknownTopic(_)) => return Ok(Some(Replayed::default())),
+            Err(error) => return Err(error.into()),
+        };
+        let mut report = Replayed {
+            next_offset: self.dead_letter_cursor(pipeline_id).await?,
+            ..Replayed::default()
+        };
+        let mut engines = plan::Engines::default();
+        while report.next_offset < end {
+            let want =
+                usize::try_from(end - report.next_offset).unwrap_or(usize::MAX).min(REPLAY_CHUNK);
+            let letters = self.log.read(&dead_topic, 0, report.next_offset, want).await?;
+            let Some(last) = letters.last().map(|r| r.offset) else { break };
+            let items: Vec<(usize, plan::Item)> =
+                letters.into_iter().filter_map(|letter| replay_item(&plan, letter)).collect();
+            report.replayed += items.len() as u64;
+            let moved_plan = plan.clone();
+            let (outcome, back) = tokio::task::spawn_blocking(move || {
+                let mut all = plan::Outcome::default();
+                for (first, item) in items {
+                    let outcome = moved_plan.run_from(first, vec![item], &mut engines);
+                    all.out.extend(outcome.out);
+                    all.failed.extend(outcome.failed);
+                    all.oom_restarts += outcome.oom_restarts;
+                }
+                (all, engines)
+            })
+            .await
+            .map_err(|error| RuntimeError::Replay(error.to_string()))?;
+            engines = back;
+            let now = self.clock.now();
+            let out: Vec<NewRecord> = outcome
+                .out
+                .into_iter()
+                .map(|item| NewRecord { key: item.key, value: item.value })
+                .collect();
+            let dead: Vec<NewRecord> =
+                outcome.failed.into_iter().map(|f| worker::dead_letter(f, now)).collect();
+            let logs: Vec<NewRecord> = engines.take_logs().iter().map(worker::log_record).collect();
+            let appends: [(&str, &[NewRecord]); 3] =
+                [(&sink, &out), (&dead_topic, &dead), (&logs_topic, &logs)];
+            self.log.append_and_commit(&appends, &group, &dead_topic, &[(0, last + 1)]).await?;
+            report.delivered += out.len() as u64;
+            report.dead_lettered += dead.len() as u64;
+            report.next_offset = last + 1;
+        }
+        tracing::info!(config_id = %pipeline_id, ?report, "dead letters replayed");
+        Ok(Some(report))
+    }
+
+    /// The last `limit` lines the pipeline's scripts logged, oldest first (empty when the
+    /// pipeline is not deployed).
+    ///
+    /// # Errors
+    /// A log failure.
+    pub async fn script_logs(&self, pipeline_id: &str, limit: usize) -> Result<Vec<plan::LogLine>> {
+        let topic = topics::logs_topic(pipeline_id);
+        let range = match self.log.offsets(&topic).await {
+            Ok(ranges) => ranges.first().copied().unwrap_or(OffsetRange { start: 0, end: 0 }),
+            Err(BusError::UnknownTopic(_)) => return Ok(Vec::new()),
+            Err(error) => return Err(error.into()),
+        };
+        let from = range.end.saturating_sub(limit as u64).max(range.start);
+        let records = self.log.read(&topic, 0, from, limit).await?;
+        Ok(records.iter().filter_map(|record| serde_json::from_slice(&record.value).ok()).collect())
+    }
+
     pub fn log(&self) -> &Arc<dyn StreamLog> {
         &self.log
     }
@@ -259,6 +366,7 @@ impl Runtime {
             self.log.create_topic(topic, sink_config).await?;
         }
         self.log.create_topic(&topics::dead_letter_topic(&pipeline.id), sink_config).await?;
+        self.log.create_topic(&topics::logs_topic(&pipeline.id), sink_config).await?;
         self.pin_start_offsets(&plan).await?;
         let record = DeploymentRecord {
             pipeline_id: pipeline.id.clone(),
@@ -336,6 +444,7 @@ impl Runtime {
             }
         }
         self.log.delete_topic(&topics::dead_letter_topic(pipeline_id)).await?;
+        self.log.delete_topic(&topics::logs_topic(pipeline_id)).await?;
         self.log.delete_group(&topics::deployment_group(pipeline_id)).await?;
         self.store.delete_deployment(pipeline_id).await?;
         self.sets.release_pipeline(pipeline_id);
@@ -399,7 +508,7 @@ impl Runtime {
         for uid in plan.set_filter_uids() {
             sets.push(self.sets.acquire(&plan.pipeline_id, uid).await?);
         }
-        Ok(Arc::new(plan.bind(sets, self.datasets.clone())))
+        Ok(Arc::new(plan.bind(sets, self.datasets.clone(), self.clock.clone())))
     }
 
     /// Starts the workers of `plan`, compiled from `pipeline`; its start offsets must be
@@ -426,4 +535,28 @@ impl DatasetLookup for DatasetSlot {
         let lookup = self.0.read().expect("dataset lookup lock is never poisoned").clone();
         lookup.contains_any(owner_user_id, dataset, values)
     }
+}
+
+/// Dead letters read per step of a replay.
+const REPLAY_CHUNK: usize = 1000;
+
+/// What a replay of dead letters did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// Dead letters fed through the transforms again.
+    pub replayed: u64,
+    /// Records that reached the sink.
+    pub delivered: u64,
+    /// Records that failed again (new dead letters, after the cursor).
+    pub dead_lettered: u64,
+    /// The replay cursor afterwards: the first dead letter not replayed.
+    pub next_offset: u64,
+}
+
+/// A dead letter as a record to feed again, with the stage it starts at.
+fn replay_item(plan: &plan::BoundPlan, letter: sluice_bus::Record) -> Option<(usize, plan::Item)> {
+    let body: serde_json::Value = serde_json::from_slice(&letter.value).ok()?;
+    let first = body["transform_uid"].as_str().and_then(|uid| plan.stage_of(uid)).unwrap_or(0);
+    let value = serde_json::to_vec(body.get("record")?).ok()?;
+    Some((first, plan::Item { key: letter.key, value }))
 }

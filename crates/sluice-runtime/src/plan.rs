@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use sluice_bus::topics;
+use sluice_core::clock::Clock;
 use sluice_core::datasets::DatasetLookup;
 use sluice_core::filter_expr::FilterExpr;
 use sluice_core::pipeline::{Pipeline, PodSize, Transform};
@@ -134,8 +135,9 @@ impl Plan {
         self,
         sets: Vec<Arc<SetHandle>>,
         datasets: Arc<dyn DatasetLookup>,
+        clock: Arc<dyn Clock>,
     ) -> BoundPlan {
-        BoundPlan { plan: self, sets, datasets }
+        BoundPlan { plan: self, sets, datasets, clock }
     }
 }
 
@@ -144,6 +146,7 @@ pub struct BoundPlan {
     pub plan: Plan,
     sets: Vec<Arc<SetHandle>>,
     datasets: Arc<dyn DatasetLookup>,
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for BoundPlan {
@@ -180,12 +183,58 @@ pub struct Outcome {
     pub oom_restarts: u64,
 }
 
+/// Most `console.*` lines one worker keeps per batch; the rest are counted in one last line.
+pub const MAX_LOG_LINES_PER_BATCH: usize = 1000;
+
+/// One `console.*` line of a script.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogLine {
+    /// RFC 3339.
+    pub timestamp: String,
+    pub level: String,
+    pub transform_uid: String,
+    pub message: String,
+}
+
 /// One worker's script runtimes, by transform uid; built on first use and rebuilt when the
-/// script changes (a redeploy).
+/// script changes (a redeploy). Their `console.*` lines collect here until the worker
+/// writes them with its batch.
 #[derive(Default)]
 pub struct Engines {
     by_uid: HashMap<String, (Arc<str>, ScriptEngine)>,
+    logs: Arc<LogBuffer>,
 }
+
+impl Engines {
+    /// The script log lines since the last call (at most [`MAX_LOG_LINES_PER_BATCH`], and
+    /// a line counting the dropped ones).
+    pub fn take_logs(&self) -> Vec<LogLine> {
+        let mut buffer = self.logs.0.lock().expect("log buffer lock is never poisoned");
+        let (mut lines, dropped) = (std::mem::take(&mut buffer.0), std::mem::take(&mut buffer.1));
+        if dropped > 0 {
+            let last = lines.last().cloned().unwrap_or(LogLine {
+                timestamp: String::new(),
+                level: String::new(),
+                transform_uid: String::new(),
+                message: String::new(),
+            });
+            lines.push(LogLine {
+                timestamp: last.timestamp,
+                level: "warn".to_owned(),
+                transform_uid: last.transform_uid,
+                message: format!(
+                    "{dropped} more lines of this batch were dropped \
+                     (at most {MAX_LOG_LINES_PER_BATCH} per batch)"
+                ),
+            });
+        }
+        lines
+    }
+}
+
+/// Lines, and the count of lines dropped over the cap.
+#[derive(Default)]
+struct LogBuffer(std::sync::Mutex<(Vec<LogLine>, u64)>);
 
 impl std::fmt::Debug for Engines {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -193,20 +242,30 @@ impl std::fmt::Debug for Engines {
     }
 }
 
-/// `console.*` of a pipeline's scripts, into the process log.
+/// `console.*` of a pipeline's scripts: kept for the pipeline's logs, and in the process log
+/// at debug level.
 struct ScriptLog {
     pipeline_id: String,
     uid: String,
+    clock: Arc<dyn Clock>,
+    buffer: Arc<LogBuffer>,
 }
 
 impl LogSink for ScriptLog {
     fn log(&self, level: LogLevel, message: &str) {
         let (config_id, transform) = (&self.pipeline_id, &self.uid);
-        match level {
-            LogLevel::Error => tracing::error!(%config_id, %transform, "script: {message}"),
-            LogLevel::Warn => tracing::warn!(%config_id, %transform, "script: {message}"),
-            _ => tracing::info!(%config_id, %transform, "script: {message}"),
+        tracing::debug!(%config_id, %transform, level = level.name(), "script: {message}");
+        let mut buffer = self.buffer.0.lock().expect("log buffer lock is never poisoned");
+        if buffer.0.len() >= MAX_LOG_LINES_PER_BATCH {
+            buffer.1 += 1;
+            return;
         }
+        buffer.0.push(LogLine {
+            timestamp: sluice_core::time::format(self.clock.now()),
+            level: level.name().to_owned(),
+            transform_uid: self.uid.clone(),
+            message: message.to_owned(),
+        });
     }
 }
 
@@ -218,10 +277,30 @@ impl BoundPlan {
     ///
     /// Blocking: with scripts, call it off the async executor.
     pub fn run(&self, items: Vec<Item>, engines: &mut Engines) -> Outcome {
+        self.run_from(0, items, engines)
+    }
+
+    /// The stage index of transform `uid`, if the plan has it.
+    pub fn stage_of(&self, uid: &str) -> Option<usize> {
+        self.plan.stages.iter().position(|stage| match stage {
+            Stage::SetFilter { uid: stage_uid, .. } | Stage::Script { uid: stage_uid, .. } => {
+                stage_uid == uid
+            }
+        })
+    }
+
+    /// As [`BoundPlan::run`], starting at stage `first` (replaying a dead letter from the
+    /// transform that failed on it).
+    pub fn run_from(&self, first: usize, items: Vec<Item>, engines: &mut Engines) -> Outcome {
         let mut outcome = Outcome::default();
         let mut items = items;
-        let mut sets = self.sets.iter();
-        for stage in &self.plan.stages {
+        let first = first.min(self.plan.stages.len());
+        let skipped_sets = self.plan.stages[..first]
+            .iter()
+            .filter(|stage| matches!(stage, Stage::SetFilter { .. }))
+            .count();
+        let mut sets = self.sets.iter().skip(skipped_sets);
+        for stage in &self.plan.stages[first..] {
             if items.is_empty() {
                 break;
             }
@@ -319,7 +398,12 @@ impl BoundPlan {
     ) -> Result<&'e mut ScriptEngine, String> {
         let current = engines.by_uid.get(uid).is_some_and(|(built, _)| built == source);
         if !current {
-            let log = ScriptLog { pipeline_id: self.plan.pipeline_id.clone(), uid: uid.to_owned() };
+            let log = ScriptLog {
+                pipeline_id: self.plan.pipeline_id.clone(),
+                uid: uid.to_owned(),
+                clock: self.clock.clone(),
+                buffer: engines.logs.clone(),
+            };
             let engine = ScriptEngine::new(
                 source,
                 sluice_js::Limits::for_pod_size(self.plan.pod_size),

@@ -44,7 +44,10 @@ impl Worker {
         let group = topics::deployment_group(&plan.plan.pipeline_id);
         let Some(mut next) = self.start_offsets(&source, &group).await else { return };
         let mut watch = self.log.watch(&source);
-        let dead_letters = topics::dead_letter_topic(&plan.plan.pipeline_id);
+        let side_topics = SideTopics {
+            dead_letters: topics::dead_letter_topic(&plan.plan.pipeline_id),
+            logs: topics::logs_topic(&plan.plan.pipeline_id),
+        };
         // This worker's script runtimes; they move into the blocking task that runs a batch
         // and come back with its outcome.
         let mut engines = Engines::default();
@@ -85,7 +88,7 @@ impl Worker {
                 continue;
             }
             let settled =
-                self.process(&plan, batch, &mut engines, &group, &dead_letters, &offsets).await;
+                self.process(&plan, batch, &mut engines, &group, &side_topics, &offsets).await;
             if !settled {
                 // Stopped while the sink kept failing: offsets stay for the next start.
                 return;
@@ -144,7 +147,7 @@ impl Worker {
         records: Vec<Record>,
         engines: &mut Engines,
         group: &str,
-        dead_letter_topic: &str,
+        side_topics: &SideTopics,
         offsets: &[(u32, u64)],
     ) -> bool {
         Counters::add(&self.counters.received, records.len() as u64);
@@ -193,12 +196,14 @@ impl Worker {
         let now = self.clock.now();
         let dead: Vec<NewRecord> =
             outcome.failed.into_iter().map(|failed| dead_letter(failed, now)).collect();
+        let logs: Vec<NewRecord> = engines.take_logs().iter().map(log_record).collect();
         let Some((_, sink)) = plan.plan.sink_topics.first() else { return true };
         let sink = sink.as_str();
         let source = plan.plan.source.as_str();
         let mut backoff = self.settings.initial_backoff;
         loop {
-            let appends: [(&str, &[NewRecord]); 2] = [(sink, &out), (dead_letter_topic, &dead)];
+            let appends: [(&str, &[NewRecord]); 3] =
+                [(sink, &out), (&side_topics.dead_letters, &dead), (&side_topics.logs, &logs)];
             let written = self.log.append_and_commit(&appends, group, source, offsets).await;
             match written {
                 Ok(_) => {
@@ -241,7 +246,7 @@ impl Worker {
 
 /// The dead-letter record of a record a transform failed on: the same key, and a JSON object
 /// with the transform, the error, the attempts, when, and the record itself.
-fn dead_letter(failed: Failed, now: chrono::DateTime<chrono::Utc>) -> NewRecord {
+pub(crate) fn dead_letter(failed: Failed, now: chrono::DateTime<chrono::Utc>) -> NewRecord {
     let Failed { item, transform_uid, error, attempts } = failed;
     let record = serde_json::from_slice::<serde_json::Value>(&item.value).unwrap_or_else(|_| {
         serde_json::Value::String(String::from_utf8_lossy(&item.value).into_owned())
@@ -256,5 +261,19 @@ fn dead_letter(failed: Failed, now: chrono::DateTime<chrono::Utc>) -> NewRecord 
     NewRecord {
         key: item.key,
         value: serde_json::to_vec(&value).expect("a dead letter serializes"),
+    }
+}
+
+/// The topics a batch writes besides its sink.
+pub(crate) struct SideTopics {
+    pub dead_letters: String,
+    pub logs: String,
+}
+
+/// A script log line as a record of the logs topic (keyed by its transform).
+pub(crate) fn log_record(line: &crate::plan::LogLine) -> NewRecord {
+    NewRecord {
+        key: line.transform_uid.as_bytes().to_vec(),
+        value: serde_json::to_vec(line).expect("a log line serializes"),
     }
 }

@@ -790,3 +790,95 @@ async fn a_script_sees_dataset_entries_added_after_deploy() {
     stack.settle(&id).await;
     assert_eq!(stack.sink_now(&id).await, vec![3, 4]);
 }
+
+#[tokio::test]
+async fn dead_letters_replay_through_the_fixed_script_and_console_lines_are_readable() {
+    let stack = Stack::new().await;
+    let body = |script: &str| {
+        json!({
+            "name": "replayed", "description": "fails on 13 until fixed",
+            "pipeline_config": {
+                "source": {"chain": "base", "entity": "erc20_token_transfer"},
+                "transforms": [{"type": "v8", "uid": "tf-s", "script": script}],
+                "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+            }
+        })
+    };
+    let broken = "function transform(r) {\n  console.log('saw', r.n);\n  if (r.n === 13) throw new Error('bad ' + r.n);\n  return r;\n}";
+    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body(broken)).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    stack.action(&id, "deploy").await;
+    stack.ingest(&[(12, USDC), (13, USDC), (14, USDC)]).await;
+    stack.settle(&id).await;
+    assert_eq!(stack.sink_now(&id).await, vec![12, 14]);
+
+    // The script's console lines, oldest first, newest `limit`.
+    let (status, logs) = stack
+        .call(Method::GET, &format!("/api/v1/beam/{id}/logs?limit=1000"), &stack.owner, None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{logs}");
+    let lines: Vec<&str> =
+        logs["logs"].as_array().unwrap().iter().map(|l| l["message"].as_str().unwrap()).collect();
+    // 13 is tried three times.
+    assert_eq!(lines.iter().filter(|l| **l == "saw 13").count(), 3, "{lines:?}");
+    assert!(lines.contains(&"saw 12") && lines.contains(&"saw 14"));
+    assert_eq!(logs["logs"][0]["transform_uid"], "tf-s");
+    assert_eq!(logs["logs"][0]["level"], "info");
+    let (_, last) = stack
+        .call(Method::GET, &format!("/api/v1/beam/{id}/logs?limit=1"), &stack.owner, None)
+        .await;
+    assert_eq!(last["logs"].as_array().unwrap().len(), 1);
+    let (status, _) = stack
+        .call(Method::GET, &format!("/api/v1/beam/{id}/logs?limit=0"), &stack.owner, None)
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    // Replaying with the script still broken dead-letters the record again.
+    let replay = format!("/api/v1/beam/{id}/dead-letters/replay");
+    let (status, report) = stack.post(&replay, &stack.owner, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!((report["replayed"].as_u64(), report["delivered"].as_u64()), (Some(1), Some(0)));
+    assert_eq!(
+        (report["dead_lettered"].as_u64(), report["next_offset"].as_u64()),
+        (Some(1), Some(1))
+    );
+
+    // Fix the script, redeploy, replay: the record reaches the sink, nothing is pending.
+    let fixed = "function transform(r) { r.fixed = true; return r; }";
+    let (status, updated) = stack
+        .call(
+            Method::PUT,
+            &format!("/api/v1/beam/{id}"),
+            &stack.owner,
+            Some(Body::from(body(fixed).to_string())),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{updated}");
+    stack.action(&id, "deploy").await;
+    // Strangers cannot replay (nor see the pipeline).
+    assert_eq!(stack.post(&replay, &stack.reader, json!({})).await.0, StatusCode::NOT_FOUND);
+    let (status, report) = stack.post(&replay, &stack.owner, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!((report["replayed"].as_u64(), report["delivered"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (report["dead_lettered"].as_u64(), report["next_offset"].as_u64()),
+        (Some(0), Some(2))
+    );
+    assert_eq!(stack.sink_now(&id).await, vec![12, 13, 14]);
+    let replayed =
+        stack.sink_records(&id).await.into_iter().find(|r| r["value"]["n"] == 13).unwrap();
+    assert_eq!(replayed["value"]["fixed"], true);
+    assert_eq!(replayed["key"], format!("0x{:064x}:3", 13));
+
+    let letters = format!("/api/v1/beam/{id}/dead-letters");
+    let (_, pending) = stack.call(Method::GET, &letters, &stack.owner, None).await;
+    assert_eq!(pending["dead_letters"], json!([]));
+    assert_eq!(pending["next_offset"], 2);
+    let (_, history) =
+        stack.call(Method::GET, &format!("{letters}?offset=0"), &stack.owner, None).await;
+    assert_eq!(history["dead_letters"].as_array().unwrap().len(), 2);
+    // A second replay has nothing to do.
+    let (_, again) = stack.post(&replay, &stack.owner, json!({})).await;
+    assert_eq!((again["replayed"].as_u64(), again["next_offset"].as_u64()), (Some(0), Some(2)));
+}

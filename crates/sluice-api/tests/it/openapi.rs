@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 34] = [
+const ROUTES: [(&str, &str); 36] = [
     ("post", "/api/v1/beam"),
     ("get", "/api/v1/beam"),
     ("get", "/api/v1/beam/sources"),
@@ -27,6 +27,8 @@ const ROUTES: [(&str, &str); 34] = [
     ("get", "/api/v1/beam/{config_id}/sinks/{sink_uid}/records"),
     ("get", "/api/v1/beam/{config_id}/sinks/{sink_uid}/records/stream"),
     ("get", "/api/v1/beam/{config_id}/dead-letters"),
+    ("post", "/api/v1/beam/{config_id}/dead-letters/replay"),
+    ("get", "/api/v1/beam/{config_id}/logs"),
     ("post", "/api/v1/streams/{chain}/{entity}/records"),
     ("post", "/api/v1/beam/datasets"),
     ("get", "/api/v1/beam/datasets"),
