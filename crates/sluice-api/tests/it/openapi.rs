@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 34] = [
+const ROUTES: [(&str, &str); 36] = [
     ("post", "/api/v1/beam"),
     ("get", "/api/v1/beam"),
     ("get", "/api/v1/beam/sources"),
@@ -15,6 +15,8 @@ const ROUTES: [(&str, &str); 34] = [
     ("delete", "/api/v1/beam/{config_id}"),
     ("get", "/api/v1/beam/{config_id}/permissions"),
     ("put", "/api/v1/beam/{config_id}/permissions"),
+    ("put", "/api/v1/beam/{config_id}/transforms"),
+    ("patch", "/api/v1/beam/{config_id}/transforms/{transform_uid}"),
     ("get", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
     ("post", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
     ("put", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
