@@ -190,7 +190,7 @@ pub async fn replace_transforms(
         return Err(ApiError::Validation(vec![Violation::new(
             &Loc::body(),
             "too_short",
-            "the transform list must not be empty",
+            "List should have at least 1 item after validation, not 0",
         )]));
     }
     let mut errors = Violations::default();
