@@ -401,6 +401,23 @@ impl Stack {
         assert_eq!(status, StatusCode::OK, "{body}");
     }
 
+    /// Ingests one transfer of [`kind`] per number.
+    async fn ingest_kinds(&self, numbers: &[u64]) {
+        let ndjson: String = numbers
+            .iter()
+            .map(|n| {
+                let (token, to) = kind(*n);
+                let mut record = transfer(*n, token);
+                record["to_address"] = json!(to);
+                record.to_string() + "\n"
+            })
+            .collect();
+        let (status, body) = self
+            .call(Method::POST, "/api/v1/streams/base/erc20_token_transfer/records", Some(ndjson))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+
     async fn records(&self, id: &str) -> Vec<Value> {
         let path = format!("/api/v1/beam/{id}/sinks/sk-out/records?limit=10000");
         let (status, page) = self.call(Method::GET, &path, None).await;
@@ -453,50 +470,55 @@ fn numbers(records: &[Value]) -> Vec<u64> {
     numbers
 }
 
+/// What the four kinds of transfer of the redeploy test match: the old configuration passes
+/// USDC tokens, the new one transfers to the USDC contract address.
+fn kind(n: u64) -> (&'static str, &'static str) {
+    match n % 4 {
+        0 => (USDC, USDC),   // token and recipient: both configurations pass it
+        1 => (USDC, OTHER),  // only the old one
+        2 => (WETH, USDC),   // only the new one
+        _ => (OTHER, OTHER), // neither
+    }
+}
+
 #[tokio::test]
 async fn put_on_a_deployed_pipeline_redeploys_it_under_load_with_no_record_lost() {
     let stack = Arc::new(Stack::new().await);
     let id = stack.create(&[USDC]).await;
     stack.ok(Method::POST, &format!("/api/v1/beam/{id}/deploy"), json!({})).await;
+    let batch = |b: u64| -> Vec<u64> { (b * 40..b * 40 + 40).collect() };
 
-    // Every batch carries USDC (passes old and new config), WETH (passes only the new one)
-    // and OTHER (passes neither).
-    let token = |i: u64| [USDC, WETH, OTHER][(i % 3) as usize];
-    // Before the call: one batch, processed under the old configuration.
-    let batch = move |b: u64| -> Vec<(u64, &'static str)> {
-        (0..30).map(|i| (b * 30 + i, token(i))).collect()
-    };
-    stack.ingest(&batch(0)).await;
+    // Before the call: one batch, read under the old configuration.
+    stack.ingest_kinds(&batch(0)).await;
     stack.settle(&id).await;
     // During the call: the feeder yields between batches, so they interleave with the PUT.
     let feeder = {
         let stack = stack.clone();
         tokio::spawn(async move {
-            for b in 1..30u64 {
-                stack.ingest(&batch(b)).await;
+            for b in 1..25u64 {
+                stack.ingest_kinds(&batch(b)).await;
                 tokio::task::yield_now().await;
             }
         })
     };
-    // The set filter keeps its uid (and USDC) and gains WETH; a script that tags each
-    // record is added after it.
+    // The set filter keeps its uid (and its values) but tests the recipient now, and a
+    // script that tags each record follows it.
     let script = "function transform(r) { r.tagged = true; return r; }";
     let answered = stack
         .ok(
             Method::PUT,
             &format!("/api/v1/beam/{id}/transforms"),
             json!([
-                {"type": "redis_set_filter", "uid": "tf-tokens", "filter_expr": "root = this.token_address"},
+                {"type": "redis_set_filter", "uid": "tf-tokens", "filter_expr": "root = this.to_address"},
                 {"type": "v8", "uid": "tf-tag", "script": script}
             ]),
         )
         .await;
     assert_eq!(answered[1]["uid"], "tf-tag");
-    let path = format!("/api/v1/beam/{id}/transforms/tf-tokens/filter-values");
-    stack.ok(Method::POST, &path, json!({"values": [WETH]})).await;
     feeder.await.unwrap();
-    // After the call: more records, all under the new configuration.
-    stack.ingest(&[(5000, USDC), (5001, WETH), (5002, OTHER)]).await;
+    // After the call (and after the workers caught up with it): new configuration only.
+    stack.settle(&id).await;
+    stack.ingest_kinds(&[5000, 5001, 5002, 5003]).await;
     stack.settle(&id).await;
     assert_eq!(
         stack.deployment_state(&id).await,
@@ -507,30 +529,36 @@ async fn put_on_a_deployed_pipeline_redeploys_it_under_load_with_no_record_lost(
     let delivered = numbers(&records);
     let mut unique = delivered.clone();
     unique.dedup();
-    // Every USDC record (matching both configurations) arrived; OTHER (matching neither)
-    // never did.
-    let usdc: Vec<u64> = (0..900).filter(|n| n % 30 % 3 == 0).chain([5000]).collect();
-    let got_usdc: Vec<u64> = unique
-        .iter()
-        .copied()
-        .filter(|n| records.iter().any(|r| r["n"] == *n && r["token_address"] == USDC))
-        .collect();
-    assert_eq!(got_usdc, usdc);
-    assert!(records.iter().all(|r| r["token_address"] != OTHER), "{unique:?}");
-    // Records read before the call went through the old configuration (untagged), those
-    // ingested after it through the new one; a WETH record can only pass the new set filter,
-    // so it must carry the new script's tag too (one configuration per record, never a mix).
-    for record in records.iter().filter(|r| r["n"].as_u64().unwrap() < 30) {
-        assert_eq!(record.get("tagged"), None, "{record}");
-    }
-    let tagged = |n: u64| records.iter().any(|r| r["n"] == n && r["tagged"] == true);
-    assert!(tagged(5000) && tagged(5001));
+    assert_eq!(delivered, unique, "a record was delivered twice");
+    // Nothing that both configurations pass is lost; nothing that neither passes arrives.
+    let both: Vec<u64> = (0..1000).chain(5000..5004).filter(|n| n % 4 == 0).collect();
+    assert_eq!(unique.iter().copied().filter(|n| n % 4 == 0).collect::<Vec<_>>(), both);
+    assert!(unique.iter().all(|n| n % 4 != 3), "{unique:?}");
+    // Each record went through one whole configuration: the old one (untagged) or the new
+    // one (tagged), never a mix.
     for record in &records {
         let n = record["n"].as_u64().unwrap();
-        if record["token_address"] == WETH {
-            assert_eq!(record["tagged"], true, "WETH {n} passed the old filter");
+        match n % 4 {
+            1 => assert_eq!(
+                record.get("tagged"),
+                None,
+                "{n} passed the old filter with the new script"
+            ),
+            2 => assert_eq!(
+                record["tagged"], true,
+                "{n} passed the new filter without the new script"
+            ),
+            _ => {}
+        }
+        if n < 40 {
+            assert_eq!(record.get("tagged"), None, "{n} was read before the change");
+        }
+        if n >= 5000 {
+            assert_eq!(record["tagged"], true, "{n} was ingested after the change");
         }
     }
+    assert!(unique.contains(&1) && !unique.contains(&2), "{unique:?}");
+    assert!(unique.contains(&5002) && !unique.contains(&5001), "{unique:?}");
 }
 
 #[tokio::test]
