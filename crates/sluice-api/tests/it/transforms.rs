@@ -135,6 +135,30 @@ async fn patch_to_another_type_drops_the_filter_values_and_tells_the_set_indexes
 }
 
 #[tokio::test]
+async fn concurrent_edits_of_one_pipeline_never_undo_each_other() {
+    let h = Harness::new().await;
+    let ann = h.user("acme", "data", "ann").await;
+    let id = h.create(&ann, three_transforms()).await["id"].as_str().unwrap().to_owned();
+    for round in 0..5 {
+        let script = format!("function transform(r) {{ r.round = {round}; return r; }}");
+        let expr = if round % 2 == 0 { "root = this.address" } else { "root = this.token_address" };
+        let paths =
+            ["tf-a", "tf-s", "tf-b"].map(|uid| format!("/api/v1/beam/{id}/transforms/{uid}"));
+        let (a, s, b) = tokio::join!(
+            patch(&h, &paths[0], &ann, json!({"filter_expr": expr})),
+            patch(&h, &paths[1], &ann, json!({"script": script})),
+            patch(&h, &paths[2], &ann, json!({"filter_expr": expr})),
+        );
+        assert_eq!((a.0, s.0, b.0), (StatusCode::OK, StatusCode::OK, StatusCode::OK));
+        let (_, stored) = h.get(&format!("/api/v1/beam/{id}"), &ann).await;
+        let transforms = &stored["pipeline_config"]["transforms"];
+        assert_eq!(transforms[0]["filter_expr"], expr, "round {round}: {transforms}");
+        assert_eq!(transforms[1]["script"], script.as_str(), "round {round}: {transforms}");
+        assert_eq!(transforms[2]["filter_expr"], expr, "round {round}: {transforms}");
+    }
+}
+
+#[tokio::test]
 async fn patch_answers_404_403_and_422_and_changes_nothing_then() {
     let h = Harness::new().await;
     let ann = h.user("acme", "data", "ann").await;
