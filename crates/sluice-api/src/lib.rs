@@ -19,6 +19,7 @@ pub mod scripts;
 pub mod sharing;
 pub mod sources;
 pub mod streams;
+pub mod transforms;
 
 use std::sync::Arc;
 
@@ -68,6 +69,8 @@ pub struct AppState {
     /// The pipelines running in this process; `None` in a process that runs none (then the
     /// deployment and ingest endpoints answer 503).
     pub runtime: Option<Arc<Runtime>>,
+    /// Serialises the read-change-store(-redeploy) edits of one pipeline in this process.
+    pub edit_locks: Arc<transforms::EditLocks>,
     openapi_json: axum::body::Bytes,
 }
 
@@ -88,6 +91,7 @@ impl AppState {
             filter_listener: Arc::new(NoInMemoryCopies),
             dataset_listener: Arc::new(NoDatasetIndex),
             runtime: None,
+            edit_locks: Arc::default(),
             openapi_json: openapi_json.into(),
         }
     }
@@ -189,6 +193,8 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
             pipelines::update_pipeline,
             pipelines::delete_pipeline
         ))
+        .routes(routes!(transforms::replace_transforms))
+        .routes(routes!(transforms::patch_transform))
         .routes(routes!(sharing::get_permissions, sharing::put_permissions))
         .merge(filter_values)
         .routes(routes!(datasets::create_dataset, datasets::list_datasets))

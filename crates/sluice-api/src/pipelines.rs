@@ -138,6 +138,8 @@ pub async fn update_pipeline(
     Path(config_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> Result<Json<Pipeline>, ApiError> {
+    // A concurrent transform change must not be undone by this read-change-write.
+    let _edit = state.edit_locks.lock(&config_id).await;
     let (mut pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Update)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;

@@ -15,6 +15,8 @@ const ROUTES: [(&str, &str); 36] = [
     ("delete", "/api/v1/beam/{config_id}"),
     ("get", "/api/v1/beam/{config_id}/permissions"),
     ("put", "/api/v1/beam/{config_id}/permissions"),
+    ("put", "/api/v1/beam/{config_id}/transforms"),
+    ("patch", "/api/v1/beam/{config_id}/transforms/{transform_uid}"),
     ("get", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
     ("post", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
     ("put", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),

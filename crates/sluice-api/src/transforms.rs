@@ -1,0 +1,267 @@
+//! Transform endpoints: change one transform (`PATCH …/transforms/{transform_uid}`) or
+//! replace the whole list (`PUT …/transforms`), then redeploy a deployed pipeline by itself.
+//!
+//! Both go through the same path: validate as a pipeline update does (same rules, same
+//! script compile check), store the new configuration in one store transaction (which also
+//! deletes the filter values of set filters that are gone), tell the set indexes, and, when
+//! the pipeline is deployed, deploy the stored configuration again: the runtime swaps it in
+//! at a batch boundary, so no record is skipped or processed twice by the change. A paused
+//! pipeline is only stored; it runs the new list when it is next deployed.
+//!
+//! Edits of one pipeline are serialised in this process ([`EditLocks`]) so that two
+//! concurrent changes cannot both read the same configuration and the later write silently
+//! undo the earlier one, and so that the runtime ends up running the last stored list.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Path, Request, State};
+use serde_json::Value;
+use sluice_core::deployment::DeploymentState;
+use sluice_core::filter_values::FilterValuesChange;
+use sluice_core::permission::Permission;
+use sluice_core::pipeline::validate::{BodyMode, validate_transform, validate_transform_list};
+use sluice_core::pipeline::{Pipeline, Transform};
+use sluice_core::validation::{Loc, Violation, Violations};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::body::{JsonObject, read_error};
+use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::scripts::{check_transform, check_transform_list};
+
+/// One lock per pipeline id, held while a handler reads, changes, stores and redeploys its
+/// configuration. Entries live only while someone holds or waits for them.
+#[derive(Debug, Default)]
+pub struct EditLocks(std::sync::Mutex<HashMap<String, Weak<Mutex<()>>>>);
+
+impl EditLocks {
+    /// Waits until no other edit of `pipeline_id` runs in this process.
+    pub async fn lock(&self, pipeline_id: &str) -> OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.0.lock().expect("edit-lock map lock is never poisoned");
+            locks.retain(|_, lock| lock.strong_count() > 0);
+            if let Some(lock) = locks.get(pipeline_id).and_then(Weak::upgrade) {
+                lock
+            } else {
+                let lock = Arc::new(Mutex::new(()));
+                locks.insert(pipeline_id.to_owned(), Arc::downgrade(&lock));
+                lock
+            }
+        };
+        lock.lock_owned().await
+    }
+}
+
+/// A request body that is one JSON array.
+#[derive(Debug)]
+pub struct JsonArray(pub Vec<Value>);
+
+impl FromRequest<AppState> for JsonArray {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|rejection| read_error(&rejection, state.limits.max_body_bytes))?;
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Array(items)) => Ok(Self(items)),
+            Ok(_) => Err(ApiError::Validation(vec![Violation::new(
+                &Loc::body(),
+                "list_type",
+                "Input should be a valid list",
+            )])),
+            Err(error) => Err(ApiError::Validation(vec![Violation::new(
+                &Loc::body(),
+                "json_invalid",
+                format!("JSON decode error: {error}"),
+            )])),
+        }
+    }
+}
+
+/// Change one transform of a pipeline (edit permission) and redeploy it when it is deployed.
+///
+/// The body is one transform object (`type` plus its fields) that replaces the transform
+/// with this uid in place: same position, same uid. `type` may change (a set filter that
+/// becomes a script loses its filter values); when `type` is omitted the transform keeps its
+/// current type. A `uid` in the body must equal the path's. A `v8` script is compiled first:
+/// a syntax error or a missing `transform` function is a 422 on `["body", "script"]`. A set
+/// filter that stays a set filter keeps its filter values.
+#[utoipa::path(
+    patch, path = "/api/v1/beam/{config_id}/transforms/{transform_uid}", tag = "pipelines",
+    params(
+        ("config_id" = String, Path, description = "Pipeline id"),
+        ("transform_uid" = String, Path, description = "Uid of the transform to change"),
+    ),
+    request_body = Transform,
+    responses(
+        (status = 200, description = "The updated transform", body = Transform),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Read but not edit permission, or custom_transforms not enabled", body = ErrorBody),
+        (status = 404, description = "No such pipeline (or no read permission), or no such transform", body = ErrorBody),
+        (status = 413, description = "Body over the size limit", body = ErrorBody),
+        (status = 422, description = "Invalid transform", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn patch_transform(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((config_id, transform_uid)): Path<(String, String)>,
+    JsonObject(mut body): JsonObject,
+) -> Result<Json<Transform>, ApiError> {
+    let _edit = state.edit_locks.lock(&config_id).await;
+    let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    let Some(index) =
+        pipeline.pipeline_config.transforms.iter().position(|t| t.uid() == transform_uid)
+    else {
+        return Err(ApiError::NotFound(format!(
+            "Transform {transform_uid} not found in pipeline {config_id}"
+        )));
+    };
+    let mut errors = Violations::default();
+    match body.get("uid") {
+        Some(Value::String(uid)) if *uid != transform_uid => errors.push(Violation::value(
+            &Loc::body().at("uid"),
+            format!(
+                "the uid of a transform cannot change: the body says '{uid}', the path '{transform_uid}'"
+            ),
+        )),
+        _ => {}
+    }
+    if !body.contains_key("type") {
+        let current = match &pipeline.pipeline_config.transforms[index] {
+            Transform::SetFilter { .. } => "redis_set_filter",
+            Transform::Script { .. } => "v8",
+        };
+        body.insert("type".to_owned(), Value::String(current.to_owned()));
+    }
+    let validated =
+        validate_transform(&Value::Object(body), Loc::body(), BodyMode::Update, &mut errors);
+    let transform =
+        errors.finish(validated)?.map(|valid| with_uid(valid.transform, &transform_uid));
+    // `validate_transform` records a violation whenever it answers `None`.
+    let Some(transform) = transform else {
+        return Err(ApiError::Internal("transform validation failed without a violation".into()));
+    };
+    check_transform(&transform, &Loc::body()).await?;
+    let mut transforms = pipeline.pipeline_config.transforms.clone();
+    transforms[index] = transform.clone();
+    store_and_redeploy(&state, &caller, pipeline, transforms).await?;
+    tracing::info!(%config_id, %transform_uid, "transform updated");
+    Ok(Json(transform))
+}
+
+/// Replace a pipeline's transform list (edit permission) and redeploy it when it is deployed.
+///
+/// The body is the whole new list, in order: one call adds, removes, updates and reorders.
+/// A transform whose `uid` is already in the pipeline keeps its identity (a set filter keeps
+/// its filter values); one without `uid` is new and gets a generated uid; a `uid` the
+/// pipeline does not have yet names a new transform, as on create. Transforms left out are
+/// removed, with their filter values. The list must not be empty and its uids must be
+/// unique. `v8` scripts are compiled first, as on create.
+#[utoipa::path(
+    put, path = "/api/v1/beam/{config_id}/transforms", tag = "pipelines",
+    params(("config_id" = String, Path, description = "Pipeline id")),
+    request_body = Vec<Transform>,
+    responses(
+        (status = 200, description = "The new transform list", body = Vec<Transform>),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Read but not edit permission, or custom_transforms not enabled", body = ErrorBody),
+        (status = 404, description = "No such pipeline, or no read permission", body = ErrorBody),
+        (status = 413, description = "Body over the size limit", body = ErrorBody),
+        (status = 422, description = "Empty list, duplicate uids or invalid transforms", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn replace_transforms(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(config_id): Path<String>,
+    JsonArray(items): JsonArray,
+) -> Result<Json<Vec<Transform>>, ApiError> {
+    let _edit = state.edit_locks.lock(&config_id).await;
+    let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    if items.is_empty() {
+        return Err(ApiError::Validation(vec![Violation::new(
+            &Loc::body(),
+            "too_short",
+            "List should have at least 1 item after validation, not 0",
+        )]));
+    }
+    let mut errors = Violations::default();
+    let validated = validate_transform_list(&items, &Loc::body(), BodyMode::Update, &mut errors);
+    let transforms: Vec<Transform> = errors
+        .finish(validated)?
+        .ok_or_else(|| {
+            ApiError::Internal("transform list validation failed without a violation".into())
+        })?
+        .into_iter()
+        .map(|valid| valid.transform)
+        .collect();
+    check_transform_list(&transforms, &Loc::body()).await?;
+    store_and_redeploy(&state, &caller, pipeline, transforms.clone()).await?;
+    tracing::info!(%config_id, transforms = transforms.len(), "transforms replaced");
+    Ok(Json(transforms))
+}
+
+fn with_uid(transform: Transform, new_uid: &str) -> Transform {
+    match transform {
+        Transform::SetFilter { filter_expr, .. } => {
+            Transform::SetFilter { uid: new_uid.to_owned(), filter_expr }
+        }
+        Transform::Script { script, .. } => Transform::Script { uid: new_uid.to_owned(), script },
+    }
+}
+
+/// Stores `pipeline` with `transforms`, drops the set indexes of set filters that are gone,
+/// and redeploys the pipeline when it is deployed.
+async fn store_and_redeploy(
+    state: &AppState,
+    caller: &Caller,
+    mut pipeline: Pipeline,
+    transforms: Vec<Transform>,
+) -> Result<Pipeline, ApiError> {
+    let config_id = pipeline.id.clone();
+    let old_set_filters: Vec<String> = pipeline.set_filter_uids().map(str::to_owned).collect();
+    pipeline.pipeline_config.transforms = transforms;
+    pipeline.updated_at = state.clock.now();
+    caller.require_custom_transforms_for(&pipeline.pipeline_config)?;
+    let runtime = state.runtime.as_ref();
+    let deployed = match runtime {
+        Some(runtime) => runtime.state(&config_id).await? == Some(DeploymentState::Deployed),
+        None => false,
+    };
+    if deployed {
+        // Refuse before storing what the running pipeline could not switch to.
+        sluice_runtime::plan::Plan::compile(&pipeline).map_err(|error| {
+            ApiError::Validation(vec![Violation::new(
+                &Loc::body(),
+                "not_deployable",
+                error.to_string(),
+            )])
+        })?;
+    }
+    // One transaction: the new configuration, `updated_at`, and the deletion of the filter
+    // values of set filters the new list no longer has.
+    if !state.store.update_pipeline(&pipeline).await? {
+        return Err(ApiError::NotFound(format!("Pipeline {config_id} not found")));
+    }
+    // Running workers keep the index they hold until the redeploy below swaps their plan,
+    // so records processed before the swap are filtered exactly as before.
+    for uid in old_set_filters.iter().filter(|uid| !pipeline.set_filter_uids().any(|n| n == *uid)) {
+        state.filter_listener.changed(&config_id, uid, FilterValuesChange::Dropped);
+    }
+    if let Some(runtime) = runtime {
+        // Asked again after storing: a pause in between must not be undone by a deploy.
+        if runtime.state(&config_id).await? == Some(DeploymentState::Deployed) {
+            runtime.deploy(&pipeline).await?;
+            tracing::info!(%config_id, "redeployed after a transform change");
+        }
+    }
+    Ok(pipeline)
+}
