@@ -90,6 +90,8 @@ pub async fn deploy(
     caller: Caller,
     Path(config_id): Path<String>,
 ) -> Result<Json<DeployBody>, ApiError> {
+    // Serialized with transform edits, whose automatic redeploy must not undo this call.
+    let _edit = state.edit_locks.lock(&config_id).await;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let runtime = state.runtime()?;
     let deployed = runtime.deploy(&pipeline).await?;
@@ -162,6 +164,7 @@ pub async fn pause(
     caller: Caller,
     Path(config_id): Path<String>,
 ) -> Result<Json<MessageBody>, ApiError> {
+    let _edit = state.edit_locks.lock(&config_id).await;
     caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let message = match state.runtime()?.pause(&config_id).await? {
         Paused::Paused => format!("Pipeline {config_id} successfully paused"),
@@ -190,6 +193,7 @@ pub async fn teardown(
     caller: Caller,
     Path(config_id): Path<String>,
 ) -> Result<Json<MessageBody>, ApiError> {
+    let _edit = state.edit_locks.lock(&config_id).await;
     caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let message = if state.runtime()?.teardown(&config_id).await? {
         format!("Pipeline {config_id} successfully torn down")
@@ -602,6 +606,7 @@ pub async fn replay_dead_letters(
     caller: Caller,
     Path(config_id): Path<String>,
 ) -> Result<Json<ReplayBody>, ApiError> {
+    let _edit = state.edit_locks.lock(&config_id).await;
     caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let report = state
         .runtime()?
