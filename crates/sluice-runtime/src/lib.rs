@@ -155,6 +155,8 @@ impl Runtime {
                 let mut running = runtime.running.lock().await;
                 let started = async {
                     let plan = plan::Plan::compile(&record.pipeline)?;
+                    // Deployed by an older version, it may lack a topic this one writes.
+                    runtime.create_pipeline_topics(&plan).await?;
                     runtime.pin_start_offsets(&plan).await?;
                     runtime.start_workers(&record.pipeline, plan).await
                 };
@@ -360,13 +362,7 @@ impl Runtime {
         let existing = self.store.deployment(&pipeline.id).await?;
         // Sink topics and source offsets exist before the answer, so records that arrive
         // right after the deploy returns are delivered.
-        let sink_config =
-            TopicConfig { partitions: SINK_PARTITIONS, retention: Retention::default() };
-        for (_, topic) in &plan.sink_topics {
-            self.log.create_topic(topic, sink_config).await?;
-        }
-        self.log.create_topic(&topics::dead_letter_topic(&pipeline.id), sink_config).await?;
-        self.log.create_topic(&topics::logs_topic(&pipeline.id), sink_config).await?;
+        self.create_pipeline_topics(&plan).await?;
         self.pin_start_offsets(&plan).await?;
         let record = DeploymentRecord {
             pipeline_id: pipeline.id.clone(),
@@ -500,6 +496,18 @@ impl Runtime {
         if !missing.is_empty() {
             self.log.commit(&group, &plan.source, &missing).await?;
         }
+        Ok(())
+    }
+
+    /// The topics a deployment writes: its sinks', its dead letters' and its script logs'
+    /// (one partition each, kept 2 days). Idempotent.
+    async fn create_pipeline_topics(&self, plan: &plan::Plan) -> Result<()> {
+        let config = TopicConfig { partitions: SINK_PARTITIONS, retention: Retention::default() };
+        for (_, topic) in &plan.sink_topics {
+            self.log.create_topic(topic, config).await?;
+        }
+        self.log.create_topic(&topics::dead_letter_topic(&plan.pipeline_id), config).await?;
+        self.log.create_topic(&topics::logs_topic(&plan.pipeline_id), config).await?;
         Ok(())
     }
 

@@ -206,6 +206,11 @@ pub struct Engines {
 }
 
 impl Engines {
+    /// Drops the runtimes of scripts `plan` no longer has (a redeploy removed them).
+    pub fn keep_only(&mut self, plan: &BoundPlan) {
+        self.by_uid.retain(|uid, _| plan.stage_of(uid).is_some());
+    }
+
     /// The script log lines since the last call (at most [`MAX_LOG_LINES_PER_BATCH`], and
     /// a line counting the dropped ones).
     pub fn take_logs(&self) -> Vec<LogLine> {

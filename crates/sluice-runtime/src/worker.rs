@@ -58,6 +58,7 @@ impl Worker {
             // A new configuration takes over here, between batches: no offset is skipped.
             if self.plan.has_changed().unwrap_or(false) {
                 plan = self.plan.borrow_and_update().clone();
+                engines.keep_only(&plan);
             }
             // One batch per round: up to `batch_size` records of each of this worker's
             // partitions, delivered and committed together.

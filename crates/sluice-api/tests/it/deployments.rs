@@ -433,6 +433,40 @@ async fn a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused()
 }
 
 #[tokio::test]
+async fn a_deployment_from_before_dead_letters_gets_its_topics_at_restart() {
+    let mut stack = Stack::new().await;
+    let script = "function transform(r) {\n  console.log('n', r.n);\n  if (r.n === 2) throw new Error('two');\n  return r;\n}";
+    let body = json!({
+        "name": "old", "description": "deployed by an older version",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [{"type": "v8", "uid": "tf-s", "script": script}],
+            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+        }
+    });
+    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    stack.action(&id, "deploy").await;
+    // An older version deployed it: no dead-letter or logs topic.
+    stack.runtime.shutdown().await;
+    {
+        use sluice_bus::StreamLog as _;
+        assert!(stack.log.delete_topic(&sluice_bus::topics::dead_letter_topic(&id)).await.unwrap());
+        assert!(stack.log.delete_topic(&sluice_bus::topics::logs_topic(&id)).await.unwrap());
+    }
+    stack.restart().await;
+    // The batch writes a log line and a dead letter: both topics must exist again.
+    stack.ingest(&[(1, USDC), (2, OTHER)]).await;
+    stack.settle(&id).await;
+    assert_eq!(stack.sink_now(&id).await, vec![1]);
+    let path = format!("/api/v1/beam/{id}/dead-letters");
+    let (status, page) = stack.call(Method::GET, &path, &stack.owner, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["dead_letters"][0]["record"]["n"], 2);
+}
+
+#[tokio::test]
 async fn deleting_a_deployed_pipeline_tears_it_down() {
     let stack = Stack::new().await;
     let id = stack.create(&[USDC], json!({})).await;
