@@ -16,6 +16,7 @@ pub mod identity;
 pub mod ids;
 pub mod permission;
 pub mod pipeline;
+pub mod prices;
 pub mod streams;
 pub mod time;
 pub mod validation;

@@ -59,6 +59,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             postgres: include_str!("migrations/0002_filter_value_seq_and_deployments.postgres.sql"),
         },
     },
+    Migration {
+        version: 4,
+        name: "prices",
+        sql: Sql::Portable(include_str!("migrations/0004_prices.sql")),
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

@@ -46,6 +46,9 @@ impl SqliteStore {
     /// start, so reading the row inside a write transaction is enough.
     const LOCK_PIPELINE: &str = "SELECT pipeline_config FROM pipelines WHERE id = $1";
 
+    /// `BEGIN IMMEDIATE` already serialises price writers.
+    const LOCK_PRICES: Option<&str> = None;
+
     /// A transaction that takes the write lock at once. A deferred transaction that reads
     /// first and writes later fails (it is not retried after `busy_timeout`) when another
     /// connection wrote in between.
@@ -132,3 +135,4 @@ mod tests {
 }
 
 crate::sql::metadata_store_impl!(SqliteStore, sqlx::Sqlite);
+crate::prices::price_store_impl!(SqliteStore, sqlx::Sqlite);
