@@ -14,6 +14,7 @@ pub mod error;
 pub mod filter_values;
 pub mod ops;
 pub mod pipelines;
+pub mod prices;
 pub mod sharing;
 pub mod sources;
 pub mod streams;
@@ -62,6 +63,8 @@ pub struct AppState {
     /// The pipelines running in this process; `None` in a process that runs none (then the
     /// deployment and ingest endpoints answer 503).
     pub runtime: Option<Arc<Runtime>>,
+    /// Token prices; `None` in a process that serves none (the price endpoints answer 503).
+    pub prices: Option<Arc<sluice_prices::PriceService>>,
     openapi_json: axum::body::Bytes,
 }
 
@@ -81,6 +84,7 @@ impl AppState {
             limits,
             filter_listener: Arc::new(NoInMemoryCopies),
             runtime: None,
+            prices: None,
             openapi_json: openapi_json.into(),
         }
     }
@@ -101,6 +105,13 @@ impl AppState {
         self.runtime.as_ref().ok_or_else(|| {
             error::ApiError::Unavailable("this process runs no pipelines".to_owned())
         })
+    }
+
+    /// Serves token prices from `prices`.
+    #[must_use]
+    pub fn with_prices(mut self, prices: Arc<sluice_prices::PriceService>) -> Self {
+        self.prices = Some(prices);
+        self
     }
 
     /// Sends filter-value changes to `listener` (the runtime's set indexes).
@@ -128,6 +139,7 @@ impl AppState {
         (name = "deployments", description = "Deploy, pause, tear down, and read managed sinks"),
         (name = "streams", description = "Chain-stream ingest for operators' indexers"),
         (name = "filter-values", description = "Values of set-filter transforms"),
+        (name = "prices", description = "Token prices: latest price and OHLC, price history"),
         (name = "operations", description = "Health, readiness and this documentation"),
     )
 )]
@@ -172,6 +184,8 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(deployments::teardown))
         .routes(routes!(deployments::sink_records))
         .routes(routes!(streams::ingest))
+        .routes(routes!(prices::latest_prices))
+        .routes(routes!(prices::price_history))
         .routes(routes!(account::me))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))

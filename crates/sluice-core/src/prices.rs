@@ -184,9 +184,10 @@ impl Amount {
         Amount(self.0.saturating_add(other.0))
     }
 
-    /// The value as a float (for prices and liquidity).
+    /// The value as a float (for liquidity). Whole units and the fraction are converted
+    /// apart, so values with few decimal places (`1500.5`) come out exact.
     pub fn to_f64(self) -> f64 {
-        self.0 as f64 / SCALE as f64
+        (self.0 / SCALE) as f64 + (self.0 % SCALE) as f64 / SCALE as f64
     }
 
     /// `self / other` as a float, computed from the exact integers: the same value whatever

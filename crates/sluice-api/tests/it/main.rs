@@ -8,4 +8,5 @@ mod harness;
 mod openapi;
 mod permissions;
 mod pipelines;
+mod prices;
 mod validation;

@@ -58,7 +58,7 @@ price_conformance!(
     history_returns_the_range_in_order_and_retention_removes_old_windows,
 );
 
-/// 2026-11-21T12:00:00Z.
+/// 2025-11-21T12:00:00Z.
 const T0: i64 = 1_763_726_400;
 
 fn usdc() -> TokenRef {
