@@ -388,29 +388,107 @@ pub struct CandleKey {
     pub start: i64,
 }
 
+/// A candle being built, borrowing its first and last trade's order.
+#[derive(Clone, Copy)]
+struct Partial<'a> {
+    open: f64,
+    high: f64,
+    low: f64,
+    close: f64,
+    usd_volume: Amount,
+    token_volume: Amount,
+    trade_count: u64,
+    first: &'a TradeOrder,
+    last: &'a TradeOrder,
+}
+
+impl<'a> Partial<'a> {
+    fn merge(&mut self, other: &Partial<'a>) {
+        if other.first < self.first {
+            self.first = other.first;
+            self.open = other.open;
+        }
+        if other.last > self.last {
+            self.last = other.last;
+            self.close = other.close;
+        }
+        self.high = max_f64(self.high, other.high);
+        self.low = min_f64(self.low, other.low);
+        self.usd_volume = self.usd_volume.saturating_add(other.usd_volume);
+        self.token_volume = self.token_volume.saturating_add(other.token_volume);
+        self.trade_count += other.trade_count;
+    }
+
+    fn into_candle(self) -> Candle {
+        Candle {
+            open: self.open,
+            high: self.high,
+            low: self.low,
+            close: self.close,
+            usd_volume: self.usd_volume,
+            token_volume: self.token_volume,
+            trade_count: self.trade_count,
+            first: self.first.clone(),
+            last: self.last.clone(),
+        }
+    }
+}
+
 /// The candles of every granularity that `trades` touch, one per key.
+///
+/// Trades are folded into 15-second candles first (one hash lookup per trade, nothing
+/// cloned), which are then rolled up into the coarser granularities: every coarser window is
+/// a union of whole 15-second windows, and merging is associative and commutative, so the
+/// result is the candle of the trades themselves.
 pub fn aggregate<'a>(
     trades: impl IntoIterator<Item = &'a Trade>,
 ) -> std::collections::HashMap<CandleKey, Candle> {
-    let mut candles: std::collections::HashMap<CandleKey, Candle> =
-        std::collections::HashMap::new();
+    use std::collections::HashMap;
+    let mut fine: HashMap<(&'a TokenRef, i64), Partial<'a>> = HashMap::new();
     for trade in trades {
-        let one = Candle::of(trade);
-        for granularity in Granularity::ALL {
-            let key = CandleKey {
-                token: trade.token.clone(),
-                granularity,
-                start: granularity.window_start(trade.order.at_micros),
-            };
-            match candles.get_mut(&key) {
-                Some(candle) => candle.merge(&one),
-                None => {
-                    candles.insert(key, one.clone());
+        let price = trade.price();
+        let one = Partial {
+            open: price,
+            high: price,
+            low: price,
+            close: price,
+            usd_volume: trade.usd_amount,
+            token_volume: trade.token_amount,
+            trade_count: 1,
+            first: &trade.order,
+            last: &trade.order,
+        };
+        let start = Granularity::S15.window_start(trade.order.at_micros);
+        match fine.entry((&trade.token, start)) {
+            std::collections::hash_map::Entry::Occupied(mut slot) => slot.get_mut().merge(&one),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(one);
+            }
+        }
+    }
+    let mut coarse: HashMap<(&'a TokenRef, Granularity, i64), Partial<'a>> = HashMap::new();
+    for ((token, start), partial) in &fine {
+        for granularity in &Granularity::ALL[1..] {
+            let key = (*token, *granularity, granularity.window_start(start * 1_000_000));
+            match coarse.entry(key) {
+                std::collections::hash_map::Entry::Occupied(mut slot) => {
+                    slot.get_mut().merge(partial);
+                }
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(*partial);
                 }
             }
         }
     }
-    candles
+    let mut out = HashMap::with_capacity(fine.len() + coarse.len());
+    for ((token, start), partial) in fine {
+        let key = CandleKey { token: token.clone(), granularity: Granularity::S15, start };
+        out.insert(key, partial.into_candle());
+    }
+    for ((token, granularity, start), partial) in coarse {
+        out.insert(CandleKey { token: token.clone(), granularity, start }, partial.into_candle());
+    }
+    out
 }
 
 #[cfg(test)]

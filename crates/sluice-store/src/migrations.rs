@@ -62,7 +62,10 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 4,
         name: "prices",
-        sql: Sql::Portable(include_str!("migrations/0004_prices.sql")),
+        sql: Sql::PerBackend {
+            sqlite: include_str!("migrations/0004_prices.sqlite.sql"),
+            postgres: include_str!("migrations/0004_prices.postgres.sql"),
+        },
     },
 ];
 

@@ -310,8 +310,10 @@ macro_rules! price_store_impl {
                     // Merge with the stored candles of the same keys.
                     for chunk in deltas.chunks_mut(ROWS_PER_STATEMENT) {
                         let sql = format!(
-                            "SELECT chain, token, granularity, {CANDLE_COLUMNS} FROM price_candles \
-                             WHERE (chain, token, granularity, window_start) IN (VALUES {})",
+                            "SELECT p.chain, p.token, p.granularity, {CANDLE_COLUMNS} \
+                             FROM (VALUES {}) AS v JOIN price_candles p \
+                             ON p.chain = v.column1 AND p.token = v.column2 \
+                             AND p.granularity = v.column3 AND p.window_start = v.column4",
                             placeholders(chunk.len(), 4)
                         );
                         let mut query = sqlx::query(&sql);
@@ -527,8 +529,8 @@ macro_rules! price_store_impl {
                     let mut out = HashMap::new();
                     for chunk in tokens.chunks(ROWS_PER_STATEMENT) {
                         let sql = format!(
-                            "SELECT chain, token, decimals FROM price_tokens \
-                             WHERE (chain, token) IN (VALUES {})",
+                            "SELECT p.chain, p.token, p.decimals FROM (VALUES {}) AS v \
+                             JOIN price_tokens p ON p.chain = v.column1 AND p.token = v.column2",
                             placeholders(chunk.len(), 2)
                         );
                         let mut query = sqlx::query(&sql);
@@ -550,8 +552,10 @@ macro_rules! price_store_impl {
                     let mut out = Vec::new();
                     for chunk in tokens.chunks(ROWS_PER_STATEMENT) {
                         let sql = format!(
-                            "SELECT chain, token, pool, reserve, last_trade FROM price_pools \
-                             WHERE (chain, token) IN (VALUES {}) ORDER BY chain, token, pool",
+                            "SELECT p.chain, p.token, p.pool, p.reserve, p.last_trade \
+                             FROM (VALUES {}) AS v JOIN price_pools p \
+                             ON p.chain = v.column1 AND p.token = v.column2 \
+                             ORDER BY p.chain, p.token, p.pool",
                             placeholders(chunk.len(), 2)
                         );
                         let mut query = sqlx::query(&sql);

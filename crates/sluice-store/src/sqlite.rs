@@ -24,6 +24,10 @@ impl SqliteStore {
             // last transactions.
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
+            // 64 MiB of page cache per connection (the default is 2 MiB): price trade ids
+            // and candles are keyed by hashes and addresses, so writes land all over their
+            // B-trees, and a small cache turns each into a read of the file.
+            .pragma("cache_size", "-65536")
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
         let store = Self { pool };
