@@ -23,6 +23,14 @@ use sluice_prices::{PriceService, PriceSettings};
 
 const BATCH: usize = 5_000;
 
+/// Time this thread has been on a CPU (Linux `/proc/thread-self/schedstat`), so the figure
+/// per CPU-second can be told apart from waiting for a core on a loaded machine.
+fn cpu_time() -> Option<std::time::Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(std::time::Duration::from_nanos(nanos))
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let count: usize = args.next().map_or(1_000_000, |n| n.parse().expect("trades is a number"));
@@ -40,6 +48,7 @@ fn main() {
     let bytes: usize = lines.iter().map(Vec::len).sum();
     println!("{count} records, {:.0} bytes each on average", bytes as f64 / count as f64);
 
+    let cpu_began = cpu_time();
     let began = Instant::now();
     let trades: Vec<_> = lines.iter().map(|line| parse_dex_trade("base", line).unwrap()).collect();
     let parsed = began.elapsed();
@@ -48,6 +57,7 @@ fn main() {
         candles += aggregate(batch).len();
     }
     let total = began.elapsed();
+    let cpu = cpu_time().zip(cpu_began).map(|(end, start)| end - start);
     let rate = |d: std::time::Duration| count as f64 / d.as_secs_f64();
     println!(
         "parse {:.0} trades/s; parse + candles {:.0} trades/s ({:.2} s, {candles} candle updates)",
@@ -55,6 +65,13 @@ fn main() {
         rate(total),
         total.as_secs_f64()
     );
+    if let Some(cpu) = cpu {
+        println!(
+            "parse + candles per CPU-second: {:.0} trades/s ({:.2} s on a CPU)",
+            rate(cpu),
+            cpu.as_secs_f64()
+        );
+    }
 
     if let Some(url) = url {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

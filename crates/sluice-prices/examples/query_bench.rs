@@ -55,7 +55,8 @@ async fn run(url: String, token_count: usize, days: i64) {
             decimals: 18,
             token_amount: amount,
             usd_amount: usd,
-            pool: Some((format!("0x{:040x}", n % 997), Amount::parse("1000000").unwrap())),
+            // Each token trades in three pools.
+            pool: Some((format!("{}-{}", token.address, n % 3), Amount::parse("1000000").unwrap())),
             order: TradeOrder {
                 at_micros: at * 1_000_000,
                 block_number: at as u64 / 2,

@@ -117,6 +117,8 @@ struct HotToken {
     minutes: Vec<(i64, Candle)>,
     /// Latest reserve per pool, with the trade it came from.
     pools: HashMap<String, (Amount, TradeOrder)>,
+    /// Σ of the reserves in `pools`, kept exact as they change.
+    reserves: Amount,
 }
 
 impl HotToken {
@@ -128,9 +130,16 @@ impl HotToken {
         if let Some((pool, reserve)) = &trade.pool {
             let newer = self.pools.get(pool).is_none_or(|(_, order)| trade.order > *order);
             if newer {
-                self.pools.insert(pool.clone(), (*reserve, trade.order.clone()));
+                self.set_pool(pool.clone(), *reserve, trade.order.clone());
             }
         }
+    }
+
+    fn set_pool(&mut self, pool: String, reserve: Amount, order: TradeOrder) {
+        if let Some((old, _)) = self.pools.insert(pool, (reserve, order)) {
+            self.reserves = Amount(self.reserves.0.saturating_sub(old.0));
+        }
+        self.reserves = self.reserves.saturating_add(reserve);
     }
 
     fn put_minute(&mut self, start: i64, candle: Candle) {
@@ -201,13 +210,13 @@ impl PriceService {
                 decimals: info.decimals,
                 last_trade: Some(info.last_trade),
                 minutes,
-                pools: HashMap::new(),
+                ..HotToken::default()
             };
             loaded.insert(info.token, hot);
         }
         for reserve in self.store.pool_reserves(&tokens).await? {
             if let Some(hot) = loaded.get_mut(&reserve.token) {
-                hot.pools.insert(reserve.pool, (reserve.reserve, reserve.last_trade));
+                hot.set_pool(reserve.pool, reserve.reserve, reserve.last_trade);
             }
         }
         tracing::info!(tokens = loaded.len(), "loaded recently traded tokens");

@@ -48,6 +48,9 @@ impl PgStore {
     /// arbitrary, fixed), so two never merge into the same candle at once.
     const LOCK_PRICES: Option<&str> = Some("SELECT pg_advisory_xact_lock(6105211300)");
 
+    /// PostgreSQL plans the join by its statistics (and allows no `ON` after `CROSS JOIN`).
+    const VALUES_JOIN: &str = "JOIN";
+
     /// A write transaction without JIT compilation. Bulk filter-value statements look
     /// expensive to the planner, which then JIT-compiles each 50,000-value chunk with
     /// optimisation and inlining: a second or more per statement, several times the work.

@@ -149,7 +149,7 @@ pub async fn open_prices(url: &str) -> Result<Arc<dyn PriceStore>> {
 
 /// Rows per multi-row statement: 500 rows of at most 13 values stay far below SQLite's and
 /// PostgreSQL's limits on bound parameters.
-pub(crate) const ROWS_PER_STATEMENT: usize = 500;
+pub(crate) const ROWS_PER_STATEMENT: usize = 50;
 
 /// `($1, $2), ($3, $4), …` for `rows` rows of `width` values, numbered from `$1`.
 pub(crate) fn placeholders(rows: usize, width: usize) -> String {
@@ -191,8 +191,9 @@ pub(crate) const CANDLE_COLUMNS: &str = "window_start, open, high, low, close, u
     token_volume, trade_count, first_trade, last_trade";
 
 /// Implements [`PriceStore`] for a store type with a `pool: sqlx::Pool<$db>` field, an
-/// inherent `begin_write` and a `const LOCK_PRICES: Option<&str>` statement that serialises
-/// price writers (run first in every write transaction).
+/// inherent `begin_write`, a `const LOCK_PRICES: Option<&str>` statement that serialises
+/// price writers (run first in every write transaction) and a `const VALUES_JOIN: &str`, the
+/// join that makes a list of keys (`VALUES …`) drive index lookups into a table.
 macro_rules! price_store_impl {
     ($store:ty, $db:ty) => {
         const _: () = {
@@ -311,10 +312,11 @@ macro_rules! price_store_impl {
                     for chunk in deltas.chunks_mut(ROWS_PER_STATEMENT) {
                         let sql = format!(
                             "SELECT p.chain, p.token, p.granularity, {CANDLE_COLUMNS} \
-                             FROM (VALUES {}) AS v JOIN price_candles p \
+                             FROM (VALUES {}) AS v {} price_candles p \
                              ON p.chain = v.column1 AND p.token = v.column2 \
                              AND p.granularity = v.column3 AND p.window_start = v.column4",
-                            placeholders(chunk.len(), 4)
+                            placeholders(chunk.len(), 4),
+                            Self::VALUES_JOIN
                         );
                         let mut query = sqlx::query(&sql);
                         for (key, _) in chunk.iter() {
@@ -530,8 +532,9 @@ macro_rules! price_store_impl {
                     for chunk in tokens.chunks(ROWS_PER_STATEMENT) {
                         let sql = format!(
                             "SELECT p.chain, p.token, p.decimals FROM (VALUES {}) AS v \
-                             JOIN price_tokens p ON p.chain = v.column1 AND p.token = v.column2",
-                            placeholders(chunk.len(), 2)
+                             {} price_tokens p ON p.chain = v.column1 AND p.token = v.column2",
+                            placeholders(chunk.len(), 2),
+                            Self::VALUES_JOIN
                         );
                         let mut query = sqlx::query(&sql);
                         for token in chunk {
@@ -553,10 +556,11 @@ macro_rules! price_store_impl {
                     for chunk in tokens.chunks(ROWS_PER_STATEMENT) {
                         let sql = format!(
                             "SELECT p.chain, p.token, p.pool, p.reserve, p.last_trade \
-                             FROM (VALUES {}) AS v JOIN price_pools p \
+                             FROM (VALUES {}) AS v {} price_pools p \
                              ON p.chain = v.column1 AND p.token = v.column2 \
                              ORDER BY p.chain, p.token, p.pool",
-                            placeholders(chunk.len(), 2)
+                            placeholders(chunk.len(), 2),
+                            Self::VALUES_JOIN
                         );
                         let mut query = sqlx::query(&sql);
                         for token in chunk {
