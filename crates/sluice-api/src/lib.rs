@@ -15,6 +15,7 @@ pub mod error;
 pub mod filter_values;
 pub mod ops;
 pub mod pipelines;
+pub mod prices;
 pub mod scripts;
 pub mod sharing;
 pub mod sources;
@@ -71,6 +72,8 @@ pub struct AppState {
     pub runtime: Option<Arc<Runtime>>,
     /// Serialises the read-change-store(-redeploy) edits of one pipeline in this process.
     pub edit_locks: Arc<transforms::EditLocks>,
+    /// Token prices; `None` in a process that serves none (the price endpoints answer 503).
+    pub prices: Option<Arc<sluice_prices::PriceService>>,
     openapi_json: axum::body::Bytes,
 }
 
@@ -92,6 +95,7 @@ impl AppState {
             dataset_listener: Arc::new(NoDatasetIndex),
             runtime: None,
             edit_locks: Arc::default(),
+            prices: None,
             openapi_json: openapi_json.into(),
         }
     }
@@ -121,6 +125,13 @@ impl AppState {
         self
     }
 
+    /// Serves token prices from `prices`.
+    #[must_use]
+    pub fn with_prices(mut self, prices: Arc<sluice_prices::PriceService>) -> Self {
+        self.prices = Some(prices);
+        self
+    }
+
     /// Sends filter-value changes to `listener` (the runtime's set indexes).
     #[must_use]
     pub fn with_filter_listener(mut self, listener: Arc<dyn FilterValuesListener>) -> Self {
@@ -147,6 +158,7 @@ impl AppState {
         (name = "streams", description = "Chain-stream ingest for operators' indexers"),
         (name = "filter-values", description = "Values of set-filter transforms"),
         (name = "datasets", description = "Named value lists of a user, for `beam.contains` in scripts"),
+        (name = "prices", description = "Token prices: latest price and OHLC, price history"),
         (name = "operations", description = "Health, readiness and this documentation"),
     )
 )]
@@ -210,6 +222,8 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(deployments::replay_dead_letters))
         .routes(routes!(deployments::pipeline_logs))
         .routes(routes!(streams::ingest))
+        .routes(routes!(prices::latest_prices))
+        .routes(routes!(prices::price_history))
         .routes(routes!(account::me))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))

@@ -104,15 +104,19 @@ impl Default for Catalog {
                 let size = if matches!(entity, "log" | "decoded_log") { M } else { S };
                 add(chain, entity, Pubsub, true, size);
             }
+            add(chain, "dex_trade", Pubsub, true, S);
         }
         add("solana", "nonvoting_transaction", Pubsub, false, L);
+        add("solana", "dex_trade", Pubsub, false, M);
         for entity in ["block", "trade", "fill", "order", "misc_event"] {
             let size = if entity == "block" { S } else { M };
             add("hyperliquid", entity, Kafka, false, size);
         }
         add("ethereum", "log", Pubsub, true, S);
+        add("ethereum", "dex_trade", Pubsub, true, S);
         add("abstract", "log", Pubsub, false, S);
         add("abstract", "erc20_token_transfer", Pubsub, false, S);
+        add("abstract", "dex_trade", Pubsub, false, S);
         Self { entries }
     }
 }
@@ -197,7 +201,10 @@ mod tests {
         assert_eq!(order.default_size, PodSize::M);
         assert_eq!(catalog.find("ethereum", "log").unwrap().default_size, PodSize::S);
         assert!(catalog.find("abstract", "log").is_some());
-        assert_eq!(catalog.entries().len(), 10 + 1 + 5 + 1 + 2);
+        for chain in ["polygon", "base", "ethereum", "abstract", "solana"] {
+            assert!(catalog.find(chain, "dex_trade").is_some(), "{chain}");
+        }
+        assert_eq!(catalog.entries().len(), 10 + 1 + 5 + 1 + 2 + 5);
     }
 
     #[test]

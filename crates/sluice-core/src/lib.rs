@@ -1,6 +1,7 @@
 //! `sluice-core` owns Sluice's domain: pipeline configurations and their parts, the source
 //! catalog, the set-filter expression language, validation of request bodies into SPEC-shaped
-//! 422 `detail` entries, identities, permissions, ids and the clock.
+//! 422 `detail` entries, identities, permissions, ids, the clock, and token-price trades and
+//! candles with their exact arithmetic ([`prices`]).
 //!
 //! It depends on no workspace crate and does no I/O; storage (`sluice-store`) and the HTTP API
 //! (`sluice-api`) build on it. Start reading at [`pipeline`] (the record and its validation),
@@ -16,6 +17,7 @@ pub mod identity;
 pub mod ids;
 pub mod permission;
 pub mod pipeline;
+pub mod prices;
 pub mod streams;
 pub mod time;
 pub mod validation;

@@ -242,6 +242,20 @@ const HL_MISC_EVENT_FIELDS: &[(&str, &str)] = &[
     ("inner", "object {<type>: {...}}"),
 ];
 
+const DEX_TRADE_FIELDS: &[(&str, &str)] = &[
+    ("chain", "string, the chain the trade happened on"),
+    ("token_address", "string, the token priced by this trade (0x + 40 hex, or a base58 mint)"),
+    ("token_decimals", "integer, the token's decimals"),
+    ("token_amount", "string, decimal number of token units traded (already scaled by decimals)"),
+    ("usd_amount", "string, decimal USD value of the trade"),
+    ("pool_address", "string, the pool (pair) traded in"),
+    ("token_reserve", "string, decimal token units the pool holds after the trade"),
+    ("block_number", "integer (slot on Solana)"),
+    ("block_timestamp", TIMESTAMP),
+    ("transaction_hash", "string, 0x + 64 hex (base58 signature on Solana)"),
+    ("log_index", "integer (instruction index on Solana)"),
+];
+
 const EVM_LOG_KEY: &[&str] = &["transaction_hash", "log_index"];
 
 const fn block_timestamped(
@@ -275,7 +289,7 @@ const fn hyperliquid(
     }
 }
 
-static SCHEMAS: [EntitySchema; 11] = [
+static SCHEMAS: [EntitySchema; 12] = [
     block_timestamped("log", LOG_FIELDS, EVM_LOG_KEY),
     block_timestamped("decoded_log", DECODED_LOG_FIELDS, EVM_LOG_KEY),
     block_timestamped("erc20_token_transfer", ERC20_FIELDS, EVM_LOG_KEY),
@@ -286,6 +300,9 @@ static SCHEMAS: [EntitySchema; 11] = [
         ERC1155_FIELDS,
         &["transaction_hash", "log_index", "token_id"],
     ),
+    // One record per token side of a swap: the pair's two tokens are two records with the
+    // same transaction hash and distinct log indexes.
+    block_timestamped("dex_trade", DEX_TRADE_FIELDS, EVM_LOG_KEY),
     block_timestamped("nonvoting_transaction", SOLANA_TRANSACTION_FIELDS, &["txn_id"]),
     hyperliquid("block", HL_BLOCK_FIELDS, &["height"], "blockTime"),
     hyperliquid("trade", HL_TRADE_FIELDS, &["tid"], "time"),

@@ -1,5 +1,5 @@
 //! `sluice-feed` generates realistic chain records for every catalog stream: EVM logs,
-//! decoded logs and token transfers, Solana non-vote transactions and Hyperliquid blocks,
+//! decoded logs and token transfers, DEX trades (`dex`), Solana non-vote transactions and Hyperliquid blocks,
 //! trades, fills, orders and ledger events. `sluice feed` sends them to a running server, and
 //! `sluice serve --demo` runs gentle in-process feeds, so a fresh install has data to filter.
 //!
@@ -15,6 +15,7 @@
 mod accounts;
 mod blocks;
 mod chains;
+mod dex;
 mod encoding;
 mod evm;
 mod hyperliquid;
@@ -27,6 +28,7 @@ use serde_json::{Map, Value};
 
 pub use chains::{Token, well_known_tokens};
 
+use dex::DexFeed;
 use evm::{EvmEntity, EvmFeed};
 use hyperliquid::{HyperliquidEntity, HyperliquidFeed};
 use solana::SolanaFeed;
@@ -42,6 +44,7 @@ pub enum FeedError {
 enum Family {
     Evm(EvmFeed),
     Solana(SolanaFeed),
+    Dex(DexFeed),
     Hyperliquid(HyperliquidFeed),
 }
 
@@ -98,6 +101,7 @@ impl Generator {
             "erc20_token_transfer" => evm(EvmEntity::Erc20, &mut rng),
             "erc721_token_transfer" => evm(EvmEntity::Erc721, &mut rng),
             "erc1155_token_transfer" => evm(EvmEntity::Erc1155, &mut rng),
+            "dex_trade" => Family::Dex(DexFeed::new(chain, &mut rng, cadence, tokens)),
             "nonvoting_transaction" => Family::Solana(SolanaFeed::new(&mut rng, cadence, tokens)),
             "block" => hyperliquid(HyperliquidEntity::Block, &mut rng),
             "trade" => hyperliquid(HyperliquidEntity::Trade, &mut rng),
@@ -125,6 +129,7 @@ impl Generator {
         match &mut self.family {
             Family::Evm(feed) => feed.next_record(&mut self.rng, now_ms),
             Family::Solana(feed) => feed.next_record(&mut self.rng, now_ms),
+            Family::Dex(feed) => feed.next_record(&mut self.rng, now_ms),
             Family::Hyperliquid(feed) => {
                 let mut wrapped = Map::new();
                 wrapped.insert(

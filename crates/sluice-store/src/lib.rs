@@ -1,5 +1,5 @@
 //! `sluice-store` owns Sluice's durable metadata: identities and API keys, pipeline records,
-//! sharing, set-filter values and deployments, on SQLite (the embedded default, WAL) or
+//! sharing, set-filter values, deployments and token price candles ([`prices`]), on SQLite (the embedded default, WAL) or
 //! PostgreSQL.
 //!
 //! Start at [`MetadataStore`], the role every backend plays, and [`open`], which picks the
@@ -11,6 +11,7 @@
 mod datasets;
 mod migrations;
 mod postgres;
+pub mod prices;
 mod sql;
 mod sqlite;
 
@@ -24,6 +25,7 @@ use sluice_core::pipeline::Pipeline;
 
 pub use datasets::{DatasetStore, EntriesChange, EntryPage};
 pub use postgres::PgStore;
+pub use prices::{PriceStore, open_prices};
 pub use sqlite::SqliteStore;
 
 /// Errors of the metadata store.

@@ -67,6 +67,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             postgres: include_str!("migrations/0003_datasets.postgres.sql"),
         },
     },
+    Migration {
+        version: 4,
+        name: "prices",
+        sql: Sql::PerBackend {
+            sqlite: include_str!("migrations/0004_prices.sqlite.sql"),
+            postgres: include_str!("migrations/0004_prices.postgres.sql"),
+        },
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

@@ -44,6 +44,13 @@ impl PgStore {
     const LOCK_PIPELINE: &str =
         "SELECT pipeline_config FROM pipelines WHERE id = $1 FOR NO KEY UPDATE";
 
+    /// Price writers of every process take this transaction-scoped lock (the number is
+    /// arbitrary, fixed), so two never merge into the same candle at once.
+    const LOCK_PRICES: Option<&str> = Some("SELECT pg_advisory_xact_lock(6105211300)");
+
+    /// PostgreSQL plans the join by its statistics (and allows no `ON` after `CROSS JOIN`).
+    const VALUES_JOIN: &str = "JOIN";
+
     /// A write transaction without JIT compilation. Bulk filter-value statements look
     /// expensive to the planner, which then JIT-compiles each 50,000-value chunk with
     /// optimisation and inlining: a second or more per statement, several times the work.
@@ -148,3 +155,4 @@ impl PgStore {
 }
 
 crate::sql::metadata_store_impl!(PgStore, sqlx::Postgres);
+crate::prices::price_store_impl!(PgStore, sqlx::Postgres);

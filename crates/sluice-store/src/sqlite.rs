@@ -82,6 +82,13 @@ impl SqliteStore {
     /// start, so reading the row inside a write transaction is enough.
     const LOCK_PIPELINE: &str = "SELECT pipeline_config FROM pipelines WHERE id = $1";
 
+    /// `BEGIN IMMEDIATE` already serialises price writers.
+    const LOCK_PRICES: Option<&str> = None;
+
+    /// `CROSS JOIN` makes SQLite keep the left side (the keys) as the outer loop; with a
+    /// plain join and no statistics it may scan the whole candle table per statement.
+    const VALUES_JOIN: &str = "CROSS JOIN";
+
     /// A transaction that takes the write lock at once. A deferred transaction that reads
     /// first and writes later fails (it is not retried after `busy_timeout`) when another
     /// connection wrote in between.
@@ -168,3 +175,4 @@ mod tests {
 }
 
 crate::sql::metadata_store_impl!(SqliteStore, sqlx::Sqlite);
+crate::prices::price_store_impl!(SqliteStore, sqlx::Sqlite);

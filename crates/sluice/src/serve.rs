@@ -51,7 +51,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     )
     .await
     .context("starting the pipeline runtime")?;
-    let background = background_tasks(&runtime, &catalog, args.demo);
+    let mut background = background_tasks(&runtime, &catalog, args.demo);
+    let prices =
+        start_prices(&settings, &runtime, &catalog, clock.clone(), &mut background).await?;
     // Every dataset in memory before the first request, so `beam.contains` never waits on
     // the store; the API keeps it current from then on. The same index is the script
     // engine's `DatasetLookup`.
@@ -69,7 +71,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
     )
     .with_runtime(runtime.clone())
-    .with_dataset_listener(datasets);
+    .with_dataset_listener(datasets)
+    .with_prices(prices);
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
@@ -147,6 +150,41 @@ async fn demo_feed(runtime: Arc<Runtime>, mut generator: sluice_feed::Generator)
             tracing::warn!(%error, %chain, %entity, "demo feed append failed");
         }
     }
+}
+
+/// The price service over the metadata database, its trade consumer and its retention job.
+async fn start_prices(
+    settings: &Settings,
+    runtime: &Arc<Runtime>,
+    catalog: &Catalog,
+    clock: Arc<dyn Clock>,
+    background: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<Arc<sluice_prices::PriceService>> {
+    let store = sluice_store::open_prices(&settings.database_url).await.with_context(|| {
+        format!("opening the price store at {}", redact(&settings.database_url))
+    })?;
+    let prices = sluice_prices::PriceService::start(store, clock, Default::default())
+        .await
+        .context("starting the price service")?;
+    background.push(sluice_prices::spawn_consumer(
+        prices.clone(),
+        runtime.log().clone(),
+        sluice_prices::trade_topics(catalog),
+        sluice_prices::ConsumerSettings::default(),
+    ));
+    let retention = prices.clone();
+    background.push(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(RETENTION_INTERVAL);
+        loop {
+            tick.tick().await;
+            match retention.enforce_retention().await {
+                Ok(0) => {}
+                Ok(removed) => tracing::info!(removed, "removed price rows past retention"),
+                Err(error) => tracing::warn!(%error, "price retention run failed"),
+            }
+        }
+    }));
+    Ok(prices)
 }
 
 /// Opens the store the settings name, creating the data directory for the SQLite default.

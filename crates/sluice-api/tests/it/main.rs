@@ -9,6 +9,7 @@ mod harness;
 mod openapi;
 mod permissions;
 mod pipelines;
+mod prices;
 mod scripts;
 mod transforms;
 mod validation;

@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 38] = [
+const ROUTES: [(&str, &str); 40] = [
     ("post", "/api/v1/beam"),
     ("get", "/api/v1/beam"),
     ("get", "/api/v1/beam/sources"),
@@ -41,6 +41,8 @@ const ROUTES: [(&str, &str); 38] = [
     ("post", "/api/v1/beam/datasets/entries"),
     ("get", "/api/v1/beam/datasets/{dataset_id}/entries/check"),
     ("get", "/api/v1/me"),
+    ("post", "/api/v1/developer/prices"),
+    ("post", "/api/v1/developer/prices/history"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/api/v1/openapi.json"),
@@ -112,6 +114,7 @@ async fn every_schema_reference_resolves_and_authenticated_routes_declare_the_ke
             let secured = op.get("security").is_some();
             let needs_key = path.starts_with("/api/v1/beam")
                 || path.starts_with("/api/v1/streams")
+                || path.starts_with("/api/v1/developer/prices")
                 || path == "/api/v1/me";
             assert_eq!(secured, needs_key, "{method} {path}");
         }

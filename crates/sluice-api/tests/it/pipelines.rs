@@ -199,7 +199,7 @@ async fn sources_lists_the_catalog() {
     let (status, body) = h.get("/api/v1/beam/sources", &ann).await;
     assert_eq!(status, StatusCode::OK);
     let sources = body["sources"].as_array().unwrap();
-    assert_eq!(sources.len(), 19);
+    assert_eq!(sources.len(), 24);
     assert!(sources.contains(&json!({
         "chain": "hyperliquid", "entity": "order", "zerolag": false,
         "consolidated": false, "default_size": "M", "source_type": "kafka"

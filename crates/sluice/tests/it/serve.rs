@@ -29,6 +29,43 @@ async fn call(method: reqwest::Method, url: &str, key: &str, body: Option<Value>
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// Posts one Base USDC trade (2 USDC for 3 USD, 90 s ago) to a running server and polls
+/// the latest-price endpoint until the price consumer has counted it.
+async fn trade_shows_up_in_prices(base: &str, key: &str) {
+    let usdc = "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913";
+    let trade = json!({
+        "chain": "base", "token_address": usdc, "token_decimals": 6, "token_amount": "2",
+        "usd_amount": "3", "pool_address": "0x0000000000000000000000000000000000000abc",
+        "token_reserve": "1000", "block_number": 1, "log_index": 0,
+        "block_timestamp": (chrono::Utc::now() - chrono::Duration::seconds(90)).to_rfc3339(),
+        "transaction_hash": format!("0x{:064x}", 42),
+    });
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let response = client
+        .post(format!("{base}/api/v1/streams/base/dex_trade/records"))
+        .header("x-api-key", key)
+        .body(trade.to_string() + "\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let prices = format!("{base}/api/v1/developer/prices?with_liquidity_info=true");
+    let body = json!([{"chain": "base", "token_address": usdc}]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, answer) = call(reqwest::Method::POST, &prices, key, Some(body.clone())).await;
+        assert_eq!(status, 200, "{answer}");
+        if let Some(item) = answer["items"].get(0) {
+            assert_eq!(item["price"], 1.5);
+            assert_eq!(item["decimals"], 6);
+            assert_eq!(item["total_liquidity_usd"], 1500.0);
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the trade never reached the prices");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn key_from(lines: &[String]) -> Option<String> {
     lines.iter().find_map(|line| line.trim().strip_prefix("slk_").map(|rest| format!("slk_{rest}")))
 }
@@ -86,6 +123,8 @@ async fn first_start_prints_one_key_and_admin_commands_work_while_serving() {
     assert_eq!(call(reqwest::Method::GET, &beam, &ann, None).await.0, 401);
     assert!(!admin(&["revoke-key", &ann], &store, &[]).status.success(), "already revoked");
 
+    trade_shows_up_in_prices(&server.base, &operator_key).await;
+
     assert!(server.terminate(), "SIGTERM stops the server cleanly");
 
     // A second start on the same store prints no key; the first key still works.
@@ -133,6 +172,7 @@ async fn postgres_is_one_setting_away() {
         &[("SLUICE_DATABASE_URL", &database_url)],
     ));
     assert_eq!(call(reqwest::Method::GET, &format!("{beam}/{id}"), &ann, None).await.0, 404);
+    trade_shows_up_in_prices(&server.base, bootstrap).await;
     assert!(server.terminate());
     admin_pool.close().await;
 }

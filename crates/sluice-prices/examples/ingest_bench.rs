@@ -1,0 +1,97 @@
+//! Ingest throughput of the price service on one core.
+//!
+//! ```sh
+//! cargo run --release -p sluice-prices --example ingest_bench -- [trades] [sqlite://path]
+//! ```
+//!
+//! Generates `trades` (default 1,000,000) realistic Base `dex_trade` records with
+//! `sluice-feed`, then times, on one thread: reading the records into trades (the consumer's
+//! parse step) and folding them into candles of all five granularities in batches of 5,000
+//! (the consumer's batch size). With a database URL it also times counting them durably into
+//! that store through `PriceService::ingest` (dedup, merge, write), batch by batch.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::{Duration, Utc};
+use sluice_core::clock::SystemClock;
+use sluice_core::prices::aggregate;
+use sluice_prices::trade::parse_dex_trade;
+use sluice_prices::{PriceService, PriceSettings};
+
+const BATCH: usize = 5_000;
+
+/// Time this thread has been on a CPU (Linux `/proc/thread-self/schedstat`), so the figure
+/// per CPU-second can be told apart from waiting for a core on a loaded machine.
+fn cpu_time() -> Option<std::time::Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(std::time::Duration::from_nanos(nanos))
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let count: usize = args.next().map_or(1_000_000, |n| n.parse().expect("trades is a number"));
+    let url = args.next();
+
+    let mut generator = sluice_feed::Generator::new("base", "dex_trade", 7).unwrap();
+    let start = Utc::now() - Duration::hours(6);
+    let lines: Vec<Vec<u8>> = (0..count)
+        .map(|i| {
+            // Spread over six hours, as a busy chain's trades would be.
+            let now = start + Duration::milliseconds((i as i64) * 21_600_000 / count as i64);
+            serde_json::to_vec(&generator.next_record(now)).unwrap()
+        })
+        .collect();
+    let bytes: usize = lines.iter().map(Vec::len).sum();
+    println!("{count} records, {:.0} bytes each on average", bytes as f64 / count as f64);
+
+    let cpu_began = cpu_time();
+    let began = Instant::now();
+    let trades: Vec<_> = lines.iter().map(|line| parse_dex_trade("base", line).unwrap()).collect();
+    let parsed = began.elapsed();
+    let mut candles = 0;
+    for batch in trades.chunks(BATCH) {
+        candles += aggregate(batch).len();
+    }
+    let total = began.elapsed();
+    let cpu = cpu_time().zip(cpu_began).map(|(end, start)| end - start);
+    let rate = |d: std::time::Duration| count as f64 / d.as_secs_f64();
+    println!(
+        "parse {:.0} trades/s; parse + candles {:.0} trades/s ({:.2} s, {candles} candle updates)",
+        rate(parsed),
+        rate(total),
+        total.as_secs_f64()
+    );
+    if let Some(cpu) = cpu {
+        println!(
+            "parse + candles per CPU-second: {:.0} trades/s ({:.2} s on a CPU)",
+            rate(cpu),
+            cpu.as_secs_f64()
+        );
+    }
+
+    if let Some(url) = url {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let store = sluice_store::open_prices(&url).await.unwrap();
+            let service =
+                PriceService::start(store, Arc::new(SystemClock), PriceSettings::default())
+                    .await
+                    .unwrap();
+            let began = Instant::now();
+            let mut counted = 0;
+            for batch in trades.chunks(BATCH) {
+                counted += service.ingest(batch.to_vec()).await.unwrap().counted;
+            }
+            let elapsed = began.elapsed();
+            println!(
+                "durable into {url}: {counted} trades in {:.2} s, {:.0} trades/s",
+                elapsed.as_secs_f64(),
+                counted as f64 / elapsed.as_secs_f64()
+            );
+        });
+    }
+}

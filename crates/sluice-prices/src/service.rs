@@ -1,0 +1,392 @@
+//! The price service: counts trades into the store, keeps each recently traded token's
+//! latest minutes in memory, and answers the latest-price and history queries under SPEC's
+//! rules (`docs/prices.md`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use chrono::{DateTime, Utc};
+use sluice_core::clock::Clock;
+use sluice_core::prices::{Amount, Candle, Granularity, TokenRef, Trade, TradeOrder};
+use sluice_store::StoreError;
+use sluice_store::prices::{Applied, PricePoint, PriceStore};
+
+use crate::cursor::HistoryCursor;
+
+/// Seconds in a day.
+const DAY: i64 = 86_400;
+
+/// A token without a trade in this long gets no latest price (SPEC "Limits").
+pub const NO_TRADE_CUTOFF_SECONDS: i64 = 7 * DAY;
+
+/// Trade ids are remembered this long; a trade older than this when it arrives is not
+/// counted (it could not be told apart from one counted before). The longest finite
+/// candle retention, so every window a late trade could still change is covered.
+pub const DEDUP_HORIZON_SECONDS: i64 = 30 * DAY;
+
+/// Most 1-minute candles kept in memory per token: the newest few, enough to find the most
+/// recent completed minute even when the current one (or a trade stamped slightly ahead of
+/// the clock) already has a window.
+const HOT_MINUTES: usize = 4;
+
+/// How the service behaves; tests use small pages.
+#[derive(Debug, Clone, Copy)]
+pub struct PriceSettings {
+    /// Most price points per history page (the API has no page-size parameter).
+    pub history_page_points: usize,
+}
+
+impl Default for PriceSettings {
+    fn default() -> Self {
+        // 50 tokens × a day of 1-minute windows (72,000 points) fit on one page.
+        Self { history_page_points: 100_000 }
+    }
+}
+
+/// Errors of the price service.
+#[derive(Debug, thiserror::Error)]
+pub enum PriceError {
+    /// The store failed; a retry may help.
+    #[error("price store: {0}")]
+    Store(#[from] StoreError),
+    /// The stream log failed; a retry may help.
+    #[error("stream log: {0}")]
+    Bus(#[from] sluice_bus::BusError),
+    /// A history cursor that this service did not make for this request.
+    #[error("cursor is not valid for this request")]
+    BadCursor,
+}
+
+/// A token's latest price, as `POST /api/v1/developer/prices` answers it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatestPrice {
+    pub token: TokenRef,
+    /// Time of the last trade of the window the price is from.
+    pub timestamp: DateTime<Utc>,
+    pub decimals: u32,
+    pub price: f64,
+    pub open: f64,
+    pub high: f64,
+    pub close: f64,
+    pub low: f64,
+    /// (Σ over the token's pools of the latest reserve) × `price`; `None` when no pool is
+    /// known.
+    pub total_liquidity_usd: Option<f64>,
+}
+
+/// The points of one token on a history page.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistorySeries {
+    pub token: TokenRef,
+    pub decimals: u32,
+    pub points: Vec<PricePoint>,
+}
+
+/// One page of a history answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryPage {
+    pub series: Vec<HistorySeries>,
+    /// The opaque cursor of the next page; `None` on the last.
+    pub cursor: Option<String>,
+}
+
+/// A checked history request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryQuery {
+    pub tokens: Vec<TokenRef>,
+    pub granularity: Granularity,
+    /// Unix microseconds; windows whose start lies in `[start, end)`.
+    pub start: i64,
+    pub end: i64,
+}
+
+/// What one ingest call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IngestReport {
+    pub counted: usize,
+    pub duplicates: usize,
+    /// Trades older than the dedup horizon when they arrived.
+    pub too_old: usize,
+}
+
+#[derive(Debug, Default)]
+struct HotToken {
+    decimals: u32,
+    last_trade: Option<TradeOrder>,
+    /// Newest 1-minute candles, newest first.
+    minutes: Vec<(i64, Candle)>,
+    /// Latest reserve per pool, with the trade it came from.
+    pools: HashMap<String, (Amount, TradeOrder)>,
+    /// Σ of the reserves in `pools`, kept exact as they change.
+    reserves: Amount,
+}
+
+impl HotToken {
+    fn note_trade(&mut self, trade: &Trade) {
+        if self.last_trade.as_ref().is_none_or(|last| trade.order > *last) {
+            self.decimals = trade.decimals;
+            self.last_trade = Some(trade.order.clone());
+        }
+        if let Some((pool, reserve)) = &trade.pool {
+            let newer = self.pools.get(pool).is_none_or(|(_, order)| trade.order > *order);
+            if newer {
+                self.set_pool(pool.clone(), *reserve, trade.order.clone());
+            }
+        }
+    }
+
+    fn set_pool(&mut self, pool: String, reserve: Amount, order: TradeOrder) {
+        if let Some((old, _)) = self.pools.insert(pool, (reserve, order)) {
+            self.reserves = Amount(self.reserves.0.saturating_sub(old.0));
+        }
+        self.reserves = self.reserves.saturating_add(reserve);
+    }
+
+    fn put_minute(&mut self, start: i64, candle: Candle) {
+        match self.minutes.iter_mut().find(|(s, _)| *s == start) {
+            Some(slot) => slot.1 = candle,
+            None => {
+                self.minutes.push((start, candle));
+                self.minutes.sort_by_key(|(start, _)| std::cmp::Reverse(*start));
+                self.minutes.truncate(HOT_MINUTES);
+            }
+        }
+    }
+}
+
+/// Token prices: ingest, latest, history, retention.
+pub struct PriceService {
+    store: Arc<dyn PriceStore>,
+    clock: Arc<dyn Clock>,
+    settings: PriceSettings,
+    hot: RwLock<HashMap<TokenRef, HotToken>>,
+}
+
+impl std::fmt::Debug for PriceService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PriceService").field("settings", &self.settings).finish_non_exhaustive()
+    }
+}
+
+/// The first whole second at or after `micros`.
+fn ceil_seconds(micros: i64) -> i64 {
+    micros.div_euclid(1_000_000) + i64::from(micros.rem_euclid(1_000_000) != 0)
+}
+
+fn micros_to_time(micros: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(micros).unwrap_or_default()
+}
+
+impl PriceService {
+    /// A service over `store`, with the latest minutes of every token traded in the past 7
+    /// days loaded into memory.
+    ///
+    /// # Errors
+    /// A store failure while loading.
+    pub async fn start(
+        store: Arc<dyn PriceStore>,
+        clock: Arc<dyn Clock>,
+        settings: PriceSettings,
+    ) -> Result<Arc<Self>, PriceError> {
+        let service = Arc::new(Self { store, clock, settings, hot: RwLock::new(HashMap::new()) });
+        service.load().await?;
+        Ok(service)
+    }
+
+    fn now_micros(&self) -> i64 {
+        self.clock.now().timestamp_micros()
+    }
+
+    async fn load(&self) -> Result<(), PriceError> {
+        let since = self.now_micros() - NO_TRADE_CUTOFF_SECONDS * 1_000_000;
+        let infos = self.store.tokens_traded_since(since).await?;
+        let tokens: Vec<TokenRef> = infos.iter().map(|info| info.token.clone()).collect();
+        let from = Granularity::M1.window_start(since);
+        let mut loaded = HashMap::with_capacity(infos.len());
+        for info in infos {
+            let minutes =
+                self.store.latest_candles(&info.token, Granularity::M1, from, HOT_MINUTES).await?;
+            let hot = HotToken {
+                decimals: info.decimals,
+                last_trade: Some(info.last_trade),
+                minutes,
+                ..HotToken::default()
+            };
+            loaded.insert(info.token, hot);
+        }
+        for reserve in self.store.pool_reserves(&tokens).await? {
+            if let Some(hot) = loaded.get_mut(&reserve.token) {
+                hot.set_pool(reserve.pool, reserve.reserve, reserve.last_trade);
+            }
+        }
+        tracing::info!(tokens = loaded.len(), "loaded recently traded tokens");
+        *self.hot.write().expect("price memory lock is never poisoned") = loaded;
+        Ok(())
+    }
+
+    /// Counts `trades` (durably, before this returns) and updates the in-memory latest
+    /// minutes. Trades older than the 30-day dedup horizon are not counted.
+    ///
+    /// # Errors
+    /// A store failure; nothing is counted then, and the same trades may be given again.
+    pub async fn ingest(&self, trades: Vec<Trade>) -> Result<IngestReport, PriceError> {
+        let now = self.now_micros() / 1_000_000;
+        let horizon = (now - DEDUP_HORIZON_SECONDS) * 1_000_000;
+        let total = trades.len();
+        let trades: Vec<Trade> =
+            trades.into_iter().filter(|t| t.order.at_micros >= horizon).collect();
+        let too_old = total - trades.len();
+        if trades.is_empty() {
+            return Ok(IngestReport { too_old, ..IngestReport::default() });
+        }
+        let keep_from = move |granularity: Granularity| match granularity.retention_seconds() {
+            Some(retention) => now - retention,
+            None => i64::MIN,
+        };
+        let Applied { new_trades, duplicates, minutes } =
+            self.store.apply_trades(&trades, &keep_from).await?;
+        let mut hot = self.hot.write().expect("price memory lock is never poisoned");
+        for trade in &new_trades {
+            hot.entry(trade.token.clone()).or_default().note_trade(trade);
+        }
+        for (token, start, candle) in minutes {
+            hot.entry(token).or_default().put_minute(start, candle);
+        }
+        Ok(IngestReport { counted: new_trades.len(), duplicates, too_old })
+    }
+
+    /// The latest price of each of `tokens` that traded in the past 7 days, in request order
+    /// (a token asked for twice is answered twice): the most recent completed minute with
+    /// trades, or, when the token traded only in the current minute, that minute so far.
+    pub fn latest(&self, tokens: &[TokenRef], with_liquidity: bool) -> Vec<LatestPrice> {
+        let now = self.now_micros();
+        let current_minute = Granularity::M1.window_start(now);
+        let cutoff = now - NO_TRADE_CUTOFF_SECONDS * 1_000_000;
+        let hot = self.hot.read().expect("price memory lock is never poisoned");
+        let mut out = Vec::with_capacity(tokens.len());
+        for token in tokens {
+            let Some(entry) = hot.get(token) else { continue };
+            let completed = entry.minutes.iter().find(|(start, _)| *start < current_minute);
+            let open = entry.minutes.iter().find(|(start, _)| *start == current_minute);
+            let recent = |found: Option<&(i64, Candle)>| {
+                found.is_some_and(|(_, candle)| candle.last.at_micros >= cutoff)
+            };
+            let chosen = if recent(completed) {
+                completed
+            } else if recent(open) {
+                open
+            } else {
+                None
+            };
+            let Some((_, candle)) = chosen else { continue };
+            let price = candle.price();
+            let total_liquidity_usd = (with_liquidity && !entry.pools.is_empty()).then(|| {
+                let reserves = entry
+                    .pools
+                    .values()
+                    .fold(Amount::ZERO, |sum, (reserve, _)| sum.saturating_add(*reserve));
+                reserves.to_f64() * price
+            });
+            out.push(LatestPrice {
+                token: token.clone(),
+                timestamp: micros_to_time(candle.last.at_micros),
+                decimals: entry.decimals,
+                price,
+                open: candle.open,
+                high: candle.high,
+                close: candle.close,
+                low: candle.low,
+                total_liquidity_usd,
+            });
+        }
+        out
+    }
+
+    /// The earliest start a history request at `granularity` may have now (Unix
+    /// microseconds), or `None` when the granularity keeps all history.
+    pub fn earliest_start(&self, granularity: Granularity) -> Option<i64> {
+        granularity.retention_seconds().map(|seconds| self.now_micros() - seconds * 1_000_000)
+    }
+
+    /// One page of `query`'s answer, from `cursor` on (`None`: the first page). Points are
+    /// ordered by token (request order), then window start; a token without points in the
+    /// range has no series.
+    ///
+    /// # Errors
+    /// [`PriceError::BadCursor`] for a cursor not made for this query, or a store failure.
+    pub async fn history(
+        &self,
+        query: &HistoryQuery,
+        cursor: Option<&str>,
+    ) -> Result<HistoryPage, PriceError> {
+        let fingerprint = HistoryCursor::fingerprint(query);
+        let position = match cursor {
+            None => HistoryCursor { token: 0, from: i64::MIN, fingerprint },
+            Some(text) => HistoryCursor::decode(text)
+                .filter(|c| c.fingerprint == fingerprint && c.token < query.tokens.len())
+                .ok_or(PriceError::BadCursor)?,
+        };
+        // Windows whose start (whole seconds) lies in [start, end), and still retained.
+        let mut from = ceil_seconds(query.start);
+        if let Some(earliest) = self.earliest_start(query.granularity) {
+            from = from.max(ceil_seconds(earliest));
+        }
+        let to = ceil_seconds(query.end);
+        let decimals = self.store.decimals(&query.tokens[position.token..]).await?;
+        let mut budget = self.settings.history_page_points.max(1);
+        let mut series = Vec::new();
+        for (index, token) in query.tokens.iter().enumerate().skip(position.token) {
+            let token_from = if index == position.token { from.max(position.from) } else { from };
+            let mut points =
+                self.store.history(token, query.granularity, token_from, to, budget + 1).await?;
+            let more = points.len() > budget;
+            if more {
+                let next = points[budget].start;
+                points.truncate(budget);
+                if !points.is_empty() {
+                    series.push(HistorySeries {
+                        token: token.clone(),
+                        decimals: decimals.get(token).copied().unwrap_or(0),
+                        points,
+                    });
+                }
+                let cursor = HistoryCursor { token: index, from: next, fingerprint };
+                return Ok(HistoryPage { series, cursor: Some(cursor.encode()) });
+            }
+            budget -= points.len();
+            if !points.is_empty() {
+                series.push(HistorySeries {
+                    token: token.clone(),
+                    decimals: decimals.get(token).copied().unwrap_or(0),
+                    points,
+                });
+            }
+            if budget == 0 && index + 1 < query.tokens.len() {
+                let cursor = HistoryCursor { token: index + 1, from: i64::MIN, fingerprint };
+                return Ok(HistoryPage { series, cursor: Some(cursor.encode()) });
+            }
+        }
+        Ok(HistoryPage { series, cursor: None })
+    }
+
+    /// Removes candles past their retention and trade ids past the dedup horizon, and
+    /// forgets in-memory tokens without a trade in 7 days. Returns the rows removed.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn enforce_retention(&self) -> Result<u64, PriceError> {
+        let now = self.now_micros() / 1_000_000;
+        let cutoffs: Vec<(Granularity, i64)> = Granularity::ALL
+            .into_iter()
+            .filter_map(|g| g.retention_seconds().map(|r| (g, now - r)))
+            .collect();
+        let removed =
+            self.store.enforce_price_retention(&cutoffs, now - DEDUP_HORIZON_SECONDS).await?;
+        let cutoff = (now - NO_TRADE_CUTOFF_SECONDS) * 1_000_000;
+        self.hot
+            .write()
+            .expect("price memory lock is never poisoned")
+            .retain(|_, hot| hot.last_trade.as_ref().is_some_and(|last| last.at_micros >= cutoff));
+        Ok(removed)
+    }
+}

@@ -1,0 +1,5 @@
+//! Integration tests of `sluice-prices`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod rollup;

@@ -1,0 +1,621 @@
+//! Token price storage: candles of every granularity, the trades already counted (so a
+//! trade sent twice counts once), each token's decimals and each pool's latest reserve.
+//!
+//! [`PriceStore`] is a role of its own, beside [`crate::MetadataStore`]: the price service
+//! opens it from the same database URL ([`open_prices`]). Both backends run the SQL below
+//! (expanded per pool type by `price_store_impl!`); migration 4 makes the tables.
+//!
+//! Writers are serialised (SQLite's write lock; a transaction-scoped advisory lock on
+//! PostgreSQL), because merging a late trade into a stored candle reads the candle and writes
+//! the merged one back.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sluice_core::prices::{Amount, Candle, Granularity, TokenRef, Trade, TradeOrder};
+
+use crate::{PgStore, Result, SqliteStore, StoreError};
+
+/// What [`PriceStore::apply_trades`] did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Applied {
+    /// Trades counted for the first time.
+    pub new_trades: Vec<Trade>,
+    /// Trades of the batch that were counted before (or repeated within the batch).
+    pub duplicates: usize,
+    /// The stored 1-minute candles the new trades touched, after the merge.
+    pub minutes: Vec<(TokenRef, i64, Candle)>,
+}
+
+/// One point of a price history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PricePoint {
+    /// Window start, Unix seconds.
+    pub start: i64,
+    /// Volume-weighted average price.
+    pub price: f64,
+    pub open: f64,
+    pub high: f64,
+    pub close: f64,
+    pub low: f64,
+}
+
+/// A token's decimals and its last trade, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenInfo {
+    pub token: TokenRef,
+    pub decimals: u32,
+    pub last_trade: TradeOrder,
+}
+
+/// A pool's latest balance of a token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolReserve {
+    pub token: TokenRef,
+    pub pool: String,
+    pub reserve: Amount,
+    pub last_trade: TradeOrder,
+}
+
+/// Durable candles and the bookkeeping that keeps them exact.
+#[async_trait]
+pub trait PriceStore: Send + Sync + 'static {
+    /// Counts `trades` in one transaction: trades whose `(chain, transaction_hash, log_index)`
+    /// was counted before are skipped; the others are merged into the stored candle of each
+    /// granularity (only windows starting at or after `keep_from(granularity)`, Unix
+    /// seconds), each token's decimals and pool reserves follow its latest trade, and the
+    /// trade ids are remembered.
+    ///
+    /// # Errors
+    /// A database failure; nothing is applied then.
+    async fn apply_trades(
+        &self,
+        trades: &[Trade],
+        keep_from: &(dyn Fn(Granularity) -> i64 + Sync),
+    ) -> Result<Applied>;
+
+    /// Up to `limit` points of `token` at `granularity` whose window starts in
+    /// `[from, to)` (Unix seconds), oldest first.
+    ///
+    /// # Errors
+    /// A database failure, or a stored row that cannot be read.
+    async fn history(
+        &self,
+        token: &TokenRef,
+        granularity: Granularity,
+        from: i64,
+        to: i64,
+        limit: usize,
+    ) -> Result<Vec<PricePoint>>;
+
+    /// The latest `count` candles of `token` at `granularity` with a window starting at or
+    /// after `from`, newest first.
+    ///
+    /// # Errors
+    /// A database failure, or a stored row that cannot be read.
+    async fn latest_candles(
+        &self,
+        token: &TokenRef,
+        granularity: Granularity,
+        from: i64,
+        count: usize,
+    ) -> Result<Vec<(i64, Candle)>>;
+
+    /// Tokens whose last trade is at or after `since` (Unix microseconds).
+    ///
+    /// # Errors
+    /// A database failure, or a stored row that cannot be read.
+    async fn tokens_traded_since(&self, since: i64) -> Result<Vec<TokenInfo>>;
+
+    /// The stored decimals of each of `tokens` that has any.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn decimals(&self, tokens: &[TokenRef]) -> Result<HashMap<TokenRef, u32>>;
+
+    /// Every pool's latest reserve of each of `tokens`.
+    ///
+    /// # Errors
+    /// A database failure, or a stored row that cannot be read.
+    async fn pool_reserves(&self, tokens: &[TokenRef]) -> Result<Vec<PoolReserve>>;
+
+    /// Removes candles past their granularity's retention (window start before
+    /// `cutoff(granularity)`, for granularities with a retention) and remembered trade ids
+    /// of trades older than `trades_before` (Unix seconds). Returns the rows removed.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn enforce_price_retention(
+        &self,
+        cutoffs: &[(Granularity, i64)],
+        trades_before: i64,
+    ) -> Result<u64>;
+}
+
+/// Opens the price store a URL names (`sqlite://…` or `postgres://…`), migrating as needed.
+///
+/// # Errors
+/// An unsupported URL, a connection failure or a failed migration.
+pub async fn open_prices(url: &str) -> Result<Arc<dyn PriceStore>> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::open(url).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PgStore::open(url).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(url.to_owned()))
+    }
+}
+
+/// Rows per multi-row statement: 500 rows of at most 13 values stay far below SQLite's and
+/// PostgreSQL's limits on bound parameters.
+pub(crate) const ROWS_PER_STATEMENT: usize = 50;
+
+/// `($1, $2), ($3, $4), …` for `rows` rows of `width` values, numbered from `$1`.
+pub(crate) fn placeholders(rows: usize, width: usize) -> String {
+    let mut out = String::with_capacity(rows * width * 5);
+    for row in 0..rows {
+        if row > 0 {
+            out.push_str(", ");
+        }
+        out.push('(');
+        for column in 0..width {
+            if column > 0 {
+                out.push_str(", ");
+            }
+            out.push('$');
+            out.push_str(&(row * width + column + 1).to_string());
+        }
+        out.push(')');
+    }
+    out
+}
+
+pub(crate) fn corrupt(detail: String) -> StoreError {
+    StoreError::Corrupt { what: "price candle", detail }
+}
+
+pub(crate) fn amount_of(text: &str) -> Result<Amount> {
+    text.parse::<i128>().map(Amount).map_err(|e| corrupt(format!("amount {text:?}: {e}")))
+}
+
+pub(crate) fn order_of(text: &str) -> Result<TradeOrder> {
+    TradeOrder::from_key(text).ok_or_else(|| corrupt(format!("trade order {text:?}")))
+}
+
+pub(crate) fn granularity_of(seconds: i64) -> Result<Granularity> {
+    Granularity::from_seconds(seconds).ok_or_else(|| corrupt(format!("granularity {seconds}")))
+}
+
+pub(crate) const CANDLE_COLUMNS: &str = "window_start, open, high, low, close, usd_volume, \
+    token_volume, trade_count, first_trade, last_trade";
+
+/// Implements [`PriceStore`] for a store type with a `pool: sqlx::Pool<$db>` field, an
+/// inherent `begin_write`, a `const LOCK_PRICES: Option<&str>` statement that serialises
+/// price writers (run first in every write transaction) and a `const VALUES_JOIN: &str`, the
+/// join that makes a list of keys (`VALUES …`) drive index lookups into a table.
+macro_rules! price_store_impl {
+    ($store:ty, $db:ty) => {
+        const _: () = {
+            use std::collections::{HashMap, HashSet};
+
+            use sluice_core::prices::{
+                Candle, CandleKey, Granularity, TokenRef, Trade, aggregate,
+            };
+            use sqlx::Row as _;
+
+            use crate::Result;
+            use crate::prices::{
+                Applied, CANDLE_COLUMNS, PoolReserve, PriceStore, PricePoint, ROWS_PER_STATEMENT,
+                TokenInfo, amount_of, granularity_of, order_of, placeholders,
+            };
+
+            type DbRow = <$db as sqlx::Database>::Row;
+
+            fn candle_row(row: &DbRow) -> Result<(i64, Candle)> {
+                let usd: String = row.try_get("usd_volume")?;
+                let token: String = row.try_get("token_volume")?;
+                let first: String = row.try_get("first_trade")?;
+                let last: String = row.try_get("last_trade")?;
+                let count: i64 = row.try_get("trade_count")?;
+                Ok((
+                    row.try_get("window_start")?,
+                    Candle {
+                        open: row.try_get("open")?,
+                        high: row.try_get("high")?,
+                        low: row.try_get("low")?,
+                        close: row.try_get("close")?,
+                        usd_volume: amount_of(&usd)?,
+                        token_volume: amount_of(&token)?,
+                        trade_count: u64::try_from(count).unwrap_or(0),
+                        first: order_of(&first)?,
+                        last: order_of(&last)?,
+                    },
+                ))
+            }
+
+            #[async_trait::async_trait]
+            impl PriceStore for $store {
+                async fn apply_trades(
+                    &self,
+                    trades: &[Trade],
+                    keep_from: &(dyn Fn(Granularity) -> i64 + Sync),
+                ) -> Result<Applied> {
+                    let mut seen = HashSet::new();
+                    let mut unique = Vec::with_capacity(trades.len());
+                    for trade in trades {
+                        let id = (
+                            &trade.token.chain,
+                            &trade.order.transaction_hash,
+                            trade.order.log_index,
+                        );
+                        if seen.insert(id) {
+                            unique.push(trade);
+                        }
+                    }
+                    let mut applied =
+                        Applied { duplicates: trades.len() - unique.len(), ..Applied::default() };
+                    if unique.is_empty() {
+                        return Ok(applied);
+                    }
+                    let mut tx = self.begin_write().await?;
+                    if let Some(lock) = Self::LOCK_PRICES {
+                        sqlx::query(lock).execute(&mut *tx).await?;
+                    }
+                    // Remember the ids; the ones inserted now are the new trades.
+                    let mut inserted: HashSet<(String, String, i64)> = HashSet::new();
+                    for chunk in unique.chunks(ROWS_PER_STATEMENT) {
+                        let sql = format!(
+                            "INSERT INTO price_trades (chain, transaction_hash, log_index, block_time) \
+                             VALUES {} ON CONFLICT DO NOTHING \
+                             RETURNING chain, transaction_hash, log_index",
+                            placeholders(chunk.len(), 4)
+                        );
+                        let mut query = sqlx::query(&sql);
+                        for trade in chunk {
+                            query = query
+                                .bind(&trade.token.chain)
+                                .bind(&trade.order.transaction_hash)
+                                .bind(trade.order.log_index as i64)
+                                .bind(trade.order.at_micros.div_euclid(1_000_000));
+                        }
+                        for row in query.fetch_all(&mut *tx).await? {
+                            inserted.insert((
+                                row.try_get("chain")?,
+                                row.try_get("transaction_hash")?,
+                                row.try_get("log_index")?,
+                            ));
+                        }
+                    }
+                    let fresh: Vec<&Trade> = unique
+                        .into_iter()
+                        .filter(|t| {
+                            inserted.contains(&(
+                                t.token.chain.clone(),
+                                t.order.transaction_hash.clone(),
+                                t.order.log_index as i64,
+                            ))
+                        })
+                        .collect();
+                    applied.duplicates = trades.len() - fresh.len();
+                    if fresh.is_empty() {
+                        tx.commit().await?;
+                        return Ok(applied);
+                    }
+
+                    let mut deltas: Vec<(CandleKey, Candle)> = aggregate(fresh.iter().copied())
+                        .into_iter()
+                        .filter(|(key, _)| key.start >= keep_from(key.granularity))
+                        .collect();
+                    deltas.sort_by(|a, b| a.0.cmp(&b.0));
+                    // Merge with the stored candles of the same keys.
+                    for chunk in deltas.chunks_mut(ROWS_PER_STATEMENT) {
+                        let sql = format!(
+                            "SELECT p.chain, p.token, p.granularity, {CANDLE_COLUMNS} \
+                             FROM (VALUES {}) AS v {} price_candles p \
+                             ON p.chain = v.column1 AND p.token = v.column2 \
+                             AND p.granularity = v.column3 AND p.window_start = v.column4",
+                            placeholders(chunk.len(), 4),
+                            Self::VALUES_JOIN
+                        );
+                        let mut query = sqlx::query(&sql);
+                        for (key, _) in chunk.iter() {
+                            query = query
+                                .bind(&key.token.chain)
+                                .bind(&key.token.address)
+                                .bind(key.granularity.seconds())
+                                .bind(key.start);
+                        }
+                        let mut stored: HashMap<CandleKey, Candle> = HashMap::new();
+                        for row in query.fetch_all(&mut *tx).await? {
+                            let (start, candle) = candle_row(&row)?;
+                            let token = TokenRef {
+                                chain: row.try_get("chain")?,
+                                address: row.try_get("token")?,
+                            };
+                            let granularity = granularity_of(row.try_get("granularity")?)?;
+                            stored.insert(CandleKey { token, granularity, start }, candle);
+                        }
+                        for (key, candle) in chunk.iter_mut() {
+                            if let Some(old) = stored.get(key) {
+                                candle.merge(old);
+                            }
+                        }
+                        let sql = format!(
+                            "INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}) \
+                             VALUES {} ON CONFLICT (chain, token, granularity, window_start) DO UPDATE SET \
+                             open = excluded.open, high = excluded.high, low = excluded.low, \
+                             close = excluded.close, usd_volume = excluded.usd_volume, \
+                             token_volume = excluded.token_volume, trade_count = excluded.trade_count, \
+                             first_trade = excluded.first_trade, last_trade = excluded.last_trade",
+                            placeholders(chunk.len(), 13)
+                        );
+                        let mut query = sqlx::query(&sql);
+                        for (key, candle) in chunk.iter() {
+                            query = query
+                                .bind(&key.token.chain)
+                                .bind(&key.token.address)
+                                .bind(key.granularity.seconds())
+                                .bind(key.start)
+                                .bind(candle.open)
+                                .bind(candle.high)
+                                .bind(candle.low)
+                                .bind(candle.close)
+                                .bind(candle.usd_volume.0.to_string())
+                                .bind(candle.token_volume.0.to_string())
+                                .bind(candle.trade_count as i64)
+                                .bind(candle.first.to_key())
+                                .bind(candle.last.to_key());
+                        }
+                        query.execute(&mut *tx).await?;
+                    }
+                    applied.minutes = deltas
+                        .into_iter()
+                        .filter(|(key, _)| key.granularity == Granularity::M1)
+                        .map(|(key, candle)| (key.token, key.start, candle))
+                        .collect();
+
+                    // Decimals and reserves follow each token's (and pool's) latest trade.
+                    let mut tokens: HashMap<&TokenRef, &Trade> = HashMap::new();
+                    let mut pools: HashMap<(&TokenRef, &str), &Trade> = HashMap::new();
+                    for trade in &fresh {
+                        let latest = tokens.entry(&trade.token).or_insert(trade);
+                        if trade.order > latest.order {
+                            *latest = trade;
+                        }
+                        if let Some((pool, _)) = &trade.pool {
+                            let latest = pools.entry((&trade.token, pool.as_str())).or_insert(trade);
+                            if trade.order > latest.order {
+                                *latest = trade;
+                            }
+                        }
+                    }
+                    let tokens: Vec<&Trade> = tokens.into_values().collect();
+                    for chunk in tokens.chunks(ROWS_PER_STATEMENT) {
+                        let sql = format!(
+                            "INSERT INTO price_tokens (chain, token, decimals, last_trade) VALUES {} \
+                             ON CONFLICT (chain, token) DO UPDATE SET decimals = excluded.decimals, \
+                             last_trade = excluded.last_trade \
+                             WHERE excluded.last_trade > price_tokens.last_trade",
+                            placeholders(chunk.len(), 4)
+                        );
+                        let mut query = sqlx::query(&sql);
+                        for trade in chunk {
+                            query = query
+                                .bind(&trade.token.chain)
+                                .bind(&trade.token.address)
+                                .bind(i64::from(trade.decimals))
+                                .bind(trade.order.to_key());
+                        }
+                        query.execute(&mut *tx).await?;
+                    }
+                    let pools: Vec<&Trade> = pools.into_values().collect();
+                    for chunk in pools.chunks(ROWS_PER_STATEMENT) {
+                        let sql = format!(
+                            "INSERT INTO price_pools (chain, token, pool, reserve, last_trade) VALUES {} \
+                             ON CONFLICT (chain, token, pool) DO UPDATE SET reserve = excluded.reserve, \
+                             last_trade = excluded.last_trade \
+                             WHERE excluded.last_trade > price_pools.last_trade",
+                            placeholders(chunk.len(), 5)
+                        );
+                        let mut query = sqlx::query(&sql);
+                        for trade in chunk {
+                            let (pool, reserve) =
+                                trade.pool.as_ref().expect("only trades with a pool are listed");
+                            query = query
+                                .bind(&trade.token.chain)
+                                .bind(&trade.token.address)
+                                .bind(pool)
+                                .bind(reserve.0.to_string())
+                                .bind(trade.order.to_key());
+                        }
+                        query.execute(&mut *tx).await?;
+                    }
+                    tx.commit().await?;
+                    applied.new_trades = fresh.into_iter().cloned().collect();
+                    Ok(applied)
+                }
+
+                async fn history(
+                    &self,
+                    token: &TokenRef,
+                    granularity: Granularity,
+                    from: i64,
+                    to: i64,
+                    limit: usize,
+                ) -> Result<Vec<PricePoint>> {
+                    let rows = sqlx::query(
+                        "SELECT window_start, open, high, low, close, usd_volume, token_volume \
+                         FROM price_candles WHERE chain = $1 AND token = $2 AND granularity = $3 \
+                         AND window_start >= $4 AND window_start < $5 \
+                         ORDER BY window_start LIMIT $6",
+                    )
+                    .bind(&token.chain)
+                    .bind(&token.address)
+                    .bind(granularity.seconds())
+                    .bind(from)
+                    .bind(to)
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .fetch_all(&self.pool)
+                    .await?;
+                    rows.iter()
+                        .map(|row| {
+                            let usd = amount_of(row.try_get("usd_volume")?)?;
+                            let volume = amount_of(row.try_get("token_volume")?)?;
+                            Ok(PricePoint {
+                                start: row.try_get("window_start")?,
+                                price: usd.ratio(volume),
+                                open: row.try_get("open")?,
+                                high: row.try_get("high")?,
+                                close: row.try_get("close")?,
+                                low: row.try_get("low")?,
+                            })
+                        })
+                        .collect()
+                }
+
+                async fn latest_candles(
+                    &self,
+                    token: &TokenRef,
+                    granularity: Granularity,
+                    from: i64,
+                    count: usize,
+                ) -> Result<Vec<(i64, Candle)>> {
+                    let sql = format!(
+                        "SELECT {CANDLE_COLUMNS} FROM price_candles WHERE chain = $1 AND token = $2 \
+                         AND granularity = $3 AND window_start >= $4 \
+                         ORDER BY window_start DESC LIMIT $5"
+                    );
+                    let rows = sqlx::query(&sql)
+                        .bind(&token.chain)
+                        .bind(&token.address)
+                        .bind(granularity.seconds())
+                        .bind(from)
+                        .bind(i64::try_from(count).unwrap_or(i64::MAX))
+                        .fetch_all(&self.pool)
+                        .await?;
+                    rows.iter().map(candle_row).collect()
+                }
+
+                async fn tokens_traded_since(&self, since: i64) -> Result<Vec<TokenInfo>> {
+                    let since = sluice_core::prices::TradeOrder {
+                        at_micros: since,
+                        block_number: 0,
+                        log_index: 0,
+                        transaction_hash: String::new(),
+                    }
+                    .to_key();
+                    let rows = sqlx::query(
+                        "SELECT chain, token, decimals, last_trade FROM price_tokens \
+                         WHERE last_trade >= $1 ORDER BY chain, token",
+                    )
+                    .bind(since)
+                    .fetch_all(&self.pool)
+                    .await?;
+                    rows.iter()
+                        .map(|row| {
+                            let decimals: i64 = row.try_get("decimals")?;
+                            Ok(TokenInfo {
+                                token: TokenRef {
+                                    chain: row.try_get("chain")?,
+                                    address: row.try_get("token")?,
+                                },
+                                decimals: u32::try_from(decimals).unwrap_or(0),
+                                last_trade: order_of(row.try_get("last_trade")?)?,
+                            })
+                        })
+                        .collect()
+                }
+
+                async fn decimals(&self, tokens: &[TokenRef]) -> Result<HashMap<TokenRef, u32>> {
+                    let mut out = HashMap::new();
+                    for chunk in tokens.chunks(ROWS_PER_STATEMENT) {
+                        let sql = format!(
+                            "SELECT p.chain, p.token, p.decimals FROM (VALUES {}) AS v \
+                             {} price_tokens p ON p.chain = v.column1 AND p.token = v.column2",
+                            placeholders(chunk.len(), 2),
+                            Self::VALUES_JOIN
+                        );
+                        let mut query = sqlx::query(&sql);
+                        for token in chunk {
+                            query = query.bind(&token.chain).bind(&token.address);
+                        }
+                        for row in query.fetch_all(&self.pool).await? {
+                            let decimals: i64 = row.try_get("decimals")?;
+                            out.insert(
+                                TokenRef { chain: row.try_get("chain")?, address: row.try_get("token")? },
+                                u32::try_from(decimals).unwrap_or(0),
+                            );
+                        }
+                    }
+                    Ok(out)
+                }
+
+                async fn pool_reserves(&self, tokens: &[TokenRef]) -> Result<Vec<PoolReserve>> {
+                    let mut out = Vec::new();
+                    for chunk in tokens.chunks(ROWS_PER_STATEMENT) {
+                        let sql = format!(
+                            "SELECT p.chain, p.token, p.pool, p.reserve, p.last_trade \
+                             FROM (VALUES {}) AS v {} price_pools p \
+                             ON p.chain = v.column1 AND p.token = v.column2 \
+                             ORDER BY p.chain, p.token, p.pool",
+                            placeholders(chunk.len(), 2),
+                            Self::VALUES_JOIN
+                        );
+                        let mut query = sqlx::query(&sql);
+                        for token in chunk {
+                            query = query.bind(&token.chain).bind(&token.address);
+                        }
+                        for row in query.fetch_all(&self.pool).await? {
+                            out.push(PoolReserve {
+                                token: TokenRef {
+                                    chain: row.try_get("chain")?,
+                                    address: row.try_get("token")?,
+                                },
+                                pool: row.try_get("pool")?,
+                                reserve: amount_of(row.try_get("reserve")?)?,
+                                last_trade: order_of(row.try_get("last_trade")?)?,
+                            });
+                        }
+                    }
+                    Ok(out)
+                }
+
+                async fn enforce_price_retention(
+                    &self,
+                    cutoffs: &[(Granularity, i64)],
+                    trades_before: i64,
+                ) -> Result<u64> {
+                    let mut removed = 0;
+                    for (granularity, cutoff) in cutoffs {
+                        removed += sqlx::query(
+                            "DELETE FROM price_candles WHERE granularity = $1 AND window_start < $2",
+                        )
+                        .bind(granularity.seconds())
+                        .bind(cutoff)
+                        .execute(&self.pool)
+                        .await?
+                        .rows_affected();
+                    }
+                    removed += sqlx::query("DELETE FROM price_trades WHERE block_time < $1")
+                        .bind(trades_before)
+                        .execute(&self.pool)
+                        .await?
+                        .rows_affected();
+                    Ok(removed)
+                }
+            }
+        };
+    };
+}
+
+pub(crate) use price_store_impl;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn placeholders_number_rows_in_order() {
+        assert_eq!(super::placeholders(2, 3), "($1, $2, $3), ($4, $5, $6)");
+        assert_eq!(super::placeholders(1, 1), "($1)");
+    }
+}

@@ -1,0 +1,178 @@
+//! The price store on SQLite and PostgreSQL: exact candle merges, duplicates, late trades,
+//! decimals and reserves that follow the latest trade, history ranges and retention.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use sluice_core::prices::{Amount, Granularity, TokenRef, Trade, TradeOrder};
+use sluice_store::prices::{PricePoint, PriceStore};
+use sluice_store::{PgStore, SqliteStore};
+use sqlx::postgres::PgConnectOptions;
+
+struct Fixture {
+    store: Arc<dyn PriceStore>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn sqlite() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+    let store = SqliteStore::open(&url).await.unwrap();
+    Fixture { store: Arc::new(store), _dir: Some(dir) }
+}
+
+async fn postgres() -> Fixture {
+    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
+        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
+    admin.close().await;
+    let options = PgConnectOptions::from_str(&url).unwrap().options([("search_path", &schema)]);
+    Fixture { store: Arc::new(PgStore::open_with(options).await.unwrap()), _dir: None }
+}
+
+macro_rules! price_conformance {
+    ($($name:ident),* $(,)?) => {
+        mod on_sqlite {
+            $(#[tokio::test]
+            async fn $name() {
+                let fixture = super::sqlite().await;
+                super::$name(fixture.store.clone()).await;
+            })*
+        }
+        mod on_postgres {
+            $(#[tokio::test]
+            async fn $name() {
+                let fixture = super::postgres().await;
+                super::$name(fixture.store.clone()).await;
+            })*
+        }
+    };
+}
+
+price_conformance!(
+    candles_merge_exactly_and_duplicates_count_once,
+    late_trades_update_the_window_they_belong_to,
+    decimals_and_reserves_follow_the_latest_trade,
+    history_returns_the_range_in_order_and_retention_removes_old_windows,
+);
+
+/// 2025-11-21T12:00:00Z.
+const T0: i64 = 1_763_726_400;
+
+fn usdc() -> TokenRef {
+    TokenRef::new("base", "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913")
+}
+
+fn trade(second: i64, log: u64, token: &str, usd: &str, pool: Option<(&str, &str)>) -> Trade {
+    Trade {
+        token: usdc(),
+        decimals: 6,
+        token_amount: Amount::parse(token).unwrap(),
+        usd_amount: Amount::parse(usd).unwrap(),
+        pool: pool.map(|(p, r)| (p.to_owned(), Amount::parse(r).unwrap())),
+        order: TradeOrder {
+            at_micros: (T0 + second) * 1_000_000,
+            block_number: 100 + second as u64,
+            log_index: log,
+            transaction_hash: format!("0x{second:064x}"),
+        },
+    }
+}
+
+fn keep_all(_: Granularity) -> i64 {
+    i64::MIN
+}
+
+async fn candles_merge_exactly_and_duplicates_count_once(store: Arc<dyn PriceStore>) {
+    let first = store
+        .apply_trades(
+            &[trade(5, 1, "50", "100", None), trade(20, 1, "100", "300", None)],
+            &keep_all,
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.new_trades.len(), 2);
+    assert_eq!(first.duplicates, 0);
+    let again = store
+        .apply_trades(&[trade(5, 1, "50", "100", None), trade(5, 1, "50", "100", None)], &keep_all)
+        .await
+        .unwrap();
+    assert_eq!((again.new_trades.len(), again.duplicates), (0, 2));
+    let minute = store.latest_candles(&usdc(), Granularity::M1, 0, 5).await.unwrap();
+    assert_eq!(minute.len(), 1);
+    let (start, candle) = &minute[0];
+    assert_eq!(*start, T0);
+    assert_eq!(candle.trade_count, 2);
+    assert_eq!(candle.price(), 400.0 / 150.0);
+    assert_eq!((candle.open, candle.close, candle.high, candle.low), (2.0, 3.0, 3.0, 2.0));
+    let quarter = store.latest_candles(&usdc(), Granularity::S15, 0, 5).await.unwrap();
+    assert_eq!(quarter.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![T0 + 15, T0]);
+}
+
+async fn late_trades_update_the_window_they_belong_to(store: Arc<dyn PriceStore>) {
+    store.apply_trades(&[trade(30, 0, "10", "20", None)], &keep_all).await.unwrap();
+    // Earlier in the same minute: becomes the open; arrives after the later trade.
+    let late = store.apply_trades(&[trade(10, 0, "10", "10", None)], &keep_all).await.unwrap();
+    assert_eq!(late.minutes.len(), 1);
+    let (_, _, merged) = &late.minutes[0];
+    assert_eq!((merged.open, merged.close, merged.trade_count), (1.0, 2.0, 2));
+    let day = store.latest_candles(&usdc(), Granularity::D1, 0, 1).await.unwrap();
+    assert_eq!(day[0].1.price(), 1.5);
+    assert_eq!(day[0].1.first.at_micros, (T0 + 10) * 1_000_000);
+}
+
+async fn decimals_and_reserves_follow_the_latest_trade(store: Arc<dyn PriceStore>) {
+    let mut newer = trade(40, 0, "1", "1", Some(("0xpool", "500")));
+    newer.decimals = 18;
+    store.apply_trades(&[newer], &keep_all).await.unwrap();
+    // An older trade arriving later changes neither.
+    store
+        .apply_trades(&[trade(10, 0, "1", "1", Some(("0xpool", "900")))], &keep_all)
+        .await
+        .unwrap();
+    store
+        .apply_trades(&[trade(20, 0, "1", "1", Some(("0xother", "7.5")))], &keep_all)
+        .await
+        .unwrap();
+    let decimals = store.decimals(&[usdc(), TokenRef::new("base", "0x00")]).await.unwrap();
+    assert_eq!(decimals.len(), 1);
+    assert_eq!(decimals[&usdc()], 18);
+    let pools = store.pool_reserves(&[usdc()]).await.unwrap();
+    let reserves: Vec<(String, String)> =
+        pools.iter().map(|p| (p.pool.clone(), p.reserve.to_string())).collect();
+    assert_eq!(reserves, vec![("0xother".into(), "7.5".into()), ("0xpool".into(), "500".into())]);
+    let traded = store.tokens_traded_since((T0 + 40) * 1_000_000).await.unwrap();
+    assert_eq!(traded.len(), 1);
+    assert!(store.tokens_traded_since((T0 + 41) * 1_000_000).await.unwrap().is_empty());
+}
+
+async fn history_returns_the_range_in_order_and_retention_removes_old_windows(
+    store: Arc<dyn PriceStore>,
+) {
+    let trades: Vec<Trade> =
+        (0..10).map(|m| trade(m * 60 + 59, 0, "2", &format!("{}", 2 * (m + 1)), None)).collect();
+    // Windows before `T0 + 120` are not kept at 15s.
+    let keep = |g: Granularity| if g == Granularity::S15 { T0 + 120 } else { i64::MIN };
+    store.apply_trades(&trades, &keep).await.unwrap();
+    let points = store.history(&usdc(), Granularity::M1, T0 + 60, T0 + 300, 100).await.unwrap();
+    let starts: Vec<i64> = points.iter().map(|p| p.start).collect();
+    assert_eq!(starts, vec![T0 + 60, T0 + 120, T0 + 180, T0 + 240]);
+    assert_eq!(
+        points[0],
+        PricePoint { start: T0 + 60, price: 2.0, open: 2.0, high: 2.0, close: 2.0, low: 2.0 }
+    );
+    let limited = store.history(&usdc(), Granularity::M1, T0, T0 + 600, 3).await.unwrap();
+    assert_eq!(limited.len(), 3);
+    let fine = store.history(&usdc(), Granularity::S15, T0, T0 + 600, 100).await.unwrap();
+    assert_eq!(fine.first().unwrap().start, T0 + 165);
+    let removed =
+        store.enforce_price_retention(&[(Granularity::M1, T0 + 300)], T0 + 200).await.unwrap();
+    // Five minute windows and the ids of trades before T0 + 200 (three of them).
+    assert_eq!(removed, 5 + 3);
+    let left = store.history(&usdc(), Granularity::M1, T0, T0 + 600, 100).await.unwrap();
+    assert_eq!(left.first().unwrap().start, T0 + 300);
+    let hours = store.history(&usdc(), Granularity::H1, T0, T0 + 3600, 100).await.unwrap();
+    assert_eq!(hours.len(), 1);
+}
