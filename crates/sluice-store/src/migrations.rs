@@ -67,6 +67,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             postgres: include_str!("migrations/0003_datasets.postgres.sql"),
         },
     },
+    Migration {
+        version: 5,
+        name: "metrics",
+        sql: Sql::Portable(include_str!("migrations/0005_metrics.sql")),
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

@@ -4,3 +4,4 @@
 
 mod conformance;
 mod datasets;
+mod metrics;
