@@ -18,6 +18,7 @@ pub mod pipelines;
 pub mod scripts;
 pub mod sharing;
 pub mod sources;
+pub mod stats;
 pub mod streams;
 
 use std::sync::Arc;
@@ -207,6 +208,9 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(ops::readyz))
         .routes(routes!(ops::openapi_json))
         .routes(routes!(ops::docs_page))
+        .routes(routes!(stats::deploy_stats))
+        .routes(routes!(stats::deploy_metrics))
+        .routes(routes!(stats::prometheus))
 }
 
 /// The OpenAPI document of every route.

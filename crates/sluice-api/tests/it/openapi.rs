@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 34] = [
+const ROUTES: [(&str, &str); 37] = [
     ("post", "/api/v1/beam"),
     ("get", "/api/v1/beam"),
     ("get", "/api/v1/beam/sources"),
@@ -41,6 +41,9 @@ const ROUTES: [(&str, &str); 34] = [
     ("get", "/readyz"),
     ("get", "/api/v1/openapi.json"),
     ("get", "/docs"),
+    ("get", "/api/v1/beam/{config_id}/deploy/stats"),
+    ("get", "/api/v1/beam/{config_id}/deploy/metrics"),
+    ("get", "/metrics"),
 ];
 
 #[tokio::test]
