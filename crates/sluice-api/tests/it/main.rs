@@ -10,4 +10,5 @@ mod openapi;
 mod permissions;
 mod pipelines;
 mod scripts;
+mod stats;
 mod validation;
