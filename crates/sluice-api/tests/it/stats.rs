@@ -667,3 +667,28 @@ async fn prometheus_exposes_the_counters_and_latency_histograms_per_pipeline_wit
     assert_eq!(at("sluice_pipeline_workers", ",health=\"healthy\""), 1.0);
     assert_eq!(at("sluice_pipeline_worker_restarts", ""), 0.0);
 }
+
+#[tokio::test]
+async fn deleting_a_pipeline_deletes_its_stored_metrics() {
+    let stack = Stack::new().await;
+    let id = stack.create(usdc_filter(), "S").await;
+    let kept = stack.create(usdc_filter(), "S").await;
+    stack.action(&id, "deploy").await;
+    stack.action(&kept, "deploy").await;
+    stack.ingest(&[(1, USDC)]).await;
+    stack.delivered(&id, 1).await;
+    stack.delivered(&kept, 1).await;
+    stack.settle(&id).await;
+    stack.settle(&kept).await;
+    stack.action(&id, "pause").await; // writes its minute to the store
+    stack.action(&kept, "pause").await;
+    assert_eq!(stack.store.metric_samples(&id, 0, i64::MAX).await.unwrap().len(), 1);
+    let (status, body) =
+        stack.call(Method::DELETE, &format!("/api/v1/beam/{id}"), &stack.owner, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(stack.store.metric_samples(&id, 0, i64::MAX).await.unwrap().is_empty());
+    let left = stack.store.metric_samples(&kept, 0, i64::MAX).await.unwrap();
+    assert_eq!(left[0].1.received, 1);
+    let body = stack.get(&format!("/api/v1/beam/{kept}/deploy/metrics")).await;
+    assert_eq!(sum(series(&body, "messages_received")), 1.0);
+}
