@@ -273,3 +273,67 @@ impl MetricsHub {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use sluice_core::clock::ManualClock;
+    use sluice_store::SqliteStore;
+
+    async fn hub() -> (Arc<MetricsHub>, Arc<ManualClock>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+        let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
+        let clock =
+            Arc::new(ManualClock::new(chrono::Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 30).unwrap()));
+        (Arc::new(MetricsHub::new(store, clock.clone())), clock, dir)
+    }
+
+    fn batch(received: u64, sent: u64, age: Option<i64>) -> BatchMetrics {
+        BatchMetrics {
+            received,
+            sent,
+            sink_writes: 1,
+            total_latency_ms: Some(5.0),
+            data_age_ms: age,
+            ..BatchMetrics::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn reads_see_every_minute_once_whether_written_or_pending() {
+        let (hub, clock, _dir) = hub().await;
+        let metrics = hub.pipeline("p1");
+        let t0 = clock.now().timestamp_millis().div_euclid(MINUTE_MS) * MINUTE_MS;
+        metrics.record(batch(10, 4, Some(100)));
+        clock.advance(chrono::Duration::minutes(1));
+        metrics.record(batch(5, 5, None));
+        let all = |samples: &[(i64, MetricSample)]| -> (u64, u64, usize) {
+            let received = samples.iter().map(|(_, s)| s.received).sum();
+            let sent = samples.iter().map(|(_, s)| s.sent).sum();
+            (received, sent, samples.len())
+        };
+        let before = hub.samples("p1", 0, i64::MAX).await.unwrap();
+        assert_eq!(all(&before), (15, 9, 2));
+        // The background flush writes finished minutes only.
+        hub.flush(None, Some(t0 + MINUTE_MS)).await;
+        assert_eq!(hub.store.metric_samples("p1", 0, i64::MAX).await.unwrap().len(), 1);
+        assert_eq!(hub.samples("p1", 0, i64::MAX).await.unwrap(), before);
+        // A stop writes the rest; more of the same minute merges with it.
+        hub.flush(Some("p1"), None).await;
+        metrics.record(batch(1, 0, None));
+        let after = hub.samples("p1", 0, i64::MAX).await.unwrap();
+        assert_eq!(all(&after), (16, 9, 2));
+        assert_eq!(after[0].1.data_age_ms, Some(100));
+        assert_eq!(after[1].1.total_latency.count, 2);
+        let totals = metrics.totals();
+        assert_eq!((totals.received, totals.sent, totals.data_age_ms), (16, 9, Some(100)));
+        // Retention removes what is older than 8 days.
+        clock.advance(chrono::Duration::days(8));
+        assert_eq!(hub.apply_retention().await.unwrap(), 2);
+        hub.forget("p1").await.unwrap();
+        assert!(hub.samples("p1", 0, i64::MAX).await.unwrap().is_empty());
+        assert!(hub.totals().is_empty());
+    }
+}
