@@ -26,10 +26,12 @@ const OTHER: &str = "0x1111111111111111111111111111111111111111";
 const SOURCE: &str = "base.erc20_token_transfer";
 
 /// The embedded log, whose reads of the source panic while `panics` is above zero (each
-/// panic takes one): a worker that crashes.
+/// panic takes one): a worker that crashes; and whose sink writes fail while `failures` is
+/// above zero: a sink that is down.
 struct PanickyLog {
     inner: Arc<EmbeddedLog>,
     panics: AtomicU32,
+    failures: AtomicU32,
 }
 
 #[async_trait::async_trait]
@@ -61,6 +63,13 @@ impl StreamLog for PanickyLog {
         source: &str,
         offsets: &[(u32, u64)],
     ) -> sluice_bus::Result<()> {
+        if self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(sluice_bus::BusError::CommitFailed("injected sink failure".to_owned()));
+        }
         self.inner.append_and_commit(appends, group, source, offsets).await
     }
     async fn read(
@@ -153,7 +162,8 @@ impl Stack {
         let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
         let inner =
             Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
-        let log = Arc::new(PanickyLog { inner, panics: AtomicU32::new(0) });
+        let log =
+            Arc::new(PanickyLog { inner, panics: AtomicU32::new(0), failures: AtomicU32::new(0) });
         let operator = key_for(store.as_ref(), "sluice", "ops", "admin", true).await;
         let owner = key_for(store.as_ref(), "acme", "data", "ann", false).await;
         let stranger = key_for(store.as_ref(), "other", "team", "eve", false).await;
@@ -691,4 +701,26 @@ async fn deleting_a_pipeline_deletes_its_stored_metrics() {
     assert_eq!(left[0].1.received, 1);
     let body = stack.get(&format!("/api/v1/beam/{kept}/deploy/metrics")).await;
     assert_eq!(sum(series(&body, "messages_received")), 1.0);
+}
+
+#[tokio::test]
+async fn failed_sink_writes_are_output_errors_and_the_held_batch_is_sent_once() {
+    let stack = Stack::new().await;
+    let id = stack.create(usdc_filter(), "S").await;
+    stack.action(&id, "deploy").await;
+    stack.log.failures.store(3, Ordering::SeqCst);
+    stack.ingest(&[(1, USDC), (2, OTHER), (3, USDC), (4, USDC)]).await;
+    stack.delivered(&id, 3).await;
+    stack.settle(&id).await;
+    let hour = stack.get(&format!("/api/v1/beam/{id}/deploy/metrics")).await;
+    // Three failed writes, then the held batch went through: 4 read, 3 sent, once each.
+    assert_eq!(sum(series(&hour, "output_error")), 3.0, "{hour}");
+    assert_eq!(sum(series(&hour, "messages_received")), 4.0);
+    assert_eq!(sum(series(&hour, "messages_sent")), 3.0);
+    let summary = stack.get(&format!("/api/v1/beam/{id}/deploy/metrics?aggregated=true")).await;
+    assert_eq!(summary["output_error_rate"], 3.0 / 4.0, "{summary}");
+    assert_eq!(summary["totals"]["output_error"], 3);
+    let (_, text) = stack.raw(Method::GET, "/metrics", None, None).await;
+    let samples = parse_prometheus(&text);
+    assert_eq!(samples[&format!("sluice_pipeline_output_errors_total{{config_id=\"{id}\"}}")], 3.0);
 }
