@@ -19,6 +19,7 @@ pub mod prices;
 pub mod scripts;
 pub mod sharing;
 pub mod sources;
+pub mod stats;
 pub mod streams;
 pub mod transforms;
 
@@ -229,6 +230,9 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(ops::readyz))
         .routes(routes!(ops::openapi_json))
         .routes(routes!(ops::docs_page))
+        .routes(routes!(stats::deploy_stats))
+        .routes(routes!(stats::deploy_metrics))
+        .routes(routes!(stats::prometheus))
 }
 
 /// The OpenAPI document of every route.

@@ -185,6 +185,12 @@ pub async fn delete_pipeline(
     for uid in pipeline.set_filter_uids() {
         state.filter_listener.changed(&config_id, uid, FilterValuesChange::Dropped);
     }
+    // Its metrics go with it (the retention job would remove them within 8 days anyway).
+    if let Some(runtime) = &state.runtime {
+        if let Err(error) = runtime.metrics().forget(&config_id).await {
+            tracing::warn!(%error, %config_id, "cannot delete the metrics of a deleted pipeline");
+        }
+    }
     tracing::info!(%config_id, "pipeline deleted");
     Ok(Json(MessageBody { message: format!("Pipeline {config_id} successfully deleted") }))
 }

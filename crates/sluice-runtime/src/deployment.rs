@@ -10,6 +10,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::RuntimeSettings;
+use crate::health::{WorkerHealth, WorkerStatus};
+use crate::metrics::PipelineMetrics;
 use crate::plan::BoundPlan;
 use crate::worker::Worker;
 
@@ -46,13 +48,18 @@ impl Counters {
 pub(crate) struct Running {
     plan: watch::Sender<Arc<BoundPlan>>,
     stop: watch::Sender<bool>,
+    /// The supervisor task of each worker.
     workers: Vec<JoinHandle<()>>,
+    health: Vec<Arc<WorkerHealth>>,
+    clock: Arc<dyn Clock>,
     counters: Arc<Counters>,
 }
 
 impl Running {
-    /// Starts `workers` workers; worker `i` reads the source partitions `p` with
-    /// `p % workers == i`.
+    /// Starts `workers` workers, each under a supervisor that restarts it with backoff when
+    /// it panics or ends while the deployment runs; worker `i` reads the source partitions `p`
+    /// with `p % workers == i`. `entity` is the source's entity (to read block times).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         plan: Arc<BoundPlan>,
         workers: usize,
@@ -60,10 +67,18 @@ impl Running {
         log: Arc<dyn StreamLog>,
         clock: Arc<dyn Clock>,
         settings: RuntimeSettings,
+        entity: Arc<str>,
+        metrics: Arc<PipelineMetrics>,
     ) -> Self {
         let (plan_tx, plan_rx) = watch::channel(plan);
         let (stop_tx, stop_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
+        let pipeline_id = plan_rx.borrow().plan.pipeline_id.clone();
+        let health: Vec<Arc<WorkerHealth>> = (0..workers)
+            .map(|index| {
+                Arc::new(WorkerHealth::new(format!("{pipeline_id}-worker-{index}"), clock.now()))
+            })
+            .collect();
         let handles = (0..workers)
             .map(|index| {
                 let worker = Worker {
@@ -76,11 +91,20 @@ impl Running {
                     plan: plan_rx.clone(),
                     stop: stop_rx.clone(),
                     counters: counters.clone(),
+                    health: health[index].clone(),
+                    metrics: metrics.clone(),
+                    entity: entity.clone(),
                 };
-                tokio::spawn(worker.run())
+                tokio::spawn(supervise(worker))
             })
             .collect();
-        Self { plan: plan_tx, stop: stop_tx, workers: handles, counters }
+        Self { plan: plan_tx, stop: stop_tx, workers: handles, health, clock, counters }
+    }
+
+    /// The health of each worker, in worker order.
+    pub(crate) fn health(&self) -> Vec<WorkerStatus> {
+        let now = self.clock.now();
+        self.health.iter().map(|health| health.status(now)).collect()
     }
 
     pub(crate) fn workers(&self) -> usize {
@@ -111,8 +135,50 @@ impl Running {
         self.stop.send_replace(true);
         for worker in self.workers {
             if let Err(error) = worker.await {
-                tracing::error!(%error, "a worker ended abnormally");
+                tracing::error!(%error, "a worker supervisor ended abnormally");
             }
         }
+    }
+}
+
+/// Runs `worker` until its deployment stops, starting it again after a backoff each time its
+/// task panics or ends on its own. The backoff doubles with each restart within the
+/// crash-loop window, from `initial_backoff` up to `max_backoff`.
+async fn supervise(worker: Worker) {
+    let mut stop = worker.stop.clone();
+    loop {
+        let outcome = tokio::spawn(worker.clone().run()).await;
+        if *stop.borrow() {
+            return;
+        }
+        let error = match outcome {
+            Ok(()) => "the worker ended while its deployment runs".to_owned(),
+            Err(error) if error.is_panic() => {
+                let panic = error.into_panic();
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_owned());
+                format!("the worker panicked: {message}")
+            }
+            Err(error) => format!("the worker task failed: {error}"),
+        };
+        let recent = worker.health.crashed(worker.clock.now(), error.clone());
+        let exponent = u32::try_from(recent.saturating_sub(1)).unwrap_or(u32::MAX).min(16);
+        let backoff = worker
+            .settings
+            .initial_backoff
+            .saturating_mul(2u32.saturating_pow(exponent))
+            .min(worker.settings.max_backoff);
+        tracing::error!(worker = worker.index, %error, ?backoff, restarts_in_window = recent, "worker failed; restarting");
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            _ = stop.changed() => {}
+        }
+        if *stop.borrow() {
+            return;
+        }
+        worker.health.restarted(worker.clock.now());
     }
 }

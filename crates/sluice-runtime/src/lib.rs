@@ -9,6 +9,8 @@
 
 pub mod datasets;
 mod deployment;
+pub mod health;
+pub mod metrics;
 pub mod plan;
 pub mod sets;
 mod worker;
@@ -28,6 +30,8 @@ use tokio::sync::Mutex;
 
 pub use deployment::Counters;
 use deployment::Running;
+pub use health::WorkerStatus;
+use metrics::MetricsHub;
 pub use plan::PlanError;
 use sets::SetIndexes;
 
@@ -115,6 +119,8 @@ pub struct Runtime {
     /// [`Runtime::use_datasets`].
     datasets: Arc<DatasetSlot>,
     settings: RuntimeSettings,
+    /// What the workers measured, by pipeline.
+    metrics: Arc<MetricsHub>,
     /// Running deployments by pipeline id. Lifecycle calls on one pipeline serialize here.
     running: Mutex<HashMap<String, Running>>,
 }
@@ -139,6 +145,8 @@ impl Runtime {
         settings: RuntimeSettings,
     ) -> Result<Arc<Self>> {
         let sets = Arc::new(SetIndexes::new(store.clone()));
+        let metrics = Arc::new(MetricsHub::new(store.clone(), clock.clone()));
+        tokio::spawn(MetricsHub::run_jobs(Arc::downgrade(&metrics)));
         let runtime = Arc::new(Self {
             store,
             log,
@@ -147,6 +155,7 @@ impl Runtime {
             sets,
             datasets: Arc::new(DatasetSlot(std::sync::RwLock::new(Arc::new(NoDatasets)))),
             settings,
+            metrics,
             running: Mutex::new(HashMap::new()),
         });
         runtime.create_chain_topics().await?;
@@ -384,6 +393,7 @@ impl Runtime {
             Some(_) => {
                 if let Some(current) = running.remove(&pipeline.id) {
                     current.stop().await;
+                    self.metrics.flush(Some(&pipeline.id), None).await;
                 }
                 running.insert(pipeline.id.clone(), self.start_workers(pipeline, plan).await?);
                 true
@@ -412,6 +422,7 @@ impl Runtime {
         }
         if let Some(current) = running.remove(pipeline_id) {
             current.stop().await;
+            self.metrics.flush(Some(pipeline_id), None).await;
         }
         record.state = DeploymentState::Paused;
         record.updated_at = self.clock.now();
@@ -430,6 +441,7 @@ impl Runtime {
         let mut running = self.running.lock().await;
         if let Some(current) = running.remove(pipeline_id) {
             current.stop().await;
+            self.metrics.flush(Some(pipeline_id), None).await;
         }
         let Some(record) = self.store.deployment(pipeline_id).await? else {
             return Ok(false);
@@ -479,6 +491,31 @@ impl Runtime {
         for (_, deployment) in running.drain() {
             deployment.stop().await;
         }
+        self.metrics.flush(None, None).await;
+    }
+
+    /// The health of each worker of a running deployment, in worker order; empty when the
+    /// pipeline is not deployed or paused (it has no workers).
+    pub async fn worker_health(&self, pipeline_id: &str) -> Vec<WorkerStatus> {
+        self.running.lock().await.get(pipeline_id).map(Running::health).unwrap_or_default()
+    }
+
+    /// The health of the workers of every running deployment, by pipeline id.
+    pub async fn all_worker_health(&self) -> Vec<(String, Vec<WorkerStatus>)> {
+        let mut all: Vec<(String, Vec<WorkerStatus>)> = self
+            .running
+            .lock()
+            .await
+            .iter()
+            .map(|(id, running)| (id.clone(), running.health()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// The metrics the workers recorded, of every pipeline.
+    pub fn metrics(&self) -> &Arc<MetricsHub> {
+        &self.metrics
     }
 
     /// Commits the stream's end offsets for partitions the deployment has never read, so
@@ -530,6 +567,8 @@ impl Runtime {
             self.log.clone(),
             self.clock.clone(),
             self.settings,
+            Arc::from(pipeline.pipeline_config.source.entity.as_str()),
+            self.metrics.pipeline(&pipeline.id),
         ))
     }
 }

@@ -23,8 +23,11 @@ use tokio::sync::watch;
 
 use crate::RuntimeSettings;
 use crate::deployment::Counters;
+use crate::health::WorkerHealth;
+use crate::metrics::{BatchMetrics, PipelineMetrics};
 use crate::plan::{BoundPlan, Engines, Failed, Item};
 
+#[derive(Clone)]
 pub(crate) struct Worker {
     pub index: usize,
     pub workers: usize,
@@ -35,6 +38,10 @@ pub(crate) struct Worker {
     pub plan: watch::Receiver<Arc<BoundPlan>>,
     pub stop: watch::Receiver<bool>,
     pub counters: Arc<Counters>,
+    pub health: Arc<WorkerHealth>,
+    pub metrics: Arc<PipelineMetrics>,
+    /// The source's entity, to read records' block times ([`sluice_core::streams::event_time`]).
+    pub entity: Arc<str>,
 }
 
 impl Worker {
@@ -152,9 +159,15 @@ impl Worker {
         offsets: &[(u32, u64)],
     ) -> bool {
         Counters::add(&self.counters.received, records.len() as u64);
+        let mut metrics =
+            BatchMetrics { received: records.len() as u64, ..BatchMetrics::default() };
         let hold_ms = i64::try_from(self.settings.hold.as_millis()).unwrap_or(i64::MAX);
         let cutoff = self.clock.now().timestamp_millis().saturating_sub(hold_ms);
         let read = records.len();
+        let oldest_append_ms =
+            records.iter().filter(|r| r.timestamp_ms >= cutoff).map(|r| r.timestamp_ms).min();
+        let newest_block_ms = self.newest_block_time_ms(&records, cutoff);
+        let started = std::time::Instant::now();
         // The records move through the stages and into the sink batch: nothing is copied.
         let items: Vec<Item> = records
             .into_iter()
@@ -187,8 +200,17 @@ impl Worker {
         } else {
             plan.run(items, engines)
         };
+        metrics.processing_latency_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
         Counters::add(&self.counters.oom_restarts, outcome.oom_restarts);
         Counters::add(&self.counters.dead_lettered, outcome.failed.len() as u64);
+        metrics.processor_errors = outcome.failed.len() as u64;
+        if outcome.oom_restarts > 0 {
+            self.health.oom_killed(
+                self.clock.now(),
+                outcome.oom_restarts,
+                "script runtime ran out of memory; killed and restarted".to_owned(),
+            );
+        }
         let out: Vec<NewRecord> = outcome
             .out
             .into_iter()
@@ -198,6 +220,8 @@ impl Worker {
         let dead: Vec<NewRecord> =
             outcome.failed.into_iter().map(|failed| dead_letter(failed, now)).collect();
         let logs: Vec<NewRecord> = engines.take_logs().iter().map(log_record).collect();
+        // What was read and processed counts now; what is delivered counts when it is.
+        self.metrics.record(std::mem::take(&mut metrics));
         let Some((_, sink)) = plan.plan.sink_topics.first() else { return true };
         let sink = sink.as_str();
         let source = plan.plan.source.as_str();
@@ -208,7 +232,16 @@ impl Worker {
             let written = self.log.append_and_commit(&appends, group, source, offsets).await;
             match written {
                 Ok(_) => {
+                    metrics.sink_writes = 1;
                     Counters::add(&self.counters.sent, out.len() as u64);
+                    let now_ms = self.clock.now().timestamp_millis();
+                    metrics.sent = out.len() as u64;
+                    if !out.is_empty() {
+                        metrics.total_latency_ms =
+                            oldest_append_ms.map(|at| (now_ms - at).max(0) as f64);
+                        metrics.data_age_ms = newest_block_ms.map(|at| (now_ms - at).max(0));
+                    }
+                    self.metrics.record(metrics);
                     return true;
                 }
                 Err(error) => {
@@ -216,6 +249,11 @@ impl Worker {
                     if self.guarantee == DeliveryGuarantee::BestEffort {
                         tracing::warn!(%error, %sink, records = out.len(), "sink write failed; batch dropped (best_effort)");
                         Counters::add(&self.counters.dropped, out.len() as u64);
+                        self.metrics.record(BatchMetrics {
+                            output_errors: 1,
+                            sink_writes: 1,
+                            ..BatchMetrics::default()
+                        });
                         if let Err(error) = self.log.commit(group, source, offsets).await {
                             // The next successful commit covers this batch.
                             tracing::warn!(%error, %source, "offset commit failed");
@@ -223,6 +261,11 @@ impl Worker {
                         return true;
                     }
                     tracing::warn!(%error, %sink, ?backoff, "sink write failed; retrying (at_least_once)");
+                    self.metrics.record(BatchMetrics {
+                        output_errors: 1,
+                        sink_writes: 1,
+                        ..BatchMetrics::default()
+                    });
                     if !self.pause_for(backoff).await {
                         return false;
                     }
@@ -230,6 +273,25 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// The newest block time (unix ms) among the last unexpired record of each partition of
+    /// `records` (a partition's records are in order, so its last is its newest).
+    fn newest_block_time_ms(&self, records: &[Record], cutoff: i64) -> Option<i64> {
+        records
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| {
+                r.timestamp_ms >= cutoff
+                    && records.get(i + 1).is_none_or(|next| next.partition != r.partition)
+            })
+            .filter_map(|(_, r)| {
+                let value: serde_json::Map<String, serde_json::Value> =
+                    serde_json::from_slice(&r.value).ok()?;
+                sluice_core::streams::event_time(&self.entity, &value)
+            })
+            .map(|at| at.timestamp_millis())
+            .max()
     }
 
     /// Sleeps for `length` unless stopped first; false when stopped.

@@ -9,6 +9,7 @@
 //! crate must not depend on the runtime or the API.
 
 mod datasets;
+pub mod metrics;
 mod migrations;
 mod postgres;
 pub mod prices;
@@ -24,6 +25,7 @@ use sluice_core::permission::{Access, Grants};
 use sluice_core::pipeline::Pipeline;
 
 pub use datasets::{DatasetStore, EntriesChange, EntryPage};
+pub use metrics::{MetricSample, MetricsStore};
 pub use postgres::PgStore;
 pub use prices::{PriceStore, open_prices};
 pub use sqlite::SqliteStore;
@@ -86,7 +88,7 @@ pub struct FilterValuePage {
 
 /// Durable metadata. Every method is one transaction.
 #[async_trait]
-pub trait MetadataStore: DatasetStore + Send + Sync + 'static {
+pub trait MetadataStore: DatasetStore + MetricsStore + Send + Sync + 'static {
     /// Checks the database answers.
     async fn ping(&self) -> Result<()>;
 

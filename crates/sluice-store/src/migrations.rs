@@ -75,6 +75,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             postgres: include_str!("migrations/0004_prices.postgres.sql"),
         },
     },
+    Migration {
+        version: 5,
+        name: "metrics",
+        sql: Sql::Portable(include_str!("migrations/0005_metrics.sql")),
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

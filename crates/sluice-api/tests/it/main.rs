@@ -11,5 +11,6 @@ mod permissions;
 mod pipelines;
 mod prices;
 mod scripts;
+mod stats;
 mod transforms;
 mod validation;

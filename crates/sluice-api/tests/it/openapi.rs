@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 40] = [
+const ROUTES: [(&str, &str); 43] = [
     ("post", "/api/v1/beam"),
     ("get", "/api/v1/beam"),
     ("get", "/api/v1/beam/sources"),
@@ -47,6 +47,9 @@ const ROUTES: [(&str, &str); 40] = [
     ("get", "/readyz"),
     ("get", "/api/v1/openapi.json"),
     ("get", "/docs"),
+    ("get", "/api/v1/beam/{config_id}/deploy/stats"),
+    ("get", "/api/v1/beam/{config_id}/deploy/metrics"),
+    ("get", "/metrics"),
 ];
 
 #[tokio::test]

@@ -4,4 +4,5 @@
 
 mod conformance;
 mod datasets;
+mod metrics;
 mod prices;

@@ -1,0 +1,613 @@
+//! Worker health (`GET …/deploy/stats`), deployment metrics (`GET …/deploy/metrics`) and the
+//! Prometheus exposition (`GET /metrics`). Semantics and choices: `docs/metrics.md`.
+
+use std::fmt::Write as _;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::IntoResponse;
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+use sluice_core::permission::Permission;
+use sluice_core::validation::{Loc, Violation};
+use sluice_runtime::WorkerStatus;
+use sluice_store::MetricSample;
+use sluice_store::metrics::{Histogram, LATENCY_BOUNDS_MS};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+
+/// One worker of a deployment.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkerHealthItem {
+    /// `<config_id>-worker-<index>`.
+    pub name: String,
+    /// `Running`, `Restarting` (waiting to start again after a failure) or
+    /// `CrashLoopBackOff` (waiting, and crash-looping).
+    pub status: String,
+    /// Running and reading its partitions.
+    pub is_ready: bool,
+    /// Restarted 3 or more times within the last 5 minutes.
+    pub is_crash_looping: bool,
+    /// Its latest restart, within the last 5 minutes, was its script engine killed for memory.
+    pub is_oom_killed: bool,
+    /// Restarts (crashes and OOM kills) since the deployment started its workers.
+    pub restart_count: u64,
+    /// When the worker, or its latest restart, started (ISO 8601 UTC).
+    pub start_time: String,
+    /// Script engines of this worker killed for memory since the deployment started.
+    pub oom_kill_count: u64,
+    /// When it last restarted; null if never.
+    pub last_restart_time: Option<String>,
+    /// Why it last restarted; null if never.
+    pub last_error: Option<String>,
+}
+
+/// SPEC "Deployment worker health".
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkersHealth {
+    pub total_workers: usize,
+    /// Ready and not crash-looping.
+    pub healthy_workers: usize,
+    /// Not ready, or crash-looping (`total_workers - healthy_workers`).
+    pub unhealthy_workers: usize,
+    pub crashing_workers: usize,
+    pub oom_killed_workers: usize,
+    pub workers: Vec<WorkerHealthItem>,
+}
+
+/// `{"workers_health": {...}}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StatsBody {
+    pub workers_health: WorkersHealth,
+}
+
+impl WorkersHealth {
+    fn from_statuses(statuses: Vec<WorkerStatus>) -> Self {
+        let healthy = statuses.iter().filter(|w| w.is_ready && !w.is_crash_looping).count();
+        Self {
+            total_workers: statuses.len(),
+            healthy_workers: healthy,
+            unhealthy_workers: statuses.len() - healthy,
+            crashing_workers: statuses.iter().filter(|w| w.is_crash_looping).count(),
+            oom_killed_workers: statuses.iter().filter(|w| w.is_oom_killed).count(),
+            workers: statuses
+                .into_iter()
+                .map(|w| WorkerHealthItem {
+                    name: w.name,
+                    status: w.status.to_owned(),
+                    is_ready: w.is_ready,
+                    is_crash_looping: w.is_crash_looping,
+                    is_oom_killed: w.is_oom_killed,
+                    restart_count: w.restart_count,
+                    start_time: sluice_core::time::format(w.start_time),
+                    oom_kill_count: w.oom_kill_count,
+                    last_restart_time: w.last_restart_time.map(sluice_core::time::format),
+                    last_error: w.last_error,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Health of the pipeline's workers (read permission). A pipeline that is not deployed, or
+/// is paused, has no workers: every count is 0.
+#[utoipa::path(
+    get, path = "/api/v1/beam/{config_id}/deploy/stats", tag = "deployments",
+    params(("config_id" = String, Path, description = "Pipeline id")),
+    responses(
+        (status = 200, description = "Worker health", body = StatsBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such pipeline", body = ErrorBody),
+        (status = 503, description = "This process runs no pipelines", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn deploy_stats(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(config_id): Path<String>,
+) -> Result<Json<StatsBody>, ApiError> {
+    caller.pipeline(&state, &config_id, Permission::Read).await?;
+    let runtime = state.runtime()?;
+    let statuses = runtime.worker_health(&config_id).await;
+    Ok(Json(StatsBody { workers_health: WorkersHealth::from_statuses(statuses) }))
+}
+
+/// The seven metric types of SPEC "Deployment metrics", in response order.
+pub const METRIC_TYPES: [&str; 7] = [
+    "messages_received",
+    "messages_sent",
+    "total_latency",
+    "processing_latency",
+    "processor_error",
+    "output_error",
+    "data_age",
+];
+
+/// Query of `GET …/deploy/metrics`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MetricsQuery {
+    /// `1h` (60 one-minute points), `1d` (96 fifteen-minute points) or `1w` (168 one-hour
+    /// points); default `1h`.
+    pub time_range: Option<String>,
+    /// `true` returns one summary, `false` (default) time-series points.
+    pub aggregated: Option<String>,
+    /// Comma-separated metric types (default all): `messages_received`, `messages_sent`,
+    /// `total_latency`, `processing_latency`, `processor_error`, `output_error`, `data_age`.
+    pub metrics: Option<String>,
+}
+
+/// A time range of the metrics endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Range {
+    name: &'static str,
+    /// Width of a point.
+    step: Duration,
+    /// Points in the range.
+    points: i64,
+}
+
+impl Range {
+    fn parse(text: &str) -> Option<Self> {
+        match text {
+            "1h" => Some(Self { name: "1h", step: Duration::minutes(1), points: 60 }),
+            "1d" => Some(Self { name: "1d", step: Duration::minutes(15), points: 96 }),
+            "1w" => Some(Self { name: "1w", step: Duration::hours(1), points: 168 }),
+            _ => None,
+        }
+    }
+
+    fn minutes(self) -> f64 {
+        (self.step.num_minutes() * self.points) as f64
+    }
+
+    /// Start (unix ms) of the first point and the end of the last one, the last point being
+    /// the one `now` falls in.
+    fn bounds(self, now: DateTime<Utc>) -> (i64, i64) {
+        let step = self.step.num_milliseconds();
+        let last = now.timestamp_millis().div_euclid(step) * step;
+        (last - (self.points - 1) * step, last + step)
+    }
+}
+
+struct Checked {
+    range: Range,
+    aggregated: bool,
+    metrics: Vec<&'static str>,
+}
+
+fn check(query: MetricsQuery) -> Result<Checked, ApiError> {
+    let mut violations = Vec::new();
+    let range = match query.time_range.as_deref() {
+        None => Range::parse("1h"),
+        Some(text) => Range::parse(text),
+    };
+    if range.is_none() {
+        violations.push(Violation::value(
+            &Loc::query("time_range"),
+            "time_range must be one of 1h, 1d, 1w",
+        ));
+    }
+    let aggregated = match query.aggregated.as_deref() {
+        None | Some("false") => Some(false),
+        Some("true") => Some(true),
+        Some(_) => None,
+    };
+    if aggregated.is_none() {
+        violations.push(Violation::new(
+            &Loc::query("aggregated"),
+            "bool_parsing",
+            "aggregated must be true or false",
+        ));
+    }
+    let mut metrics = Vec::new();
+    match query.metrics.as_deref() {
+        None => metrics.extend(METRIC_TYPES),
+        Some(list) => {
+            for name in list.split(',').map(str::trim) {
+                match METRIC_TYPES.iter().find(|known| **known == name) {
+                    Some(known) if !metrics.contains(known) => metrics.push(*known),
+                    Some(_) => {}
+                    None => violations.push(Violation::value(
+                        &Loc::query("metrics"),
+                        format!(
+                            "unknown metric type '{name}'; expected a comma-separated list of {}",
+                            METRIC_TYPES.join(", ")
+                        ),
+                    )),
+                }
+            }
+        }
+    }
+    match (range, aggregated, violations.is_empty()) {
+        (Some(range), Some(aggregated), true) => Ok(Checked { range, aggregated, metrics }),
+        _ => Err(ApiError::Validation(violations)),
+    }
+}
+
+/// One point of a series.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MetricPoint {
+    /// Start of the point's interval (ISO 8601 UTC).
+    pub timestamp: String,
+    pub value: f64,
+}
+
+/// One metric type's series.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MetricSeries {
+    pub metric_type: String,
+    pub points: Vec<MetricPoint>,
+}
+
+/// `aggregated=false`: a series per metric type.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MetricsBody {
+    pub config_id: String,
+    pub metrics: Vec<MetricSeries>,
+}
+
+/// Latency percentiles in milliseconds; null without a batch in the range.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LatencySummary {
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+    /// Always `ms`.
+    pub unit: &'static str,
+}
+
+/// Latency of one processing path.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PathLatency {
+    /// `transforms`: the pipeline's whole transform chain.
+    pub path: String,
+    pub latency: LatencySummary,
+}
+
+/// Counts over the whole range.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct MetricTotals {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages_received: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages_sent: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processor_error: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_error: Option<u64>,
+}
+
+/// `aggregated=true` (REFERENCE §6). Fields of metric types not asked for are left out.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AggregatedMetricsBody {
+    /// The config id.
+    pub pipeline_id: String,
+    /// Echo of the query.
+    pub time_range: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages_received_per_min: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages_sent_per_min: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_latency: Option<LatencySummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processing_latency: Option<Vec<PathLatency>>,
+    /// Records a transform failed on / records received (0 when none was received).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processor_error_rate: Option<f64>,
+    /// Failed sink writes / sink writes (0 when none was attempted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_error_rate: Option<f64>,
+    /// SPEC `data_age`: how old the newest delivered record was, by its block time, at the
+    /// latest delivery in the range; null when nothing with a block time was delivered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<i64>)]
+    pub data_age_ms: Option<Option<i64>>,
+    /// The same value under the hosted service's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<i64>)]
+    pub data_freshness_ms: Option<Option<i64>>,
+    /// Counts over the range, of the count metric types asked for.
+    pub totals: MetricTotals,
+}
+
+/// A response of the metrics endpoint.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum MetricsResponse {
+    Series(MetricsBody),
+    Aggregated(Box<AggregatedMetricsBody>),
+}
+
+/// Metrics of the pipeline's workers (read permission), kept across restarts, from the
+/// point the clock is in back over the range. Counts are per point; latencies are the mean
+/// in milliseconds of the batches of the point (points without a batch are left out); data
+/// age is in milliseconds.
+#[utoipa::path(
+    get, path = "/api/v1/beam/{config_id}/deploy/metrics", tag = "deployments",
+    params(("config_id" = String, Path, description = "Pipeline id"), MetricsQuery),
+    responses(
+        (status = 200, description = "Time series, or with `aggregated=true` one summary", body = MetricsResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such pipeline", body = ErrorBody),
+        (status = 422, description = "Bad query parameter", body = ValidationErrorBody),
+        (status = 503, description = "This process runs no pipelines", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn deploy_metrics(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(config_id): Path<String>,
+    query: Result<Query<MetricsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<MetricsResponse>, ApiError> {
+    let Query(query) = query.map_err(|rejection| {
+        ApiError::Validation(vec![Violation::new(
+            &Loc::query("time_range"),
+            "query",
+            rejection.body_text(),
+        )])
+    })?;
+    let checked = check(query)?;
+    caller.pipeline(&state, &config_id, Permission::Read).await?;
+    let runtime = state.runtime()?;
+    let (from, until) = checked.range.bounds(state.clock.now());
+    let samples = runtime.metrics().samples(&config_id, from, until).await?;
+    if checked.aggregated {
+        return Ok(Json(MetricsResponse::Aggregated(Box::new(aggregate(
+            config_id,
+            checked.range,
+            &checked.metrics,
+            &samples,
+        )))));
+    }
+    // Merge the minutes into the range's points.
+    let step = checked.range.step.num_milliseconds();
+    let mut points: Vec<MetricSample> =
+        vec![MetricSample::default(); checked.range.points as usize];
+    for (minute, sample) in &samples {
+        if let Ok(index) = usize::try_from((minute - from) / step) {
+            if let Some(point) = points.get_mut(index) {
+                point.merge(sample);
+            }
+        }
+    }
+    let timestamp = |index: usize| {
+        DateTime::from_timestamp_millis(from + index as i64 * step)
+            .map(sluice_core::time::format)
+            .unwrap_or_default()
+    };
+    let metrics = checked
+        .metrics
+        .iter()
+        .map(|metric_type| {
+            let value = |point: &MetricSample| -> Option<f64> {
+                match *metric_type {
+                    "messages_received" => Some(point.received as f64),
+                    "messages_sent" => Some(point.sent as f64),
+                    "processor_error" => Some(point.processor_errors as f64),
+                    "output_error" => Some(point.output_errors as f64),
+                    "total_latency" => point.total_latency.mean_ms(),
+                    "processing_latency" => point.processing_latency.mean_ms(),
+                    _ => point.data_age_ms.map(|ms| ms as f64),
+                }
+            };
+            MetricSeries {
+                metric_type: (*metric_type).to_owned(),
+                points: points
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(index, point)| {
+                        value(point).map(|value| MetricPoint { timestamp: timestamp(index), value })
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    Ok(Json(MetricsResponse::Series(MetricsBody { config_id, metrics })))
+}
+
+fn summary(histogram: &Histogram) -> LatencySummary {
+    LatencySummary {
+        p50: histogram.quantile_ms(0.5),
+        p90: histogram.quantile_ms(0.9),
+        p99: histogram.quantile_ms(0.99),
+        unit: "ms",
+    }
+}
+
+fn aggregate(
+    config_id: String,
+    range: Range,
+    metrics: &[&str],
+    samples: &[(i64, MetricSample)],
+) -> AggregatedMetricsBody {
+    let mut all = MetricSample::default();
+    for (_, sample) in samples {
+        all.merge(sample);
+    }
+    let wants = |name: &str| metrics.contains(&name);
+    let ratio = |part: u64, whole: u64| if whole == 0 { 0.0 } else { part as f64 / whole as f64 };
+    AggregatedMetricsBody {
+        pipeline_id: config_id,
+        time_range: range.name.to_owned(),
+        messages_received_per_min: wants("messages_received")
+            .then(|| all.received as f64 / range.minutes()),
+        messages_sent_per_min: wants("messages_sent").then(|| all.sent as f64 / range.minutes()),
+        total_latency: wants("total_latency").then(|| summary(&all.total_latency)),
+        processing_latency: wants("processing_latency").then(|| {
+            vec![PathLatency {
+                path: "transforms".to_owned(),
+                latency: summary(&all.processing_latency),
+            }]
+        }),
+        processor_error_rate: wants("processor_error")
+            .then(|| ratio(all.processor_errors, all.received)),
+        output_error_rate: wants("output_error").then(|| ratio(all.output_errors, all.sink_writes)),
+        data_age_ms: wants("data_age").then_some(all.data_age_ms),
+        data_freshness_ms: wants("data_age").then_some(all.data_age_ms),
+        totals: MetricTotals {
+            messages_received: wants("messages_received").then_some(all.received),
+            messages_sent: wants("messages_sent").then_some(all.sent),
+            processor_error: wants("processor_error").then_some(all.processor_errors),
+            output_error: wants("output_error").then_some(all.output_errors),
+        },
+    }
+}
+
+/// Prometheus text exposition (no API key): per pipeline that ran in this process since it
+/// started (label `config_id`), the counters, the latency histograms in seconds and the
+/// latest data age; per running deployment, its workers by health.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String)))]
+pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
+    let mut out = String::new();
+    if let Some(runtime) = state.runtime.as_ref() {
+        let totals = runtime.metrics().totals();
+        let counters: [(&str, &str, CountOf); 4] = [
+            ("messages_received", "Records read from the source.", |t| t.received),
+            ("messages_sent", "Records delivered to the sink.", |t| t.sent),
+            ("processor_errors", "Records a transform failed on (dead-lettered).", |t| {
+                t.processor_errors
+            }),
+            ("output_errors", "Failed sink writes.", |t| t.output_errors),
+        ];
+        for (name, help, get) in counters {
+            let _ = writeln!(out, "# HELP sluice_pipeline_{name}_total {help}");
+            let _ = writeln!(out, "# TYPE sluice_pipeline_{name}_total counter");
+            for (id, t) in &totals {
+                let _ = writeln!(
+                    out,
+                    "sluice_pipeline_{name}_total{{config_id=\"{}\"}} {}",
+                    escape(id),
+                    get(t)
+                );
+            }
+        }
+        let histograms: [(&str, &str, HistogramOf); 2] = [
+            (
+                "total_latency",
+                "Per delivered batch: delivery time minus the source append time of its oldest record.",
+                |t| &t.total_latency,
+            ),
+            ("processing_latency", "Per batch: time in the transforms.", |t| &t.processing_latency),
+        ];
+        for (name, help, get) in histograms {
+            let metric = format!("sluice_pipeline_{name}_seconds");
+            let _ = writeln!(out, "# HELP {metric} {help}");
+            let _ = writeln!(out, "# TYPE {metric} histogram");
+            for (id, t) in &totals {
+                let histogram = get(t);
+                let id = escape(id);
+                let mut cumulative = 0;
+                for (bound, count) in LATENCY_BOUNDS_MS.iter().zip(histogram.counts.iter()) {
+                    cumulative += count;
+                    let le = bound / 1000.0;
+                    let _ = writeln!(
+                        out,
+                        "{metric}_bucket{{config_id=\"{id}\",le=\"{le}\"}} {cumulative}"
+                    );
+                }
+                let _ = writeln!(
+                    out,
+                    "{metric}_bucket{{config_id=\"{id}\",le=\"+Inf\"}} {}",
+                    histogram.count
+                );
+                let _ = writeln!(
+                    out,
+                    "{metric}_sum{{config_id=\"{id}\"}} {}",
+                    histogram.sum_ms / 1000.0
+                );
+                let _ = writeln!(out, "{metric}_count{{config_id=\"{id}\"}} {}", histogram.count);
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP sluice_pipeline_data_age_seconds Age of the newest delivered record by its block time, at the latest delivery."
+        );
+        let _ = writeln!(out, "# TYPE sluice_pipeline_data_age_seconds gauge");
+        for (id, t) in &totals {
+            if let Some(ms) = t.data_age_ms {
+                let _ = writeln!(
+                    out,
+                    "sluice_pipeline_data_age_seconds{{config_id=\"{}\"}} {}",
+                    escape(id),
+                    ms as f64 / 1000.0
+                );
+            }
+        }
+        let health = runtime.all_worker_health().await;
+        let _ = writeln!(
+            out,
+            "# HELP sluice_pipeline_workers Workers of running deployments, by health (a worker may count in several)."
+        );
+        let _ = writeln!(out, "# TYPE sluice_pipeline_workers gauge");
+        for (id, statuses) in &health {
+            let workers = WorkersHealth::from_statuses(statuses.clone());
+            let id = escape(id);
+            for (kind, n) in [
+                ("total", workers.total_workers),
+                ("healthy", workers.healthy_workers),
+                ("unhealthy", workers.unhealthy_workers),
+                ("crashing", workers.crashing_workers),
+                ("oom_killed", workers.oom_killed_workers),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "sluice_pipeline_workers{{config_id=\"{id}\",health=\"{kind}\"}} {n}"
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP sluice_pipeline_worker_restarts Restarts of running deployments' workers since they started."
+        );
+        let _ = writeln!(out, "# TYPE sluice_pipeline_worker_restarts gauge");
+        for (id, statuses) in &health {
+            let restarts: u64 = statuses.iter().map(|w| w.restart_count).sum();
+            let _ = writeln!(
+                out,
+                "sluice_pipeline_worker_restarts{{config_id=\"{}\"}} {restarts}",
+                escape(id)
+            );
+        }
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out)
+}
+
+type CountOf = fn(&sluice_runtime::metrics::Totals) -> u64;
+type HistogramOf = fn(&sluice_runtime::metrics::Totals) -> &Histogram;
+
+/// A label value as the text format wants it.
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn a_range_ends_with_the_point_now_falls_in() {
+        let now = Utc.with_ymd_and_hms(2026, 1, 1, 12, 34, 56).unwrap();
+        let minute = 60_000;
+        let (from, until) = Range::parse("1h").unwrap().bounds(now);
+        let last = Utc.with_ymd_and_hms(2026, 1, 1, 12, 34, 0).unwrap().timestamp_millis();
+        assert_eq!((until - from) / minute, 60);
+        assert_eq!(until, last + minute);
+        let (from, until) = Range::parse("1d").unwrap().bounds(now);
+        assert_eq!((until - from) / minute, 96 * 15);
+        assert_eq!(until, Utc.with_ymd_and_hms(2026, 1, 1, 12, 45, 0).unwrap().timestamp_millis());
+        let (from, until) = Range::parse("1w").unwrap().bounds(now);
+        assert_eq!((until - from) / minute, 168 * 60);
+        assert_eq!(from % (60 * minute), 0);
+        assert!(Range::parse("2h").is_none());
+    }
+}
