@@ -17,52 +17,8 @@ use sluice_store::{
 };
 use sqlx::postgres::PgConnectOptions;
 
-/// A store plus whatever keeps it alive (the SQLite temp dir).
-struct Fixture {
-    store: Arc<dyn MetadataStore>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-async fn sqlite() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
-    let store = SqliteStore::open(&url).await.unwrap();
-    // Opening again re-runs migrations, which must be a no-op.
-    drop(SqliteStore::open(&url).await.unwrap());
-    Fixture { store: Arc::new(store), _dir: Some(dir) }
-}
-
-async fn postgres() -> Fixture {
-    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
-        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let admin = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
-    admin.close().await;
-    let options = PgConnectOptions::from_str(&url).unwrap().options([("search_path", &schema)]);
-    let store = PgStore::open_with(options.clone()).await.unwrap();
-    drop(PgStore::open_with(options).await.unwrap());
-    Fixture { store: Arc::new(store), _dir: None }
-}
-
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
-        mod on_sqlite {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(super::sqlite().await.store).await;
-            })*
-        }
-        mod on_postgres {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(super::postgres().await.store).await;
-            })*
-        }
-    };
-}
-
-conformance!(
+on_both_backends!(
+    |store| Arc::new(store) as Arc<dyn MetadataStore>;
     identity_is_created_once_and_reused,
     operator_flag_upgrades_an_existing_user,
     keys_are_found_by_prefix_until_revoked,

@@ -1,56 +1,13 @@
 //! Datasets and their entries, run on a fresh SQLite file and in a fresh PostgreSQL schema of
 //! the server `scripts/test` starts (`SLUICE_TEST_POSTGRES_URL`; the tests fail without it).
 
-use std::str::FromStr;
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
-use sluice_store::{EntriesChange, Identity, MetadataStore, PgStore, SqliteStore};
-use sqlx::postgres::PgConnectOptions;
+use sluice_store::{EntriesChange, Identity, MetadataStore};
 
-struct Fixture {
-    store: Arc<dyn MetadataStore>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-async fn sqlite() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
-    let store = SqliteStore::open(&url).await.unwrap();
-    Fixture { store: Arc::new(store), _dir: Some(dir) }
-}
-
-async fn postgres() -> Fixture {
-    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
-        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let admin = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
-    admin.close().await;
-    let options = PgConnectOptions::from_str(&url).unwrap().options([("search_path", &schema)]);
-    Fixture { store: Arc::new(PgStore::open_with(options).await.unwrap()), _dir: None }
-}
-
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
-        mod on_sqlite {
-            $(#[tokio::test]
-            async fn $name() {
-                let fixture = super::sqlite().await;
-                super::$name(fixture.store.clone()).await;
-            })*
-        }
-        mod on_postgres {
-            $(#[tokio::test]
-            async fn $name() {
-                let fixture = super::postgres().await;
-                super::$name(fixture.store.clone()).await;
-            })*
-        }
-    };
-}
-
-conformance!(
+on_both_backends!(
+    |store| Arc::new(store) as Arc<dyn MetadataStore>;
     names_are_unique_per_owner_and_lists_are_oldest_first,
     datasets_of_other_users_are_invisible_and_untouched,
     entry_changes_count_what_changed_and_take_the_next_version,

@@ -1,57 +1,13 @@
 //! The price store on SQLite and PostgreSQL: exact candle merges, duplicates, late trades,
 //! decimals and reserves that follow the latest trade, history ranges and retention.
 
-use std::str::FromStr;
 use std::sync::Arc;
 
 use sluice_core::prices::{Amount, Granularity, TokenRef, Trade, TradeOrder};
 use sluice_store::prices::{PricePoint, PriceStore};
-use sluice_store::{PgStore, SqliteStore};
-use sqlx::postgres::PgConnectOptions;
 
-struct Fixture {
-    store: Arc<dyn PriceStore>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-async fn sqlite() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
-    let store = SqliteStore::open(&url).await.unwrap();
-    Fixture { store: Arc::new(store), _dir: Some(dir) }
-}
-
-async fn postgres() -> Fixture {
-    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
-        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let admin = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
-    admin.close().await;
-    let options = PgConnectOptions::from_str(&url).unwrap().options([("search_path", &schema)]);
-    Fixture { store: Arc::new(PgStore::open_with(options).await.unwrap()), _dir: None }
-}
-
-macro_rules! price_conformance {
-    ($($name:ident),* $(,)?) => {
-        mod on_sqlite {
-            $(#[tokio::test]
-            async fn $name() {
-                let fixture = super::sqlite().await;
-                super::$name(fixture.store.clone()).await;
-            })*
-        }
-        mod on_postgres {
-            $(#[tokio::test]
-            async fn $name() {
-                let fixture = super::postgres().await;
-                super::$name(fixture.store.clone()).await;
-            })*
-        }
-    };
-}
-
-price_conformance!(
+on_both_backends!(
+    |store| Arc::new(store) as Arc<dyn PriceStore>;
     candles_merge_exactly_and_duplicates_count_once,
     late_trades_update_the_window_they_belong_to,
     decimals_and_reserves_follow_the_latest_trade,
