@@ -284,13 +284,7 @@ impl PageQuery {
     fn from_query(
         query: Result<Query<RecordsQuery>, axum::extract::rejection::QueryRejection>,
     ) -> Result<Self, ApiError> {
-        let Query(query) = query.map_err(|rejection| {
-            ApiError::Validation(vec![sluice_core::validation::Violation::new(
-                &sluice_core::validation::Loc::query("offset"),
-                "query",
-                rejection.body_text(),
-            )])
-        })?;
+        let Query(query) = query.map_err(|rejection| bad_query("offset", &rejection))?;
         let limit = query.limit.unwrap_or(500);
         let wait_ms = query.wait_ms.unwrap_or(0);
         let mut violations = Vec::new();
@@ -409,9 +403,7 @@ pub async fn dead_letters(
             DeadLetter {
                 offset: record.offset,
                 key: String::from_utf8_lossy(&record.key).into_owned(),
-                timestamp: chrono::DateTime::from_timestamp_millis(record.timestamp_ms)
-                    .map(sluice_core::time::format)
-                    .unwrap_or_default(),
+                timestamp: append_time(record.timestamp_ms),
                 transform_uid: take("transform_uid").as_str().unwrap_or_default().to_owned(),
                 error: take("error").as_str().unwrap_or_default().to_owned(),
                 attempts: take("attempts")
@@ -430,9 +422,7 @@ impl From<sluice_bus::Record> for SinkRecord {
         Self {
             offset: record.offset,
             key: String::from_utf8_lossy(&record.key).into_owned(),
-            timestamp: chrono::DateTime::from_timestamp_millis(record.timestamp_ms)
-                .map(sluice_core::time::format)
-                .unwrap_or_default(),
+            timestamp: append_time(record.timestamp_ms),
             value: serde_json::from_slice(&record.value).unwrap_or_else(|_| {
                 Value::String(String::from_utf8_lossy(&record.value).into_owned())
             }),
@@ -481,13 +471,7 @@ pub async fn sink_records_stream(
     headers: axum::http::HeaderMap,
     query: Result<Query<TailQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let Query(query) = query.map_err(|rejection| {
-        ApiError::Validation(vec![sluice_core::validation::Violation::new(
-            &sluice_core::validation::Loc::query("offset"),
-            "query",
-            rejection.body_text(),
-        )])
-    })?;
+    let Query(query) = query.map_err(|rejection| bad_query("offset", &rejection))?;
     let last_event_id = match headers.get("last-event-id") {
         None => None,
         Some(value) => Some(
@@ -658,13 +642,7 @@ pub async fn pipeline_logs(
     query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<LogsBody>, ApiError> {
     let limit_loc = sluice_core::validation::Loc::query("limit");
-    let Query(query) = query.map_err(|rejection| {
-        ApiError::Validation(vec![sluice_core::validation::Violation::new(
-            &limit_loc,
-            "query",
-            rejection.body_text(),
-        )])
-    })?;
+    let Query(query) = query.map_err(|rejection| bad_query("limit", &rejection))?;
     let limit = query.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::Validation(vec![sluice_core::validation::Violation::value(
@@ -675,4 +653,20 @@ pub async fn pipeline_logs(
     caller.pipeline(&state, &config_id, Permission::Read).await?;
     let logs = state.runtime()?.script_logs(&config_id, limit as usize).await?;
     Ok(Json(LogsBody { logs }))
+}
+
+/// A query string that does not parse, as a 422 on `param`.
+fn bad_query(param: &str, rejection: &axum::extract::rejection::QueryRejection) -> ApiError {
+    ApiError::Validation(vec![sluice_core::validation::Violation::new(
+        &sluice_core::validation::Loc::query(param),
+        "query",
+        rejection.body_text(),
+    )])
+}
+
+/// A record's append time (Unix ms) as RFC 3339.
+fn append_time(timestamp_ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(timestamp_ms)
+        .map(sluice_core::time::format)
+        .unwrap_or_default()
 }
