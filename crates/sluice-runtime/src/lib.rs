@@ -579,8 +579,11 @@ struct DatasetSlot(std::sync::RwLock<Arc<dyn DatasetLookup>>);
 
 impl DatasetLookup for DatasetSlot {
     fn contains_any(&self, owner_user_id: &str, dataset: &str, values: &[&str]) -> bool {
-        let lookup = self.0.read().expect("dataset lookup lock is never poisoned").clone();
-        lookup.contains_any(owner_user_id, dataset, values)
+        self.0.read().expect("dataset lookup lock is never poisoned").contains_any(
+            owner_user_id,
+            dataset,
+            values,
+        )
     }
 }
 

@@ -13,14 +13,12 @@ use sluice_api::{AppState, Limits};
 use sluice_bus::EmbeddedLog;
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::ManualClock;
+use sluice_runtime::Runtime;
 use sluice_runtime::datasets::DatasetIndex;
-use sluice_runtime::{Runtime, RuntimeSettings};
 use sluice_store::{MetadataStore, SqliteStore};
 use tower::ServiceExt;
 
-const USDC: &str = "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913";
-const WETH: &str = "0x4200000000000000000000000000000000000006";
-const OTHER: &str = "0x1111111111111111111111111111111111111111";
+use crate::pipeline_stack::{OTHER, USDC, WETH, key_for, settings, settle, transfer};
 
 struct Stack {
     dir: tempfile::TempDir,
@@ -32,25 +30,6 @@ struct Stack {
     operator: String,
     owner: String,
     reader: String,
-}
-
-fn settings() -> RuntimeSettings {
-    RuntimeSettings {
-        idle_wait: Duration::from_millis(20),
-        initial_backoff: Duration::from_millis(10),
-        ..RuntimeSettings::default()
-    }
-}
-
-async fn key_for(
-    store: &dyn MetadataStore,
-    org: &str,
-    team: &str,
-    user: &str,
-    operator: bool,
-) -> String {
-    let identity = store.ensure_identity(org, team, user, operator).await.unwrap();
-    sluice_api::auth::issue_key(store, &identity.user.id, None).await.unwrap().unwrap()
 }
 
 impl Stack {
@@ -195,38 +174,8 @@ impl Stack {
 
     /// Waits until the deployment has read everything ingested so far.
     async fn settle(&self, id: &str) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        let group = sluice_bus::topics::deployment_group(id);
-        loop {
-            use sluice_bus::StreamLog as _;
-            let ends = self.log.offsets("base.erc20_token_transfer").await.unwrap();
-            let committed = self.log.committed(&group, "base.erc20_token_transfer").await.unwrap();
-            let caught_up = ends
-                .iter()
-                .enumerate()
-                .all(|(p, r)| committed.get(&(p as u32)).copied().unwrap_or(0) >= r.end);
-            assert!(tokio::time::Instant::now() < deadline, "deployment did not catch up");
-            if caught_up {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        settle(self.log.as_ref(), id).await;
     }
-}
-
-/// A transfer record numbered `n` (its key is unique per `n`).
-fn transfer(n: u64, token: &str) -> Value {
-    json!({
-        "n": n,
-        "block_number": 1000 + n / 10,
-        "block_timestamp": "2026-11-21T12:00:00Z",
-        "transaction_hash": format!("0x{n:064x}"),
-        "log_index": n % 10,
-        "token_address": token,
-        "from_address": OTHER,
-        "to_address": OTHER,
-        "amount_str": "1.5",
-    })
 }
 
 #[tokio::test]

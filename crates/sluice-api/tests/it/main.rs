@@ -8,6 +8,7 @@ mod filter_values;
 mod harness;
 mod openapi;
 mod permissions;
+mod pipeline_stack;
 mod pipelines;
 mod prices;
 mod scripts;

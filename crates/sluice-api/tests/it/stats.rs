@@ -17,13 +17,11 @@ use sluice_bus::{
 };
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::ManualClock;
-use sluice_runtime::{Runtime, RuntimeSettings};
+use sluice_runtime::Runtime;
 use sluice_store::{MetadataStore, SqliteStore};
 use tower::ServiceExt;
 
-const USDC: &str = "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913";
-const OTHER: &str = "0x1111111111111111111111111111111111111111";
-const SOURCE: &str = "base.erc20_token_transfer";
+use crate::pipeline_stack::{OTHER, SOURCE, USDC, key_for, settings, settle, transfer};
 
 /// The embedded log, whose reads of the source panic while `panics` is above zero (each
 /// panic takes one): a worker that crashes; and whose sink writes fail while `failures` is
@@ -132,25 +130,6 @@ struct Stack {
     operator: String,
     owner: String,
     stranger: String,
-}
-
-fn settings() -> RuntimeSettings {
-    RuntimeSettings {
-        idle_wait: Duration::from_millis(20),
-        initial_backoff: Duration::from_millis(10),
-        ..RuntimeSettings::default()
-    }
-}
-
-async fn key_for(
-    store: &dyn MetadataStore,
-    org: &str,
-    team: &str,
-    user: &str,
-    operator: bool,
-) -> String {
-    let identity = store.ensure_identity(org, team, user, operator).await.unwrap();
-    sluice_api::auth::issue_key(store, &identity.user.id, None).await.unwrap().unwrap()
 }
 
 impl Stack {
@@ -286,21 +265,7 @@ impl Stack {
 
     /// Waits until the deployment has read everything ingested so far.
     async fn settle(&self, id: &str) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        let group = sluice_bus::topics::deployment_group(id);
-        loop {
-            let ends = self.log.offsets(SOURCE).await.unwrap();
-            let committed = self.log.committed(&group, SOURCE).await.unwrap();
-            let caught_up = ends
-                .iter()
-                .enumerate()
-                .all(|(p, r)| committed.get(&(p as u32)).copied().unwrap_or(0) >= r.end);
-            assert!(tokio::time::Instant::now() < deadline, "deployment did not catch up");
-            if caught_up {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        settle(self.log.as_ref(), id).await;
     }
 
     async fn health(&self, id: &str) -> Value {
@@ -320,20 +285,6 @@ impl Stack {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-}
-
-fn transfer(n: u64, token: &str) -> Value {
-    json!({
-        "n": n,
-        "block_number": 1000 + n / 10,
-        "block_timestamp": "2026-11-21T12:00:00Z",
-        "transaction_hash": format!("0x{n:064x}"),
-        "log_index": n % 10,
-        "token_address": token,
-        "from_address": OTHER,
-        "to_address": OTHER,
-        "amount_str": "1.5",
-    })
 }
 
 fn usdc_filter() -> Value {

@@ -3,7 +3,6 @@
 //! automatic redeploy of a deployed pipeline with no record lost.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
@@ -15,11 +14,12 @@ use sluice_bus::EmbeddedLog;
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::ManualClock;
 use sluice_core::filter_values::{FilterValuesChange, FilterValuesListener};
-use sluice_runtime::{Runtime, RuntimeSettings};
+use sluice_runtime::Runtime;
 use sluice_store::{MetadataStore, SqliteStore};
 use tower::ServiceExt;
 
 use crate::harness::{Harness, User};
+use crate::pipeline_stack::{OTHER, USDC, WETH, key_for, settings, settle};
 
 const SCRIPT: &str = "function transform(r) { return r; }";
 
@@ -334,21 +334,12 @@ async fn put_answers_404_403_and_422_and_changes_nothing_then() {
 
 // ---- Deployed pipelines: a real runtime over an embedded log (as in deployments.rs). ----
 
-const USDC: &str = "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913";
-const WETH: &str = "0x4200000000000000000000000000000000000006";
-const OTHER: &str = "0x1111111111111111111111111111111111111111";
-
 struct Stack {
     _dir: tempfile::TempDir,
     log: Arc<EmbeddedLog>,
     state: AppState,
     operator: String,
     owner: String,
-}
-
-async fn key_for(store: &dyn MetadataStore, org: &str, user: &str, operator: bool) -> String {
-    let identity = store.ensure_identity(org, "team", user, operator).await.unwrap();
-    sluice_api::auth::issue_key(store, &identity.user.id, None).await.unwrap().unwrap()
 }
 
 impl Stack {
@@ -359,19 +350,14 @@ impl Stack {
         let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
         let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
         let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
-        let operator = key_for(store.as_ref(), "sluice", "admin", true).await;
-        let owner = key_for(store.as_ref(), "acme", "ann", false).await;
-        let settings = RuntimeSettings {
-            idle_wait: Duration::from_millis(20),
-            initial_backoff: Duration::from_millis(10),
-            ..RuntimeSettings::default()
-        };
+        let operator = key_for(store.as_ref(), "sluice", "team", "admin", true).await;
+        let owner = key_for(store.as_ref(), "acme", "team", "ann", false).await;
         let runtime = Runtime::start(
             store.clone(),
             log.clone(),
             Arc::new(Catalog::default()),
             clock.clone(),
-            settings,
+            settings(),
         )
         .await
         .unwrap();
@@ -452,22 +438,7 @@ impl Stack {
     /// Waits until the deployment has read everything ingested so far (a generous deadline
     /// fails the test; it measures nothing).
     async fn settle(&self, id: &str) {
-        use sluice_bus::StreamLog as _;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        let group = sluice_bus::topics::deployment_group(id);
-        loop {
-            let ends = self.log.offsets("base.erc20_token_transfer").await.unwrap();
-            let committed = self.log.committed(&group, "base.erc20_token_transfer").await.unwrap();
-            let caught_up = ends
-                .iter()
-                .enumerate()
-                .all(|(p, r)| committed.get(&(p as u32)).copied().unwrap_or(0) >= r.end);
-            if caught_up {
-                return;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "deployment did not catch up");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        settle(self.log.as_ref(), id).await;
     }
 
     async fn deployment_state(&self, id: &str) -> Option<sluice_core::deployment::DeploymentState> {
