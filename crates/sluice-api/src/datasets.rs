@@ -357,11 +357,20 @@ pub async fn delete_dataset(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Adds `values` to the caller's `dataset` and tells the listener.
-async fn add_entries(
+/// Whether a change adds or removes entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EntriesOp {
+    Add,
+    Remove,
+}
+
+/// Adds `values` to (or removes them from) the caller's `dataset`, tells the listener, and
+/// answers how many entries changed.
+async fn change_entries(
     state: &AppState,
     dataset: Dataset,
     values: Vec<String>,
+    op: EntriesOp,
 ) -> Result<Json<CountBody>, ApiError> {
     let at = state.clock.now();
     let given = values.len();
@@ -369,17 +378,31 @@ async fn add_entries(
         let state = state.clone();
         async move {
             let (owner, id) = (&dataset.owner_user_id, &dataset.id);
-            let change = state.store.add_dataset_entries(owner, id, &values, at).await?;
+            let change = match op {
+                EntriesOp::Add => state.store.add_dataset_entries(owner, id, &values, at).await?,
+                EntriesOp::Remove => {
+                    state.store.remove_dataset_entries(owner, id, &values, at).await?
+                }
+            };
             let change = change.ok_or_else(|| not_found(id))?;
-            state.dataset_listener.changed(
-                DatasetRef::of(&dataset),
-                DatasetChange::Added { version: change.version, values: &values },
-            );
+            let (version, values) = (change.version, values.as_slice());
+            let heard = match op {
+                EntriesOp::Add => DatasetChange::Added { version, values },
+                EntriesOp::Remove => DatasetChange::Removed { version, values },
+            };
+            state.dataset_listener.changed(DatasetRef::of(&dataset), heard);
             Ok((dataset.id, change.count))
         }
     })
     .await?;
-    tracing::info!(%dataset_id, given, added = count, "dataset entries added");
+    match op {
+        EntriesOp::Add => {
+            tracing::info!(%dataset_id, given, added = count, "dataset entries added")
+        }
+        EntriesOp::Remove => {
+            tracing::info!(%dataset_id, given, removed = count, "dataset entries deleted");
+        }
+    }
     Ok(Json(CountBody { count }))
 }
 
@@ -408,7 +431,7 @@ pub async fn add_entries_by_id(
     caller.require_pipelines()?;
     let dataset = owned(&state, &caller, &path.dataset_id).await?;
     let (_, values) = read_entries(&state, body, false)?;
-    add_entries(&state, dataset, values).await
+    change_entries(&state, dataset, values, EntriesOp::Add).await
 }
 
 /// Add entries to the caller's dataset of a given name; values already in it are ignored.
@@ -437,7 +460,7 @@ pub async fn add_entries_by_name(
     let dataset = state.store.dataset_by_name(&caller.0.user_id, &name).await?;
     let dataset =
         dataset.ok_or_else(|| ApiError::NotFound(format!("Dataset named {name} not found")))?;
-    add_entries(&state, dataset, values).await
+    change_entries(&state, dataset, values, EntriesOp::Add).await
 }
 
 /// Delete entries from a dataset; values not in it are ignored. Applies immediately.
@@ -465,24 +488,7 @@ pub async fn delete_entries(
     caller.require_pipelines()?;
     let dataset = owned(&state, &caller, &path.dataset_id).await?;
     let (_, values) = read_entries(&state, body, false)?;
-    let at = state.clock.now();
-    let given = values.len();
-    let (dataset_id, count) = committed({
-        let state = state.clone();
-        async move {
-            let (owner, id) = (&dataset.owner_user_id, &dataset.id);
-            let change = state.store.remove_dataset_entries(owner, id, &values, at).await?;
-            let change = change.ok_or_else(|| not_found(id))?;
-            state.dataset_listener.changed(
-                DatasetRef::of(&dataset),
-                DatasetChange::Removed { version: change.version, values: &values },
-            );
-            Ok((dataset.id, change.count))
-        }
-    })
-    .await?;
-    tracing::info!(%dataset_id, given, removed = count, "dataset entries deleted");
-    Ok(Json(CountBody { count }))
+    change_entries(&state, dataset, values, EntriesOp::Remove).await
 }
 
 /// List a dataset's entries in ascending (bytewise) order.
