@@ -659,8 +659,12 @@ async fn failed_sink_writes_are_output_errors_and_the_held_batch_is_sent_once() 
     let stack = Stack::new().await;
     let id = stack.create(usdc_filter(), "S").await;
     stack.action(&id, "deploy").await;
+    // Paused while the records arrive, so the resumed worker reads all four in one round
+    // (a running worker may see an append's partitions in two rounds: two sink writes).
+    stack.action(&id, "pause").await;
     stack.log.failures.store(3, Ordering::SeqCst);
     stack.ingest(&[(1, USDC), (2, OTHER), (3, USDC), (4, USDC)]).await;
+    stack.action(&id, "deploy").await;
     stack.delivered(&id, 3).await;
     stack.settle(&id).await;
     let hour = stack.get(&format!("/api/v1/beam/{id}/deploy/metrics")).await;
