@@ -10,7 +10,11 @@
 //! starts a fresh service over the same database (loading the in-memory latest minutes) and
 //! times the query functions the endpoints call, without HTTP:
 //! - latest price of the 200 busy tokens (2,000 calls);
-//! - history of 50 busy tokens × the last day at 1m (72,000 points, one page; 30 calls).
+//! - history of 50 busy tokens × the last day at 1m (72,000 points, one page; 30 calls),
+//!   answered from the recent candles in memory, and the same read from the store only.
+//!
+//! With `--reuse` as a fourth argument the load is skipped (the database already holds it
+//! from an earlier run; the history range is then the last day before now).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -35,11 +39,12 @@ fn main() {
     let url = args.next().expect("usage: query_bench <database url> [tokens] [days]");
     let tokens: usize = args.next().map_or(10_000, |n| n.parse().unwrap());
     let days: i64 = args.next().map_or(30, |n| n.parse().unwrap());
+    let reuse = args.next().is_some_and(|a| a == "--reuse");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    runtime.block_on(run(url, tokens, days));
+    runtime.block_on(run(url, tokens, days, reuse));
 }
 
-async fn run(url: String, token_count: usize, days: i64) {
+async fn run(url: String, token_count: usize, days: i64, reuse: bool) {
     let addresses: Vec<TokenRef> =
         (0..token_count).map(|i| TokenRef::new("base", &format!("0x{i:040x}"))).collect();
     let now = Utc::now().timestamp();
@@ -83,23 +88,32 @@ async fn run(url: String, token_count: usize, days: i64) {
 
     let store = sluice_store::open_prices(&url).await.unwrap();
     let clock = Arc::new(SystemClock);
-    let loader =
-        PriceService::start(store.clone(), clock.clone(), PriceSettings::default()).await.unwrap();
-    let began = Instant::now();
-    for batch in trades.chunks(BATCH) {
-        loader.ingest(batch.to_vec()).await.unwrap();
+    if !reuse {
+        let loader = PriceService::start(store.clone(), clock.clone(), PriceSettings::default())
+            .await
+            .unwrap();
+        let began = Instant::now();
+        for batch in trades.chunks(BATCH) {
+            loader.ingest(batch.to_vec()).await.unwrap();
+        }
+        let load = began.elapsed();
+        println!(
+            "loaded in {:.1} s ({:.0} trades/s, durable, through the store)",
+            load.as_secs_f64(),
+            trades.len() as f64 / load.as_secs_f64()
+        );
     }
-    let load = began.elapsed();
-    println!(
-        "loaded in {:.1} s ({:.0} trades/s, durable, through the store)",
-        load.as_secs_f64(),
-        trades.len() as f64 / load.as_secs_f64()
-    );
     drop(trades);
 
     let began = Instant::now();
     let service = PriceService::start(store, clock, PriceSettings::default()).await.unwrap();
     println!("fresh service loaded its memory in {:.2} s", began.elapsed().as_secs_f64());
+    let (points, bytes) = service.recent_footprint();
+    println!(
+        "recent candles in memory: {points} points, {:.1} MiB, {:.1} bytes per point",
+        bytes as f64 / 1_048_576.0,
+        bytes as f64 / points.max(1) as f64
+    );
 
     let busy: Vec<TokenRef> = addresses.iter().take(200).cloned().collect();
     let mut samples = Vec::new();
@@ -121,18 +135,27 @@ async fn run(url: String, token_count: usize, days: i64) {
         start: (now - 86_400) * 1_000_000,
         end: now * 1_000_000,
     };
-    let mut samples = Vec::new();
-    let mut points = 0;
-    for _ in 0..30 {
-        let began = Instant::now();
-        let page = service.history(&query, None).await.unwrap();
-        samples.push(began.elapsed());
-        assert!(page.cursor.is_none());
-        points = page.series.iter().map(|s| s.points.len()).sum::<usize>();
+    let memory = service.history(&query, None).await.unwrap();
+    assert_eq!(memory, service.history_from_store(&query, None).await.unwrap());
+    for from_memory in [true, false] {
+        let mut samples = Vec::new();
+        let mut points = 0;
+        for _ in 0..30 {
+            let began = Instant::now();
+            let page = if from_memory {
+                service.history(&query, None).await.unwrap()
+            } else {
+                service.history_from_store(&query, None).await.unwrap()
+            };
+            samples.push(began.elapsed());
+            assert!(page.cursor.is_none());
+            points = page.series.iter().map(|s| s.points.len()).sum::<usize>();
+        }
+        println!(
+            "history{}, 50 tokens x 1 day at 1m ({points} points): p50 {:.2} ms, p99 {:.2} ms",
+            if from_memory { "" } else { " from the store" },
+            percentile(&mut samples, 0.5),
+            percentile(&mut samples, 0.99)
+        );
     }
-    println!(
-        "history, 50 tokens x 1 day at 1m ({points} points): p50 {:.1} ms, p99 {:.1} ms",
-        percentile(&mut samples, 0.5),
-        percentile(&mut samples, 0.99)
-    );
 }

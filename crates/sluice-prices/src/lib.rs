@@ -10,10 +10,12 @@
 
 mod consumer;
 mod cursor;
+mod recent;
 mod service;
 pub mod trade;
 
 pub use consumer::{ConsumerSettings, GROUP, TradeSource, spawn_consumer, trade_topics};
+pub use recent::HOT_HORIZON_SECONDS;
 pub use service::{
     DEDUP_HORIZON_SECONDS, HistoryPage, HistoryQuery, HistorySeries, IngestReport, LatestPrice,
     NO_TRADE_CUTOFF_SECONDS, PriceError, PriceService, PriceSettings,

@@ -12,6 +12,7 @@ use sluice_store::StoreError;
 use sluice_store::prices::{Applied, PricePoint, PriceStore};
 
 use crate::cursor::HistoryCursor;
+use crate::recent::{RecentCandles, horizon};
 
 /// Seconds in a day.
 const DAY: i64 = 86_400;
@@ -28,6 +29,10 @@ pub const DEDUP_HORIZON_SECONDS: i64 = 30 * DAY;
 /// recent completed minute even when the current one (or a trade stamped slightly ahead of
 /// the clock) already has a window.
 const HOT_MINUTES: usize = 4;
+
+/// Least time between two reloads of the recent candles after another writer changed the
+/// stored ones (seconds): a reload reads a day of candles.
+const RESYNC_INTERVAL_SECONDS: i64 = 600;
 
 /// How the service behaves; tests use small pages.
 #[derive(Debug, Clone, Copy)]
@@ -160,6 +165,13 @@ pub struct PriceService {
     clock: Arc<dyn Clock>,
     settings: PriceSettings,
     hot: RwLock<HashMap<TokenRef, HotToken>>,
+    /// Every token's recent history points, for history queries.
+    recent: RwLock<RecentCandles>,
+    /// Held by each ingest and reload, so that the batches of this service reach the store
+    /// and memory in the same order (memory then stays matched to the store's write count).
+    writing: tokio::sync::Mutex<()>,
+    /// When the recent candles were last reloaded (Unix seconds).
+    last_resync: std::sync::Mutex<Option<i64>>,
 }
 
 impl std::fmt::Debug for PriceService {
@@ -188,8 +200,17 @@ impl PriceService {
         clock: Arc<dyn Clock>,
         settings: PriceSettings,
     ) -> Result<Arc<Self>, PriceError> {
-        let service = Arc::new(Self { store, clock, settings, hot: RwLock::new(HashMap::new()) });
+        let service = Arc::new(Self {
+            store,
+            clock,
+            settings,
+            hot: RwLock::new(HashMap::new()),
+            recent: RwLock::new(RecentCandles::empty()),
+            writing: tokio::sync::Mutex::new(()),
+            last_resync: std::sync::Mutex::new(None),
+        });
         service.load().await?;
+        service.load_recent().await?;
         Ok(service)
     }
 
@@ -224,6 +245,38 @@ impl PriceService {
         Ok(())
     }
 
+    /// Loads the recent candles of every token from the store. They match the store's
+    /// write count when no write happened meanwhile (this service's own are held off).
+    async fn load_recent(&self) -> Result<(), PriceError> {
+        let _writing = self.writing.lock().await;
+        let now = self.now_micros().div_euclid(1_000_000);
+        *self.last_resync.lock().expect("resync time lock is never poisoned") = Some(now);
+        let before = self.store.write_seq().await?;
+        let mut from = [i64::MAX; 5];
+        let mut points = Vec::with_capacity(Granularity::ALL.len());
+        for granularity in Granularity::ALL {
+            from[granularity as usize] = horizon(granularity, now);
+            let rows = self.store.points_since(granularity, from[granularity as usize]).await?;
+            points.push((granularity, rows));
+        }
+        let after = self.store.write_seq().await?;
+        let recent = RecentCandles::loaded(from, (before == after).then_some(after), points);
+        let (count, bytes) = recent.footprint();
+        tracing::info!(
+            points = count,
+            bytes,
+            matched = recent.seq.is_some(),
+            "loaded recent candles"
+        );
+        *self.recent.write().expect("recent candles lock is never poisoned") = recent;
+        Ok(())
+    }
+
+    /// The recent candles' footprint: points held and the bytes they take.
+    pub fn recent_footprint(&self) -> (usize, usize) {
+        self.recent.read().expect("recent candles lock is never poisoned").footprint()
+    }
+
     /// Counts `trades` (durably, before this returns) and updates the in-memory latest
     /// minutes. Trades older than the 30-day dedup horizon are not counted.
     ///
@@ -243,15 +296,24 @@ impl PriceService {
             Some(retention) => now - retention,
             None => i64::MIN,
         };
-        let Applied { new_trades, duplicates, minutes } =
+        let _writing = self.writing.lock().await;
+        let Applied { new_trades, duplicates, candles, write_seq } =
             self.store.apply_trades(&trades, &keep_from).await?;
-        let mut hot = self.hot.write().expect("price memory lock is never poisoned");
-        for trade in &new_trades {
-            hot.entry(trade.token.clone()).or_default().note_trade(trade);
+        {
+            let mut hot = self.hot.write().expect("price memory lock is never poisoned");
+            for trade in &new_trades {
+                hot.entry(trade.token.clone()).or_default().note_trade(trade);
+            }
+            for (key, candle) in &candles {
+                if key.granularity == Granularity::M1 {
+                    hot.entry(key.token.clone()).or_default().put_minute(key.start, candle.clone());
+                }
+            }
         }
-        for (token, start, candle) in minutes {
-            hot.entry(token).or_default().put_minute(start, candle);
-        }
+        self.recent
+            .write()
+            .expect("recent candles lock is never poisoned")
+            .apply(&candles, write_seq);
         Ok(IngestReport { counted: new_trades.len(), duplicates, too_old })
     }
 
@@ -312,12 +374,38 @@ impl PriceService {
     /// ordered by token (request order), then window start; a token without points in the
     /// range has no series.
     ///
+    /// Series whose asked range lies within the recent candles are read from memory while
+    /// it matches the store; the others from the store, in one query. Both give the same
+    /// points.
+    ///
     /// # Errors
     /// [`PriceError::BadCursor`] for a cursor not made for this query, or a store failure.
     pub async fn history(
         &self,
         query: &HistoryQuery,
         cursor: Option<&str>,
+    ) -> Result<HistoryPage, PriceError> {
+        self.page(query, cursor, true).await
+    }
+
+    /// [`PriceService::history`] read from the store only, never from memory: the reference
+    /// the memory answers are checked against, and the path of ranges memory does not hold.
+    ///
+    /// # Errors
+    /// As [`PriceService::history`].
+    pub async fn history_from_store(
+        &self,
+        query: &HistoryQuery,
+        cursor: Option<&str>,
+    ) -> Result<HistoryPage, PriceError> {
+        self.page(query, cursor, false).await
+    }
+
+    async fn page(
+        &self,
+        query: &HistoryQuery,
+        cursor: Option<&str>,
+        use_memory: bool,
     ) -> Result<HistoryPage, PriceError> {
         let fingerprint = HistoryCursor::fingerprint(query);
         let position = match cursor {
@@ -332,45 +420,73 @@ impl PriceService {
             from = from.max(ceil_seconds(earliest));
         }
         let to = ceil_seconds(query.end);
-        let decimals = self.store.decimals(&query.tokens[position.token..]).await?;
-        let mut budget = self.settings.history_page_points.max(1);
-        let mut series = Vec::new();
-        for (index, token) in query.tokens.iter().enumerate().skip(position.token) {
-            let token_from = if index == position.token { from.max(position.from) } else { from };
-            let mut points =
-                self.store.history(token, query.granularity, token_from, to, budget + 1).await?;
-            let more = points.len() > budget;
-            if more {
-                let next = points[budget].start;
-                points.truncate(budget);
-                if !points.is_empty() {
-                    series.push(HistorySeries {
-                        token: token.clone(),
-                        decimals: decimals.get(token).copied().unwrap_or(0),
-                        points,
-                    });
+        let ranges: Vec<(usize, i64)> = (position.token..query.tokens.len())
+            .map(|index| {
+                (index, if index == position.token { from.max(position.from) } else { from })
+            })
+            .collect();
+        let page = self.settings.history_page_points.max(1);
+        // One point more than a page tells whether another page follows.
+        let wanted = page + 1;
+        let mut rows: Vec<(usize, PricePoint)> = Vec::new();
+        let mut rest = ranges.as_slice();
+        if use_memory {
+            let seq = self.store.write_seq().await?;
+            let recent = self.recent.read().expect("recent candles lock is never poisoned");
+            if recent.seq == Some(seq) {
+                while let Some(((index, token_from), tail)) = rest.split_first() {
+                    if !recent.covers(query.granularity, *token_from) || rows.len() >= wanted {
+                        break;
+                    }
+                    let room = wanted - rows.len();
+                    let token = &query.tokens[*index];
+                    recent.points(
+                        token,
+                        query.granularity,
+                        *token_from..to,
+                        room,
+                        *index,
+                        &mut rows,
+                    );
+                    rest = tail;
                 }
-                let cursor = HistoryCursor { token: index, from: next, fingerprint };
-                return Ok(HistoryPage { series, cursor: Some(cursor.encode()) });
-            }
-            budget -= points.len();
-            if !points.is_empty() {
-                series.push(HistorySeries {
-                    token: token.clone(),
-                    decimals: decimals.get(token).copied().unwrap_or(0),
-                    points,
-                });
-            }
-            if budget == 0 && index + 1 < query.tokens.len() {
-                let cursor = HistoryCursor { token: index + 1, from: i64::MIN, fingerprint };
-                return Ok(HistoryPage { series, cursor: Some(cursor.encode()) });
             }
         }
-        Ok(HistoryPage { series, cursor: None })
+        if !rest.is_empty() && rows.len() < wanted {
+            let asked: Vec<(TokenRef, i64)> = rest
+                .iter()
+                .map(|(index, token_from)| (query.tokens[*index].clone(), *token_from))
+                .collect();
+            let found =
+                self.store.history_many(&asked, query.granularity, to, wanted - rows.len()).await?;
+            rows.extend(found.into_iter().map(|(at, point)| (rest[at].0, point)));
+        }
+        let cursor = (rows.len() > page).then(|| {
+            let (index, next) = rows[page];
+            rows.truncate(page);
+            HistoryCursor { token: index, from: next.start, fingerprint }.encode()
+        });
+        let decimals = self.store.decimals(&query.tokens[position.token..]).await?;
+        let mut series: Vec<HistorySeries> = Vec::new();
+        let mut current = None;
+        for (index, point) in rows {
+            match series.last_mut() {
+                Some(last) if current == Some(index) => last.points.push(point),
+                _ => {
+                    let token = query.tokens[index].clone();
+                    let decimals = decimals.get(&token).copied().unwrap_or(0);
+                    series.push(HistorySeries { token, decimals, points: vec![point] });
+                    current = Some(index);
+                }
+            }
+        }
+        Ok(HistoryPage { series, cursor })
     }
 
-    /// Removes candles past their retention and trade ids past the dedup horizon, and
-    /// forgets in-memory tokens without a trade in 7 days. Returns the rows removed.
+    /// Removes candles past their retention and trade ids past the dedup horizon, forgets
+    /// in-memory tokens without a trade in 7 days and recent candles past the memory horizon,
+    /// and reloads the recent candles when another writer changed the stored ones. Returns
+    /// the rows removed.
     ///
     /// # Errors
     /// A store failure.
@@ -387,6 +503,17 @@ impl PriceService {
             .write()
             .expect("price memory lock is never poisoned")
             .retain(|_, hot| hot.last_trade.as_ref().is_some_and(|last| last.at_micros >= cutoff));
+        self.recent.write().expect("recent candles lock is never poisoned").evict(now);
+        // Memory another writer made stale is reloaded, but not more often than every
+        // RESYNC_INTERVAL_SECONDS: with writers in several processes it goes stale again at
+        // once, and history is then answered from the store.
+        let stored = self.store.write_seq().await?;
+        let stale =
+            self.recent.read().expect("recent candles lock is never poisoned").seq != Some(stored);
+        let last = *self.last_resync.lock().expect("resync time lock is never poisoned");
+        if stale && last.is_none_or(|last| now - last >= RESYNC_INTERVAL_SECONDS) {
+            self.load_recent().await?;
+        }
         Ok(removed)
     }
 }

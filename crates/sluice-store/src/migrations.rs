@@ -80,6 +80,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "metrics",
         sql: Sql::Portable(include_str!("migrations/0005_metrics.sql")),
     },
+    // 6 is left to the filter-value storage change being made on another branch.
+    Migration {
+        version: 7,
+        name: "prices_trade_ids_and_writes",
+        sql: Sql::PerBackend {
+            sqlite: include_str!("migrations/0007_prices_trade_ids_and_writes.sqlite.sql"),
+            postgres: include_str!("migrations/0007_prices_trade_ids_and_writes.postgres.sql"),
+        },
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use sluice_core::prices::{Amount, Candle, Granularity, TokenRef, Trade, TradeOrder};
+use sluice_core::prices::{Amount, Candle, CandleKey, Granularity, TokenRef, Trade, TradeOrder};
 
 use crate::{PgStore, Result, SqliteStore, StoreError};
 
@@ -24,12 +24,15 @@ pub struct Applied {
     pub new_trades: Vec<Trade>,
     /// Trades of the batch that were counted before (or repeated within the batch).
     pub duplicates: usize,
-    /// The stored 1-minute candles the new trades touched, after the merge.
-    pub minutes: Vec<(TokenRef, i64, Candle)>,
+    /// Every stored candle the new trades touched, after the merge: what the store holds now.
+    pub candles: Vec<(CandleKey, Candle)>,
+    /// The store's write count after this call ([`PriceStore::write_seq`]); `None` when no
+    /// candle changed.
+    pub write_seq: Option<i64>,
 }
 
 /// One point of a price history.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PricePoint {
     /// Window start, Unix seconds.
     pub start: i64,
@@ -88,6 +91,39 @@ pub trait PriceStore: Send + Sync + 'static {
         to: i64,
         limit: usize,
     ) -> Result<Vec<PricePoint>>;
+
+    /// Points of several series at `granularity` in one query: for each `(token, from)` of
+    /// `ranges`, the windows starting in `[from, to)`; ordered by the range's index in
+    /// `ranges`, then window start; at most `limit` points in all. Each point comes with its
+    /// range's index.
+    ///
+    /// # Errors
+    /// A database failure, or a stored row that cannot be read.
+    async fn history_many(
+        &self,
+        ranges: &[(TokenRef, i64)],
+        granularity: Granularity,
+        to: i64,
+        limit: usize,
+    ) -> Result<Vec<(usize, PricePoint)>>;
+
+    /// Every token's points at `granularity` whose window starts at or after `from`, oldest
+    /// first (to load them into memory).
+    ///
+    /// # Errors
+    /// A database failure, or a stored row that cannot be read.
+    async fn points_since(
+        &self,
+        granularity: Granularity,
+        from: i64,
+    ) -> Result<Vec<(TokenRef, PricePoint)>>;
+
+    /// How many [`PriceStore::apply_trades`] calls changed candles, ever. Memory that
+    /// mirrors the stored candles is current while this is the count it last saw.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn write_seq(&self) -> Result<i64>;
 
     /// The latest `count` candles of `token` at `granularity` with a window starting at or
     /// after `from`, newest first.
@@ -153,6 +189,11 @@ pub(crate) const ROWS_PER_STATEMENT: usize = 50;
 
 /// `($1, $2), ($3, $4), …` for `rows` rows of `width` values, numbered from `$1`.
 pub(crate) fn placeholders(rows: usize, width: usize) -> String {
+    placeholders_from(1, rows, width)
+}
+
+/// [`placeholders`] numbered from `$first`.
+pub(crate) fn placeholders_from(first: usize, rows: usize, width: usize) -> String {
     let mut out = String::with_capacity(rows * width * 5);
     for row in 0..rows {
         if row > 0 {
@@ -164,7 +205,7 @@ pub(crate) fn placeholders(rows: usize, width: usize) -> String {
                 out.push_str(", ");
             }
             out.push('$');
-            out.push_str(&(row * width + column + 1).to_string());
+            out.push_str(&(first + row * width + column).to_string());
         }
         out.push(')');
     }
@@ -207,7 +248,7 @@ macro_rules! price_store_impl {
             use crate::Result;
             use crate::prices::{
                 Applied, CANDLE_COLUMNS, PoolReserve, PriceStore, PricePoint, ROWS_PER_STATEMENT,
-                TokenInfo, amount_of, granularity_of, order_of, placeholders,
+                TokenInfo, amount_of, granularity_of, order_of, placeholders, placeholders_from,
             };
 
             type DbRow = <$db as sqlx::Database>::Row;
@@ -232,6 +273,20 @@ macro_rules! price_store_impl {
                         last: order_of(&last)?,
                     },
                 ))
+            }
+
+            /// A history point from a row with the window start, OHLC and the two sums.
+            fn point_row(row: &DbRow) -> Result<PricePoint> {
+                let usd = amount_of(row.try_get("usd_volume")?)?;
+                let volume = amount_of(row.try_get("token_volume")?)?;
+                Ok(PricePoint {
+                    start: row.try_get("window_start")?,
+                    price: usd.ratio(volume),
+                    open: row.try_get("open")?,
+                    high: row.try_get("high")?,
+                    close: row.try_get("close")?,
+                    low: row.try_get("low")?,
+                })
             }
 
             #[async_trait::async_trait]
@@ -266,7 +321,7 @@ macro_rules! price_store_impl {
                     let mut inserted: HashSet<(String, String, i64)> = HashSet::new();
                     for chunk in unique.chunks(ROWS_PER_STATEMENT) {
                         let sql = format!(
-                            "INSERT INTO price_trades (chain, transaction_hash, log_index, block_time) \
+                            "INSERT INTO price_trade_ids (chain, transaction_hash, log_index, block_time) \
                              VALUES {} ON CONFLICT DO NOTHING \
                              RETURNING chain, transaction_hash, log_index",
                             placeholders(chunk.len(), 4)
@@ -369,11 +424,14 @@ macro_rules! price_store_impl {
                         }
                         query.execute(&mut *tx).await?;
                     }
-                    applied.minutes = deltas
-                        .into_iter()
-                        .filter(|(key, _)| key.granularity == Granularity::M1)
-                        .map(|(key, candle)| (key.token, key.start, candle))
-                        .collect();
+                    let seq: i64 = sqlx::query(
+                        "UPDATE price_writes SET seq = seq + 1 WHERE id = 1 RETURNING seq",
+                    )
+                    .fetch_one(&mut *tx)
+                    .await?
+                    .try_get("seq")?;
+                    applied.write_seq = Some(seq);
+                    applied.candles = deltas;
 
                     // Decimals and reserves follow each token's (and pool's) latest trade.
                     let mut tokens: HashMap<&TokenRef, &Trade> = HashMap::new();
@@ -458,20 +516,78 @@ macro_rules! price_store_impl {
                     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
                     .fetch_all(&self.pool)
                     .await?;
+                    rows.iter().map(point_row).collect()
+                }
+
+                async fn history_many(
+                    &self,
+                    ranges: &[(TokenRef, i64)],
+                    granularity: Granularity,
+                    to: i64,
+                    limit: usize,
+                ) -> Result<Vec<(usize, PricePoint)>> {
+                    if ranges.is_empty() || limit == 0 {
+                        return Ok(Vec::new());
+                    }
+                    // The key list drives one range scan of the primary key per series.
+                    let sql = format!(
+                        "SELECT v.column1 AS ord, p.window_start, p.open, p.high, p.low, p.close, \
+                         p.usd_volume, p.token_volume \
+                         FROM (VALUES {}) AS v {} price_candles p \
+                         ON p.chain = v.column2 AND p.token = v.column3 AND p.granularity = $1 \
+                         AND p.window_start >= v.column4 AND p.window_start < $2 \
+                         ORDER BY v.column1, p.window_start LIMIT $3",
+                        placeholders_from(4, ranges.len(), 4),
+                        Self::VALUES_JOIN
+                    );
+                    let mut query = sqlx::query(&sql)
+                        .bind(granularity.seconds())
+                        .bind(to)
+                        .bind(i64::try_from(limit).unwrap_or(i64::MAX));
+                    for (index, (token, from)) in ranges.iter().enumerate() {
+                        query = query
+                            .bind(index as i64)
+                            .bind(&token.chain)
+                            .bind(&token.address)
+                            .bind(*from);
+                    }
+                    let rows = query.fetch_all(&self.pool).await?;
                     rows.iter()
                         .map(|row| {
-                            let usd = amount_of(row.try_get("usd_volume")?)?;
-                            let volume = amount_of(row.try_get("token_volume")?)?;
-                            Ok(PricePoint {
-                                start: row.try_get("window_start")?,
-                                price: usd.ratio(volume),
-                                open: row.try_get("open")?,
-                                high: row.try_get("high")?,
-                                close: row.try_get("close")?,
-                                low: row.try_get("low")?,
-                            })
+                            let index: i64 = row.try_get("ord")?;
+                            Ok((usize::try_from(index).unwrap_or(usize::MAX), point_row(row)?))
                         })
                         .collect()
+                }
+
+                async fn points_since(
+                    &self,
+                    granularity: Granularity,
+                    from: i64,
+                ) -> Result<Vec<(TokenRef, PricePoint)>> {
+                    let rows = sqlx::query(
+                        "SELECT chain, token, window_start, open, high, low, close, usd_volume, \
+                         token_volume FROM price_candles WHERE granularity = $1 \
+                         AND window_start >= $2 ORDER BY window_start",
+                    )
+                    .bind(granularity.seconds())
+                    .bind(from)
+                    .fetch_all(&self.pool)
+                    .await?;
+                    rows.iter()
+                        .map(|row| {
+                            let token =
+                                TokenRef { chain: row.try_get("chain")?, address: row.try_get("token")? };
+                            Ok((token, point_row(row)?))
+                        })
+                        .collect()
+                }
+
+                async fn write_seq(&self) -> Result<i64> {
+                    Ok(sqlx::query("SELECT seq FROM price_writes WHERE id = 1")
+                        .fetch_one(&self.pool)
+                        .await?
+                        .try_get("seq")?)
                 }
 
                 async fn latest_candles(
@@ -597,7 +713,7 @@ macro_rules! price_store_impl {
                         .await?
                         .rows_affected();
                     }
-                    removed += sqlx::query("DELETE FROM price_trades WHERE block_time < $1")
+                    removed += sqlx::query("DELETE FROM price_trade_ids WHERE block_time < $1")
                         .bind(trades_before)
                         .execute(&self.pool)
                         .await?

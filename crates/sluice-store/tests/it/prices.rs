@@ -12,6 +12,8 @@ on_both_backends!(
     late_trades_update_the_window_they_belong_to,
     decimals_and_reserves_follow_the_latest_trade,
     history_returns_the_range_in_order_and_retention_removes_old_windows,
+    history_of_many_series_comes_in_range_order_and_stops_at_the_limit,
+    the_write_count_moves_with_each_batch_that_changes_candles,
 );
 
 /// 2025-11-21T12:00:00Z.
@@ -71,8 +73,10 @@ async fn late_trades_update_the_window_they_belong_to(store: Arc<dyn PriceStore>
     store.apply_trades(&[trade(30, 0, "10", "20", None)], &keep_all).await.unwrap();
     // Earlier in the same minute: becomes the open; arrives after the later trade.
     let late = store.apply_trades(&[trade(10, 0, "10", "10", None)], &keep_all).await.unwrap();
-    assert_eq!(late.minutes.len(), 1);
-    let (_, _, merged) = &late.minutes[0];
+    // The merged candle of every granularity comes back, as stored.
+    assert_eq!(late.candles.len(), 5);
+    let (_, merged) =
+        late.candles.iter().find(|(key, _)| key.granularity == Granularity::M1).unwrap();
     assert_eq!((merged.open, merged.close, merged.trade_count), (1.0, 2.0, 2));
     let day = store.latest_candles(&usdc(), Granularity::D1, 0, 1).await.unwrap();
     assert_eq!(day[0].1.price(), 1.5);
@@ -131,4 +135,52 @@ async fn history_returns_the_range_in_order_and_retention_removes_old_windows(
     assert_eq!(left.first().unwrap().start, T0 + 300);
     let hours = store.history(&usdc(), Granularity::H1, T0, T0 + 3600, 100).await.unwrap();
     assert_eq!(hours.len(), 1);
+}
+
+async fn history_of_many_series_comes_in_range_order_and_stops_at_the_limit(
+    store: Arc<dyn PriceStore>,
+) {
+    let mut trades: Vec<Trade> =
+        (0..5).map(|m| trade(m * 60, 0, "1", &format!("{}", m + 1), None)).collect();
+    let mut other = trade(30, 7, "1", "9", None);
+    other.token = TokenRef::new("base", "0x00000000000000000000000000000000000000aa");
+    trades.push(other.clone());
+    store.apply_trades(&trades, &keep_all).await.unwrap();
+    let never = TokenRef::new("base", "0x00");
+    let ranges = vec![(other.token.clone(), T0), (never, T0), (usdc(), T0 + 120), (usdc(), T0)];
+    let found = store.history_many(&ranges, Granularity::M1, T0 + 240, 100).await.unwrap();
+    let got: Vec<(usize, i64)> = found.iter().map(|(i, p)| (*i, p.start)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (0, T0),
+            (2, T0 + 120),
+            (2, T0 + 180),
+            (3, T0),
+            (3, T0 + 60),
+            (3, T0 + 120),
+            (3, T0 + 180)
+        ]
+    );
+    assert_eq!(found[0].1.price, 9.0);
+    let limited = store.history_many(&ranges, Granularity::M1, T0 + 240, 2).await.unwrap();
+    assert_eq!(limited.iter().map(|(i, p)| (*i, p.start)).collect::<Vec<_>>(), got[..2]);
+    // Every token's points from a window start on, oldest first, as history gives them.
+    let since = store.points_since(Granularity::M1, T0 + 60).await.unwrap();
+    assert_eq!(since.len(), 4);
+    assert!(since.iter().all(|(token, _)| *token == usdc()));
+    let history = store.history(&usdc(), Granularity::M1, T0 + 60, i64::MAX, 100).await.unwrap();
+    assert_eq!(since.into_iter().map(|(_, p)| p).collect::<Vec<PricePoint>>(), history);
+}
+
+async fn the_write_count_moves_with_each_batch_that_changes_candles(store: Arc<dyn PriceStore>) {
+    let start = store.write_seq().await.unwrap();
+    let first = store.apply_trades(&[trade(5, 0, "1", "1", None)], &keep_all).await.unwrap();
+    assert_eq!(first.write_seq, Some(start + 1));
+    // Only duplicates: no candle changes, no count.
+    let again = store.apply_trades(&[trade(5, 0, "1", "1", None)], &keep_all).await.unwrap();
+    assert_eq!(again.write_seq, None);
+    let second = store.apply_trades(&[trade(6, 0, "1", "1", None)], &keep_all).await.unwrap();
+    assert_eq!(second.write_seq, Some(start + 2));
+    assert_eq!(store.write_seq().await.unwrap(), start + 2);
 }
