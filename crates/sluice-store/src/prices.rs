@@ -17,6 +17,9 @@ use sluice_core::prices::{Amount, Candle, CandleKey, Granularity, TokenRef, Trad
 
 use crate::{PgStore, Result, SqliteStore, StoreError};
 
+mod postgres;
+mod sqlite;
+
 /// What [`PriceStore::apply_trades`] did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Applied {
@@ -224,10 +227,6 @@ pub(crate) fn order_of(text: &str) -> Result<TradeOrder> {
     TradeOrder::from_key(text).ok_or_else(|| corrupt(format!("trade order {text:?}")))
 }
 
-pub(crate) fn granularity_of(seconds: i64) -> Result<Granularity> {
-    Granularity::from_seconds(seconds).ok_or_else(|| corrupt(format!("granularity {seconds}")))
-}
-
 pub(crate) const CANDLE_COLUMNS: &str = "window_start, open, high, low, close, usd_volume, \
     token_volume, trade_count, first_trade, last_trade";
 
@@ -248,7 +247,7 @@ macro_rules! price_store_impl {
             use crate::Result;
             use crate::prices::{
                 Applied, CANDLE_COLUMNS, PoolReserve, PriceStore, PricePoint, ROWS_PER_STATEMENT,
-                TokenInfo, amount_of, granularity_of, order_of, placeholders, placeholders_from,
+                TokenInfo, amount_of, order_of, placeholders, placeholders_from,
             };
 
             type DbRow = <$db as sqlx::Database>::Row;
@@ -317,40 +316,13 @@ macro_rules! price_store_impl {
                     if let Some(lock) = Self::LOCK_PRICES {
                         sqlx::query(lock).execute(&mut *tx).await?;
                     }
-                    // Remember the ids; the ones inserted now are the new trades.
-                    let mut inserted: HashSet<(String, String, i64)> = HashSet::new();
-                    for chunk in unique.chunks(ROWS_PER_STATEMENT) {
-                        let sql = format!(
-                            "INSERT INTO price_trade_ids (chain, transaction_hash, log_index, block_time) \
-                             VALUES {} ON CONFLICT DO NOTHING \
-                             RETURNING chain, transaction_hash, log_index",
-                            placeholders(chunk.len(), 4)
-                        );
-                        let mut query = sqlx::query(&sql);
-                        for trade in chunk {
-                            query = query
-                                .bind(&trade.token.chain)
-                                .bind(&trade.order.transaction_hash)
-                                .bind(trade.order.log_index as i64)
-                                .bind(trade.order.at_micros.div_euclid(1_000_000));
-                        }
-                        for row in query.fetch_all(&mut *tx).await? {
-                            inserted.insert((
-                                row.try_get("chain")?,
-                                row.try_get("transaction_hash")?,
-                                row.try_get("log_index")?,
-                            ));
-                        }
-                    }
+                    // Remember the ids; the ones not counted before are the new trades.
+                    let seen = Self::remember_trades(&mut tx, &unique).await?;
                     let fresh: Vec<&Trade> = unique
                         .into_iter()
-                        .filter(|t| {
-                            inserted.contains(&(
-                                t.token.chain.clone(),
-                                t.order.transaction_hash.clone(),
-                                t.order.log_index as i64,
-                            ))
-                        })
+                        .zip(seen)
+                        .filter(|(_, seen)| !*seen)
+                        .map(|(trade, _)| trade)
                         .collect();
                     applied.duplicates = trades.len() - fresh.len();
                     if fresh.is_empty() {
@@ -363,66 +335,15 @@ macro_rules! price_store_impl {
                         .filter(|(key, _)| key.start >= keep_from(key.granularity))
                         .collect();
                     deltas.sort_by(|a, b| a.0.cmp(&b.0));
-                    // Merge with the stored candles of the same keys.
-                    for chunk in deltas.chunks_mut(ROWS_PER_STATEMENT) {
-                        let sql = format!(
-                            "SELECT p.chain, p.token, p.granularity, {CANDLE_COLUMNS} \
-                             FROM (VALUES {}) AS v {} price_candles p \
-                             ON p.chain = v.column1 AND p.token = v.column2 \
-                             AND p.granularity = v.column3 AND p.window_start = v.column4",
-                            placeholders(chunk.len(), 4),
-                            Self::VALUES_JOIN
-                        );
-                        let mut query = sqlx::query(&sql);
-                        for (key, _) in chunk.iter() {
-                            query = query
-                                .bind(&key.token.chain)
-                                .bind(&key.token.address)
-                                .bind(key.granularity.seconds())
-                                .bind(key.start);
+                    // Merge with the stored candles of the same keys, then write them back.
+                    let stored = Self::stored_candles(&mut tx, &deltas).await?;
+                    for ((_, candle), old) in deltas.iter_mut().zip(&stored) {
+                        if let Some(old) = old {
+                            candle.merge(old);
                         }
-                        let mut stored: HashMap<CandleKey, Candle> = HashMap::new();
-                        for row in query.fetch_all(&mut *tx).await? {
-                            let (start, candle) = candle_row(&row)?;
-                            let token = TokenRef {
-                                chain: row.try_get("chain")?,
-                                address: row.try_get("token")?,
-                            };
-                            let granularity = granularity_of(row.try_get("granularity")?)?;
-                            stored.insert(CandleKey { token, granularity, start }, candle);
-                        }
-                        for (key, candle) in chunk.iter_mut() {
-                            if let Some(old) = stored.get(key) {
-                                candle.merge(old);
-                            }
-                        }
-                        let sql = format!(
-                            "INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}) \
-                             VALUES {} ON CONFLICT (chain, token, granularity, window_start) DO UPDATE SET \
-                             open = excluded.open, high = excluded.high, low = excluded.low, \
-                             close = excluded.close, usd_volume = excluded.usd_volume, \
-                             token_volume = excluded.token_volume, trade_count = excluded.trade_count, \
-                             first_trade = excluded.first_trade, last_trade = excluded.last_trade",
-                            placeholders(chunk.len(), 13)
-                        );
-                        let mut query = sqlx::query(&sql);
-                        for (key, candle) in chunk.iter() {
-                            query = query
-                                .bind(&key.token.chain)
-                                .bind(&key.token.address)
-                                .bind(key.granularity.seconds())
-                                .bind(key.start)
-                                .bind(candle.open)
-                                .bind(candle.high)
-                                .bind(candle.low)
-                                .bind(candle.close)
-                                .bind(candle.usd_volume.0.to_string())
-                                .bind(candle.token_volume.0.to_string())
-                                .bind(candle.trade_count as i64)
-                                .bind(candle.first.to_key())
-                                .bind(candle.last.to_key());
-                        }
-                        query.execute(&mut *tx).await?;
+                    }
+                    if !deltas.is_empty() {
+                        Self::write_candles(&mut tx, &deltas).await?;
                     }
                     let seq: i64 = sqlx::query(
                         "UPDATE price_writes SET seq = seq + 1 WHERE id = 1 RETURNING seq",
@@ -448,47 +369,11 @@ macro_rules! price_store_impl {
                             }
                         }
                     }
-                    let tokens: Vec<&Trade> = tokens.into_values().collect();
-                    for chunk in tokens.chunks(ROWS_PER_STATEMENT) {
-                        let sql = format!(
-                            "INSERT INTO price_tokens (chain, token, decimals, last_trade) VALUES {} \
-                             ON CONFLICT (chain, token) DO UPDATE SET decimals = excluded.decimals, \
-                             last_trade = excluded.last_trade \
-                             WHERE excluded.last_trade > price_tokens.last_trade",
-                            placeholders(chunk.len(), 4)
-                        );
-                        let mut query = sqlx::query(&sql);
-                        for trade in chunk {
-                            query = query
-                                .bind(&trade.token.chain)
-                                .bind(&trade.token.address)
-                                .bind(i64::from(trade.decimals))
-                                .bind(trade.order.to_key());
-                        }
-                        query.execute(&mut *tx).await?;
-                    }
-                    let pools: Vec<&Trade> = pools.into_values().collect();
-                    for chunk in pools.chunks(ROWS_PER_STATEMENT) {
-                        let sql = format!(
-                            "INSERT INTO price_pools (chain, token, pool, reserve, last_trade) VALUES {} \
-                             ON CONFLICT (chain, token, pool) DO UPDATE SET reserve = excluded.reserve, \
-                             last_trade = excluded.last_trade \
-                             WHERE excluded.last_trade > price_pools.last_trade",
-                            placeholders(chunk.len(), 5)
-                        );
-                        let mut query = sqlx::query(&sql);
-                        for trade in chunk {
-                            let (pool, reserve) =
-                                trade.pool.as_ref().expect("only trades with a pool are listed");
-                            query = query
-                                .bind(&trade.token.chain)
-                                .bind(&trade.token.address)
-                                .bind(pool)
-                                .bind(reserve.0.to_string())
-                                .bind(trade.order.to_key());
-                        }
-                        query.execute(&mut *tx).await?;
-                    }
+                    let mut tokens: Vec<&Trade> = tokens.into_values().collect();
+                    tokens.sort_by(|a, b| a.token.cmp(&b.token));
+                    let mut pools: Vec<&Trade> = pools.into_values().collect();
+                    pools.sort_by(|a, b| (&a.token, &a.pool).cmp(&(&b.token, &b.pool)));
+                    Self::write_tokens_and_pools(&mut tx, &tokens, &pools).await?;
                     tx.commit().await?;
                     applied.new_trades = fresh.into_iter().cloned().collect();
                     Ok(applied)

@@ -14,6 +14,7 @@ on_both_backends!(
     history_returns_the_range_in_order_and_retention_removes_old_windows,
     history_of_many_series_comes_in_range_order_and_stops_at_the_limit,
     the_write_count_moves_with_each_batch_that_changes_candles,
+    prices_are_stored_bit_for_bit,
 );
 
 /// 2025-11-21T12:00:00Z.
@@ -183,4 +184,32 @@ async fn the_write_count_moves_with_each_batch_that_changes_candles(store: Arc<d
     let second = store.apply_trades(&[trade(6, 0, "1", "1", None)], &keep_all).await.unwrap();
     assert_eq!(second.write_seq, Some(start + 2));
     assert_eq!(store.write_seq().await.unwrap(), start + 2);
+}
+
+async fn prices_are_stored_bit_for_bit(store: Arc<dyn PriceStore>) {
+    // Prices with long binary expansions, tiny and huge ones (10^-18 units on both sides).
+    let cases = [
+        ("3", "1"),
+        ("7", "3"),
+        ("0.1", "0.3"),
+        ("170000000000000000000", "0.000000000000000001"),
+        ("0.000000000000000001", "170000000000000000000"),
+        ("1234567.891011121314151617", "0.000000000000000007"),
+        ("2", "97000.5"),
+    ];
+    for (n, (token, usd)) in cases.iter().enumerate() {
+        let mut trade = trade(n as i64 * 60, 0, token, usd, None);
+        trade.token = TokenRef::new("base", &format!("0x{n:040x}"));
+        store.apply_trades(std::slice::from_ref(&trade), &keep_all).await.unwrap();
+        let stored = store.latest_candles(&trade.token, Granularity::M1, 0, 1).await.unwrap();
+        let candle = &stored[0].1;
+        let expected = trade.price();
+        for value in [candle.open, candle.high, candle.low, candle.close] {
+            assert_eq!(
+                value.to_bits(),
+                expected.to_bits(),
+                "{token} for {usd}: {value} vs {expected}"
+            );
+        }
+    }
 }

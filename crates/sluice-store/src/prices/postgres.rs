@@ -1,0 +1,209 @@
+//! The bulk statements of a counted batch on PostgreSQL: each binds the batch's columns as
+//! arrays and reads them with `UNNEST`, one short statement per step instead of a statement
+//! per 50 rows. Prices travel as `float8[]` in the binary protocol, exactly.
+
+use sluice_core::prices::{Candle, CandleKey, Trade};
+use sqlx::PgConnection;
+use sqlx::Row as _;
+
+use crate::prices::{CANDLE_COLUMNS, amount_of, order_of};
+use crate::{PgStore, Result};
+
+impl PgStore {
+    /// Remembers the ids of `trades` (each once in the batch); returns, per trade, whether
+    /// it was counted before. Writers hold the price lock, so probing first and then
+    /// inserting plainly is safe, and cheaper than `ON CONFLICT DO NOTHING` (a speculative
+    /// insertion per row).
+    pub(crate) async fn remember_trades(
+        conn: &mut PgConnection,
+        trades: &[&Trade],
+    ) -> Result<Vec<bool>> {
+        let times: Vec<i64> =
+            trades.iter().map(|t| t.order.at_micros.div_euclid(1_000_000)).collect();
+        let chains: Vec<&str> = trades.iter().map(|t| t.token.chain.as_str()).collect();
+        let hashes: Vec<&str> = trades.iter().map(|t| t.order.transaction_hash.as_str()).collect();
+        let logs: Vec<i64> = trades.iter().map(|t| t.order.log_index as i64).collect();
+        let found = sqlx::query(
+            "SELECT v.ord FROM UNNEST($1::int8[], $2::text[], $3::text[], $4::int8[]) \
+             WITH ORDINALITY AS v(block_time, chain, hash, log_index, ord) \
+             WHERE EXISTS (SELECT 1 FROM price_trade_ids t WHERE t.block_time = v.block_time \
+             AND t.chain = v.chain AND t.transaction_hash = v.hash AND t.log_index = v.log_index)",
+        )
+        .bind(&times)
+        .bind(&chains)
+        .bind(&hashes)
+        .bind(&logs)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut seen = vec![false; trades.len()];
+        for row in found {
+            let ord: i64 = row.try_get("ord")?;
+            if let Some(slot) = usize::try_from(ord - 1).ok().and_then(|i| seen.get_mut(i)) {
+                *slot = true;
+            }
+        }
+        let keep = |i: &usize| !seen[*i];
+        let pick =
+            |all: &[i64]| -> Vec<i64> { (0..all.len()).filter(keep).map(|i| all[i]).collect() };
+        let pick_str = |all: &[&str]| -> Vec<String> {
+            (0..all.len()).filter(keep).map(|i| all[i].to_owned()).collect()
+        };
+        sqlx::query(
+            "INSERT INTO price_trade_ids (block_time, chain, transaction_hash, log_index) \
+             SELECT * FROM UNNEST($1::int8[], $2::text[], $3::text[], $4::int8[])",
+        )
+        .bind(pick(&times))
+        .bind(pick_str(&chains))
+        .bind(pick_str(&hashes))
+        .bind(pick(&logs))
+        .execute(&mut *conn)
+        .await?;
+        Ok(seen)
+    }
+
+    /// The stored candle of each key, by position (`None`: not stored).
+    pub(crate) async fn stored_candles(
+        conn: &mut PgConnection,
+        keys: &[(CandleKey, Candle)],
+    ) -> Result<Vec<Option<Candle>>> {
+        let chains: Vec<&str> = keys.iter().map(|(k, _)| k.token.chain.as_str()).collect();
+        let tokens: Vec<&str> = keys.iter().map(|(k, _)| k.token.address.as_str()).collect();
+        let granularities: Vec<i64> = keys.iter().map(|(k, _)| k.granularity.seconds()).collect();
+        let starts: Vec<i64> = keys.iter().map(|(k, _)| k.start).collect();
+        let sql = format!(
+            "SELECT v.ord, p.{} FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[]) \
+             WITH ORDINALITY AS v(chain, token, granularity, window_start, ord) \
+             JOIN price_candles p ON p.chain = v.chain AND p.token = v.token \
+             AND p.granularity = v.granularity AND p.window_start = v.window_start",
+            CANDLE_COLUMNS.replace(", ", ", p.")
+        );
+        let rows = sqlx::query(&sql)
+            .bind(&chains)
+            .bind(&tokens)
+            .bind(&granularities)
+            .bind(&starts)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut out = vec![None; keys.len()];
+        for row in rows {
+            let ord: i64 = row.try_get("ord")?;
+            let count: i64 = row.try_get("trade_count")?;
+            let candle = Candle {
+                open: row.try_get("open")?,
+                high: row.try_get("high")?,
+                low: row.try_get("low")?,
+                close: row.try_get("close")?,
+                usd_volume: amount_of(row.try_get("usd_volume")?)?,
+                token_volume: amount_of(row.try_get("token_volume")?)?,
+                trade_count: u64::try_from(count).unwrap_or(0),
+                first: order_of(row.try_get("first_trade")?)?,
+                last: order_of(row.try_get("last_trade")?)?,
+            };
+            if let Some(slot) = usize::try_from(ord - 1).ok().and_then(|i| out.get_mut(i)) {
+                *slot = Some(candle);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `candles` (merged already), replacing the stored ones of the same keys.
+    pub(crate) async fn write_candles(
+        conn: &mut PgConnection,
+        candles: &[(CandleKey, Candle)],
+    ) -> Result<()> {
+        let column =
+            |f: fn(&(CandleKey, Candle)) -> f64| -> Vec<f64> { candles.iter().map(f).collect() };
+        let chains: Vec<&str> = candles.iter().map(|(k, _)| k.token.chain.as_str()).collect();
+        let tokens: Vec<&str> = candles.iter().map(|(k, _)| k.token.address.as_str()).collect();
+        let granularities: Vec<i64> =
+            candles.iter().map(|(k, _)| k.granularity.seconds()).collect();
+        let starts: Vec<i64> = candles.iter().map(|(k, _)| k.start).collect();
+        let usd: Vec<String> = candles.iter().map(|(_, c)| c.usd_volume.0.to_string()).collect();
+        let volume: Vec<String> =
+            candles.iter().map(|(_, c)| c.token_volume.0.to_string()).collect();
+        let counts: Vec<i64> = candles.iter().map(|(_, c)| c.trade_count as i64).collect();
+        let firsts: Vec<String> = candles.iter().map(|(_, c)| c.first.to_key()).collect();
+        let lasts: Vec<String> = candles.iter().map(|(_, c)| c.last.to_key()).collect();
+        sqlx::query(&format!(
+            "INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}) \
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::float8[], \
+             $6::float8[], $7::float8[], $8::float8[], $9::text[], $10::text[], $11::int8[], \
+             $12::text[], $13::text[]) \
+             ON CONFLICT (chain, token, granularity, window_start) DO UPDATE SET \
+             open = excluded.open, high = excluded.high, low = excluded.low, \
+             close = excluded.close, usd_volume = excluded.usd_volume, \
+             token_volume = excluded.token_volume, trade_count = excluded.trade_count, \
+             first_trade = excluded.first_trade, last_trade = excluded.last_trade"
+        ))
+        .bind(&chains)
+        .bind(&tokens)
+        .bind(&granularities)
+        .bind(&starts)
+        .bind(column(|(_, c)| c.open))
+        .bind(column(|(_, c)| c.high))
+        .bind(column(|(_, c)| c.low))
+        .bind(column(|(_, c)| c.close))
+        .bind(&usd)
+        .bind(&volume)
+        .bind(&counts)
+        .bind(&firsts)
+        .bind(&lasts)
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
+    /// Sets each token's decimals and each pool's reserve from `tokens` and `pools` (the
+    /// latest trade of each), where they are newer than the stored ones.
+    pub(crate) async fn write_tokens_and_pools(
+        conn: &mut PgConnection,
+        tokens: &[&Trade],
+        pools: &[&Trade],
+    ) -> Result<()> {
+        if !tokens.is_empty() {
+            let chains: Vec<&str> = tokens.iter().map(|t| t.token.chain.as_str()).collect();
+            let addresses: Vec<&str> = tokens.iter().map(|t| t.token.address.as_str()).collect();
+            let decimals: Vec<i64> = tokens.iter().map(|t| i64::from(t.decimals)).collect();
+            let orders: Vec<String> = tokens.iter().map(|t| t.order.to_key()).collect();
+            sqlx::query(
+                "INSERT INTO price_tokens (chain, token, decimals, last_trade) \
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[]) \
+                 ON CONFLICT (chain, token) DO UPDATE SET decimals = excluded.decimals, \
+                 last_trade = excluded.last_trade WHERE excluded.last_trade > price_tokens.last_trade",
+            )
+            .bind(&chains)
+            .bind(&addresses)
+            .bind(&decimals)
+            .bind(&orders)
+            .execute(&mut *conn)
+            .await?;
+        }
+        if !pools.is_empty() {
+            let chains: Vec<&str> = pools.iter().map(|t| t.token.chain.as_str()).collect();
+            let addresses: Vec<&str> = pools.iter().map(|t| t.token.address.as_str()).collect();
+            let mut names = Vec::with_capacity(pools.len());
+            let mut reserves = Vec::with_capacity(pools.len());
+            for trade in pools {
+                let (pool, reserve) =
+                    trade.pool.as_ref().expect("only trades with a pool are listed");
+                names.push(pool.as_str());
+                reserves.push(reserve.0.to_string());
+            }
+            let orders: Vec<String> = pools.iter().map(|t| t.order.to_key()).collect();
+            sqlx::query(
+                "INSERT INTO price_pools (chain, token, pool, reserve, last_trade) \
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
+                 ON CONFLICT (chain, token, pool) DO UPDATE SET reserve = excluded.reserve, \
+                 last_trade = excluded.last_trade WHERE excluded.last_trade > price_pools.last_trade",
+            )
+            .bind(&chains)
+            .bind(&addresses)
+            .bind(&names)
+            .bind(&reserves)
+            .bind(&orders)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,297 @@
+//! The bulk statements of a counted batch on SQLite: each takes the whole batch as one JSON
+//! array of rows (`json_each($1)`), so a batch costs a few short statements instead of a
+//! statement per 50 rows with a bind parameter per value, which SQLite parses and plans
+//! again for each.
+//!
+//! Prices (`f64`) never travel as decimal text, which SQLite does not read back exactly in
+//! every case: each is sent as an integer mantissa and a power of two and rebuilt with exact
+//! multiplications ([`exact_real`]).
+
+use std::fmt::Write as _;
+
+use sluice_core::prices::{Candle, CandleKey, Trade};
+use sqlx::Row as _;
+use sqlx::SqliteConnection;
+
+use crate::prices::{CANDLE_COLUMNS, amount_of, order_of};
+use crate::{Result, SqliteStore};
+
+/// Appends `value` as a JSON string.
+fn push_str(out: &mut String, value: &str) {
+    if value.bytes().all(|byte| byte >= 0x20 && byte != b'"' && byte != b'\\') {
+        out.push('"');
+        out.push_str(value);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::to_string(value).expect("a string serializes"));
+    }
+}
+
+/// `value` as `(m, e)` with `value = m × 2^e` exactly, `m` odd (or zero). Prices are finite.
+fn split_f64(value: f64) -> (i64, i64) {
+    if value == 0.0 || !value.is_finite() {
+        return (0, 0);
+    }
+    let bits = value.to_bits();
+    let exponent = ((bits >> 52) & 0x7ff) as i64;
+    let fraction = (bits & ((1 << 52) - 1)) as i64;
+    let (mut m, mut e) =
+        if exponent == 0 { (fraction, -1074) } else { (fraction | (1 << 52), exponent - 1075) };
+    let zeros = m.trailing_zeros();
+    m >>= zeros;
+    e += i64::from(zeros);
+    if bits >> 63 == 1 {
+        m = -m;
+    }
+    (m, e)
+}
+
+/// SQL rebuilding an `f64` from a mantissa (JSON path `m`) and a power of two (`e`) with
+/// multiplications and divisions by exact powers of two of at most 2^62, which are exact for
+/// every price (|e| up to 186, far beyond what 10^-18 units allow).
+fn exact_real(m: &str, e: &str) -> String {
+    format!(
+        "(CASE WHEN value->>'{e}' >= 0 \
+         THEN CAST(value->>'{m}' AS REAL) * (1 << min(value->>'{e}', 62)) \
+              * (1 << max(value->>'{e}' - 62, 0)) \
+         ELSE CAST(value->>'{m}' AS REAL) / (1 << min(-(value->>'{e}'), 62)) \
+              / (1 << min(max(-(value->>'{e}') - 62, 0), 62)) \
+              / (1 << max(-(value->>'{e}') - 124, 0)) END)"
+    )
+}
+
+impl SqliteStore {
+    /// Remembers the ids of `trades` (each once in the batch); returns, per trade, whether
+    /// it was counted before. Writers are serialised, so probing first and then inserting
+    /// plainly is safe.
+    pub(crate) async fn remember_trades(
+        conn: &mut SqliteConnection,
+        trades: &[&Trade],
+    ) -> Result<Vec<bool>> {
+        let rows = |trades: &mut dyn Iterator<Item = &&Trade>| {
+            let mut out = String::with_capacity(trades.size_hint().0 * 110 + 2);
+            out.push('[');
+            for (index, trade) in trades.enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                let _ = write!(out, "[{},", trade.order.at_micros.div_euclid(1_000_000));
+                push_str(&mut out, &trade.token.chain);
+                out.push(',');
+                push_str(&mut out, &trade.order.transaction_hash);
+                let _ = write!(out, ",{}]", trade.order.log_index as i64);
+            }
+            out.push(']');
+            out
+        };
+        let all = rows(&mut trades.iter());
+        let mut seen = vec![false; trades.len()];
+        let found = sqlx::query(
+            "SELECT j.key AS ord FROM json_each($1) AS j WHERE EXISTS (SELECT 1 FROM price_trade_ids t \
+             WHERE t.block_time = j.value->>0 AND t.chain = j.value->>1 \
+             AND t.transaction_hash = j.value->>2 AND t.log_index = j.value->>3)",
+        )
+        .bind(&all)
+        .fetch_all(&mut *conn)
+        .await?;
+        for row in found {
+            let ord: i64 = row.try_get("ord")?;
+            if let Some(slot) = usize::try_from(ord).ok().and_then(|i| seen.get_mut(i)) {
+                *slot = true;
+            }
+        }
+        let fresh = if seen.iter().any(|s| *s) {
+            rows(&mut trades.iter().zip(&seen).filter(|(_, seen)| !**seen).map(|(t, _)| t))
+        } else {
+            all
+        };
+        sqlx::query(
+            "INSERT INTO price_trade_ids (block_time, chain, transaction_hash, log_index) \
+             SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each($1)",
+        )
+        .bind(fresh)
+        .execute(&mut *conn)
+        .await?;
+        Ok(seen)
+    }
+
+    /// The stored candle of each key, by position (`None`: not stored).
+    pub(crate) async fn stored_candles(
+        conn: &mut SqliteConnection,
+        keys: &[(CandleKey, Candle)],
+    ) -> Result<Vec<Option<Candle>>> {
+        let mut list = String::with_capacity(keys.len() * 80 + 2);
+        list.push('[');
+        for (index, (key, _)) in keys.iter().enumerate() {
+            if index > 0 {
+                list.push(',');
+            }
+            list.push('[');
+            push_str(&mut list, &key.token.chain);
+            list.push(',');
+            push_str(&mut list, &key.token.address);
+            let _ = write!(list, ",{},{}]", key.granularity.seconds(), key.start);
+        }
+        list.push(']');
+        // CROSS JOIN keeps the key list as the outer loop: one primary-key probe per key.
+        let sql = format!(
+            "SELECT j.key AS ord, p.{} FROM json_each($1) AS j CROSS JOIN price_candles p \
+             ON p.chain = j.value->>0 AND p.token = j.value->>1 \
+             AND p.granularity = j.value->>2 AND p.window_start = j.value->>3",
+            CANDLE_COLUMNS.replace(", ", ", p.")
+        );
+        let mut out = vec![None; keys.len()];
+        for row in sqlx::query(&sql).bind(list).fetch_all(&mut *conn).await? {
+            let ord: i64 = row.try_get("ord")?;
+            let usd: String = row.try_get("usd_volume")?;
+            let token: String = row.try_get("token_volume")?;
+            let first: String = row.try_get("first_trade")?;
+            let last: String = row.try_get("last_trade")?;
+            let count: i64 = row.try_get("trade_count")?;
+            let candle = Candle {
+                open: row.try_get("open")?,
+                high: row.try_get("high")?,
+                low: row.try_get("low")?,
+                close: row.try_get("close")?,
+                usd_volume: amount_of(&usd)?,
+                token_volume: amount_of(&token)?,
+                trade_count: u64::try_from(count).unwrap_or(0),
+                first: order_of(&first)?,
+                last: order_of(&last)?,
+            };
+            if let Some(slot) = usize::try_from(ord).ok().and_then(|i| out.get_mut(i)) {
+                *slot = Some(candle);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `candles` (merged already), replacing the stored ones of the same keys.
+    pub(crate) async fn write_candles(
+        conn: &mut SqliteConnection,
+        candles: &[(CandleKey, Candle)],
+    ) -> Result<()> {
+        let mut list = String::with_capacity(candles.len() * 330 + 2);
+        list.push('[');
+        for (index, (key, candle)) in candles.iter().enumerate() {
+            if index > 0 {
+                list.push(',');
+            }
+            list.push('[');
+            push_str(&mut list, &key.token.chain);
+            list.push(',');
+            push_str(&mut list, &key.token.address);
+            let _ = write!(list, ",{},{}", key.granularity.seconds(), key.start);
+            for price in [candle.open, candle.high, candle.low, candle.close] {
+                let (m, e) = split_f64(price);
+                let _ = write!(list, ",{m},{e}");
+            }
+            let _ = write!(
+                list,
+                ",\"{}\",\"{}\",{},",
+                candle.usd_volume.0, candle.token_volume.0, candle.trade_count as i64
+            );
+            push_str(&mut list, &candle.first.to_key());
+            list.push(',');
+            push_str(&mut list, &candle.last.to_key());
+            list.push(']');
+        }
+        list.push(']');
+        let sql = format!(
+            "INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}) \
+             SELECT value->>0, value->>1, value->>2, value->>3, {}, {}, {}, {}, \
+             value->>12, value->>13, value->>14, value->>15, value->>16 \
+             FROM json_each($1) WHERE true \
+             ON CONFLICT (chain, token, granularity, window_start) DO UPDATE SET \
+             open = excluded.open, high = excluded.high, low = excluded.low, \
+             close = excluded.close, usd_volume = excluded.usd_volume, \
+             token_volume = excluded.token_volume, trade_count = excluded.trade_count, \
+             first_trade = excluded.first_trade, last_trade = excluded.last_trade",
+            exact_real("$[4]", "$[5]"),
+            exact_real("$[6]", "$[7]"),
+            exact_real("$[8]", "$[9]"),
+            exact_real("$[10]", "$[11]"),
+        );
+        sqlx::query(&sql).bind(list).execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    /// Sets each token's decimals and each pool's reserve from `tokens` and `pools` (the
+    /// latest trade of each), where they are newer than the stored ones.
+    pub(crate) async fn write_tokens_and_pools(
+        conn: &mut SqliteConnection,
+        tokens: &[&Trade],
+        pools: &[&Trade],
+    ) -> Result<()> {
+        if !tokens.is_empty() {
+            let mut list = String::with_capacity(tokens.len() * 160 + 2);
+            list.push('[');
+            for (index, trade) in tokens.iter().enumerate() {
+                if index > 0 {
+                    list.push(',');
+                }
+                list.push('[');
+                push_str(&mut list, &trade.token.chain);
+                list.push(',');
+                push_str(&mut list, &trade.token.address);
+                let _ = write!(list, ",{},", trade.decimals);
+                push_str(&mut list, &trade.order.to_key());
+                list.push(']');
+            }
+            list.push(']');
+            sqlx::query(
+                "INSERT INTO price_tokens (chain, token, decimals, last_trade)                  SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each($1) WHERE true                  ON CONFLICT (chain, token) DO UPDATE SET decimals = excluded.decimals,                  last_trade = excluded.last_trade WHERE excluded.last_trade > price_tokens.last_trade",
+            )
+            .bind(list)
+            .execute(&mut *conn)
+            .await?;
+        }
+        if !pools.is_empty() {
+            let mut list = String::with_capacity(pools.len() * 220 + 2);
+            list.push('[');
+            for (index, trade) in pools.iter().enumerate() {
+                let (pool, reserve) =
+                    trade.pool.as_ref().expect("only trades with a pool are listed");
+                if index > 0 {
+                    list.push(',');
+                }
+                list.push('[');
+                push_str(&mut list, &trade.token.chain);
+                list.push(',');
+                push_str(&mut list, &trade.token.address);
+                list.push(',');
+                push_str(&mut list, pool);
+                let _ = write!(list, ",\"{}\",", reserve.0);
+                push_str(&mut list, &trade.order.to_key());
+                list.push(']');
+            }
+            list.push(']');
+            sqlx::query(
+                "INSERT INTO price_pools (chain, token, pool, reserve, last_trade)                  SELECT value->>0, value->>1, value->>2, value->>3, value->>4 FROM json_each($1)                  WHERE true ON CONFLICT (chain, token, pool) DO UPDATE SET                  reserve = excluded.reserve, last_trade = excluded.last_trade                  WHERE excluded.last_trade > price_pools.last_trade",
+            )
+            .bind(list)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_f64;
+
+    #[test]
+    fn floats_split_into_an_odd_mantissa_and_a_power_of_two() {
+        for value in [1.0, 0.1, 7.0 / 3.0, 1e-30, 3.5e30, 97_000.5, f64::MIN_POSITIVE, 5e-324] {
+            let (m, e) = split_f64(value);
+            assert!(m % 2 == 1 || m == 0, "{value}");
+            let back = (m as f64) * 2f64.powi(e as i32);
+            if value > 1e-300 {
+                assert_eq!(back.to_bits(), value.to_bits(), "{value}");
+            }
+        }
+        assert_eq!(split_f64(0.0), (0, 0));
+        assert_eq!(split_f64(-2.0), (-1, 1));
+    }
+}
