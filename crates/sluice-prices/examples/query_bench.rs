@@ -10,7 +10,7 @@
 //! starts a fresh service over the same database (loading the in-memory latest minutes) and
 //! times the query functions the endpoints call, without HTTP:
 //! - latest price of the 200 busy tokens (2,000 calls);
-//! - history of 50 busy tokens × the last day at 1m (72,000 points, one page; 30 calls),
+//! - history of 50 busy tokens × the last day at 1m (72,000 points, one page; 100 calls),
 //!   answered from the recent candles in memory, and the same read from the store only.
 //!
 //! With `--reuse` as a fourth argument the load is skipped (the database already holds it
@@ -140,7 +140,7 @@ async fn run(url: String, token_count: usize, days: i64, reuse: bool) {
     for from_memory in [true, false] {
         let mut samples = Vec::new();
         let mut points = 0;
-        for _ in 0..30 {
+        for _ in 0..100 {
             let began = Instant::now();
             let page = if from_memory {
                 service.history(&query, None).await.unwrap()

@@ -110,8 +110,8 @@ pub trait PriceStore: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<(usize, PricePoint)>>;
 
-    /// Every token's points at `granularity` whose window starts at or after `from`, oldest
-    /// first (to load them into memory).
+    /// Every token's points at `granularity` whose window starts at or after `from` (to load
+    /// them into memory), each token's oldest first.
     ///
     /// # Errors
     /// A database failure, or a stored row that cannot be read.
@@ -450,15 +450,29 @@ macro_rules! price_store_impl {
                     granularity: Granularity,
                     from: i64,
                 ) -> Result<Vec<(TokenRef, PricePoint)>> {
-                    let rows = sqlx::query(
-                        "SELECT chain, token, window_start, open, high, low, close, usd_volume, \
-                         token_volume FROM price_candles WHERE granularity = $1 \
-                         AND window_start >= $2 ORDER BY window_start",
-                    )
-                    .bind(granularity.seconds())
-                    .bind(from)
-                    .fetch_all(&self.pool)
-                    .await?;
+                    // Driven by the tokens that traded since `from` (a window starting then
+                    // holds only later trades), each read as one range of the primary key:
+                    // the window-start index would instead look every row up at random.
+                    let since = sluice_core::prices::TradeOrder {
+                        at_micros: from.saturating_mul(1_000_000),
+                        block_number: 0,
+                        log_index: 0,
+                        transaction_hash: String::new(),
+                    }
+                    .to_key();
+                    let sql = format!(
+                        "SELECT p.chain, p.token, p.window_start, p.open, p.high, p.low, p.close, \
+                         p.usd_volume, p.token_volume FROM price_tokens t {} price_candles p \
+                         ON p.chain = t.chain AND p.token = t.token AND p.granularity = $1 \
+                         AND p.window_start >= $2 WHERE t.last_trade >= $3",
+                        Self::VALUES_JOIN
+                    );
+                    let rows = sqlx::query(&sql)
+                        .bind(granularity.seconds())
+                        .bind(from)
+                        .bind(since)
+                        .fetch_all(&self.pool)
+                        .await?;
                     rows.iter()
                         .map(|row| {
                             let token =
