@@ -11,9 +11,9 @@ use crate::{PgStore, Result};
 
 impl PgStore {
     /// Remembers the ids of `trades` (each once in the batch); returns, per trade, whether
-    /// it was counted before. Writers hold the price lock, so probing first and then
-    /// inserting plainly is safe, and cheaper than `ON CONFLICT DO NOTHING` (a speculative
-    /// insertion per row).
+    /// it was counted before. Writers hold the price lock, so probing and then inserting
+    /// plainly is safe, and cheaper than `ON CONFLICT DO NOTHING` (a speculative insertion
+    /// per row).
     pub(crate) async fn remember_trades(
         conn: &mut PgConnection,
         trades: &[&Trade],
@@ -23,6 +23,28 @@ impl PgStore {
         let chains: Vec<&str> = trades.iter().map(|t| t.token.chain.as_str()).collect();
         let hashes: Vec<&str> = trades.iter().map(|t| t.order.transaction_hash.as_str()).collect();
         let logs: Vec<i64> = trades.iter().map(|t| t.order.log_index as i64).collect();
+        let insert = "INSERT INTO price_trade_ids (block_time, chain, transaction_hash, log_index) \
+                      SELECT * FROM UNNEST($1::int8[], $2::text[], $3::text[], $4::int8[])";
+        // Usually no trade of a batch was counted before: insert them all at once, and only
+        // when that meets a counted one (undone to the savepoint) find out which.
+        sqlx::query("SAVEPOINT trade_ids").execute(&mut *conn).await?;
+        let all = sqlx::query(insert)
+            .bind(&times)
+            .bind(&chains)
+            .bind(&hashes)
+            .bind(&logs)
+            .execute(&mut *conn)
+            .await;
+        match all {
+            Ok(_) => {
+                sqlx::query("RELEASE SAVEPOINT trade_ids").execute(&mut *conn).await?;
+                return Ok(vec![false; trades.len()]);
+            }
+            Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {
+                sqlx::query("ROLLBACK TO SAVEPOINT trade_ids").execute(&mut *conn).await?;
+            }
+            Err(error) => return Err(error.into()),
+        }
         let found = sqlx::query(
             "SELECT v.ord FROM UNNEST($1::int8[], $2::text[], $3::text[], $4::int8[]) \
              WITH ORDINALITY AS v(block_time, chain, hash, log_index, ord) \
@@ -48,16 +70,13 @@ impl PgStore {
         let pick_str = |all: &[&str]| -> Vec<String> {
             (0..all.len()).filter(keep).map(|i| all[i].to_owned()).collect()
         };
-        sqlx::query(
-            "INSERT INTO price_trade_ids (block_time, chain, transaction_hash, log_index) \
-             SELECT * FROM UNNEST($1::int8[], $2::text[], $3::text[], $4::int8[])",
-        )
-        .bind(pick(&times))
-        .bind(pick_str(&chains))
-        .bind(pick_str(&hashes))
-        .bind(pick(&logs))
-        .execute(&mut *conn)
-        .await?;
+        sqlx::query(insert)
+            .bind(pick(&times))
+            .bind(pick_str(&chains))
+            .bind(pick_str(&hashes))
+            .bind(pick(&logs))
+            .execute(&mut *conn)
+            .await?;
         Ok(seen)
     }
 

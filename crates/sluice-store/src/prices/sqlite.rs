@@ -62,8 +62,8 @@ fn exact_real(m: &str, e: &str) -> String {
 
 impl SqliteStore {
     /// Remembers the ids of `trades` (each once in the batch); returns, per trade, whether
-    /// it was counted before. Writers are serialised, so probing first and then inserting
-    /// plainly is safe.
+    /// it was counted before. Writers are serialised, so probing and then inserting plainly
+    /// is safe.
     pub(crate) async fn remember_trades(
         conn: &mut SqliteConnection,
         trades: &[&Trade],
@@ -85,6 +85,16 @@ impl SqliteStore {
             out
         };
         let all = rows(&mut trades.iter());
+        // Usually no trade of a batch was counted before: insert them all at once, and only
+        // when that meets a counted one (the failed statement changes nothing; the
+        // transaction goes on) find out which.
+        let insert = "INSERT INTO price_trade_ids (block_time, chain, transaction_hash, log_index) \
+                      SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each($1)";
+        match sqlx::query(insert).bind(&all).execute(&mut *conn).await {
+            Ok(_) => return Ok(vec![false; trades.len()]),
+            Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {}
+            Err(error) => return Err(error.into()),
+        }
         let mut seen = vec![false; trades.len()];
         let found = sqlx::query(
             "SELECT j.key AS ord FROM json_each($1) AS j WHERE EXISTS (SELECT 1 FROM price_trade_ids t \
@@ -105,13 +115,7 @@ impl SqliteStore {
         } else {
             all
         };
-        sqlx::query(
-            "INSERT INTO price_trade_ids (block_time, chain, transaction_hash, log_index) \
-             SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each($1)",
-        )
-        .bind(fresh)
-        .execute(&mut *conn)
-        .await?;
+        sqlx::query(insert).bind(fresh).execute(&mut *conn).await?;
         Ok(seen)
     }
 

@@ -68,6 +68,20 @@ async fn candles_merge_exactly_and_duplicates_count_once(store: Arc<dyn PriceSto
     assert_eq!((candle.open, candle.close, candle.high, candle.low), (2.0, 3.0, 3.0, 2.0));
     let quarter = store.latest_candles(&usdc(), Granularity::S15, 0, 5).await.unwrap();
     assert_eq!(quarter.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![T0 + 15, T0]);
+    // A batch of counted and new trades counts the new ones only.
+    let mixed = store
+        .apply_trades(
+            &[
+                trade(5, 1, "50", "100", None),
+                trade(90, 1, "1", "1", None),
+                trade(20, 1, "1", "1", None),
+            ],
+            &keep_all,
+        )
+        .await
+        .unwrap();
+    assert_eq!(mixed.new_trades, vec![trade(90, 1, "1", "1", None)]);
+    assert_eq!(mixed.duplicates, 2);
 }
 
 async fn late_trades_update_the_window_they_belong_to(store: Arc<dyn PriceStore>) {
