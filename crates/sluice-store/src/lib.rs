@@ -9,6 +9,7 @@
 //! crate must not depend on the runtime or the API.
 
 mod datasets;
+mod filter_sets;
 pub mod metrics;
 mod migrations;
 mod postgres;

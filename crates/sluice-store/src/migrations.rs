@@ -80,6 +80,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "metrics",
         sql: Sql::Portable(include_str!("migrations/0005_metrics.sql")),
     },
+    Migration {
+        version: 6,
+        name: "filter_values_append_only",
+        sql: Sql::PerBackend {
+            sqlite: include_str!("migrations/0006_filter_values_append_only.sqlite.sql"),
+            postgres: include_str!("migrations/0006_filter_values_append_only.postgres.sql"),
+        },
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

@@ -9,6 +9,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pub(crate) pool: sqlx::SqlitePool,
+    pub(crate) sets: std::sync::Arc<crate::filter_sets::SetCache>,
 }
 
 impl SqliteStore {
@@ -33,7 +34,7 @@ impl SqliteStore {
             // cross the threshold; this high threshold is only a safety net.
             .pragma("wal_autocheckpoint", WAL_SAFETY_CHECKPOINT_PAGES.to_string());
         let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
-        let store = Self { pool };
+        let store = Self { pool, sets: crate::filter_sets::SetCache::shared() };
         store.migrate().await?;
         tokio::spawn(checkpoint_in_background(store.pool.clone()));
         Ok(store)
@@ -96,43 +97,49 @@ impl SqliteStore {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 
-    /// SQLite checks the membership key as part of the insert, so `ON CONFLICT DO NOTHING`
-    /// costs no more than the insert itself, known absent values or not.
+    /// Appends `values` to set `set_id` in order, with seqs taken from `filter_value_seq`
+    /// (migration 6) a chunk at a time.
     async fn insert_values(
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         set_id: i64,
         values: &[&str],
-        _known_absent: bool,
     ) -> crate::Result<u64> {
-        let mut added = 0;
+        use sqlx::Row as _;
         for chunk in values.chunks(VALUES_PER_STATEMENT) {
-            // `WHERE true` tells SQLite's parser that ON CONFLICT is the upsert clause.
-            added += sqlx::query(
-                "INSERT INTO filter_values (set_id, value) \
-                 SELECT $1, value FROM json_each($2) WHERE true ON CONFLICT DO NOTHING",
+            let last: i64 =
+                sqlx::query("UPDATE filter_value_seq SET last = last + $1 RETURNING last")
+                    .bind(chunk.len() as i64)
+                    .fetch_one(&mut **tx)
+                    .await?
+                    .try_get("last")?;
+            // json_each numbers array elements from 0 as `key`.
+            sqlx::query(
+                "INSERT INTO filter_values (set_id, seq, value) \
+                 SELECT $1, $2 + key, value FROM json_each($3)",
             )
             .bind(set_id)
+            .bind(last - chunk.len() as i64 + 1)
             .bind(json_array(chunk))
             .execute(&mut **tx)
-            .await?
-            .rows_affected();
+            .await?;
         }
-        Ok(added)
+        Ok(values.len() as u64)
     }
 
-    async fn delete_values(
+    async fn delete_rows(
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         set_id: i64,
-        values: &[&str],
+        seqs: &[i64],
     ) -> crate::Result<u64> {
         let mut removed = 0;
-        for chunk in values.chunks(VALUES_PER_STATEMENT) {
+        for chunk in seqs.chunks(VALUES_PER_STATEMENT) {
+            let list = chunk.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
             removed += sqlx::query(
                 "DELETE FROM filter_values \
-                 WHERE set_id = $1 AND value IN (SELECT value FROM json_each($2))",
+                 WHERE set_id = $1 AND seq IN (SELECT value FROM json_each($2))",
             )
             .bind(set_id)
-            .bind(json_array(chunk))
+            .bind(format!("[{list}]"))
             .execute(&mut **tx)
             .await?
             .rows_affected();
