@@ -186,8 +186,14 @@ impl KeyRow {
 /// `pipeline_config` of pipeline `$1` and holds off other writers of that row until commit),
 /// `async fn begin_write(&self)` (a transaction that will write), and the bulk filter-value
 /// statements, run while the pipeline lock is held: `insert_values(tx, set_id, values)`
-/// appends values known to be absent (each once) to a set and `delete_rows(tx, set_id,
-/// seqs)` deletes rows by key; each returns the rows changed. The store type also has a
+/// appends values known to be absent (each once) to a set, `delete_values(tx, set_id,
+/// values)` deletes the rows of values known to be present and `delete_values_except(tx,
+/// set_id, kept)` every row whose value is not in `kept`, each in one statement (the table
+/// has no index on values, so a statement per chunk would read the set once per chunk);
+/// each returns the rows changed. `const JSON_AGG: &str` names the aggregate that gathers
+/// text values into one JSON array, and `const INDEX_ORDER: &[&str]` holds statements that
+/// make the rest of a transaction read a set's rows along its key instead of sorting them
+/// (see [`crate::postgres`]). The store type also has a
 /// `sets: Arc<crate::filter_sets::SetCache>` field.
 macro_rules! metadata_store_impl {
     ($store:ty, $db:ty) => {
@@ -397,62 +403,44 @@ macro_rules! metadata_store_impl {
                     .await?
                     .try_get("value_count")?;
                 let mut values = ValueSet::with_capacity(usize::try_from(count).unwrap_or(0));
+                // A page arrives as one row holding a JSON array: a row per value costs
+                // several times more in the drivers than the set's own work.
+                let sql = format!(
+                    "SELECT COUNT(*) AS n, MAX(seq) AS last, {} AS page FROM \
+                     (SELECT seq, value FROM filter_values WHERE set_id = $1 AND seq > $2 \
+                      ORDER BY seq LIMIT $3) AS p",
+                    Self::JSON_AGG
+                );
+                for statement in Self::INDEX_ORDER {
+                    sqlx::query(statement).execute(&mut **tx).await?;
+                }
                 let mut after = 0_i64;
                 loop {
-                    let rows = sqlx::query(
-                        "SELECT seq, value FROM filter_values WHERE set_id = $1 AND seq > $2 \
-                         ORDER BY seq LIMIT $3",
-                    )
-                    .bind(set_id)
-                    .bind(after)
-                    .bind(SCAN_PAGE)
-                    .fetch_all(&mut **tx)
-                    .await?;
-                    for row in &rows {
-                        values.insert(row.try_get::<&str, _>("value")?);
+                    let row = sqlx::query(&sql)
+                        .bind(set_id)
+                        .bind(after)
+                        .bind(SCAN_PAGE)
+                        .fetch_one(&mut **tx)
+                        .await?;
+                    let n: i64 = row.try_get("n")?;
+                    if n == 0 {
+                        break;
                     }
-                    match rows.last() {
-                        Some(last) if rows.len() as i64 == SCAN_PAGE => after = last.try_get("seq")?,
-                        _ => break,
+                    let page: Vec<String> = serde_json::from_str(row.try_get::<&str, _>("page")?)
+                        .map_err(|e| StoreError::Corrupt {
+                            what: "filter values",
+                            detail: format!("set {set_id}: page after seq {after}: {e}"),
+                        })?;
+                    for value in &page {
+                        values.insert(value);
                     }
+                    if n < SCAN_PAGE {
+                        break;
+                    }
+                    after = row.try_get("last")?;
                 }
                 tracing::debug!(set_id, version, values = values.len(), "filter set loaded");
                 Ok(values)
-            }
-
-            /// The seqs of the rows of set `set_id` whose value `doomed` selects, reading the
-            /// set in seq order until `count` are found. The table has no index on values
-            /// (see [`crate::filter_sets`]), and a scan keeps the plan independent of the
-            /// planner's estimates for a list of a million values.
-            async fn find_rows(
-                tx: &mut sqlx::Transaction<'_, $db>,
-                set_id: i64,
-                count: usize,
-                doomed: impl Fn(&str) -> bool + Send,
-            ) -> Result<Vec<i64>> {
-                let mut found = Vec::with_capacity(count);
-                let mut after = 0_i64;
-                while found.len() < count {
-                    let rows = sqlx::query(
-                        "SELECT seq, value FROM filter_values WHERE set_id = $1 AND seq > $2 \
-                         ORDER BY seq LIMIT $3",
-                    )
-                    .bind(set_id)
-                    .bind(after)
-                    .bind(SCAN_PAGE)
-                    .fetch_all(&mut **tx)
-                    .await?;
-                    for row in &rows {
-                        if doomed(row.try_get::<&str, _>("value")?) {
-                            found.push(row.try_get("seq")?);
-                        }
-                    }
-                    match rows.last() {
-                        Some(last) if rows.len() as i64 == SCAN_PAGE => after = last.try_get("seq")?,
-                        _ => break,
-                    }
-                }
-                Ok(found)
             }
 
             /// Records a write of set `set_id` that changed its size by `change`, and
@@ -951,13 +939,7 @@ macro_rules! metadata_store_impl {
                 let version = if present.is_empty() {
                     version
                 } else {
-                    let mut doomed = ValueSet::with_capacity(present.len());
-                    present.iter().for_each(|value| {
-                        doomed.insert(value);
-                    });
-                    let rows =
-                        Self::find_rows(&mut tx, set, present.len(), |v| doomed.contains(v)).await?;
-                    let removed = Self::delete_rows(&mut tx, set, &rows).await?;
+                    let removed = Self::delete_values(&mut tx, set, &present).await?;
                     if removed != present.len() as u64 {
                         return Err(StoreError::Corrupt {
                             what: "filter values",
@@ -1006,8 +988,7 @@ macro_rules! metadata_store_impl {
                 let stale = members.len() - (kept.len() - new.len());
                 let mut removed = 0;
                 if stale > 0 {
-                    let rows = Self::find_rows(&mut tx, set, stale, |v| !wanted.contains(v)).await?;
-                    removed = Self::delete_rows(&mut tx, set, &rows).await?;
+                    removed = Self::delete_values_except(&mut tx, set, &kept).await?;
                 }
                 if removed != stale as u64 {
                     return Err(StoreError::Corrupt {
@@ -1032,6 +1013,10 @@ macro_rules! metadata_store_impl {
                 limit: u32,
             ) -> Result<FilterValuePage> {
                 let limit = limit.max(1);
+                let mut tx = self.pool.begin().await?;
+                for statement in Self::INDEX_ORDER {
+                    sqlx::query(statement).execute(&mut *tx).await?;
+                }
                 // One row more than asked tells whether another page follows.
                 let rows = sqlx::query(&format!(
                     "SELECT seq, value FROM filter_values \
@@ -1041,8 +1026,9 @@ macro_rules! metadata_store_impl {
                 .bind(transform_uid)
                 .bind(after.unwrap_or(0))
                 .bind(i64::from(limit) + 1)
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *tx)
                 .await?;
+                tx.commit().await?;
                 let more = rows.len() > limit as usize;
                 let page = &rows[..rows.len().min(limit as usize)];
                 let next = match page.last() {

@@ -79,6 +79,11 @@ const VALUES_PER_STATEMENT: usize = 50_000;
 impl SqliteStore {
     const BACKEND: crate::migrations::Backend = crate::migrations::Backend::Sqlite;
 
+    const JSON_AGG: &str = "json_group_array(value)";
+
+    /// SQLite reads `WHERE set_id = ? AND seq > ? ORDER BY seq` along the key by itself.
+    const INDEX_ORDER: &[&str] = &[];
+
     /// SQLite has one writer at a time, and `BEGIN IMMEDIATE` (below) takes that lock at the
     /// start, so reading the row inside a write transaction is enough.
     const LOCK_PIPELINE: &str = "SELECT pipeline_config FROM pipelines WHERE id = $1";
@@ -126,25 +131,38 @@ impl SqliteStore {
         Ok(values.len() as u64)
     }
 
-    async fn delete_rows(
+    /// `value IN (SELECT … FROM json_each(…))` reads the list into a temporary index once;
+    /// the set's rows are then read in one pass.
+    async fn delete_values(
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         set_id: i64,
-        seqs: &[i64],
+        values: &[&str],
     ) -> crate::Result<u64> {
-        let mut removed = 0;
-        for chunk in seqs.chunks(VALUES_PER_STATEMENT) {
-            let list = chunk.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-            removed += sqlx::query(
-                "DELETE FROM filter_values \
-                 WHERE set_id = $1 AND seq IN (SELECT value FROM json_each($2))",
-            )
-            .bind(set_id)
-            .bind(format!("[{list}]"))
-            .execute(&mut **tx)
-            .await?
-            .rows_affected();
-        }
-        Ok(removed)
+        Ok(sqlx::query(
+            "DELETE FROM filter_values \
+             WHERE set_id = $1 AND value IN (SELECT value FROM json_each($2))",
+        )
+        .bind(set_id)
+        .bind(json_array(values))
+        .execute(&mut **tx)
+        .await?
+        .rows_affected())
+    }
+
+    async fn delete_values_except(
+        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        set_id: i64,
+        kept: &[&str],
+    ) -> crate::Result<u64> {
+        Ok(sqlx::query(
+            "DELETE FROM filter_values \
+             WHERE set_id = $1 AND value NOT IN (SELECT value FROM json_each($2))",
+        )
+        .bind(set_id)
+        .bind(json_array(kept))
+        .execute(&mut **tx)
+        .await?
+        .rows_affected())
     }
 }
 
