@@ -664,7 +664,8 @@ macro_rules! metadata_store_impl {
                     let (set, _) = Self::set_row(&mut tx, &pipeline.id, uid, true)
                         .await?
                         .ok_or(sqlx::Error::RowNotFound)?;
-                    let added = Self::insert_values(&mut tx, set, &sorted_unique(values)).await?;
+                    let added =
+                        Self::insert_values(&mut tx, set, &mut sorted_unique(values).into_iter()).await?;
                     Self::mark_written(&mut tx, set, added as i64).await?;
                 }
                 tx.commit().await?;
@@ -902,19 +903,18 @@ macro_rules! metadata_store_impl {
                     .await?
                     .ok_or(sqlx::Error::RowNotFound)?;
                 let mut members = Self::current_values(&mut tx, &mut slot, set, version).await?;
-                // The set decides what is new, repeats within the request included; the rows
-                // are appended in request order.
-                let new: Vec<&str> =
-                    values.iter().map(String::as_str).filter(|value| members.insert(value)).collect();
-                let version = if new.is_empty() {
+                // The set decides what is new, repeats within the request included, as the
+                // backend draws the values; the rows are appended in request order.
+                let mut new = values.iter().map(String::as_str).filter(|value| members.insert(value));
+                let added = Self::insert_values(&mut tx, set, &mut new).await?;
+                let version = if added == 0 {
                     version
                 } else {
-                    Self::insert_values(&mut tx, set, &new).await?;
-                    Self::mark_written(&mut tx, set, new.len() as i64).await?
+                    Self::mark_written(&mut tx, set, added as i64).await?
                 };
                 tx.commit().await?;
                 self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, members);
-                Ok(new.len() as u64)
+                Ok(added)
             }
 
             async fn remove_filter_values(
@@ -996,7 +996,7 @@ macro_rules! metadata_store_impl {
                         detail: format!("set {set}: {stale} stale values in memory, {removed} rows deleted"),
                     });
                 }
-                Self::insert_values(&mut tx, set, &new).await?;
+                Self::insert_values(&mut tx, set, &mut new.iter().copied()).await?;
                 let version =
                     Self::mark_written(&mut tx, set, new.len() as i64 - removed as i64).await?;
                 tx.commit().await?;

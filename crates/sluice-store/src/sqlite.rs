@@ -107,10 +107,16 @@ impl SqliteStore {
     async fn insert_values(
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         set_id: i64,
-        values: &[&str],
+        values: &mut (dyn Iterator<Item = &str> + Send),
     ) -> crate::Result<u64> {
         use sqlx::Row as _;
-        for chunk in values.chunks(VALUES_PER_STATEMENT) {
+        let mut added = 0;
+        loop {
+            let chunk: Vec<&str> = values.take(VALUES_PER_STATEMENT).collect();
+            if chunk.is_empty() {
+                return Ok(added);
+            }
+            added += chunk.len() as u64;
             let last: i64 =
                 sqlx::query("UPDATE filter_value_seq SET last = last + $1 RETURNING last")
                     .bind(chunk.len() as i64)
@@ -124,11 +130,10 @@ impl SqliteStore {
             )
             .bind(set_id)
             .bind(last - chunk.len() as i64 + 1)
-            .bind(json_array(chunk))
+            .bind(json_array(&chunk))
             .execute(&mut **tx)
             .await?;
         }
-        Ok(values.len() as u64)
     }
 
     /// `value IN (SELECT … FROM json_each(…))` reads the list into a temporary index once;
