@@ -71,6 +71,11 @@ impl PgStore {
         Ok(tx)
     }
 
+    /// `REPEATABLE READ`: every statement of the transaction sees the snapshot of its first.
+    async fn begin_snapshot(&self) -> crate::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+        Ok(self.pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?)
+    }
+
     /// Appends `values` to set `set_id` in order with one `COPY … FROM STDIN` (text format);
     /// the identity sequence numbers the rows as they come. COPY took a third of the time of
     /// `INSERT … SELECT … FROM UNNEST($2::text[])` for a million values. `values` is drawn

@@ -184,7 +184,9 @@ impl KeyRow {
 /// What differs between the databases the store type supplies itself, in its own module:
 /// `const BACKEND: Backend`, `const LOCK_PIPELINE: &str` (a statement that selects
 /// `pipeline_config` of pipeline `$1` and holds off other writers of that row until commit),
-/// `async fn begin_write(&self)` (a transaction that will write), and the bulk filter-value
+/// `async fn begin_write(&self)` (a transaction that will write), `async fn
+/// begin_snapshot(&self)` (a read-only transaction whose reads all see one committed state,
+/// without blocking writers), and the bulk filter-value
 /// statements, run while the pipeline lock is held: `insert_values(tx, set_id, values)`
 /// appends values known to be absent (each once) to a set, `delete_values(tx, set_id,
 /// values)` deletes the rows of values known to be present and `delete_values_except(tx,
@@ -394,9 +396,14 @@ macro_rules! metadata_store_impl {
                 set_id: i64,
                 version: i64,
             ) -> Result<ValueSet> {
-                if let Some(values) = slot.take_current(set_id, version) {
-                    return Ok(values);
+                match slot.take_current(set_id, version) {
+                    Some(values) => Ok(values),
+                    None => Self::read_set(tx, set_id).await,
                 }
+            }
+
+            /// Every value of stored set `set_id`, read a page of [`SCAN_PAGE`] at a time.
+            async fn read_set(tx: &mut sqlx::Transaction<'_, $db>, set_id: i64) -> Result<ValueSet> {
                 let count: i64 = sqlx::query("SELECT value_count FROM filter_sets WHERE id = $1")
                     .bind(set_id)
                     .fetch_one(&mut **tx)
@@ -439,7 +446,7 @@ macro_rules! metadata_store_impl {
                     }
                     after = row.try_get("last")?;
                 }
-                tracing::debug!(set_id, version, values = values.len(), "filter set loaded");
+                tracing::debug!(set_id, values = values.len(), "filter set read");
                 Ok(values)
             }
 
@@ -1058,12 +1065,8 @@ macro_rules! metadata_store_impl {
                 if let Some(loaded) = slot.loaded.as_ref().filter(|_| slot.is_current(set, version)) {
                     return Ok(loaded.values.contains(value));
                 }
-                // Not loaded (or behind): load it under the writers' locks, so the values read
-                // are those of one version.
-                let mut tx = self.begin_write().await?;
-                if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
-                    return Ok(false);
-                }
+                // Not loaded (or behind): read it from one snapshot, which is one version.
+                let mut tx = self.begin_snapshot().await?;
                 let Some((set, version)) =
                     Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
                 else {
@@ -1074,6 +1077,29 @@ macro_rules! metadata_store_impl {
                 let hit = members.contains(value);
                 self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, members);
                 Ok(hit)
+            }
+
+            async fn filter_value_set(
+                &self,
+                pipeline_id: &str,
+                transform_uid: &str,
+            ) -> Result<ValueSet> {
+                let mut tx = self.begin_snapshot().await?;
+                let Some((set, version)) =
+                    Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
+                else {
+                    return Ok(ValueSet::new());
+                };
+                {
+                    let slot = self.sets.lock(pipeline_id, transform_uid).await;
+                    if let Some(loaded) = slot.loaded.as_ref().filter(|_| slot.is_current(set, version)) {
+                        return Ok(loaded.values.clone());
+                    }
+                }
+                // Read without taking the slot: the store keeps no copy of a set nobody writes.
+                let values = Self::read_set(&mut tx, set).await?;
+                tx.commit().await?;
+                Ok(values)
             }
 
             async fn put_deployment(&self, record: &DeploymentRecord) -> Result<()> {

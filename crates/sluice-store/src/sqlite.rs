@@ -102,6 +102,11 @@ impl SqliteStore {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 
+    /// A deferred transaction reads from one WAL snapshot, taken at its first read.
+    async fn begin_snapshot(&self) -> crate::Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
+        Ok(self.pool.begin().await?)
+    }
+
     /// Appends `values` to set `set_id` in order, with seqs taken from `filter_value_seq`
     /// (migration 6) a chunk at a time.
     async fn insert_values(

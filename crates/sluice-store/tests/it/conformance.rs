@@ -68,6 +68,18 @@ mod two_processes {
         assert_eq!(a.add_filter_values(&p.id, "f1", &strings(&["0xe", "0xf"])).await.unwrap(), 1);
         assert_eq!(list_all(b.as_ref(), &p.id, "f1", 10).await, ["0xe", "0xf"]);
         assert_eq!(b.filter_value_count(&p.id, "f1").await.unwrap(), 2);
+
+        // The whole set, from the writer's copy and read afresh by the other process.
+        let many: Vec<String> = (0..250_000).map(|i| format!("0x{i:040x}")).collect();
+        a.add_filter_values(&p.id, "f1", &many).await.unwrap();
+        a.remove_filter_values(&p.id, "f1", &strings(&["0xe"])).await.unwrap();
+        for store in [&a, &b] {
+            let set = store.filter_value_set(&p.id, "f1").await.unwrap();
+            assert_eq!(set.len(), 250_001);
+            assert!(set.contains("0xf") && !set.contains("0xe"));
+            assert!(many.iter().step_by(997).all(|v| set.contains(v)));
+        }
+        assert!(a.filter_value_set(&p.id, "f2").await.unwrap().is_empty(), "never written");
     }
 
     #[tokio::test]
