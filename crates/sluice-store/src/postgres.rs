@@ -113,25 +113,15 @@ impl PgStore {
     async fn delete_values(
         tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
         set_id: i64,
-        values: &[&str],
+        list: &[&str],
+        listed: bool,
     ) -> crate::Result<u64> {
-        Ok(sqlx::query("DELETE FROM filter_values WHERE set_id = $1 AND value = ANY($2::text[])")
+        let test = if listed { "= ANY" } else { "<> ALL" };
+        let sql =
+            format!("DELETE FROM filter_values WHERE set_id = $1 AND value {test}($2::text[])");
+        Ok(sqlx::query(&sql)
             .bind(set_id)
-            .bind(values)
-            .persistent(false)
-            .execute(&mut **tx)
-            .await?
-            .rows_affected())
-    }
-
-    async fn delete_values_except(
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-        set_id: i64,
-        kept: &[&str],
-    ) -> crate::Result<u64> {
-        Ok(sqlx::query("DELETE FROM filter_values WHERE set_id = $1 AND value <> ALL($2::text[])")
-            .bind(set_id)
-            .bind(kept)
+            .bind(list)
             .persistent(false)
             .execute(&mut **tx)
             .await?

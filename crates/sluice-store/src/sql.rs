@@ -188,9 +188,9 @@ impl KeyRow {
 /// begin_snapshot(&self)` (a read-only transaction whose reads all see one committed state,
 /// without blocking writers), and the bulk filter-value
 /// statements, run while the pipeline lock is held: `insert_values(tx, set_id, values)`
-/// appends values known to be absent (each once) to a set, `delete_values(tx, set_id,
-/// values)` deletes the rows of values known to be present and `delete_values_except(tx,
-/// set_id, kept)` every row whose value is not in `kept`, each in one statement (the table
+/// appends values known to be absent (each once) to a set, and `delete_values(tx, set_id,
+/// list, listed)` deletes the rows whose value is in `list` (`listed`) or not in it, in one
+/// statement (the table
 /// has no index on values, so a statement per chunk would read the set once per chunk);
 /// each returns the rows changed. `const JSON_AGG: &str` names the aggregate that gathers
 /// text values into one JSON array, and `const INDEX_ORDER: &[&str]` holds statements that
@@ -946,7 +946,7 @@ macro_rules! metadata_store_impl {
                 let version = if present.is_empty() {
                     version
                 } else {
-                    let removed = Self::delete_values(&mut tx, set, &present).await?;
+                    let removed = Self::delete_values(&mut tx, set, &present, true).await?;
                     if removed != present.len() as u64 {
                         return Err(StoreError::Corrupt {
                             what: "filter values",
@@ -995,7 +995,7 @@ macro_rules! metadata_store_impl {
                 let stale = members.len() - (kept.len() - new.len());
                 let mut removed = 0;
                 if stale > 0 {
-                    removed = Self::delete_values_except(&mut tx, set, &kept).await?;
+                    removed = Self::delete_values(&mut tx, set, &kept, false).await?;
                 }
                 if removed != stale as u64 {
                     return Err(StoreError::Corrupt {

@@ -141,38 +141,25 @@ impl SqliteStore {
         }
     }
 
-    /// `value IN (SELECT … FROM json_each(…))` reads the list into a temporary index once;
-    /// the set's rows are then read in one pass.
+    /// `value [NOT] IN (SELECT … FROM json_each(…))` reads the list into a temporary index
+    /// once; the set's rows are then read in one pass.
     async fn delete_values(
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         set_id: i64,
-        values: &[&str],
+        list: &[&str],
+        listed: bool,
     ) -> crate::Result<u64> {
-        Ok(sqlx::query(
+        let not = if listed { "" } else { "NOT" };
+        let sql = format!(
             "DELETE FROM filter_values \
-             WHERE set_id = $1 AND value IN (SELECT value FROM json_each($2))",
-        )
-        .bind(set_id)
-        .bind(json_array(values))
-        .execute(&mut **tx)
-        .await?
-        .rows_affected())
-    }
-
-    async fn delete_values_except(
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-        set_id: i64,
-        kept: &[&str],
-    ) -> crate::Result<u64> {
-        Ok(sqlx::query(
-            "DELETE FROM filter_values \
-             WHERE set_id = $1 AND value NOT IN (SELECT value FROM json_each($2))",
-        )
-        .bind(set_id)
-        .bind(json_array(kept))
-        .execute(&mut **tx)
-        .await?
-        .rows_affected())
+             WHERE set_id = $1 AND value {not} IN (SELECT value FROM json_each($2))"
+        );
+        Ok(sqlx::query(&sql)
+            .bind(set_id)
+            .bind(json_array(list))
+            .execute(&mut **tx)
+            .await?
+            .rows_affected())
     }
 }
 
