@@ -190,9 +190,8 @@ impl KeyRow {
 /// statements, run while the pipeline lock is held: `insert_values(tx, set_id, values)`
 /// appends values known to be absent (each once) to a set, and `delete_values(tx, set_id,
 /// list, listed)` deletes the rows whose value is in `list` (`listed`) or not in it, in one
-/// statement (the table
-/// has no index on values, so a statement per chunk would read the set once per chunk);
-/// each returns the rows changed. `const JSON_AGG: &str` names the aggregate that gathers
+/// statement (the table has no index on values, so a statement per chunk would read the set
+/// once per chunk); each returns the rows changed. `const JSON_AGG: &str` names the aggregate that gathers
 /// text values into one JSON array, and `const INDEX_ORDER: &[&str]` holds statements that
 /// make the rest of a transaction read a set's rows along its key instead of sorting them
 /// (see [`crate::postgres`]). The store type also has a
