@@ -1083,19 +1083,27 @@ macro_rules! metadata_store_impl {
                 pipeline_id: &str,
                 transform_uid: &str,
             ) -> Result<ValueSet> {
-                let mut tx = self.begin_snapshot().await?;
-                let Some((set, version)) =
-                    Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
-                else {
-                    return Ok(ValueSet::new());
-                };
+                // Slot first, connection second, as every user of a slot does.
                 {
                     let slot = self.sets.lock(pipeline_id, transform_uid).await;
-                    if let Some(loaded) = slot.loaded.as_ref().filter(|_| slot.is_current(set, version)) {
-                        return Ok(loaded.values.clone());
+                    if let Some(loaded) = &slot.loaded {
+                        let row = sqlx::query("SELECT version FROM filter_sets WHERE id = $1")
+                            .bind(loaded.set_id)
+                            .fetch_optional(&self.pool)
+                            .await?;
+                        if let Some(row) = row {
+                            if slot.is_current(loaded.set_id, row.try_get("version")?) {
+                                return Ok(loaded.values.clone());
+                            }
+                        }
                     }
                 }
                 // Read without taking the slot: the store keeps no copy of a set nobody writes.
+                let mut tx = self.begin_snapshot().await?;
+                let Some((set, _)) = Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
+                else {
+                    return Ok(ValueSet::new());
+                };
                 let values = Self::read_set(&mut tx, set).await?;
                 tx.commit().await?;
                 Ok(values)
