@@ -63,6 +63,7 @@ const NARROW_OFFSET_LIMIT: usize = u32::MAX as usize;
 ///
 /// There is no size limit other than memory: offsets are 4 bytes until the arena passes
 /// 4 GiB, and the table switches to 8-byte offsets (a one-time rebuild) when it does.
+#[derive(Clone)]
 pub struct ValueSet {
     arena: Vec<u8>,
     slots: Slots,
@@ -75,6 +76,7 @@ pub struct ValueSet {
     narrow_offset_limit: usize,
 }
 
+#[derive(Clone)]
 enum Slots {
     Narrow(Table<NarrowGroup>),
     Wide(Table<WideGroup>),

@@ -16,9 +16,6 @@ use sluice_store::MetadataStore;
 
 use crate::Result;
 
-/// Values read from the store per page while an index loads.
-const LOAD_PAGE: u32 = 100_000;
-
 /// A change, owned, queued while an index loads.
 #[derive(Debug, Clone)]
 enum Change {
@@ -116,32 +113,20 @@ impl SetIndexes {
     }
 
     async fn load(&self, handle: &SetHandle, pipeline_id: &str, uid: &str) -> Result<()> {
-        let count = self.store.filter_value_count(pipeline_id, uid).await?;
-        let mut set = ValueSet::with_capacity(usize::try_from(count).unwrap_or(0));
-        let mut after = None;
-        loop {
-            let page = self.store.list_filter_values(pipeline_id, uid, after, LOAD_PAGE).await?;
-            for value in &page.values {
-                set.insert(value);
-            }
-            match page.next {
-                Some(next) => after = Some(next),
-                None => break,
-            }
-        }
+        let mut set = self.store.filter_value_set(pipeline_id, uid).await?;
         // Replay what changed during the load, then let changes apply directly; both under
         // the pending lock so no change slips between the two.
         let mut pending = handle.pending.lock().expect("pending-changes lock is never poisoned");
         for change in pending.take().unwrap_or_default() {
             change.apply(&mut set);
         }
-        *handle.values.write().expect("set index lock is never poisoned") = set;
         tracing::debug!(
             config_id = pipeline_id,
             transform_uid = uid,
-            values = count,
+            values = set.len(),
             "set index loaded"
         );
+        *handle.values.write().expect("set index lock is never poisoned") = set;
         Ok(())
     }
 

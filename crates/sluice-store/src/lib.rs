@@ -9,6 +9,7 @@
 //! crate must not depend on the runtime or the API.
 
 mod datasets;
+mod filter_sets;
 pub mod metrics;
 mod migrations;
 mod postgres;
@@ -224,6 +225,18 @@ pub trait MetadataStore: DatasetStore + MetricsStore + Send + Sync + 'static {
         after: Option<i64>,
         limit: u32,
     ) -> Result<FilterValuePage>;
+
+    /// Every value of one transform's set as of one committed write (empty when the set was
+    /// never written): what a set filter's index starts from. Copied from the store's own
+    /// copy when that is current, else read without blocking writers.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn filter_value_set(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+    ) -> Result<sluice_filter::ValueSet>;
 
     /// Whether `value` (normalised by the caller) is in the set of one transform.
     ///

@@ -80,7 +80,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "metrics",
         sql: Sql::Portable(include_str!("migrations/0005_metrics.sql")),
     },
-    // 6 is left to the filter-value storage change being made on another branch.
+    Migration {
+        version: 6,
+        name: "filter_values_append_only",
+        sql: Sql::PerBackend {
+            sqlite: include_str!("migrations/0006_filter_values_append_only.sqlite.sql"),
+            postgres: include_str!("migrations/0006_filter_values_append_only.postgres.sql"),
+        },
+    },
     Migration {
         version: 7,
         name: "prices_trade_ids_and_writes",

@@ -184,10 +184,18 @@ impl KeyRow {
 /// What differs between the databases the store type supplies itself, in its own module:
 /// `const BACKEND: Backend`, `const LOCK_PIPELINE: &str` (a statement that selects
 /// `pipeline_config` of pipeline `$1` and holds off other writers of that row until commit),
-/// `async fn begin_write(&self)` (a transaction that will write), and the bulk filter-value
-/// statements `insert_values(tx, set_id, values, known_absent)` (the flag tells that none of
-/// the values is in the set) and `delete_values(tx, set_id, values)`, given sorted, unique
-/// values while the pipeline lock is held; each returns the rows changed.
+/// `async fn begin_write(&self)` (a transaction that will write), `async fn
+/// begin_snapshot(&self)` (a read-only transaction whose reads all see one committed state,
+/// without blocking writers), and the bulk filter-value
+/// statements, run while the pipeline lock is held: `insert_values(tx, set_id, values)`
+/// appends values known to be absent (each once) to a set, and `delete_values(tx, set_id,
+/// list, listed)` deletes the rows whose value is in `list` (`listed`) or not in it, in one
+/// statement (the table has no index on values, so a statement per chunk would read the set
+/// once per chunk); each returns the rows changed. `const JSON_AGG: &str` names the aggregate that gathers
+/// text values into one JSON array, and `const INDEX_ORDER: &[&str]` holds statements that
+/// make the rest of a transaction read a set's rows along its key instead of sorting them
+/// (see [`crate::postgres`]). The store type also has a
+/// `sets: Arc<crate::filter_sets::SetCache>` field.
 macro_rules! metadata_store_impl {
     ($store:ty, $db:ty) => {
         use sluice_core::deployment::DeploymentRecord;
@@ -196,6 +204,9 @@ macro_rules! metadata_store_impl {
         use sluice_core::pipeline::Pipeline;
         use sqlx::Row as _;
 
+        use sluice_filter::ValueSet;
+
+        use crate::filter_sets::Slot;
         use crate::sql::{
             DeploymentRow, KeyRow, PIPELINE_COLUMNS, PipelineRow, SET_ID, deployment_text,
             pipeline_text, sorted_unique,
@@ -269,7 +280,7 @@ macro_rules! metadata_store_impl {
         }
 
         /// Rows per read when a replace scans the set it replaces.
-        const SCAN_PAGE: i64 = 50_000;
+        const SCAN_PAGE: i64 = 100_000;
 
         fn now() -> String {
             sluice_core::time::format(chrono::Utc::now())
@@ -345,15 +356,15 @@ macro_rules! metadata_store_impl {
                 Ok(config.transforms.iter().any(|t| t.is_set_filter() && t.uid() == uid))
             }
 
-            /// The id of the set of pipeline `id`'s transform `uid`; `create` makes it when
-            /// missing, else `None` means the set was never written. Call with the pipeline
-            /// locked.
-            async fn set_id(
+            /// The stored `(id, version)` of the set of pipeline `id`'s transform `uid`;
+            /// `create` makes it when missing, else `None` means the set was never written.
+            /// Call with the pipeline locked.
+            async fn set_row(
                 tx: &mut sqlx::Transaction<'_, $db>,
                 id: &str,
                 uid: &str,
                 create: bool,
-            ) -> Result<Option<i64>> {
+            ) -> Result<Option<(i64, i64)>> {
                 if create {
                     sqlx::query(
                         "INSERT INTO filter_sets (pipeline_id, transform_uid, value_count) \
@@ -365,70 +376,95 @@ macro_rules! metadata_store_impl {
                     .await?;
                 }
                 let row = sqlx::query(
-                    "SELECT id FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2",
+                    "SELECT id, version FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2",
                 )
                 .bind(id)
                 .bind(uid)
                 .fetch_optional(&mut **tx)
                 .await?;
-                Ok(row.map(|row| row.try_get("id")).transpose()?)
+                Ok(row.map(|row| Ok::<_, sqlx::Error>((row.try_get("id")?, row.try_get("version")?))).transpose()?)
             }
 
-            /// Reads the values of a set, in pages along the membership key (which holds every
-            /// column needed), and hands each to `each`. With `max`, stops once more than `max`
-            /// values were read; returns whether every value was read.
-            async fn scan_set(
+            /// The values of stored set `set_id` at `version`: the slot's when they are
+            /// current, else read from the table (in seq order, a page at a time). The slot is
+            /// left empty either way; the caller puts the values back after its commit. Call
+            /// with the pipeline locked.
+            async fn current_values(
                 tx: &mut sqlx::Transaction<'_, $db>,
+                slot: &mut Slot,
                 set_id: i64,
-                max: Option<usize>,
-                mut each: impl FnMut(String) + Send,
-            ) -> Result<bool> {
-                let mut after: Option<String> = None;
-                let mut read = 0;
-                loop {
-                    let sql = if after.is_some() {
-                        "SELECT value FROM filter_values WHERE set_id = $1 AND value > $3 \
-                         ORDER BY value LIMIT $2"
-                    } else {
-                        "SELECT value FROM filter_values WHERE set_id = $1 ORDER BY value LIMIT $2"
-                    };
-                    let mut query = sqlx::query(sql).bind(set_id).bind(SCAN_PAGE);
-                    if let Some(last) = &after {
-                        query = query.bind(last.as_str());
-                    }
-                    let rows = query.fetch_all(&mut **tx).await?;
-                    read += rows.len();
-                    let last = match rows.last() {
-                        Some(row) => Some(row.try_get::<String, _>("value")?),
-                        None => None,
-                    };
-                    for row in &rows {
-                        each(row.try_get("value")?);
-                    }
-                    if (rows.len() as i64) < SCAN_PAGE {
-                        return Ok(true);
-                    }
-                    if max.is_some_and(|max| read > max) {
-                        return Ok(false);
-                    }
-                    after = last;
+                version: i64,
+            ) -> Result<ValueSet> {
+                match slot.take_current(set_id, version) {
+                    Some(values) => Ok(values),
+                    None => Self::read_set(tx, set_id).await,
                 }
             }
 
-            /// Adds `change` to the kept size of a set.
-            async fn count_change(
+            /// Every value of stored set `set_id`, read a page of [`SCAN_PAGE`] at a time.
+            async fn read_set(tx: &mut sqlx::Transaction<'_, $db>, set_id: i64) -> Result<ValueSet> {
+                let count: i64 = sqlx::query("SELECT value_count FROM filter_sets WHERE id = $1")
+                    .bind(set_id)
+                    .fetch_one(&mut **tx)
+                    .await?
+                    .try_get("value_count")?;
+                let mut values = ValueSet::with_capacity(usize::try_from(count).unwrap_or(0));
+                // A page arrives as one row holding a JSON array: a row per value costs
+                // several times more in the drivers than the set's own work.
+                let sql = format!(
+                    "SELECT COUNT(*) AS n, MAX(seq) AS last, {} AS page FROM \
+                     (SELECT seq, value FROM filter_values WHERE set_id = $1 AND seq > $2 \
+                      ORDER BY seq LIMIT $3) AS p",
+                    Self::JSON_AGG
+                );
+                for statement in Self::INDEX_ORDER {
+                    sqlx::query(statement).execute(&mut **tx).await?;
+                }
+                let mut after = 0_i64;
+                loop {
+                    let row = sqlx::query(&sql)
+                        .bind(set_id)
+                        .bind(after)
+                        .bind(SCAN_PAGE)
+                        .fetch_one(&mut **tx)
+                        .await?;
+                    let n: i64 = row.try_get("n")?;
+                    if n == 0 {
+                        break;
+                    }
+                    let page: Vec<String> = serde_json::from_str(row.try_get::<&str, _>("page")?)
+                        .map_err(|e| StoreError::Corrupt {
+                            what: "filter values",
+                            detail: format!("set {set_id}: page after seq {after}: {e}"),
+                        })?;
+                    for value in &page {
+                        values.insert(value);
+                    }
+                    if n < SCAN_PAGE {
+                        break;
+                    }
+                    after = row.try_get("last")?;
+                }
+                tracing::debug!(set_id, values = values.len(), "filter set read");
+                Ok(values)
+            }
+
+            /// Records a write of set `set_id` that changed its size by `change`, and
+            /// returns the set's new version.
+            async fn mark_written(
                 tx: &mut sqlx::Transaction<'_, $db>,
                 set_id: i64,
                 change: i64,
-            ) -> Result<()> {
-                if change != 0 {
-                    sqlx::query("UPDATE filter_sets SET value_count = value_count + $2 WHERE id = $1")
-                        .bind(set_id)
-                        .bind(change)
-                        .execute(&mut **tx)
-                        .await?;
-                }
-                Ok(())
+            ) -> Result<i64> {
+                Ok(sqlx::query(
+                    "UPDATE filter_sets SET value_count = value_count + $2, version = version + 1 \
+                     WHERE id = $1 RETURNING version",
+                )
+                .bind(set_id)
+                .bind(change)
+                .fetch_one(&mut **tx)
+                .await?
+                .try_get("version")?)
             }
 
             /// Deletes one set and its values.
@@ -631,11 +667,12 @@ macro_rules! metadata_store_impl {
                     .execute(&mut *tx)
                     .await?;
                 for (uid, values) in filter_values {
-                    let set = Self::set_id(&mut tx, &pipeline.id, uid, true)
+                    let (set, _) = Self::set_row(&mut tx, &pipeline.id, uid, true)
                         .await?
                         .ok_or(sqlx::Error::RowNotFound)?;
-                    let added = Self::insert_values(&mut tx, set, &sorted_unique(values), true).await?;
-                    Self::count_change(&mut tx, set, added as i64).await?;
+                    let added =
+                        Self::insert_values(&mut tx, set, &mut sorted_unique(values).into_iter()).await?;
+                    Self::mark_written(&mut tx, set, added as i64).await?;
                 }
                 tx.commit().await?;
                 Ok(())
@@ -708,13 +745,18 @@ macro_rules! metadata_store_impl {
                     .fetch_all(&mut *tx)
                     .await?;
                 let kept: Vec<&str> = pipeline.set_filter_uids().collect();
+                let mut dropped = Vec::new();
                 for row in &sets {
                     let uid: String = row.try_get("transform_uid")?;
                     if !kept.contains(&uid.as_str()) {
                         Self::drop_set(&mut tx, row.try_get("id")?).await?;
+                        dropped.push(uid);
                     }
                 }
                 tx.commit().await?;
+                for uid in &dropped {
+                    self.sets.forget(&pipeline.id, Some(uid));
+                }
                 Ok(true)
             }
 
@@ -738,6 +780,7 @@ macro_rules! metadata_store_impl {
                     .execute(&mut *tx)
                     .await?;
                 tx.commit().await?;
+                self.sets.forget(id, None);
                 Ok(done.rows_affected() == 1)
             }
 
@@ -857,20 +900,26 @@ macro_rules! metadata_store_impl {
                 transform_uid: &str,
                 values: &[String],
             ) -> Result<u64> {
-                let values = sorted_unique(values);
+                let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
                 let mut tx = self.begin_write().await?;
-                if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
+                if values.is_empty() || !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
                     return Ok(0);
                 }
-                if values.is_empty() {
-                    return Ok(0);
-                }
-                let set = Self::set_id(&mut tx, pipeline_id, transform_uid, true)
+                let (set, version) = Self::set_row(&mut tx, pipeline_id, transform_uid, true)
                     .await?
                     .ok_or(sqlx::Error::RowNotFound)?;
-                let added = Self::insert_values(&mut tx, set, &values, false).await?;
-                Self::count_change(&mut tx, set, added as i64).await?;
+                let mut members = Self::current_values(&mut tx, &mut slot, set, version).await?;
+                // The set decides what is new, repeats within the request included, as the
+                // backend draws the values; the rows are appended in request order.
+                let mut new = values.iter().map(String::as_str).filter(|value| members.insert(value));
+                let added = Self::insert_values(&mut tx, set, &mut new).await?;
+                let version = if added == 0 {
+                    version
+                } else {
+                    Self::mark_written(&mut tx, set, added as i64).await?
+                };
                 tx.commit().await?;
+                self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, members);
                 Ok(added)
             }
 
@@ -880,18 +929,37 @@ macro_rules! metadata_store_impl {
                 transform_uid: &str,
                 values: &[String],
             ) -> Result<u64> {
-                let values = sorted_unique(values);
+                let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
                 let mut tx = self.begin_write().await?;
                 if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
                     return Ok(0);
                 }
-                let Some(set) = Self::set_id(&mut tx, pipeline_id, transform_uid, false).await? else {
+                let Some((set, version)) =
+                    Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
+                else {
                     return Ok(0);
                 };
-                let removed = Self::delete_values(&mut tx, set, &values).await?;
-                Self::count_change(&mut tx, set, -(removed as i64)).await?;
+                let mut members = Self::current_values(&mut tx, &mut slot, set, version).await?;
+                let present: Vec<&str> =
+                    values.iter().map(String::as_str).filter(|value| members.remove(value)).collect();
+                let version = if present.is_empty() {
+                    version
+                } else {
+                    let removed = Self::delete_values(&mut tx, set, &present, true).await?;
+                    if removed != present.len() as u64 {
+                        return Err(StoreError::Corrupt {
+                            what: "filter values",
+                            detail: format!(
+                                "set {set}: {} values to remove were in memory, {removed} rows in the table",
+                                present.len()
+                            ),
+                        });
+                    }
+                    Self::mark_written(&mut tx, set, -(removed as i64)).await?
+                };
                 tx.commit().await?;
-                Ok(removed)
+                self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, members);
+                Ok(present.len() as u64)
             }
 
             async fn replace_filter_values(
@@ -900,41 +968,47 @@ macro_rules! metadata_store_impl {
                 transform_uid: &str,
                 values: &[String],
             ) -> Result<u64> {
-                let values = sorted_unique(values);
+                let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
+                slot.loaded = None;
                 let mut tx = self.begin_write().await?;
                 if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
                     return Ok(0);
                 }
                 if values.is_empty() {
-                    if let Some(set) = Self::set_id(&mut tx, pipeline_id, transform_uid, false).await? {
+                    if let Some((set, _)) = Self::set_row(&mut tx, pipeline_id, transform_uid, false).await? {
                         Self::drop_set(&mut tx, set).await?;
                     }
                     tx.commit().await?;
                     return Ok(0);
                 }
-                let set = Self::set_id(&mut tx, pipeline_id, transform_uid, true)
+                let (set, version) = Self::set_row(&mut tx, pipeline_id, transform_uid, true)
                     .await?
                     .ok_or(sqlx::Error::RowNotFound)?;
-                // Only the difference is written: values in both sets keep their cursor
-                // position, and re-sending a mostly unchanged list writes little. The diff is
-                // taken here rather than by an anti-join in SQL, whose plan (on a table the
-                // planner has no statistics for yet) can degrade to comparing every pair.
-                let mut absent: std::collections::HashSet<&str> = values.iter().copied().collect();
-                let mut stale = Vec::new();
-                Self::scan_set(&mut tx, set, None, |value| {
-                    if !absent.remove(value.as_str()) {
-                        stale.push(value);
-                    }
-                })
-                .await?;
-                stale.sort_unstable();
-                let stale: Vec<&str> = stale.iter().map(String::as_str).collect();
-                let removed = Self::delete_values(&mut tx, set, &stale).await?;
-                let new: Vec<&str> = values.iter().copied().filter(|v| absent.contains(v)).collect();
-                let added = Self::insert_values(&mut tx, set, &new, true).await?;
-                Self::count_change(&mut tx, set, added as i64 - removed as i64).await?;
+                let members = Self::current_values(&mut tx, &mut slot, set, version).await?;
+                // Only the difference is written: values in both sets keep their rows (and so
+                // their cursor position), and re-sending a mostly unchanged list writes little.
+                let mut wanted = ValueSet::with_capacity(values.len());
+                let kept: Vec<&str> =
+                    values.iter().map(String::as_str).filter(|value| wanted.insert(value)).collect();
+                let new: Vec<&str> = kept.iter().copied().filter(|value| !members.contains(value)).collect();
+                let stale = members.len() - (kept.len() - new.len());
+                let mut removed = 0;
+                if stale > 0 {
+                    removed = Self::delete_values(&mut tx, set, &kept, false).await?;
+                }
+                if removed != stale as u64 {
+                    return Err(StoreError::Corrupt {
+                        what: "filter values",
+                        detail: format!("set {set}: {stale} stale values in memory, {removed} rows deleted"),
+                    });
+                }
+                Self::insert_values(&mut tx, set, &mut new.iter().copied()).await?;
+                let version =
+                    Self::mark_written(&mut tx, set, new.len() as i64 - removed as i64).await?;
                 tx.commit().await?;
-                Ok(values.len() as u64)
+                let count = wanted.len() as u64;
+                self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, wanted);
+                Ok(count)
             }
 
             async fn list_filter_values(
@@ -945,18 +1019,22 @@ macro_rules! metadata_store_impl {
                 limit: u32,
             ) -> Result<FilterValuePage> {
                 let limit = limit.max(1);
-                // One row more than asked tells whether another page follows. `set_id + 0`
-                // selects the listing's index (see migration 2).
+                let mut tx = self.pool.begin().await?;
+                for statement in Self::INDEX_ORDER {
+                    sqlx::query(statement).execute(&mut *tx).await?;
+                }
+                // One row more than asked tells whether another page follows.
                 let rows = sqlx::query(&format!(
                     "SELECT seq, value FROM filter_values \
-                     WHERE set_id + 0 = {SET_ID} AND seq > $3 ORDER BY seq LIMIT $4"
+                     WHERE set_id = {SET_ID} AND seq > $3 ORDER BY seq LIMIT $4"
                 ))
                 .bind(pipeline_id)
                 .bind(transform_uid)
                 .bind(after.unwrap_or(0))
                 .bind(i64::from(limit) + 1)
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *tx)
                 .await?;
+                tx.commit().await?;
                 let more = rows.len() > limit as usize;
                 let page = &rows[..rows.len().min(limit as usize)];
                 let next = match page.last() {
@@ -973,15 +1051,62 @@ macro_rules! metadata_store_impl {
                 transform_uid: &str,
                 value: &str,
             ) -> Result<bool> {
-                let found = sqlx::query(&format!(
-                    "SELECT 1 AS hit FROM filter_values WHERE set_id = {SET_ID} AND value = $3"
-                ))
+                let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
+                let row = sqlx::query(
+                    "SELECT id, version FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2",
+                )
                 .bind(pipeline_id)
                 .bind(transform_uid)
-                .bind(value)
                 .fetch_optional(&self.pool)
                 .await?;
-                Ok(found.is_some())
+                let Some(row) = row else { return Ok(false) };
+                let (set, version): (i64, i64) = (row.try_get("id")?, row.try_get("version")?);
+                if let Some(loaded) = slot.loaded.as_ref().filter(|_| slot.is_current(set, version)) {
+                    return Ok(loaded.values.contains(value));
+                }
+                // Not loaded (or behind): read it from one snapshot, which is one version.
+                let mut tx = self.begin_snapshot().await?;
+                let Some((set, version)) =
+                    Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
+                else {
+                    return Ok(false);
+                };
+                let members = Self::current_values(&mut tx, &mut slot, set, version).await?;
+                tx.commit().await?;
+                let hit = members.contains(value);
+                self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, members);
+                Ok(hit)
+            }
+
+            async fn filter_value_set(
+                &self,
+                pipeline_id: &str,
+                transform_uid: &str,
+            ) -> Result<ValueSet> {
+                // Slot first, connection second, as every user of a slot does.
+                {
+                    let slot = self.sets.lock(pipeline_id, transform_uid).await;
+                    if let Some(loaded) = &slot.loaded {
+                        let row = sqlx::query("SELECT version FROM filter_sets WHERE id = $1")
+                            .bind(loaded.set_id)
+                            .fetch_optional(&self.pool)
+                            .await?;
+                        if let Some(row) = row {
+                            if slot.is_current(loaded.set_id, row.try_get("version")?) {
+                                return Ok(loaded.values.clone());
+                            }
+                        }
+                    }
+                }
+                // Read without taking the slot: the store keeps no copy of a set nobody writes.
+                let mut tx = self.begin_snapshot().await?;
+                let Some((set, _)) = Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
+                else {
+                    return Ok(ValueSet::new());
+                };
+                let values = Self::read_set(&mut tx, set).await?;
+                tx.commit().await?;
+                Ok(values)
             }
 
             async fn put_deployment(&self, record: &DeploymentRecord) -> Result<()> {

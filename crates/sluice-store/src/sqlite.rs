@@ -9,6 +9,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pub(crate) pool: sqlx::SqlitePool,
+    pub(crate) sets: std::sync::Arc<crate::filter_sets::SetCache>,
 }
 
 impl SqliteStore {
@@ -33,7 +34,7 @@ impl SqliteStore {
             // cross the threshold; this high threshold is only a safety net.
             .pragma("wal_autocheckpoint", WAL_SAFETY_CHECKPOINT_PAGES.to_string());
         let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
-        let store = Self { pool };
+        let store = Self { pool, sets: crate::filter_sets::SetCache::shared() };
         store.migrate().await?;
         tokio::spawn(checkpoint_in_background(store.pool.clone()));
         Ok(store)
@@ -78,6 +79,11 @@ const VALUES_PER_STATEMENT: usize = 50_000;
 impl SqliteStore {
     const BACKEND: crate::migrations::Backend = crate::migrations::Backend::Sqlite;
 
+    const JSON_AGG: &str = "json_group_array(value)";
+
+    /// SQLite reads `WHERE set_id = ? AND seq > ? ORDER BY seq` along the key by itself.
+    const INDEX_ORDER: &[&str] = &[];
+
     /// SQLite has one writer at a time, and `BEGIN IMMEDIATE` (below) takes that lock at the
     /// start, so reading the row inside a write transaction is enough.
     const LOCK_PIPELINE: &str = "SELECT pipeline_config FROM pipelines WHERE id = $1";
@@ -96,48 +102,64 @@ impl SqliteStore {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 
-    /// SQLite checks the membership key as part of the insert, so `ON CONFLICT DO NOTHING`
-    /// costs no more than the insert itself, known absent values or not.
+    /// A deferred transaction reads from one WAL snapshot, taken at its first read.
+    async fn begin_snapshot(&self) -> crate::Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// Appends `values` to set `set_id` in order, with seqs taken from `filter_value_seq`
+    /// (migration 6) a chunk at a time.
     async fn insert_values(
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         set_id: i64,
-        values: &[&str],
-        _known_absent: bool,
+        values: &mut (dyn Iterator<Item = &str> + Send),
     ) -> crate::Result<u64> {
+        use sqlx::Row as _;
         let mut added = 0;
-        for chunk in values.chunks(VALUES_PER_STATEMENT) {
-            // `WHERE true` tells SQLite's parser that ON CONFLICT is the upsert clause.
-            added += sqlx::query(
-                "INSERT INTO filter_values (set_id, value) \
-                 SELECT $1, value FROM json_each($2) WHERE true ON CONFLICT DO NOTHING",
+        loop {
+            let chunk: Vec<&str> = values.take(VALUES_PER_STATEMENT).collect();
+            if chunk.is_empty() {
+                return Ok(added);
+            }
+            added += chunk.len() as u64;
+            let last: i64 =
+                sqlx::query("UPDATE filter_value_seq SET last = last + $1 RETURNING last")
+                    .bind(chunk.len() as i64)
+                    .fetch_one(&mut **tx)
+                    .await?
+                    .try_get("last")?;
+            // json_each numbers array elements from 0 as `key`.
+            sqlx::query(
+                "INSERT INTO filter_values (set_id, seq, value) \
+                 SELECT $1, $2 + key, value FROM json_each($3)",
             )
             .bind(set_id)
-            .bind(json_array(chunk))
+            .bind(last - chunk.len() as i64 + 1)
+            .bind(json_array(&chunk))
             .execute(&mut **tx)
-            .await?
-            .rows_affected();
+            .await?;
         }
-        Ok(added)
     }
 
+    /// `value [NOT] IN (SELECT … FROM json_each(…))` reads the list into a temporary index
+    /// once; the set's rows are then read in one pass.
     async fn delete_values(
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         set_id: i64,
-        values: &[&str],
+        list: &[&str],
+        listed: bool,
     ) -> crate::Result<u64> {
-        let mut removed = 0;
-        for chunk in values.chunks(VALUES_PER_STATEMENT) {
-            removed += sqlx::query(
-                "DELETE FROM filter_values \
-                 WHERE set_id = $1 AND value IN (SELECT value FROM json_each($2))",
-            )
+        let not = if listed { "" } else { "NOT" };
+        let sql = format!(
+            "DELETE FROM filter_values \
+             WHERE set_id = $1 AND value {not} IN (SELECT value FROM json_each($2))"
+        );
+        Ok(sqlx::query(&sql)
             .bind(set_id)
-            .bind(json_array(chunk))
+            .bind(json_array(list))
             .execute(&mut **tx)
             .await?
-            .rows_affected();
-        }
-        Ok(removed)
+            .rows_affected())
     }
 }
 

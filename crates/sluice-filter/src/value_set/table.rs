@@ -137,6 +137,7 @@ pub(super) struct Position {
 
 /// Arena offsets keyed by the hash of the entry they point at. The table never sees the
 /// entries: callers pass `eq` to compare and `rehash` to hash the entry at an offset.
+#[derive(Clone)]
 pub(super) struct Table<G> {
     groups: Vec<G>,
     len: usize,

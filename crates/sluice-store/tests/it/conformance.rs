@@ -39,7 +39,79 @@ on_both_backends!(
     values_are_stored_only_for_set_filters_of_the_stored_config,
     delete_pipeline_removes_its_values_and_deployment,
     deployment_round_trips_and_upserts,
+    a_set_filter_removed_and_added_again_starts_empty,
 );
+
+/// Two stores on one database, as two server processes: each decides membership from its
+/// own copy of a set in memory, so each must see the other's writes before its next one.
+mod two_processes {
+    use super::*;
+
+    async fn writes_of_another_process_are_seen_before_the_next_write(
+        a: Arc<dyn MetadataStore>,
+        b: Arc<dyn MetadataStore>,
+    ) {
+        let (_, p) = stored_pipeline(a.as_ref()).await;
+        assert_eq!(a.add_filter_values(&p.id, "f1", &strings(&["0xa", "0xb"])).await.unwrap(), 2);
+        assert!(b.has_filter_value(&p.id, "f1", "0xa").await.unwrap());
+        assert_eq!(b.add_filter_values(&p.id, "f1", &strings(&["0xc"])).await.unwrap(), 1);
+        assert_eq!(a.add_filter_values(&p.id, "f1", &strings(&["0xc", "0xd"])).await.unwrap(), 1);
+        assert_eq!(
+            b.remove_filter_values(&p.id, "f1", &strings(&["0xd", "0xa"])).await.unwrap(),
+            2
+        );
+        assert!(!a.has_filter_value(&p.id, "f1", "0xd").await.unwrap());
+        assert_eq!(a.remove_filter_values(&p.id, "f1", &strings(&["0xa"])).await.unwrap(), 0);
+        assert_eq!(a.add_filter_values(&p.id, "f1", &strings(&["0xa"])).await.unwrap(), 1);
+        b.replace_filter_values(&p.id, "f1", &strings(&["0xe"])).await.unwrap();
+        assert!(!a.has_filter_value(&p.id, "f1", "0xa").await.unwrap());
+        assert_eq!(a.add_filter_values(&p.id, "f1", &strings(&["0xe", "0xf"])).await.unwrap(), 1);
+        assert_eq!(list_all(b.as_ref(), &p.id, "f1", 10).await, ["0xe", "0xf"]);
+        assert_eq!(b.filter_value_count(&p.id, "f1").await.unwrap(), 2);
+
+        // The whole set, from the writer's copy and read afresh by the other process.
+        let many: Vec<String> = (0..250_000).map(|i| format!("0x{i:040x}")).collect();
+        a.add_filter_values(&p.id, "f1", &many).await.unwrap();
+        a.remove_filter_values(&p.id, "f1", &strings(&["0xe"])).await.unwrap();
+        for store in [&a, &b] {
+            let set = store.filter_value_set(&p.id, "f1").await.unwrap();
+            assert_eq!(set.len(), 250_001);
+            assert!(set.contains("0xf") && !set.contains("0xe"));
+            assert!(many.iter().step_by(997).all(|v| set.contains(v)));
+        }
+        assert!(a.filter_value_set(&p.id, "f2").await.unwrap().is_empty(), "never written");
+    }
+
+    #[tokio::test]
+    async fn on_sqlite() {
+        let fixture = crate::sqlite(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
+        writes_of_another_process_are_seen_before_the_next_write(fixture.store, fixture.other)
+            .await;
+    }
+
+    #[tokio::test]
+    async fn on_postgres() {
+        let fixture = crate::postgres(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
+        writes_of_another_process_are_seen_before_the_next_write(fixture.store, fixture.other)
+            .await;
+    }
+
+    /// PostgreSQL refuses a NUL in text: the write fails after the store's copy took the
+    /// value, and the copy must not keep it.
+    #[tokio::test]
+    async fn a_failed_write_leaves_no_trace_in_memory() {
+        let fixture = crate::postgres(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
+        let store = fixture.store;
+        let (_, p) = stored_pipeline(store.as_ref()).await;
+        store.add_filter_values(&p.id, "f1", &strings(&["0xa"])).await.unwrap();
+        let bad = strings(&["0xb", "nul\u{0}"]);
+        assert!(store.add_filter_values(&p.id, "f1", &bad).await.is_err());
+        assert!(!store.has_filter_value(&p.id, "f1", "0xb").await.unwrap());
+        assert_eq!(store.add_filter_values(&p.id, "f1", &strings(&["0xb"])).await.unwrap(), 1);
+        assert_eq!(list_all(store.as_ref(), &p.id, "f1", 10).await, ["0xa", "0xb"]);
+        assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 2);
+    }
+}
 
 fn principal(identity: &Identity) -> Principal {
     Principal {
@@ -577,6 +649,18 @@ async fn delete_pipeline_removes_its_values_and_deployment(store: Arc<dyn Metada
     assert_eq!(store.filter_value_count(&q.id, "f1").await.unwrap(), 2);
     let left = store.list_deployments().await.unwrap();
     assert_eq!(left.iter().map(|d| d.pipeline_id.as_str()).collect::<Vec<_>>(), [q.id.as_str()]);
+}
+
+async fn a_set_filter_removed_and_added_again_starts_empty(store: Arc<dyn MetadataStore>) {
+    let (_, p) = stored_pipeline(store.as_ref()).await;
+    store.add_filter_values(&p.id, "f2", &strings(&["0xa", "0xb"])).await.unwrap();
+    let mut without = p.clone();
+    without.pipeline_config.transforms.remove(1);
+    assert!(store.update_pipeline(&without).await.unwrap());
+    assert!(store.update_pipeline(&p).await.unwrap());
+    assert!(!store.has_filter_value(&p.id, "f2", "0xa").await.unwrap());
+    assert_eq!(store.add_filter_values(&p.id, "f2", &strings(&["0xb", "0xc"])).await.unwrap(), 2);
+    assert_eq!(list_all(store.as_ref(), &p.id, "f2", 10).await, ["0xb", "0xc"]);
 }
 
 async fn deployment_round_trips_and_upserts(store: Arc<dyn MetadataStore>) {
