@@ -163,8 +163,9 @@ impl RecentCandles {
         self.series.retain(|_, series| !series.is_empty());
     }
 
-    /// Points held, and bytes they take (the points themselves, the per-token queues and
-    /// map entries, not counting allocator slack).
+    /// Points held, and bytes they take: the queues' allocations (with their spare
+    /// capacity), each token's map entry and address; not the map's spare slots or the
+    /// allocator's own overhead.
     pub(crate) fn footprint(&self) -> (usize, usize) {
         let mut points = 0;
         let mut bytes = 0;
