@@ -352,8 +352,11 @@ macro_rules! price_store_impl {
                 /// Fills the packed history point of every candle row written before
                 /// migration 8, a batch at a time, each batch in a write transaction (so a
                 /// concurrent candle write cannot be overwritten by a stale point). Returns
-                /// the rows filled.
-                pub(crate) async fn fill_history_points(&self) -> Result<u64> {
+                /// the rows filled. [`crate::open_prices`] runs it.
+                ///
+                /// # Errors
+                /// A database failure, or a stored row that cannot be read.
+                pub async fn fill_history_points(&self) -> Result<u64> {
                     let sql = format!(
                         "SELECT chain, token, granularity, {CANDLE_COLUMNS} FROM price_candles \
                          WHERE point IS NULL ORDER BY chain, token, granularity, window_start \
