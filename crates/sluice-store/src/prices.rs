@@ -244,6 +244,10 @@ pub(crate) struct FilledPoint {
     pub point: [u8; POINT_BYTES],
 }
 
+/// A history read of at least twice this many series (all fitting in the page) is split in
+/// two reads on two connections at once.
+pub(crate) const SERIES_PER_READER: usize = 8;
+
 /// Bytes of a packed history point (migration 8's `point` column).
 pub(crate) const POINT_BYTES: usize = 48;
 
@@ -307,7 +311,7 @@ macro_rules! price_store_impl {
             use crate::Result;
             use crate::prices::{
                 Applied, CANDLE_COLUMNS, PoolReserve, PriceStore, PricePoint, ROWS_PER_STATEMENT,
-                TokenInfo, amount_of, order_of, placeholders, placeholders_from,
+                SERIES_PER_READER, TokenInfo, amount_of, order_of, placeholders, placeholders_from,
             };
 
             type DbRow = <$db as sqlx::Database>::Row;
@@ -346,6 +350,62 @@ macro_rules! price_store_impl {
                     close: row.try_get("close")?,
                     low: row.try_get("low")?,
                 })
+            }
+
+            /// Reads the packed points of `ranges` (series numbered from `first`), one row
+            /// per series (`ord`, `points`, `unfilled`), ordered by series. `whole`: every
+            /// point of every series fits in `limit`, so each series is read by itself;
+            /// otherwise the first `limit` points across the series are grouped.
+            async fn read_series(
+                pool: &sqlx::Pool<$db>,
+                whole: bool,
+                ranges: &[(TokenRef, i64)],
+                first: usize,
+                step: i64,
+                to: i64,
+                limit: i64,
+            ) -> Result<Vec<DbRow>> {
+                let sql = if whole {
+                    // One range scan of the key per series, concatenated as it goes (no
+                    // sort). `unfilled` probes the index of rows without a packed point
+                    // (empty once filled).
+                    format!(
+                        "SELECT v.column1 AS ord, \
+                         (SELECT {} FROM price_candles p WHERE p.chain = v.column2 \
+                         AND p.token = v.column3 AND p.granularity = $1 \
+                         AND p.window_start >= v.column4 AND p.window_start < $2) AS points, \
+                         EXISTS (SELECT 1 FROM price_candles p WHERE p.chain = v.column2 \
+                         AND p.token = v.column3 AND p.granularity = $1 \
+                         AND p.window_start >= v.column4 AND p.window_start < $2 \
+                         AND p.point IS NULL) AS unfilled \
+                         FROM (VALUES {}) AS v WHERE $3 > 0 ORDER BY v.column1",
+                        <$store>::CONCAT_POINTS,
+                        placeholders_from(4, ranges.len(), 4),
+                    )
+                } else {
+                    // The first `limit` points across series, in order; then grouped.
+                    format!(
+                        "SELECT ord, {} AS points, count(point) < count(*) AS unfilled \
+                         FROM (SELECT v.column1 AS ord, p.window_start, p.point \
+                         FROM (VALUES {}) AS v {} price_candles p \
+                         ON p.chain = v.column2 AND p.token = v.column3 AND p.granularity = $1 \
+                         AND p.window_start >= v.column4 AND p.window_start < $2 \
+                         ORDER BY v.column1, p.window_start LIMIT $3) AS s \
+                         GROUP BY ord ORDER BY ord",
+                        <$store>::CONCAT_POINTS,
+                        placeholders_from(4, ranges.len(), 4),
+                        <$store>::VALUES_JOIN
+                    )
+                };
+                let mut query = sqlx::query(&sql).bind(step).bind(to).bind(limit);
+                for (index, (token, from)) in ranges.iter().enumerate() {
+                    query = query
+                        .bind((first + index) as i64)
+                        .bind(&token.chain)
+                        .bind(&token.address)
+                        .bind(*from);
+                }
+                Ok(query.fetch_all(pool).await?)
             }
 
             impl $store {
@@ -528,50 +588,21 @@ macro_rules! price_store_impl {
                             (i128::from(to) - i128::from(*from)).max(0) / i128::from(step) + 1
                         })
                         .sum();
-                    let sql = if most <= limit as i128 {
-                        // Every point fits: one range scan of the primary key per series,
-                        // concatenated as it goes (no sort across series). `unfilled` probes
-                        // the index of rows without a packed point (empty once filled).
-                        format!(
-                            "SELECT v.column1 AS ord, \
-                             (SELECT {} FROM price_candles p WHERE p.chain = v.column2 \
-                             AND p.token = v.column3 AND p.granularity = $1 \
-                             AND p.window_start >= v.column4 AND p.window_start < $2) AS points, \
-                             EXISTS (SELECT 1 FROM price_candles p WHERE p.chain = v.column2 \
-                             AND p.token = v.column3 AND p.granularity = $1 \
-                             AND p.window_start >= v.column4 AND p.window_start < $2 \
-                             AND p.point IS NULL) AS unfilled \
-                             FROM (VALUES {}) AS v WHERE $3 > 0 ORDER BY v.column1",
-                            Self::CONCAT_POINTS,
-                            placeholders_from(4, ranges.len(), 4),
-                        )
+                    let whole = most <= limit as i128;
+                    let limit_arg = i64::try_from(limit).unwrap_or(i64::MAX);
+                    let rows = if whole && ranges.len() >= 2 * SERIES_PER_READER {
+                        // Two halves on two connections at once (SQLite's WAL readers and
+                        // PostgreSQL's backends run in parallel).
+                        let middle = ranges.len() / 2;
+                        let (mut first, second) = tokio::try_join!(
+                            read_series(&self.pool, true, &ranges[..middle], 0, step, to, limit_arg),
+                            read_series(&self.pool, true, &ranges[middle..], middle, step, to, limit_arg),
+                        )?;
+                        first.extend(second);
+                        first
                     } else {
-                        // The first `limit` points across series, in order; then grouped.
-                        format!(
-                            "SELECT ord, {} AS points, count(point) < count(*) AS unfilled \
-                             FROM (SELECT v.column1 AS ord, p.window_start, p.point \
-                             FROM (VALUES {}) AS v {} price_candles p \
-                             ON p.chain = v.column2 AND p.token = v.column3 AND p.granularity = $1 \
-                             AND p.window_start >= v.column4 AND p.window_start < $2 \
-                             ORDER BY v.column1, p.window_start LIMIT $3) AS s \
-                             GROUP BY ord ORDER BY ord",
-                            Self::CONCAT_POINTS,
-                            placeholders_from(4, ranges.len(), 4),
-                            Self::VALUES_JOIN
-                        )
+                        read_series(&self.pool, whole, ranges, 0, step, to, limit_arg).await?
                     };
-                    let mut query = sqlx::query(&sql)
-                        .bind(step)
-                        .bind(to)
-                        .bind(i64::try_from(limit).unwrap_or(i64::MAX));
-                    for (index, (token, from)) in ranges.iter().enumerate() {
-                        query = query
-                            .bind(index as i64)
-                            .bind(&token.chain)
-                            .bind(&token.address)
-                            .bind(*from);
-                    }
-                    let rows = query.fetch_all(&self.pool).await?;
                     let mut out = Vec::with_capacity(limit.min(1 << 20));
                     for row in &rows {
                         if out.len() >= limit {

@@ -177,7 +177,10 @@ impl PgStore {
     }
 
     /// Stores each of `points` in the candle row of its key.
-    pub(crate) async fn write_points(conn: &mut PgConnection, points: &[FilledPoint]) -> Result<()> {
+    pub(crate) async fn write_points(
+        conn: &mut PgConnection,
+        points: &[FilledPoint],
+    ) -> Result<()> {
         let chains: Vec<&str> = points.iter().map(|p| p.chain.as_str()).collect();
         let tokens: Vec<&str> = points.iter().map(|p| p.token.as_str()).collect();
         let granularities: Vec<i64> = points.iter().map(|p| p.granularity).collect();

@@ -15,6 +15,7 @@ on_both_backends!(
     history_of_many_series_comes_in_range_order_and_stops_at_the_limit,
     the_write_count_moves_with_each_batch_that_changes_candles,
     prices_are_stored_bit_for_bit,
+    many_series_read_at_once_equal_each_read_alone,
 );
 
 /// 2025-11-21T12:00:00Z.
@@ -234,6 +235,33 @@ async fn prices_are_stored_bit_for_bit(store: Arc<dyn PriceStore>) {
             assert_eq!(value.to_bits(), expected.to_bits(), "history of {token} for {usd}");
         }
     }
+}
+
+async fn many_series_read_at_once_equal_each_read_alone(store: Arc<dyn PriceStore>) {
+    // Enough series for a read split over two connections; some without points.
+    let mut trades = Vec::new();
+    let mut ranges = Vec::new();
+    for n in 0..21_i64 {
+        let token = TokenRef::new("base", &format!("0x{n:040x}"));
+        for m in 0..n % 4 {
+            let mut trade =
+                trade(m * 60 + n, n as u64, &format!("{}", m + 1), &format!("{}.25", n + 3), None);
+            trade.token = token.clone();
+            trades.push(trade);
+        }
+        ranges.push((token, T0 + (n % 2) * 60));
+    }
+    store.apply_trades(&trades, &keep_all).await.unwrap();
+    let mut alone = Vec::new();
+    for (index, (token, from)) in ranges.iter().enumerate() {
+        let points = store.history(token, Granularity::M1, *from, T0 + 600, 100).await.unwrap();
+        alone.extend(points.into_iter().map(|point| (index, point)));
+    }
+    assert!(alone.len() > 10);
+    let many = store.history_many(&ranges, Granularity::M1, T0 + 600, 1000).await.unwrap();
+    assert_eq!(many, alone);
+    let cut = store.history_many(&ranges, Granularity::M1, T0 + 600, 7).await.unwrap();
+    assert_eq!(cut[..], alone[..7]);
 }
 
 /// Candle rows written before migration 8 (no packed point) are read from their columns,
