@@ -66,6 +66,9 @@ impl PgStore {
     /// reader sorts them by window start, which each point holds).
     const CONCAT_POINTS: &str = "string_agg(point, ''::bytea)";
 
+    /// Candle rows without a packed point (the planner takes their partial index).
+    const WITHOUT_POINT: &str = "price_candles p";
+
     /// A write transaction without JIT compilation. Bulk filter-value statements look
     /// expensive to the planner, which then JIT-compiles each 50,000-value chunk with
     /// optimisation and inlining: a second or more per statement, several times the work.

@@ -173,10 +173,11 @@ pub trait PriceStore: Send + Sync + 'static {
 }
 
 /// Opens the price store a URL names (`sqlite://…` or `postgres://…`), migrating as needed.
+/// Candle rows written before migration 8 get their packed history point first
+/// ([`SqliteStore::fill_history_points`]).
 ///
 /// # Errors
 /// An unsupported URL, a connection failure or a failed migration.
-/// Candle rows written before migration 8 get their packed history point first.
 pub async fn open_prices(url: &str) -> Result<Arc<dyn PriceStore>> {
     if url.starts_with("sqlite:") {
         let store = SqliteStore::open(url).await?;
@@ -296,8 +297,11 @@ pub(crate) const CANDLE_COLUMNS: &str = "window_start, open, high, low, close, u
 
 /// Implements [`PriceStore`] for a store type with a `pool: sqlx::Pool<$db>` field, an
 /// inherent `begin_write`, a `const LOCK_PRICES: Option<&str>` statement that serialises
-/// price writers (run first in every write transaction) and a `const VALUES_JOIN: &str`, the
-/// join that makes a list of keys (`VALUES …`) drive index lookups into a table.
+/// price writers (run first in every write transaction), a `const VALUES_JOIN: &str`, the
+/// join that makes a list of keys (`VALUES …`) drive index lookups into a table, a
+/// `const CONCAT_POINTS: &str` aggregate that concatenates packed points (`point`) into one
+/// value, and a `const WITHOUT_POINT: &str` naming `price_candles p` read through its index of
+/// rows without a packed point.
 macro_rules! price_store_impl {
     ($store:ty, $db:ty) => {
         const _: () = {
@@ -374,12 +378,13 @@ macro_rules! price_store_impl {
                          (SELECT {} FROM price_candles p WHERE p.chain = v.column2 \
                          AND p.token = v.column3 AND p.granularity = $1 \
                          AND p.window_start >= v.column4 AND p.window_start < $2) AS points, \
-                         EXISTS (SELECT 1 FROM price_candles p WHERE p.chain = v.column2 \
+                         EXISTS (SELECT 1 FROM {} WHERE p.chain = v.column2 \
                          AND p.token = v.column3 AND p.granularity = $1 \
                          AND p.window_start >= v.column4 AND p.window_start < $2 \
                          AND p.point IS NULL) AS unfilled \
                          FROM (VALUES {}) AS v WHERE $3 > 0 ORDER BY v.column1",
                         <$store>::CONCAT_POINTS,
+                        <$store>::WITHOUT_POINT,
                         placeholders_from(4, ranges.len(), 4),
                     )
                 } else {

@@ -102,6 +102,10 @@ impl SqliteStore {
     /// more time than the rest of a history read.
     const CONCAT_POINTS: &str = "CAST(group_concat(point, '') AS BLOB)";
 
+    /// Candle rows without a packed point, through their (partial) index: SQLite's planner
+    /// would otherwise scan the series' rows of the primary key a second time.
+    const WITHOUT_POINT: &str = "price_candles p INDEXED BY price_candles_without_point";
+
     /// A transaction that takes the write lock at once. A deferred transaction that reads
     /// first and writes later fails (it is not retried after `busy_timeout`) when another
     /// connection wrote in between.
