@@ -96,6 +96,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             postgres: include_str!("migrations/0007_prices_trade_ids_and_writes.postgres.sql"),
         },
     },
+    Migration {
+        version: 8,
+        name: "price_history_columns",
+        sql: Sql::PerBackend {
+            sqlite: include_str!("migrations/0008_price_history_columns.sqlite.sql"),
+            postgres: include_str!("migrations/0008_price_history_columns.postgres.sql"),
+        },
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

@@ -62,6 +62,13 @@ impl PgStore {
     /// PostgreSQL plans the join by its statistics (and allows no `ON` after `CROSS JOIN`).
     const VALUES_JOIN: &str = "JOIN";
 
+    /// The packed points of a group (migration 8), concatenated in no promised order (the
+    /// reader sorts them by window start, which each point holds).
+    const CONCAT_POINTS: &str = "string_agg(point, ''::bytea)";
+
+    /// Candle rows without a packed point (the planner takes their partial index).
+    const WITHOUT_POINT: &str = "price_candles p";
+
     /// A write transaction without JIT compilation. Bulk filter-value statements look
     /// expensive to the planner, which then JIT-compiles each 50,000-value chunk with
     /// optimisation and inlining: a second or more per statement, several times the work.

@@ -173,14 +173,20 @@ pub trait PriceStore: Send + Sync + 'static {
 }
 
 /// Opens the price store a URL names (`sqlite://…` or `postgres://…`), migrating as needed.
+/// Candle rows written before migration 8 get their packed history point first
+/// ([`SqliteStore::fill_history_points`]).
 ///
 /// # Errors
 /// An unsupported URL, a connection failure or a failed migration.
 pub async fn open_prices(url: &str) -> Result<Arc<dyn PriceStore>> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::open(url).await?))
+        let store = SqliteStore::open(url).await?;
+        store.fill_history_points().await?;
+        Ok(Arc::new(store))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(PgStore::open(url).await?))
+        let store = PgStore::open(url).await?;
+        store.fill_history_points().await?;
+        Ok(Arc::new(store))
     } else {
         Err(StoreError::UnsupportedUrl(url.to_owned()))
     }
@@ -227,13 +233,75 @@ pub(crate) fn order_of(text: &str) -> Result<TradeOrder> {
     TradeOrder::from_key(text).ok_or_else(|| corrupt(format!("trade order {text:?}")))
 }
 
+/// Candle rows per transaction when filling packed points (migration 8).
+pub(crate) const FILL_BATCH: usize = 20_000;
+
+/// A packed point to store in the candle row of its key.
+pub(crate) struct FilledPoint {
+    pub chain: String,
+    pub token: String,
+    pub granularity: i64,
+    pub start: i64,
+    pub point: [u8; POINT_BYTES],
+}
+
+/// A history read of at least twice this many series (all fitting in the page) is split in
+/// two reads on two connections at once.
+pub(crate) const SERIES_PER_READER: usize = 8;
+
+/// Bytes of a packed history point (migration 8's `point` column).
+pub(crate) const POINT_BYTES: usize = 48;
+
+/// The history point of a candle, packed: window start (`i64`), then price, open, high,
+/// close and low (`f64` bits), each little-endian.
+pub(crate) fn pack_point(start: i64, candle: &Candle) -> [u8; POINT_BYTES] {
+    let mut out = [0; POINT_BYTES];
+    out[..8].copy_from_slice(&start.to_le_bytes());
+    for (slot, value) in out[8..].chunks_exact_mut(8).zip([
+        candle.price(),
+        candle.open,
+        candle.high,
+        candle.close,
+        candle.low,
+    ]) {
+        slot.copy_from_slice(&value.to_bits().to_le_bytes());
+    }
+    out
+}
+
+/// Points packed by [`pack_point`] and concatenated; `None` when `bytes` is not a whole
+/// number of points.
+pub(crate) fn unpack_points(bytes: &[u8]) -> Option<impl Iterator<Item = PricePoint> + '_> {
+    if bytes.len() % POINT_BYTES != 0 {
+        return None;
+    }
+    Some(bytes.chunks_exact(POINT_BYTES).map(|point| {
+        let word = |i: usize| {
+            let mut raw = [0; 8];
+            raw.copy_from_slice(&point[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(raw)
+        };
+        PricePoint {
+            start: word(0) as i64,
+            price: f64::from_bits(word(1)),
+            open: f64::from_bits(word(2)),
+            high: f64::from_bits(word(3)),
+            close: f64::from_bits(word(4)),
+            low: f64::from_bits(word(5)),
+        }
+    }))
+}
+
 pub(crate) const CANDLE_COLUMNS: &str = "window_start, open, high, low, close, usd_volume, \
     token_volume, trade_count, first_trade, last_trade";
 
 /// Implements [`PriceStore`] for a store type with a `pool: sqlx::Pool<$db>` field, an
 /// inherent `begin_write`, a `const LOCK_PRICES: Option<&str>` statement that serialises
-/// price writers (run first in every write transaction) and a `const VALUES_JOIN: &str`, the
-/// join that makes a list of keys (`VALUES …`) drive index lookups into a table.
+/// price writers (run first in every write transaction), a `const VALUES_JOIN: &str`, the
+/// join that makes a list of keys (`VALUES …`) drive index lookups into a table, a
+/// `const CONCAT_POINTS: &str` aggregate that concatenates packed points (`point`) into one
+/// value, and a `const WITHOUT_POINT: &str` naming `price_candles p` read through its index of
+/// rows without a packed point.
 macro_rules! price_store_impl {
     ($store:ty, $db:ty) => {
         const _: () = {
@@ -247,7 +315,7 @@ macro_rules! price_store_impl {
             use crate::Result;
             use crate::prices::{
                 Applied, CANDLE_COLUMNS, PoolReserve, PriceStore, PricePoint, ROWS_PER_STATEMENT,
-                TokenInfo, amount_of, order_of, placeholders, placeholders_from,
+                SERIES_PER_READER, TokenInfo, amount_of, order_of, placeholders, placeholders_from,
             };
 
             type DbRow = <$db as sqlx::Database>::Row;
@@ -286,6 +354,108 @@ macro_rules! price_store_impl {
                     close: row.try_get("close")?,
                     low: row.try_get("low")?,
                 })
+            }
+
+            /// Reads the packed points of `ranges` (series numbered from `first`), one row
+            /// per series (`ord`, `points`, `unfilled`), ordered by series. `whole`: every
+            /// point of every series fits in `limit`, so each series is read by itself;
+            /// otherwise the first `limit` points across the series are grouped.
+            async fn read_series(
+                pool: &sqlx::Pool<$db>,
+                whole: bool,
+                ranges: &[(TokenRef, i64)],
+                first: usize,
+                step: i64,
+                to: i64,
+                limit: i64,
+            ) -> Result<Vec<DbRow>> {
+                let sql = if whole {
+                    // One range scan of the key per series, concatenated as it goes (no
+                    // sort). `unfilled` probes the index of rows without a packed point
+                    // (empty once filled).
+                    format!(
+                        "SELECT v.column1 AS ord, \
+                         (SELECT {} FROM price_candles p WHERE p.chain = v.column2 \
+                         AND p.token = v.column3 AND p.granularity = $1 \
+                         AND p.window_start >= v.column4 AND p.window_start < $2) AS points, \
+                         EXISTS (SELECT 1 FROM {} WHERE p.chain = v.column2 \
+                         AND p.token = v.column3 AND p.granularity = $1 \
+                         AND p.window_start >= v.column4 AND p.window_start < $2 \
+                         AND p.point IS NULL) AS unfilled \
+                         FROM (VALUES {}) AS v WHERE $3 > 0 ORDER BY v.column1",
+                        <$store>::CONCAT_POINTS,
+                        <$store>::WITHOUT_POINT,
+                        placeholders_from(4, ranges.len(), 4),
+                    )
+                } else {
+                    // The first `limit` points across series, in order; then grouped.
+                    format!(
+                        "SELECT ord, {} AS points, count(point) < count(*) AS unfilled \
+                         FROM (SELECT v.column1 AS ord, p.window_start, p.point \
+                         FROM (VALUES {}) AS v {} price_candles p \
+                         ON p.chain = v.column2 AND p.token = v.column3 AND p.granularity = $1 \
+                         AND p.window_start >= v.column4 AND p.window_start < $2 \
+                         ORDER BY v.column1, p.window_start LIMIT $3) AS s \
+                         GROUP BY ord ORDER BY ord",
+                        <$store>::CONCAT_POINTS,
+                        placeholders_from(4, ranges.len(), 4),
+                        <$store>::VALUES_JOIN
+                    )
+                };
+                let mut query = sqlx::query(&sql).bind(step).bind(to).bind(limit);
+                for (index, (token, from)) in ranges.iter().enumerate() {
+                    query = query
+                        .bind((first + index) as i64)
+                        .bind(&token.chain)
+                        .bind(&token.address)
+                        .bind(*from);
+                }
+                Ok(query.fetch_all(pool).await?)
+            }
+
+            impl $store {
+                /// Fills the packed history point of every candle row written before
+                /// migration 8, a batch at a time, each batch in a write transaction (so a
+                /// concurrent candle write cannot be overwritten by a stale point). Returns
+                /// the rows filled. [`crate::open_prices`] runs it.
+                ///
+                /// # Errors
+                /// A database failure, or a stored row that cannot be read.
+                pub async fn fill_history_points(&self) -> Result<u64> {
+                    let sql = format!(
+                        "SELECT chain, token, granularity, {CANDLE_COLUMNS} FROM price_candles \
+                         WHERE point IS NULL ORDER BY chain, token, granularity, window_start \
+                         LIMIT {}",
+                        crate::prices::FILL_BATCH
+                    );
+                    let mut filled = 0;
+                    loop {
+                        let mut tx = self.begin_write().await?;
+                        if let Some(lock) = Self::LOCK_PRICES {
+                            sqlx::query(lock).execute(&mut *tx).await?;
+                        }
+                        let rows = sqlx::query(&sql).fetch_all(&mut *tx).await?;
+                        let mut points = Vec::with_capacity(rows.len());
+                        for row in &rows {
+                            let (start, candle) = candle_row(row)?;
+                            points.push(crate::prices::FilledPoint {
+                                chain: row.try_get("chain")?,
+                                token: row.try_get("token")?,
+                                granularity: row.try_get("granularity")?,
+                                start,
+                                point: crate::prices::pack_point(start, &candle),
+                            });
+                        }
+                        if !points.is_empty() {
+                            Self::write_points(&mut tx, &points).await?;
+                        }
+                        tx.commit().await?;
+                        if points.is_empty() {
+                            return Ok(filled);
+                        }
+                        filled += points.len() as u64;
+                    }
+                }
             }
 
             #[async_trait::async_trait]
@@ -414,35 +584,63 @@ macro_rules! price_store_impl {
                     if ranges.is_empty() || limit == 0 {
                         return Ok(Vec::new());
                     }
-                    // The key list drives one range scan of the primary key per series.
-                    let sql = format!(
-                        "SELECT v.column1 AS ord, p.window_start, p.open, p.high, p.low, p.close, \
-                         p.usd_volume, p.token_volume \
-                         FROM (VALUES {}) AS v {} price_candles p \
-                         ON p.chain = v.column2 AND p.token = v.column3 AND p.granularity = $1 \
-                         AND p.window_start >= v.column4 AND p.window_start < $2 \
-                         ORDER BY v.column1, p.window_start LIMIT $3",
-                        placeholders_from(4, ranges.len(), 4),
-                        Self::VALUES_JOIN
-                    );
-                    let mut query = sqlx::query(&sql)
-                        .bind(granularity.seconds())
-                        .bind(to)
-                        .bind(i64::try_from(limit).unwrap_or(i64::MAX));
-                    for (index, (token, from)) in ranges.iter().enumerate() {
-                        query = query
-                            .bind(index as i64)
-                            .bind(&token.chain)
-                            .bind(&token.address)
-                            .bind(*from);
-                    }
-                    let rows = query.fetch_all(&self.pool).await?;
-                    rows.iter()
-                        .map(|row| {
-                            let index: i64 = row.try_get("ord")?;
-                            Ok((usize::try_from(index).unwrap_or(usize::MAX), point_row(row)?))
+                    // Each series comes back as one row: its packed points concatenated, so
+                    // the driver's per-row cost is paid per series, not per window.
+                    let step = granularity.seconds();
+                    let most: i128 = ranges
+                        .iter()
+                        .map(|(_, from)| {
+                            (i128::from(to) - i128::from(*from)).max(0) / i128::from(step) + 1
                         })
-                        .collect()
+                        .sum();
+                    let whole = most <= limit as i128;
+                    let limit_arg = i64::try_from(limit).unwrap_or(i64::MAX);
+                    let rows = if whole && ranges.len() >= 2 * SERIES_PER_READER {
+                        // Two halves on two connections at once (SQLite's WAL readers and
+                        // PostgreSQL's backends run in parallel).
+                        let middle = ranges.len() / 2;
+                        let (mut first, second) = tokio::try_join!(
+                            read_series(&self.pool, true, &ranges[..middle], 0, step, to, limit_arg),
+                            read_series(&self.pool, true, &ranges[middle..], middle, step, to, limit_arg),
+                        )?;
+                        first.extend(second);
+                        first
+                    } else {
+                        read_series(&self.pool, whole, ranges, 0, step, to, limit_arg).await?
+                    };
+                    let mut out = Vec::with_capacity(limit.min(1 << 20));
+                    for row in &rows {
+                        if out.len() >= limit {
+                            break;
+                        }
+                        let ord: i64 = row.try_get("ord")?;
+                        let index = usize::try_from(ord)
+                            .ok()
+                            .filter(|i| *i < ranges.len())
+                            .ok_or_else(|| crate::prices::corrupt(format!("series {ord}")))?;
+                        let unfilled: bool = row.try_get("unfilled")?;
+                        if unfilled {
+                            // Rows written before migration 8 and not filled yet: the same
+                            // points from their columns.
+                            let (token, from) = &ranges[index];
+                            let room = limit - out.len();
+                            let points = self.history(token, granularity, *from, to, room).await?;
+                            out.extend(points.into_iter().map(|point| (index, point)));
+                            continue;
+                        }
+                        let bytes: Option<Vec<u8>> = row.try_get("points")?;
+                        let bytes = bytes.unwrap_or_default();
+                        let points = crate::prices::unpack_points(&bytes).ok_or_else(|| {
+                            crate::prices::corrupt(format!("{} packed point bytes", bytes.len()))
+                        })?;
+                        let first = out.len();
+                        out.extend(points.map(|point| (index, point)));
+                        // Concatenated in the order read (the window order of the key scan,
+                        // but not promised): a sort of sorted points is one pass.
+                        out[first..].sort_unstable_by_key(|(_, point)| point.start);
+                        out.truncate(limit);
+                    }
+                    Ok(out)
                 }
 
                 async fn points_since(

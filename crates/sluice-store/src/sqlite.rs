@@ -95,6 +95,17 @@ impl SqliteStore {
     /// plain join and no statistics it may scan the whole candle table per statement.
     const VALUES_JOIN: &str = "CROSS JOIN";
 
+    /// The packed points of a group (migration 8), concatenated as one blob: `group_concat`
+    /// keeps a blob's bytes as they are (text in the database's encoding, UTF-8), and the
+    /// cast hands them out as a blob. In no promised order (the reader sorts them by window
+    /// start, which each point holds): an `ORDER BY` here sorts every group, which took
+    /// more time than the rest of a history read.
+    const CONCAT_POINTS: &str = "CAST(group_concat(point, '') AS BLOB)";
+
+    /// Candle rows without a packed point, through their (partial) index: SQLite's planner
+    /// would otherwise scan the series' rows of the primary key a second time.
+    const WITHOUT_POINT: &str = "price_candles p INDEXED BY price_candles_without_point";
+
     /// A transaction that takes the write lock at once. A deferred transaction that reads
     /// first and writes later fails (it is not retried after `busy_timeout`) when another
     /// connection wrote in between.

@@ -6,7 +6,7 @@ use sluice_core::prices::{Candle, CandleKey, Trade};
 use sqlx::PgConnection;
 use sqlx::Row as _;
 
-use crate::prices::{CANDLE_COLUMNS, amount_of, order_of};
+use crate::prices::{CANDLE_COLUMNS, FilledPoint, amount_of, order_of, pack_point};
 use crate::{PgStore, Result};
 
 impl PgStore {
@@ -143,16 +143,19 @@ impl PgStore {
         let counts: Vec<i64> = candles.iter().map(|(_, c)| c.trade_count as i64).collect();
         let firsts: Vec<String> = candles.iter().map(|(_, c)| c.first.to_key()).collect();
         let lasts: Vec<String> = candles.iter().map(|(_, c)| c.last.to_key()).collect();
+        let points: Vec<Vec<u8>> =
+            candles.iter().map(|(k, c)| pack_point(k.start, c).to_vec()).collect();
         sqlx::query(&format!(
-            "INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}) \
+            "INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}, point) \
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::float8[], \
              $6::float8[], $7::float8[], $8::float8[], $9::text[], $10::text[], $11::int8[], \
-             $12::text[], $13::text[]) \
+             $12::text[], $13::text[], $14::bytea[]) \
              ON CONFLICT (chain, token, granularity, window_start) DO UPDATE SET \
              open = excluded.open, high = excluded.high, low = excluded.low, \
              close = excluded.close, usd_volume = excluded.usd_volume, \
              token_volume = excluded.token_volume, trade_count = excluded.trade_count, \
-             first_trade = excluded.first_trade, last_trade = excluded.last_trade"
+             first_trade = excluded.first_trade, last_trade = excluded.last_trade, \
+             point = excluded.point"
         ))
         .bind(&chains)
         .bind(&tokens)
@@ -167,6 +170,34 @@ impl PgStore {
         .bind(&counts)
         .bind(&firsts)
         .bind(&lasts)
+        .bind(&points)
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
+    /// Stores each of `points` in the candle row of its key.
+    pub(crate) async fn write_points(
+        conn: &mut PgConnection,
+        points: &[FilledPoint],
+    ) -> Result<()> {
+        let chains: Vec<&str> = points.iter().map(|p| p.chain.as_str()).collect();
+        let tokens: Vec<&str> = points.iter().map(|p| p.token.as_str()).collect();
+        let granularities: Vec<i64> = points.iter().map(|p| p.granularity).collect();
+        let starts: Vec<i64> = points.iter().map(|p| p.start).collect();
+        let packed: Vec<Vec<u8>> = points.iter().map(|p| p.point.to_vec()).collect();
+        sqlx::query(
+            "UPDATE price_candles p SET point = v.point \
+             FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::bytea[]) \
+             AS v(chain, token, granularity, window_start, point) \
+             WHERE p.chain = v.chain AND p.token = v.token AND p.granularity = v.granularity \
+             AND p.window_start = v.window_start",
+        )
+        .bind(&chains)
+        .bind(&tokens)
+        .bind(&granularities)
+        .bind(&starts)
+        .bind(&packed)
         .execute(&mut *conn)
         .await?;
         Ok(())

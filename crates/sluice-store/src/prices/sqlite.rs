@@ -13,7 +13,7 @@ use sluice_core::prices::{Candle, CandleKey, Trade};
 use sqlx::Row as _;
 use sqlx::SqliteConnection;
 
-use crate::prices::{CANDLE_COLUMNS, amount_of, order_of};
+use crate::prices::{CANDLE_COLUMNS, FilledPoint, amount_of, order_of, pack_point};
 use crate::{Result, SqliteStore};
 
 /// Appends `value` as a JSON string.
@@ -198,25 +198,64 @@ impl SqliteStore {
             push_str(&mut list, &candle.first.to_key());
             list.push(',');
             push_str(&mut list, &candle.last.to_key());
-            list.push(']');
+            list.push_str(",\"");
+            for byte in pack_point(key.start, candle) {
+                let _ = write!(list, "{byte:02x}");
+            }
+            list.push_str("\"]");
         }
         list.push(']');
         let sql = format!(
-            "INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}) \
+            "INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}, point) \
              SELECT value->>0, value->>1, value->>2, value->>3, {}, {}, {}, {}, \
-             value->>12, value->>13, value->>14, value->>15, value->>16 \
+             value->>12, value->>13, value->>14, value->>15, value->>16, unhex(value->>17) \
              FROM json_each($1) WHERE true \
              ON CONFLICT (chain, token, granularity, window_start) DO UPDATE SET \
              open = excluded.open, high = excluded.high, low = excluded.low, \
              close = excluded.close, usd_volume = excluded.usd_volume, \
              token_volume = excluded.token_volume, trade_count = excluded.trade_count, \
-             first_trade = excluded.first_trade, last_trade = excluded.last_trade",
+             first_trade = excluded.first_trade, last_trade = excluded.last_trade, \
+             point = excluded.point",
             exact_real("$[4]", "$[5]"),
             exact_real("$[6]", "$[7]"),
             exact_real("$[8]", "$[9]"),
             exact_real("$[10]", "$[11]"),
         );
         sqlx::query(&sql).bind(list).execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    /// Stores each of `points` in the candle row of its key.
+    pub(crate) async fn write_points(
+        conn: &mut SqliteConnection,
+        points: &[FilledPoint],
+    ) -> Result<()> {
+        let mut list = String::with_capacity(points.len() * 200 + 2);
+        list.push('[');
+        for (index, point) in points.iter().enumerate() {
+            if index > 0 {
+                list.push(',');
+            }
+            list.push('[');
+            push_str(&mut list, &point.chain);
+            list.push(',');
+            push_str(&mut list, &point.token);
+            let _ = write!(list, ",{},{},\"", point.granularity, point.start);
+            for byte in point.point {
+                let _ = write!(list, "{byte:02x}");
+            }
+            list.push_str("\"]");
+        }
+        list.push(']');
+        sqlx::query(
+            "UPDATE price_candles SET point = unhex(j.value->>4) FROM json_each($1) AS j \
+             WHERE price_candles.chain = j.value->>0 AND price_candles.token = j.value->>1 \
+             AND price_candles.granularity = j.value->>2 \
+             AND price_candles.window_start = j.value->>3",
+        )
+        .bind(list)
+        .execute(&mut *conn)
+        .await?;
         Ok(())
     }
 

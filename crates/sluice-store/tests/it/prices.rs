@@ -15,6 +15,7 @@ on_both_backends!(
     history_of_many_series_comes_in_range_order_and_stops_at_the_limit,
     the_write_count_moves_with_each_batch_that_changes_candles,
     prices_are_stored_bit_for_bit,
+    many_series_read_at_once_equal_each_read_alone,
 );
 
 /// 2025-11-21T12:00:00Z.
@@ -225,5 +226,111 @@ async fn prices_are_stored_bit_for_bit(store: Arc<dyn PriceStore>) {
                 "{token} for {usd}: {value} vs {expected}"
             );
         }
+        // History (packed points) gives the same bits, price included.
+        let start = trade.order.at_micros / 1_000_000;
+        let ranges = [(trade.token.clone(), start)];
+        let points = store.history_many(&ranges, Granularity::M1, start + 60, 10).await.unwrap();
+        let point = points[0].1;
+        for value in [point.price, point.open, point.high, point.close, point.low] {
+            assert_eq!(value.to_bits(), expected.to_bits(), "history of {token} for {usd}");
+        }
+    }
+}
+
+async fn many_series_read_at_once_equal_each_read_alone(store: Arc<dyn PriceStore>) {
+    // Enough series for a read split over two connections; some without points.
+    let mut trades = Vec::new();
+    let mut ranges = Vec::new();
+    for n in 0..21_i64 {
+        let token = TokenRef::new("base", &format!("0x{n:040x}"));
+        for m in 0..n % 4 {
+            let mut trade =
+                trade(m * 60 + n, n as u64, &format!("{}", m + 1), &format!("{}.25", n + 3), None);
+            trade.token = token.clone();
+            trades.push(trade);
+        }
+        ranges.push((token, T0 + (n % 2) * 60));
+    }
+    store.apply_trades(&trades, &keep_all).await.unwrap();
+    let mut alone = Vec::new();
+    for (index, (token, from)) in ranges.iter().enumerate() {
+        let points = store.history(token, Granularity::M1, *from, T0 + 600, 100).await.unwrap();
+        alone.extend(points.into_iter().map(|point| (index, point)));
+    }
+    assert!(alone.len() > 10);
+    let many = store.history_many(&ranges, Granularity::M1, T0 + 600, 1000).await.unwrap();
+    assert_eq!(many, alone);
+    let cut = store.history_many(&ranges, Granularity::M1, T0 + 600, 7).await.unwrap();
+    assert_eq!(cut[..], alone[..7]);
+}
+
+/// Candle rows written before migration 8 (no packed point) are read from their columns,
+/// then filled by [`SqliteStore::fill_history_points`] / [`PgStore::fill_history_points`],
+/// with the same answers before and after.
+async fn older_rows_are_read_then_filled(
+    store: Arc<dyn PriceStore>,
+    clear: impl std::future::Future<Output = ()>,
+    fill: impl std::future::Future<Output = u64>,
+) {
+    let mut trades: Vec<Trade> = (0..5)
+        .map(|m| trade(m * 60 + m, 0, &format!("{}.5", m + 1), &format!("{}", 7 * m + 3), None))
+        .collect();
+    let mut other = trade(30, 7, "3", "1", None);
+    other.token = TokenRef::new("base", "0x00000000000000000000000000000000000000aa");
+    trades.push(other.clone());
+    store.apply_trades(&trades, &keep_all).await.unwrap();
+    let ranges = vec![(other.token.clone(), T0), (usdc(), T0 + 60)];
+    let read = |limit| store.history_many(&ranges, Granularity::M1, T0 + 600, limit);
+    let (all, cut) = (read(100).await.unwrap(), read(3).await.unwrap());
+    assert_eq!(all.len(), 5);
+    assert_eq!(cut[..], all[..3]);
+    clear.await;
+    assert_eq!(read(100).await.unwrap(), all);
+    assert_eq!(read(3).await.unwrap(), cut);
+    // Windows: 6 at 15s and at 1m, then one per token at 5m, 1h and 1d.
+    assert_eq!(fill.await, 6 + 6 + 2 + 2 + 2);
+    assert_eq!(read(100).await.unwrap(), all);
+    assert_eq!(read(3).await.unwrap(), cut);
+}
+
+mod filling {
+    use std::str::FromStr;
+
+    use sluice_store::{PgStore, SqliteStore};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn older_rows_are_read_then_filled_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+        let store = SqliteStore::open(&url).await.unwrap();
+        let raw = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let clear = async {
+            sqlx::query("UPDATE price_candles SET point = NULL").execute(&raw).await.unwrap();
+        };
+        let filler = store.clone();
+        let fill = async move { filler.fill_history_points().await.unwrap() };
+        older_rows_are_read_then_filled(Arc::new(store), clear, fill).await;
+    }
+
+    #[tokio::test]
+    async fn older_rows_are_read_then_filled_on_postgres() {
+        let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
+            .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
+        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let admin = sqlx::PgPool::connect(&url).await.unwrap();
+        sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
+        let options = sqlx::postgres::PgConnectOptions::from_str(&url)
+            .unwrap()
+            .options([("search_path", &schema)]);
+        let store = PgStore::open_with(options.clone()).await.unwrap();
+        let raw = sqlx::PgPool::connect_with(options).await.unwrap();
+        let clear = async {
+            sqlx::query("UPDATE price_candles SET point = NULL").execute(&raw).await.unwrap();
+        };
+        let filler = store.clone();
+        let fill = async move { filler.fill_history_points().await.unwrap() };
+        older_rows_are_read_then_filled(Arc::new(store), clear, fill).await;
     }
 }
