@@ -183,16 +183,22 @@ pub(crate) fn json_array(values: &[&str]) -> String {
         if index > 0 {
             out.push(',');
         }
-        if value.bytes().all(|byte| byte >= 0x20 && byte != b'"' && byte != b'\\') {
-            out.push('"');
-            out.push_str(value);
-            out.push('"');
-        } else {
-            out.push_str(&serde_json::to_string(value).expect("a string serializes"));
-        }
+        push_json_str(&mut out, value);
     }
     out.push(']');
     out
+}
+
+/// Appends `value` as a JSON string. Values that need no escaping (the usual addresses,
+/// hashes and symbols) are copied as they are.
+pub(crate) fn push_json_str(out: &mut String, value: &str) {
+    if value.bytes().all(|byte| byte >= 0x20 && byte != b'"' && byte != b'\\') {
+        out.push('"');
+        out.push_str(value);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::to_string(value).expect("a string serializes"));
+    }
 }
 
 #[cfg(test)]

@@ -14,17 +14,44 @@ use sqlx::Row as _;
 use sqlx::SqliteConnection;
 
 use crate::prices::{CANDLE_COLUMNS, FilledPoint, amount_of, order_of, pack_point};
+use crate::sqlite::push_json_str as push_str;
 use crate::{Result, SqliteStore};
 
-/// Appends `value` as a JSON string.
-fn push_str(out: &mut String, value: &str) {
-    if value.bytes().all(|byte| byte >= 0x20 && byte != b'"' && byte != b'\\') {
-        out.push('"');
-        out.push_str(value);
-        out.push('"');
-    } else {
-        out.push_str(&serde_json::to_string(value).expect("a string serializes"));
+/// A JSON array holding one array per item; `row` appends the item's elements, separated by
+/// commas, without the brackets.
+fn json_rows<T>(
+    items: impl Iterator<Item = T>,
+    bytes_per_row: usize,
+    mut row: impl FnMut(&mut String, T),
+) -> String {
+    let mut out = String::with_capacity(items.size_hint().0 * bytes_per_row + 2);
+    out.push('[');
+    for (index, item) in items.enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        out.push('[');
+        row(&mut out, item);
+        out.push(']');
     }
+    out.push(']');
+    out
+}
+
+/// Appends a token's chain and address as two JSON strings.
+fn push_token(out: &mut String, chain: &str, address: &str) {
+    push_str(out, chain);
+    out.push(',');
+    push_str(out, address);
+}
+
+/// Appends `bytes` as a JSON string of hex digits (for `unhex`).
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    out.push('"');
+    for byte in bytes {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out.push('"');
 }
 
 /// `value` as `(m, e)` with `value = m × 2^e` exactly, `m` odd (or zero). Prices are finite.
@@ -69,27 +96,21 @@ impl SqliteStore {
         trades: &[&Trade],
     ) -> Result<Vec<bool>> {
         let rows = |trades: &mut dyn Iterator<Item = &&Trade>| {
-            let mut out = String::with_capacity(trades.size_hint().0 * 110 + 2);
-            out.push('[');
-            for (index, trade) in trades.enumerate() {
-                if index > 0 {
-                    out.push(',');
-                }
-                let _ = write!(out, "[{},", trade.order.at_micros.div_euclid(1_000_000));
-                push_str(&mut out, &trade.token.chain);
+            json_rows(trades, 110, |out, trade| {
+                let _ = write!(out, "{},", trade.order.at_micros.div_euclid(1_000_000));
+                push_str(out, &trade.token.chain);
                 out.push(',');
-                push_str(&mut out, &trade.order.transaction_hash);
-                let _ = write!(out, ",{}]", trade.order.log_index as i64);
-            }
-            out.push(']');
-            out
+                push_str(out, &trade.order.transaction_hash);
+                let _ = write!(out, ",{}", trade.order.log_index as i64);
+            })
         };
         let all = rows(&mut trades.iter());
         // Usually no trade of a batch was counted before: insert them all at once, and only
         // when that meets a counted one (the failed statement changes nothing; the
         // transaction goes on) find out which.
         let insert = "INSERT INTO price_trade_ids (block_time, chain, transaction_hash, log_index) \
-                      SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each($1)";
+ \
+                 SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each($1)";
         match sqlx::query(insert).bind(&all).execute(&mut *conn).await {
             Ok(_) => return Ok(vec![false; trades.len()]),
             Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {}
@@ -124,19 +145,10 @@ impl SqliteStore {
         conn: &mut SqliteConnection,
         keys: &[(CandleKey, Candle)],
     ) -> Result<Vec<Option<Candle>>> {
-        let mut list = String::with_capacity(keys.len() * 80 + 2);
-        list.push('[');
-        for (index, (key, _)) in keys.iter().enumerate() {
-            if index > 0 {
-                list.push(',');
-            }
-            list.push('[');
-            push_str(&mut list, &key.token.chain);
-            list.push(',');
-            push_str(&mut list, &key.token.address);
-            let _ = write!(list, ",{},{}]", key.granularity.seconds(), key.start);
-        }
-        list.push(']');
+        let list = json_rows(keys.iter(), 80, |out, (key, _)| {
+            push_token(out, &key.token.chain, &key.token.address);
+            let _ = write!(out, ",{},{}", key.granularity.seconds(), key.start);
+        });
         // CROSS JOIN keeps the key list as the outer loop: one primary-key probe per key.
         let sql = format!(
             "SELECT j.key AS ord, p.{} FROM json_each($1) AS j CROSS JOIN price_candles p \
@@ -175,42 +187,32 @@ impl SqliteStore {
         conn: &mut SqliteConnection,
         candles: &[(CandleKey, Candle)],
     ) -> Result<()> {
-        let mut list = String::with_capacity(candles.len() * 330 + 2);
-        list.push('[');
-        for (index, (key, candle)) in candles.iter().enumerate() {
-            if index > 0 {
-                list.push(',');
-            }
-            list.push('[');
-            push_str(&mut list, &key.token.chain);
-            list.push(',');
-            push_str(&mut list, &key.token.address);
-            let _ = write!(list, ",{},{}", key.granularity.seconds(), key.start);
+        let list = json_rows(candles.iter(), 330, |out, (key, candle)| {
+            push_token(out, &key.token.chain, &key.token.address);
+            let _ = write!(out, ",{},{}", key.granularity.seconds(), key.start);
             for price in [candle.open, candle.high, candle.low, candle.close] {
                 let (m, e) = split_f64(price);
-                let _ = write!(list, ",{m},{e}");
+                let _ = write!(out, ",{m},{e}");
             }
             let _ = write!(
-                list,
+                out,
                 ",\"{}\",\"{}\",{},",
                 candle.usd_volume.0, candle.token_volume.0, candle.trade_count as i64
             );
-            push_str(&mut list, &candle.first.to_key());
-            list.push(',');
-            push_str(&mut list, &candle.last.to_key());
-            list.push_str(",\"");
-            for byte in pack_point(key.start, candle) {
-                let _ = write!(list, "{byte:02x}");
-            }
-            list.push_str("\"]");
-        }
-        list.push(']');
+            push_str(out, &candle.first.to_key());
+            out.push(',');
+            push_str(out, &candle.last.to_key());
+            out.push(',');
+            push_hex(out, &pack_point(key.start, candle));
+        });
         let sql = format!(
             "INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}, point) \
-             SELECT value->>0, value->>1, value->>2, value->>3, {}, {}, {}, {}, \
+ \
+                 SELECT value->>0, value->>1, value->>2, value->>3, {}, {}, {}, {}, \
              value->>12, value->>13, value->>14, value->>15, value->>16, unhex(value->>17) \
              FROM json_each($1) WHERE true \
-             ON CONFLICT (chain, token, granularity, window_start) DO UPDATE SET \
+ \
+                 ON CONFLICT (chain, token, granularity, window_start) DO UPDATE SET \
              open = excluded.open, high = excluded.high, low = excluded.low, \
              close = excluded.close, usd_volume = excluded.usd_volume, \
              token_volume = excluded.token_volume, trade_count = excluded.trade_count, \
@@ -230,23 +232,11 @@ impl SqliteStore {
         conn: &mut SqliteConnection,
         points: &[FilledPoint],
     ) -> Result<()> {
-        let mut list = String::with_capacity(points.len() * 200 + 2);
-        list.push('[');
-        for (index, point) in points.iter().enumerate() {
-            if index > 0 {
-                list.push(',');
-            }
-            list.push('[');
-            push_str(&mut list, &point.chain);
-            list.push(',');
-            push_str(&mut list, &point.token);
-            let _ = write!(list, ",{},{},\"", point.granularity, point.start);
-            for byte in point.point {
-                let _ = write!(list, "{byte:02x}");
-            }
-            list.push_str("\"]");
-        }
-        list.push(']');
+        let list = json_rows(points.iter(), 200, |out, point| {
+            push_token(out, &point.chain, &point.token);
+            let _ = write!(out, ",{},{},", point.granularity, point.start);
+            push_hex(out, &point.point);
+        });
         sqlx::query(
             "UPDATE price_candles SET point = unhex(j.value->>4) FROM json_each($1) AS j \
              WHERE price_candles.chain = j.value->>0 AND price_candles.token = j.value->>1 \
@@ -267,50 +257,37 @@ impl SqliteStore {
         pools: &[&Trade],
     ) -> Result<()> {
         if !tokens.is_empty() {
-            let mut list = String::with_capacity(tokens.len() * 160 + 2);
-            list.push('[');
-            for (index, trade) in tokens.iter().enumerate() {
-                if index > 0 {
-                    list.push(',');
-                }
-                list.push('[');
-                push_str(&mut list, &trade.token.chain);
-                list.push(',');
-                push_str(&mut list, &trade.token.address);
-                let _ = write!(list, ",{},", trade.decimals);
-                push_str(&mut list, &trade.order.to_key());
-                list.push(']');
-            }
-            list.push(']');
+            let list = json_rows(tokens.iter(), 160, |out, trade| {
+                push_token(out, &trade.token.chain, &trade.token.address);
+                let _ = write!(out, ",{},", trade.decimals);
+                push_str(out, &trade.order.to_key());
+            });
             sqlx::query(
-                "INSERT INTO price_tokens (chain, token, decimals, last_trade)                  SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each($1) WHERE true                  ON CONFLICT (chain, token) DO UPDATE SET decimals = excluded.decimals,                  last_trade = excluded.last_trade WHERE excluded.last_trade > price_tokens.last_trade",
+                "INSERT INTO price_tokens (chain, token, decimals, last_trade) \
+                 SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each($1) WHERE true \
+                 ON CONFLICT (chain, token) DO UPDATE SET decimals = excluded.decimals, \
+                 last_trade = excluded.last_trade WHERE excluded.last_trade > price_tokens.last_trade",
             )
             .bind(list)
             .execute(&mut *conn)
             .await?;
         }
         if !pools.is_empty() {
-            let mut list = String::with_capacity(pools.len() * 220 + 2);
-            list.push('[');
-            for (index, trade) in pools.iter().enumerate() {
+            let list = json_rows(pools.iter(), 220, |out, trade| {
                 let (pool, reserve) =
                     trade.pool.as_ref().expect("only trades with a pool are listed");
-                if index > 0 {
-                    list.push(',');
-                }
-                list.push('[');
-                push_str(&mut list, &trade.token.chain);
-                list.push(',');
-                push_str(&mut list, &trade.token.address);
-                list.push(',');
-                push_str(&mut list, pool);
-                let _ = write!(list, ",\"{}\",", reserve.0);
-                push_str(&mut list, &trade.order.to_key());
-                list.push(']');
-            }
-            list.push(']');
+                push_token(out, &trade.token.chain, &trade.token.address);
+                out.push(',');
+                push_str(out, pool);
+                let _ = write!(out, ",\"{}\",", reserve.0);
+                push_str(out, &trade.order.to_key());
+            });
             sqlx::query(
-                "INSERT INTO price_pools (chain, token, pool, reserve, last_trade)                  SELECT value->>0, value->>1, value->>2, value->>3, value->>4 FROM json_each($1)                  WHERE true ON CONFLICT (chain, token, pool) DO UPDATE SET                  reserve = excluded.reserve, last_trade = excluded.last_trade                  WHERE excluded.last_trade > price_pools.last_trade",
+                "INSERT INTO price_pools (chain, token, pool, reserve, last_trade) \
+                 SELECT value->>0, value->>1, value->>2, value->>3, value->>4 FROM json_each($1) \
+                 WHERE true ON CONFLICT (chain, token, pool) DO UPDATE SET \
+                 reserve = excluded.reserve, last_trade = excluded.last_trade \
+                 WHERE excluded.last_trade > price_pools.last_trade",
             )
             .bind(list)
             .execute(&mut *conn)
