@@ -225,6 +225,29 @@ pub(crate) fn corrupt(detail: String) -> StoreError {
     StoreError::Corrupt { what: "price candle", detail }
 }
 
+/// The candle in a row holding [`CANDLE_COLUMNS`].
+pub(crate) fn candle_of<'r, R>(row: &'r R) -> Result<Candle>
+where
+    R: sqlx::Row,
+    &'static str: sqlx::ColumnIndex<R>,
+    f64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    &'r str: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let count: i64 = row.try_get("trade_count")?;
+    Ok(Candle {
+        open: row.try_get("open")?,
+        high: row.try_get("high")?,
+        low: row.try_get("low")?,
+        close: row.try_get("close")?,
+        usd_volume: amount_of(row.try_get("usd_volume")?)?,
+        token_volume: amount_of(row.try_get("token_volume")?)?,
+        trade_count: u64::try_from(count).unwrap_or(0),
+        first: order_of(row.try_get("first_trade")?)?,
+        last: order_of(row.try_get("last_trade")?)?,
+    })
+}
+
 pub(crate) fn amount_of(text: &str) -> Result<Amount> {
     text.parse::<i128>().map(Amount).map_err(|e| corrupt(format!("amount {text:?}: {e}")))
 }
@@ -321,25 +344,7 @@ macro_rules! price_store_impl {
             type DbRow = <$db as sqlx::Database>::Row;
 
             fn candle_row(row: &DbRow) -> Result<(i64, Candle)> {
-                let usd: String = row.try_get("usd_volume")?;
-                let token: String = row.try_get("token_volume")?;
-                let first: String = row.try_get("first_trade")?;
-                let last: String = row.try_get("last_trade")?;
-                let count: i64 = row.try_get("trade_count")?;
-                Ok((
-                    row.try_get("window_start")?,
-                    Candle {
-                        open: row.try_get("open")?,
-                        high: row.try_get("high")?,
-                        low: row.try_get("low")?,
-                        close: row.try_get("close")?,
-                        usd_volume: amount_of(&usd)?,
-                        token_volume: amount_of(&token)?,
-                        trade_count: u64::try_from(count).unwrap_or(0),
-                        first: order_of(&first)?,
-                        last: order_of(&last)?,
-                    },
-                ))
+                Ok((row.try_get("window_start")?, crate::prices::candle_of(row)?))
             }
 
             /// A history point from a row with the window start, OHLC and the two sums.

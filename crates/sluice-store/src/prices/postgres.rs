@@ -6,7 +6,7 @@ use sluice_core::prices::{Candle, CandleKey, Trade};
 use sqlx::PgConnection;
 use sqlx::Row as _;
 
-use crate::prices::{CANDLE_COLUMNS, FilledPoint, amount_of, order_of, pack_point};
+use crate::prices::{CANDLE_COLUMNS, FilledPoint, candle_of, pack_point};
 use crate::{PgStore, Result};
 
 impl PgStore {
@@ -106,18 +106,7 @@ impl PgStore {
         let mut out = vec![None; keys.len()];
         for row in rows {
             let ord: i64 = row.try_get("ord")?;
-            let count: i64 = row.try_get("trade_count")?;
-            let candle = Candle {
-                open: row.try_get("open")?,
-                high: row.try_get("high")?,
-                low: row.try_get("low")?,
-                close: row.try_get("close")?,
-                usd_volume: amount_of(row.try_get("usd_volume")?)?,
-                token_volume: amount_of(row.try_get("token_volume")?)?,
-                trade_count: u64::try_from(count).unwrap_or(0),
-                first: order_of(row.try_get("first_trade")?)?,
-                last: order_of(row.try_get("last_trade")?)?,
-            };
+            let candle = candle_of(&row)?;
             if let Some(slot) = usize::try_from(ord - 1).ok().and_then(|i| out.get_mut(i)) {
                 *slot = Some(candle);
             }

@@ -13,7 +13,7 @@ use sluice_core::prices::{Candle, CandleKey, Trade};
 use sqlx::Row as _;
 use sqlx::SqliteConnection;
 
-use crate::prices::{CANDLE_COLUMNS, FilledPoint, amount_of, order_of, pack_point};
+use crate::prices::{CANDLE_COLUMNS, FilledPoint, candle_of, pack_point};
 use crate::sqlite::push_json_str as push_str;
 use crate::{Result, SqliteStore};
 
@@ -159,22 +159,7 @@ impl SqliteStore {
         let mut out = vec![None; keys.len()];
         for row in sqlx::query(&sql).bind(list).fetch_all(&mut *conn).await? {
             let ord: i64 = row.try_get("ord")?;
-            let usd: String = row.try_get("usd_volume")?;
-            let token: String = row.try_get("token_volume")?;
-            let first: String = row.try_get("first_trade")?;
-            let last: String = row.try_get("last_trade")?;
-            let count: i64 = row.try_get("trade_count")?;
-            let candle = Candle {
-                open: row.try_get("open")?,
-                high: row.try_get("high")?,
-                low: row.try_get("low")?,
-                close: row.try_get("close")?,
-                usd_volume: amount_of(&usd)?,
-                token_volume: amount_of(&token)?,
-                trade_count: u64::try_from(count).unwrap_or(0),
-                first: order_of(&first)?,
-                last: order_of(&last)?,
-            };
+            let candle = candle_of(&row)?;
             if let Some(slot) = usize::try_from(ord).ok().and_then(|i| out.get_mut(i)) {
                 *slot = Some(candle);
             }
