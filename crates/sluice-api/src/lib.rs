@@ -57,6 +57,10 @@ impl Default for Limits {
 }
 
 /// What every handler shares.
+/// Where a process's price service arrives once loaded: the service, or why it failed to
+/// start (a large price history takes seconds to load, and the API serves meanwhile).
+pub type PriceSlot = Arc<std::sync::OnceLock<Result<Arc<sluice_prices::PriceService>, String>>>;
+
 #[derive(Clone)]
 pub struct AppState {
     pub store: Arc<dyn MetadataStore>,
@@ -73,8 +77,9 @@ pub struct AppState {
     pub runtime: Option<Arc<Runtime>>,
     /// Serialises the read-change-store(-redeploy) edits of one pipeline in this process.
     pub edit_locks: Arc<transforms::EditLocks>,
-    /// Token prices; `None` in a process that serves none (the price endpoints answer 503).
-    pub prices: Option<Arc<sluice_prices::PriceService>>,
+    /// Token prices; `None` in a process that serves none. The price endpoints answer 503
+    /// while the slot is empty (the service is still loading) or holds the reason it failed.
+    pub prices: Option<PriceSlot>,
     openapi_json: axum::body::Bytes,
 }
 
@@ -128,8 +133,17 @@ impl AppState {
 
     /// Serves token prices from `prices`.
     #[must_use]
-    pub fn with_prices(mut self, prices: Arc<sluice_prices::PriceService>) -> Self {
-        self.prices = Some(prices);
+    pub fn with_prices(self, prices: Arc<sluice_prices::PriceService>) -> Self {
+        let slot = PriceSlot::default();
+        let _ = slot.set(Ok(prices));
+        self.with_price_slot(slot)
+    }
+
+    /// Serves token prices from the service put into `slot` once it has loaded; until then
+    /// the price endpoints answer 503.
+    #[must_use]
+    pub fn with_price_slot(mut self, slot: PriceSlot) -> Self {
+        self.prices = Some(slot);
         self
     }
 

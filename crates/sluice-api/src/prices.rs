@@ -142,10 +142,15 @@ pub struct HistoryBody {
 }
 
 fn service(state: &AppState) -> Result<&PriceService, ApiError> {
-    state
-        .prices
-        .as_deref()
-        .ok_or_else(|| ApiError::Unavailable("this process serves no token prices".to_owned()))
+    let unavailable = |detail: String| Err(ApiError::Unavailable(detail));
+    match state.prices.as_ref().map(|slot| slot.get()) {
+        None => unavailable("this process serves no token prices".to_owned()),
+        Some(None) => {
+            unavailable("token prices are still loading; retry in a few seconds".to_owned())
+        }
+        Some(Some(Err(reason))) => unavailable(format!("token prices are unavailable: {reason}")),
+        Some(Some(Ok(service))) => Ok(service),
+    }
 }
 
 fn query_pairs(

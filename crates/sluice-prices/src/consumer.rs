@@ -86,23 +86,31 @@ pub fn spawn_consumer(
     streams: Vec<(String, TradeSource)>,
     settings: ConsumerSettings,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut streams: Vec<Stream> = streams
-            .into_iter()
-            .map(|(topic, source)| Stream { topic, source, next: BTreeMap::new() })
-            .collect();
-        tracing::info!(streams = streams.len(), "price consumer started");
-        loop {
-            match round(&service, log.as_ref(), &mut streams, settings.batch_size).await {
-                Ok(0) => tokio::time::sleep(settings.idle_wait).await,
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::warn!(%error, "price consumer round failed; retrying");
-                    tokio::time::sleep(settings.retry_wait).await;
-                }
+    tokio::spawn(consume(service, log, streams, settings))
+}
+
+/// The consumer of [`spawn_consumer`] as a future of the caller's task: it never ends.
+pub async fn consume(
+    service: Arc<PriceService>,
+    log: Arc<dyn StreamLog>,
+    streams: Vec<(String, TradeSource)>,
+    settings: ConsumerSettings,
+) {
+    let mut streams: Vec<Stream> = streams
+        .into_iter()
+        .map(|(topic, source)| Stream { topic, source, next: BTreeMap::new() })
+        .collect();
+    tracing::info!(streams = streams.len(), "price consumer started");
+    loop {
+        match round(&service, log.as_ref(), &mut streams, settings.batch_size).await {
+            Ok(0) => tokio::time::sleep(settings.idle_wait).await,
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "price consumer round failed; retrying");
+                tokio::time::sleep(settings.retry_wait).await;
             }
         }
-    })
+    }
 }
 
 /// Reads one batch from every partition, counts its trades, then commits. Returns the

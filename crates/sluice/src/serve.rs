@@ -52,8 +52,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await
     .context("starting the pipeline runtime")?;
     let mut background = background_tasks(&runtime, &catalog, args.demo);
-    let prices =
-        start_prices(&settings, &runtime, &catalog, clock.clone(), &mut background).await?;
+    // Opening the price store finishes a migration's backfill of stored rows when one is
+    // due; loading the service (recent candles, latest minutes) happens while the API serves.
+    let price_store =
+        sluice_store::open_prices(&settings.database_url).await.with_context(|| {
+            format!("opening the price store at {}", redact(&settings.database_url))
+        })?;
+    let prices = sluice_api::PriceSlot::default();
+    background.push(tokio::spawn(run_prices(
+        price_store,
+        runtime.log().clone(),
+        sluice_prices::trade_topics(&catalog),
+        clock.clone(),
+        prices.clone(),
+    )));
     // Every dataset in memory before the first request, so `beam.contains` never waits on
     // the store; the API keeps it current from then on. The same index is the script
     // engine's `DatasetLookup`.
@@ -72,7 +84,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     )
     .with_runtime(runtime.clone())
     .with_dataset_listener(datasets)
-    .with_prices(prices);
+    .with_price_slot(prices);
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
@@ -152,39 +164,49 @@ async fn demo_feed(runtime: Arc<Runtime>, mut generator: sluice_feed::Generator)
     }
 }
 
-/// The price service over the metadata database, its trade consumer and its retention job.
-async fn start_prices(
-    settings: &Settings,
-    runtime: &Arc<Runtime>,
-    catalog: &Catalog,
+/// The price service over `store`, then its trade consumer and its retention job, for as
+/// long as the server runs. The API serves while the service loads (its recent candles and
+/// latest minutes: seconds for a large history) and the price endpoints answer 503 until
+/// `slot` holds it; a service that fails to start leaves the reason there.
+async fn run_prices(
+    store: Arc<dyn sluice_store::PriceStore>,
+    log: Arc<dyn sluice_bus::StreamLog>,
+    topics: Vec<(String, sluice_prices::TradeSource)>,
     clock: Arc<dyn Clock>,
-    background: &mut Vec<tokio::task::JoinHandle<()>>,
-) -> anyhow::Result<Arc<sluice_prices::PriceService>> {
-    let store = sluice_store::open_prices(&settings.database_url).await.with_context(|| {
-        format!("opening the price store at {}", redact(&settings.database_url))
-    })?;
-    let prices = sluice_prices::PriceService::start(store, clock, Default::default())
+    slot: sluice_api::PriceSlot,
+) {
+    let started = std::time::Instant::now();
+    let loaded = sluice_prices::PriceService::start(store, clock, Default::default())
         .await
-        .context("starting the price service")?;
-    background.push(sluice_prices::spawn_consumer(
-        prices.clone(),
-        runtime.log().clone(),
-        sluice_prices::trade_topics(catalog),
-        sluice_prices::ConsumerSettings::default(),
-    ));
-    let retention = prices.clone();
-    background.push(tokio::spawn(async move {
+        .context("starting the price service");
+    let prices = match loaded {
+        Ok(prices) => prices,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "token prices are unavailable");
+            let _ = slot.set(Err(format!("{error:#}")));
+            return;
+        }
+    };
+    tracing::info!(seconds = started.elapsed().as_secs_f64(), "token prices loaded");
+    let _ = slot.set(Ok(prices.clone()));
+    let retention = async {
         let mut tick = tokio::time::interval(RETENTION_INTERVAL);
         loop {
             tick.tick().await;
-            match retention.enforce_retention().await {
+            match prices.enforce_retention().await {
                 Ok(0) => {}
                 Ok(removed) => tracing::info!(removed, "removed price rows past retention"),
                 Err(error) => tracing::warn!(%error, "price retention run failed"),
             }
         }
-    }));
-    Ok(prices)
+    };
+    let consumer = sluice_prices::consume(
+        prices.clone(),
+        log,
+        topics,
+        sluice_prices::ConsumerSettings::default(),
+    );
+    tokio::join!(consumer, retention);
 }
 
 /// Opens the store the settings name, creating the data directory for the SQLite default.

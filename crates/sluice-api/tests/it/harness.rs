@@ -60,6 +60,13 @@ impl Harness {
         harness
     }
 
+    /// A harness whose price endpoints serve what arrives in `slot`.
+    pub async fn with_price_slot(slot: sluice_api::PriceSlot) -> Self {
+        let mut harness = Self::new().await;
+        harness.state = harness.state.with_price_slot(slot);
+        harness
+    }
+
     /// A harness whose dataset changes go to `listener`.
     pub async fn with_dataset_listener(
         listener: Arc<dyn sluice_core::datasets::DatasetListener>,

@@ -672,3 +672,30 @@ async fn a_restarted_service_loads_the_latest_minutes_from_the_store() {
     assert_eq!(latest[0].price, 2.0);
     assert_eq!(latest[0].total_liquidity_usd, Some(2000.0));
 }
+
+/// `sluice serve` answers while its price service loads: until then, and when it failed to
+/// start, the price endpoints answer 503 saying which.
+#[tokio::test]
+async fn price_endpoints_answer_503_until_the_service_has_loaded() {
+    let slot = sluice_api::PriceSlot::default();
+    let harness = crate::harness::Harness::with_price_slot(slot.clone()).await;
+    let user = harness.user("acme", "data", "ann").await;
+    let latest = json!([{"chain": "base", "token_address": USDC}]);
+    let history = json!({
+        "addresses": [{"chain": "base", "token_address": USDC}],
+        "time_granularity": "1m",
+        "start_timestamp": "2026-11-21T11:00:00Z",
+        "end_timestamp": "2026-11-21T12:00:00Z",
+    });
+    for (path, body) in
+        [("/api/v1/developer/prices", &latest), ("/api/v1/developer/prices/history", &history)]
+    {
+        let (status, answer) = harness.post(path, &user, body.clone()).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {answer}");
+        assert_eq!(answer["detail"], "token prices are still loading; retry in a few seconds");
+    }
+    slot.set(Err("the price store is unreachable".to_owned())).unwrap();
+    let (status, answer) = harness.post("/api/v1/developer/prices", &user, latest).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer["detail"], "token prices are unavailable: the price store is unreachable");
+}
