@@ -9,7 +9,7 @@
 //! rounds each time one pass of Node, `run` and `run_batch`, and the best pass of each
 //! counts. The outputs of both are compared byte for byte.
 //!
-//! Run: `cargo run --release -p sluice-js --example bench [records]` (default 200000).
+//! Run: `cargo run --release -p sluice-js --example script_bench [records]` (default 200000).
 //! Needs `node` on the PATH.
 
 use std::io::Write;
