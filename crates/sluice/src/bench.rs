@@ -219,44 +219,13 @@ async fn load_filter_values(
         .as_str()
         .context("created pipeline has a set filter uid")?;
     let url = format!("{base}/{id}/transforms/{uid}/filter-values");
-    let body = |range: std::ops::Range<usize>| -> anyhow::Result<Vec<u8>> {
-        let values: Vec<String> = range.map(filter_value).collect();
-        Ok(serde_json::to_vec(&json!({ "values": values }))?)
-    };
-    let post = |body: Vec<u8>| {
-        client
-            .post(&url)
-            .header("X-API-Key", &args.api_key)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-    };
     // Warm-up: connections, caches and prepared statements; values outside the measured set.
-    let warm_up = post(body(args.values..args.values + 1_000)?).await?;
+    let warm_up =
+        post_json(client, &url, args, values_body(args.values..args.values + 1_000)?).await?;
     if !warm_up.status().is_success() {
         bail!("warm-up failed: {} {}", warm_up.status(), warm_up.text().await?);
     }
-
-    let batches = (0..args.values)
-        .step_by(args.batch)
-        .map(|start| body(start..(start + args.batch).min(args.values)))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut latencies = Vec::with_capacity(batches.len());
-    let mut added = 0u64;
-    let started = Instant::now();
-    for batch in batches {
-        let sent = Instant::now();
-        let response = post(batch).await?;
-        let status = response.status();
-        let answer: Value = response.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            bail!("batch failed: {status} {answer}");
-        }
-        latencies.push(sent.elapsed());
-        added += answer["added"].as_u64().unwrap_or(0);
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-
+    let loaded = post_batches(client, &url, args, args.batch, "added").await?;
     let count: Value = client
         .get(format!("{url}/count"))
         .header("X-API-Key", &args.api_key)
@@ -264,20 +233,8 @@ async fn load_filter_values(
         .await?
         .json()
         .await?;
-    latencies.sort_unstable();
-    let ms = |d: Option<&Duration>| d.map_or(f64::NAN, |d| (d.as_secs_f64() * 1e6).round() / 1e3);
-    let report = json!({
-        "op": "filter-values",
-        "values": args.values,
-        "batch": args.batch,
-        "requests": latencies.len(),
-        "added": added,
-        "count_after": count["count"],
-        "seconds": (elapsed * 1000.0).round() / 1000.0,
-        "values_per_s": (args.values as f64 / elapsed).round(),
-        "batch_p50_ms": ms(latencies.get(latencies.len() / 2)),
-        "batch_max_ms": ms(latencies.last()),
-    });
+    let mut report = loaded.report("filter-values", args.values, args.batch);
+    report["count_after"] = count["count"].clone();
     println!("{report}");
     Ok(())
 }
@@ -320,37 +277,7 @@ async fn load_dataset(
     let created: Value = response.json().await?;
     let id = created["id"].as_str().context("created dataset has an id")?.to_owned();
     let url = format!("{base}/datasets/{id}/entries");
-    let body = |range: std::ops::Range<usize>| -> anyhow::Result<Vec<u8>> {
-        let values: Vec<String> = range.map(filter_value).collect();
-        Ok(serde_json::to_vec(&json!({ "values": values }))?)
-    };
-    let post = |body: Vec<u8>| {
-        client
-            .post(&url)
-            .header("X-API-Key", &args.api_key)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-    };
-    let batches = (0..args.values)
-        .step_by(batch)
-        .map(|start| body(start..(start + batch).min(args.values)))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut latencies = Vec::with_capacity(batches.len());
-    let mut added = 0u64;
-    let started = Instant::now();
-    for batch in batches {
-        let sent = Instant::now();
-        let response = post(batch).await?;
-        let status = response.status();
-        let answer: Value = response.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            bail!("batch failed: {status} {answer}");
-        }
-        latencies.push(sent.elapsed());
-        added += answer["count"].as_u64().unwrap_or(0);
-    }
-    let elapsed = started.elapsed().as_secs_f64();
+    let loaded = post_batches(client, &url, args, batch, "count").await?;
     if !report {
         return Ok(id);
     }
@@ -361,22 +288,92 @@ async fn load_dataset(
         .await?
         .json()
         .await?;
-    latencies.sort_unstable();
-    let ms = |d: Option<&Duration>| d.map_or(f64::NAN, |d| (d.as_secs_f64() * 1e6).round() / 1e3);
-    let report = json!({
-        "op": "dataset-add",
-        "values": args.values,
-        "batch": batch,
-        "requests": latencies.len(),
-        "added": added,
-        "total_count_after": page["total_count"],
-        "seconds": (elapsed * 1000.0).round() / 1000.0,
-        "values_per_s": (args.values as f64 / elapsed).round(),
-        "batch_p50_ms": ms(latencies.get(latencies.len() / 2)),
-        "batch_max_ms": ms(latencies.last()),
-    });
+    let mut report = loaded.report("dataset-add", args.values, batch);
+    report["total_count_after"] = page["total_count"].clone();
     println!("{report}");
     Ok(id)
+}
+
+/// `{"values": [...]}` holding value numbers `range` (see [`filter_value`]).
+fn values_body(range: std::ops::Range<usize>) -> anyhow::Result<Vec<u8>> {
+    let values: Vec<String> = range.map(filter_value).collect();
+    Ok(serde_json::to_vec(&json!({ "values": values }))?)
+}
+
+/// `POST url` with the bench key and a JSON `body`.
+fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    args: &BenchArgs,
+    body: Vec<u8>,
+) -> impl std::future::Future<Output = reqwest::Result<reqwest::Response>> {
+    client
+        .post(url)
+        .header("X-API-Key", &args.api_key)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+}
+
+/// What a bulk load measured.
+struct Loaded {
+    /// Per request, sorted.
+    latencies: Vec<Duration>,
+    /// The sum of each answer's count field.
+    counted: u64,
+    seconds: f64,
+}
+
+impl Loaded {
+    /// The report fields every bulk load prints.
+    fn report(&self, op: &str, values: usize, batch: usize) -> Value {
+        let ms =
+            |d: Option<&Duration>| d.map_or(f64::NAN, |d| (d.as_secs_f64() * 1e6).round() / 1e3);
+        json!({
+            "op": op,
+            "values": values,
+            "batch": batch,
+            "requests": self.latencies.len(),
+            "added": self.counted,
+            "seconds": (self.seconds * 1000.0).round() / 1000.0,
+            "values_per_s": (values as f64 / self.seconds).round(),
+            "batch_p50_ms": ms(self.latencies.get(self.latencies.len() / 2)),
+            "batch_max_ms": ms(self.latencies.last()),
+        })
+    }
+}
+
+/// Posts value numbers `0..--values` to `url` in bodies of `batch`, one request after
+/// another, summing each answer's `field`. The bodies are serialized before the clock
+/// starts, so the time is the server's.
+async fn post_batches(
+    client: &reqwest::Client,
+    url: &str,
+    args: &BenchArgs,
+    batch: usize,
+    field: &str,
+) -> anyhow::Result<Loaded> {
+    let bodies = (0..args.values)
+        .step_by(batch)
+        .map(|start| values_body(start..(start + batch).min(args.values)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut latencies = Vec::with_capacity(bodies.len());
+    let mut counted = 0u64;
+    let started = Instant::now();
+    for body in bodies {
+        let sent = Instant::now();
+        let response = post_json(client, url, args, body).await?;
+        let status = response.status();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("batch failed: {status} {answer}");
+        }
+        latencies.push(sent.elapsed());
+        counted += answer[field].as_u64().unwrap_or(0);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    Ok(Loaded { latencies, counted, seconds })
 }
 
 /// Runs load for `length`; returns the latencies of successful requests and the error count.
