@@ -19,7 +19,7 @@ use sluice_store::{MetadataStore, SqliteStore};
 use tower::ServiceExt;
 
 use crate::harness::{Harness, User};
-use crate::pipeline_stack::{OTHER, USDC, WETH, key_for, settings, settle};
+use crate::pipeline_stack::{OTHER, USDC, WETH, key_for, settings, settle, transfer};
 
 const SCRIPT: &str = "function transform(r) { return r; }";
 
@@ -444,19 +444,6 @@ impl Stack {
     async fn deployment_state(&self, id: &str) -> Option<sluice_core::deployment::DeploymentState> {
         self.state.runtime().unwrap().state(id).await.unwrap()
     }
-}
-
-fn transfer(n: u64, token: &str) -> Value {
-    json!({
-        "n": n,
-        "block_number": 1000 + n / 10,
-        "block_timestamp": "2026-11-21T12:00:00Z",
-        "transaction_hash": format!("0x{n:064x}"),
-        "log_index": n % 10,
-        "token_address": token,
-        "from_address": OTHER,
-        "to_address": OTHER,
-    })
 }
 
 fn numbers(records: &[Value]) -> Vec<u64> {
