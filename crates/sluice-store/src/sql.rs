@@ -14,9 +14,9 @@ use crate::{Result, StoreError};
 
 /// The values of one request, each once, sorted.
 ///
-/// Requests may repeat a value, and sorted rows go into the `(set_id, value)` membership key
-/// in key order, which keeps a large load appending to the same index pages instead of
-/// touching pages all over the tree.
+/// Requests may repeat a value. Sorted rows go into a dataset's `(dataset_seq, value)` key in
+/// key order, which keeps a large load appending to the same index pages instead of touching
+/// pages all over the tree; a new pipeline's initial filter values only need the repeats out.
 pub(crate) fn sorted_unique(values: &[String]) -> Vec<&str> {
     let mut sorted: Vec<&str> = values.iter().map(String::as_str).collect();
     sorted.sort_unstable();
