@@ -444,7 +444,9 @@ pub fn aggregate<'a>(
     trades: impl IntoIterator<Item = &'a Trade>,
 ) -> std::collections::HashMap<CandleKey, Candle> {
     use std::collections::HashMap;
-    let mut fine: HashMap<(&'a TokenRef, i64), Partial<'a>> = HashMap::new();
+    // foldhash: SipHash over the token's strings cost more than the folding itself.
+    let mut fine: foldhash::HashMap<(&'a TokenRef, i64), Partial<'a>> =
+        foldhash::HashMap::default();
     for trade in trades {
         let price = trade.price();
         let one = Partial {
@@ -466,7 +468,8 @@ pub fn aggregate<'a>(
             }
         }
     }
-    let mut coarse: HashMap<(&'a TokenRef, Granularity, i64), Partial<'a>> = HashMap::new();
+    let mut coarse: foldhash::HashMap<(&'a TokenRef, Granularity, i64), Partial<'a>> =
+        foldhash::HashMap::default();
     for ((token, start), partial) in &fine {
         for granularity in &Granularity::ALL[1..] {
             let key = (*token, *granularity, granularity.window_start(start * 1_000_000));

@@ -4,7 +4,7 @@
 //! cargo run --release -p sluice-prices --example query_bench -- <database url> [tokens] [days]
 //! ```
 //!
-//! Loads, straight through `PriceService::ingest` (batches of 5,000, in time order, as the
+//! Loads, straight through `PriceService::ingest` (batches of the consumer's size, in time order, as the
 //! consumer would): every one of `tokens` (default 10,000) trading every 12 hours for `days`
 //! (default 30), and the first 200 tokens trading every minute over the last day. Then
 //! starts a fresh service over the same database (loading the in-memory latest minutes) and
@@ -24,9 +24,11 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use sluice_core::clock::SystemClock;
 use sluice_core::prices::{Amount, Granularity, TokenRef, Trade, TradeOrder};
-use sluice_prices::{HistoryQuery, PriceService, PriceSettings};
+use sluice_prices::{ConsumerSettings, HistoryQuery, PriceService, PriceSettings};
 
-const BATCH: usize = 5_000;
+/// The allocator the `sluice` binary uses.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn percentile(samples: &mut [Duration], p: f64) -> f64 {
     samples.sort_unstable();
@@ -96,7 +98,7 @@ async fn run(url: String, token_count: usize, days: i64, reuse: bool) {
             .await
             .unwrap();
         let began = Instant::now();
-        for batch in trades.chunks(BATCH) {
+        for batch in trades.chunks(ConsumerSettings::default().batch_size) {
             loader.ingest(batch.to_vec()).await.unwrap();
         }
         let load = began.elapsed();

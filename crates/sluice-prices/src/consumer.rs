@@ -54,7 +54,8 @@ pub fn trade_topics(catalog: &Catalog) -> Vec<(String, TradeSource)> {
 /// How the consumer paces itself; tests shorten the waits.
 #[derive(Debug, Clone, Copy)]
 pub struct ConsumerSettings {
-    /// Most records read from one partition per round.
+    /// Most records read per round, from all partitions together (counted in one
+    /// transaction).
     pub batch_size: usize,
     /// Wait after a round that found nothing new.
     pub idle_wait: Duration,
@@ -65,7 +66,9 @@ pub struct ConsumerSettings {
 impl Default for ConsumerSettings {
     fn default() -> Self {
         Self {
-            batch_size: 5_000,
+            // Large enough that a catching-up consumer pays the per-batch costs (statements,
+            // a commit) rarely; a live stream's rounds read what is there, usually far less.
+            batch_size: 50_000,
             idle_wait: Duration::from_millis(200),
             retry_wait: Duration::from_secs(1),
         }
@@ -101,8 +104,10 @@ pub async fn consume(
         .map(|(topic, source)| Stream { topic, source, next: BTreeMap::new() })
         .collect();
     tracing::info!(streams = streams.len(), "price consumer started");
+    let mut rotation = 0;
     loop {
-        match round(&service, log.as_ref(), &mut streams, settings.batch_size).await {
+        match round(&service, log.as_ref(), &mut streams, settings.batch_size, &mut rotation).await
+        {
             Ok(0) => tokio::time::sleep(settings.idle_wait).await,
             Ok(_) => {}
             Err(error) => {
@@ -113,42 +118,58 @@ pub async fn consume(
     }
 }
 
-/// Reads one batch from every partition, counts its trades, then commits. Returns the
-/// number of records read.
+/// Reads up to `batch_size` records from the partitions (starting at a different partition
+/// each round, so that none is starved when others have a backlog), counts their trades,
+/// then commits. Returns the number of records read.
 async fn round(
     service: &PriceService,
     log: &dyn StreamLog,
     streams: &mut [Stream],
     batch_size: usize,
+    rotation: &mut usize,
 ) -> Result<usize, crate::PriceError> {
+    for stream in streams.iter_mut().filter(|stream| stream.next.is_empty()) {
+        if log.topic(&stream.topic).await?.is_none() {
+            continue;
+        }
+        let committed = log.committed(GROUP, &stream.topic).await?;
+        for (partition, range) in log.offsets(&stream.topic).await?.iter().enumerate() {
+            let partition = partition as u32;
+            let from = committed.get(&partition).copied().unwrap_or(range.start);
+            stream.next.insert(partition, from);
+        }
+    }
+    let partitions: Vec<(usize, u32, u64)> = streams
+        .iter()
+        .enumerate()
+        .flat_map(|(index, stream)| stream.next.iter().map(move |(p, from)| (index, *p, *from)))
+        .collect();
+    if partitions.is_empty() {
+        return Ok(0);
+    }
+    let first = *rotation % partitions.len();
+    *rotation = rotation.wrapping_add(1);
     let mut trades = Vec::new();
     let mut read = 0;
     let mut skipped = 0;
     let mut advanced: Vec<(usize, u32, u64)> = Vec::new();
-    for (index, stream) in streams.iter_mut().enumerate() {
-        if stream.next.is_empty() {
-            if log.topic(&stream.topic).await?.is_none() {
-                continue;
-            }
-            let committed = log.committed(GROUP, &stream.topic).await?;
-            for (partition, range) in log.offsets(&stream.topic).await?.iter().enumerate() {
-                let partition = partition as u32;
-                let from = committed.get(&partition).copied().unwrap_or(range.start);
-                stream.next.insert(partition, from);
-            }
+    for k in 0..partitions.len() {
+        let room = batch_size.saturating_sub(read);
+        if room == 0 {
+            break;
         }
-        for (&partition, &from) in &stream.next {
-            let records = log.read(&stream.topic, partition, from, batch_size).await?;
-            let Some(last) = records.last() else { continue };
-            advanced.push((index, partition, last.offset + 1));
-            read += records.len();
-            for record in &records {
-                match stream.source.parse(&record.value) {
-                    Ok(trade) => trades.push(trade),
-                    Err(error) => {
-                        skipped += 1;
-                        tracing::warn!(%error, topic = %stream.topic, partition, offset = record.offset, "skipping a record that is not a trade");
-                    }
+        let (index, partition, from) = partitions[(first + k) % partitions.len()];
+        let stream = &streams[index];
+        let records = log.read(&stream.topic, partition, from, room).await?;
+        let Some(last) = records.last() else { continue };
+        advanced.push((index, partition, last.offset + 1));
+        read += records.len();
+        for record in &records {
+            match stream.source.parse(&record.value) {
+                Ok(trade) => trades.push(trade),
+                Err(error) => {
+                    skipped += 1;
+                    tracing::warn!(%error, topic = %stream.topic, partition, offset = record.offset, "skipping a record that is not a trade");
                 }
             }
         }

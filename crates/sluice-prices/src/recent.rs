@@ -81,7 +81,14 @@ impl RecentCandles {
         let mut series: HashMap<TokenRef, Series> = HashMap::new();
         for (granularity, rows) in points {
             for (token, point) in rows {
-                series.entry(token).or_default().put(granularity, point);
+                series.entry(token).or_default().of(granularity).push_back(point);
+            }
+        }
+        // The store hands points over in no promised order (one point per window each):
+        // sorted once here rather than inserted in place one by one.
+        for queues in series.values_mut() {
+            for queue in &mut queues.0 {
+                queue.make_contiguous().sort_unstable_by_key(|point| point.start);
             }
         }
         Self { from, seq, series }

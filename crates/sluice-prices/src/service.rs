@@ -30,6 +30,10 @@ pub const DEDUP_HORIZON_SECONDS: i64 = 30 * DAY;
 /// the clock) already has a window.
 const HOT_MINUTES: usize = 4;
 
+/// How long after an hour of block time ends its trade ids are compacted (seconds): trades
+/// of the hour still arriving after that are appended and compacted on a later run.
+const ID_COMPACTION_DELAY_SECONDS: i64 = 300;
+
 /// Least time between two reloads of the recent candles after another writer changed the
 /// stored ones (seconds): a reload reads a day of candles.
 const RESYNC_INTERVAL_SECONDS: i64 = 600;
@@ -127,15 +131,30 @@ struct HotToken {
 }
 
 impl HotToken {
+    /// Follows `trade` when it is the latest of the token (or of its pool). Trades mostly
+    /// arrive in order, so this runs per trade: the stored orders are overwritten in place.
     fn note_trade(&mut self, trade: &Trade) {
-        if self.last_trade.as_ref().is_none_or(|last| trade.order > *last) {
-            self.decimals = trade.decimals;
-            self.last_trade = Some(trade.order.clone());
+        match &mut self.last_trade {
+            Some(last) if trade.order <= *last => {}
+            Some(last) => {
+                self.decimals = trade.decimals;
+                copy_order(last, &trade.order);
+            }
+            None => {
+                self.decimals = trade.decimals;
+                self.last_trade = Some(trade.order.clone());
+            }
         }
         if let Some((pool, reserve)) = &trade.pool {
-            let newer = self.pools.get(pool).is_none_or(|(_, order)| trade.order > *order);
-            if newer {
-                self.set_pool(pool.clone(), *reserve, trade.order.clone());
+            match self.pools.get_mut(pool) {
+                Some((_, order)) if trade.order <= *order => {}
+                Some((stored, order)) => {
+                    self.reserves =
+                        Amount(self.reserves.0.saturating_sub(stored.0)).saturating_add(*reserve);
+                    *stored = *reserve;
+                    copy_order(order, &trade.order);
+                }
+                None => self.set_pool(pool.clone(), *reserve, trade.order.clone()),
             }
         }
     }
@@ -159,12 +178,20 @@ impl HotToken {
     }
 }
 
+/// Sets `into` to `from`, reusing `into`'s hash buffer.
+fn copy_order(into: &mut TradeOrder, from: &TradeOrder) {
+    into.at_micros = from.at_micros;
+    into.block_number = from.block_number;
+    into.log_index = from.log_index;
+    into.transaction_hash.clone_from(&from.transaction_hash);
+}
+
 /// Token prices: ingest, latest, history, retention.
 pub struct PriceService {
     store: Arc<dyn PriceStore>,
     clock: Arc<dyn Clock>,
     settings: PriceSettings,
-    hot: RwLock<HashMap<TokenRef, HotToken>>,
+    hot: RwLock<foldhash::HashMap<TokenRef, HotToken>>,
     /// Every token's recent history points, for history queries.
     recent: RwLock<RecentCandles>,
     /// Held by each ingest and reload, so that the batches of this service reach the store
@@ -204,7 +231,7 @@ impl PriceService {
             store,
             clock,
             settings,
-            hot: RwLock::new(HashMap::new()),
+            hot: RwLock::new(foldhash::HashMap::default()),
             recent: RwLock::new(RecentCandles::empty()),
             writing: tokio::sync::Mutex::new(()),
             last_resync: std::sync::Mutex::new(None),
@@ -223,7 +250,7 @@ impl PriceService {
         let infos = self.store.tokens_traded_since(since).await?;
         let tokens: Vec<TokenRef> = infos.iter().map(|info| info.token.clone()).collect();
         let from = Granularity::M1.window_start(since);
-        let mut loaded = HashMap::with_capacity(infos.len());
+        let mut loaded = foldhash::HashMap::default();
         for info in infos {
             let minutes =
                 self.store.latest_candles(&info.token, Granularity::M1, from, HOT_MINUTES).await?;
@@ -297,12 +324,15 @@ impl PriceService {
             None => i64::MIN,
         };
         let _writing = self.writing.lock().await;
-        let Applied { new_trades, duplicates, candles, write_seq } =
+        let Applied { counted, duplicates, candles, write_seq } =
             self.store.apply_trades(&trades, &keep_from).await?;
         {
             let mut hot = self.hot.write().expect("price memory lock is never poisoned");
-            for trade in &new_trades {
-                hot.entry(trade.token.clone()).or_default().note_trade(trade);
+            for trade in counted.iter().map(|&position| &trades[position]) {
+                match hot.get_mut(&trade.token) {
+                    Some(entry) => entry.note_trade(trade),
+                    None => hot.entry(trade.token.clone()).or_default().note_trade(trade),
+                }
             }
             for (key, candle) in &candles {
                 if key.granularity == Granularity::M1 {
@@ -314,7 +344,7 @@ impl PriceService {
             .write()
             .expect("recent candles lock is never poisoned")
             .apply(&candles, write_seq);
-        Ok(IngestReport { counted: new_trades.len(), duplicates, too_old })
+        Ok(IngestReport { counted: counted.len(), duplicates, too_old })
     }
 
     /// The latest price of each of `tokens` that traded in the past 7 days, in request order
@@ -483,10 +513,10 @@ impl PriceService {
         Ok(HistoryPage { series, cursor })
     }
 
-    /// Removes candles past their retention and trade ids past the dedup horizon, forgets
-    /// in-memory tokens without a trade in 7 days and recent candles past the memory horizon,
-    /// and reloads the recent candles when another writer changed the stored ones. Returns
-    /// the rows removed.
+    /// Removes candles past their retention and trade ids past the dedup horizon, compacts
+    /// the trade ids of ended hours, forgets in-memory tokens without a trade in 7 days and
+    /// recent candles past the memory horizon, and reloads the recent candles when another
+    /// writer changed the stored ones. Returns the rows removed.
     ///
     /// # Errors
     /// A store failure.
@@ -496,8 +526,11 @@ impl PriceService {
             .into_iter()
             .filter_map(|g| g.retention_seconds().map(|r| (g, now - r)))
             .collect();
-        let removed =
+        let mut removed =
             self.store.enforce_price_retention(&cutoffs, now - DEDUP_HORIZON_SECONDS).await?;
+        // Hours of trade ids written in many batches become one row each, a few minutes after
+        // the hour (of block time) ended.
+        removed += self.store.compact_trade_ids(now - ID_COMPACTION_DELAY_SECONDS).await?;
         let cutoff = (now - NO_TRADE_CUTOFF_SECONDS) * 1_000_000;
         self.hot
             .write()

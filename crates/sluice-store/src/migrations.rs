@@ -104,6 +104,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             postgres: include_str!("migrations/0008_price_history_columns.postgres.sql"),
         },
     },
+    Migration {
+        version: 9,
+        name: "price_trade_id_blocks",
+        sql: Sql::PerBackend {
+            sqlite: include_str!("migrations/0009_price_trade_id_blocks.sqlite.sql"),
+            postgres: include_str!("migrations/0009_price_trade_id_blocks.postgres.sql"),
+        },
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

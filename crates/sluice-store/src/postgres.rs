@@ -9,6 +9,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 pub struct PgStore {
     pub(crate) pool: sqlx::PgPool,
     pub(crate) sets: std::sync::Arc<crate::filter_sets::SetCache>,
+    pub(crate) trade_ids: std::sync::Arc<tokio::sync::Mutex<crate::prices::TradeIdMemory>>,
 }
 
 impl PgStore {
@@ -26,7 +27,11 @@ impl PgStore {
     /// A connection failure or a failed migration.
     pub async fn open_with(options: PgConnectOptions) -> crate::Result<Self> {
         let pool = PgPoolOptions::new().max_connections(16).connect_with(options).await?;
-        let store = Self { pool, sets: crate::filter_sets::SetCache::shared() };
+        let store = Self {
+            pool,
+            sets: crate::filter_sets::SetCache::shared(),
+            trade_ids: std::sync::Arc::default(),
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -58,6 +63,10 @@ impl PgStore {
     /// Price writers of every process take this transaction-scoped lock (the number is
     /// arbitrary, fixed), so two never merge into the same candle at once.
     const LOCK_PRICES: Option<&str> = Some("SELECT pg_advisory_xact_lock(6105211300)");
+
+    /// Whether the table named `$1` exists (a bool).
+    const TABLE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables \
+        WHERE schemaname = current_schema() AND tablename = $1)";
 
     /// PostgreSQL plans the join by its statistics (and allows no `ON` after `CROSS JOIN`).
     const VALUES_JOIN: &str = "JOIN";

@@ -19,12 +19,15 @@ use crate::{PgStore, Result, SqliteStore, StoreError};
 
 mod postgres;
 mod sqlite;
+pub(crate) mod trade_ids;
+
+pub(crate) use trade_ids::TradeIdMemory;
 
 /// What [`PriceStore::apply_trades`] did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Applied {
-    /// Trades counted for the first time.
-    pub new_trades: Vec<Trade>,
+    /// Positions in the batch of the trades counted for the first time.
+    pub counted: Vec<usize>,
     /// Trades of the batch that were counted before (or repeated within the batch).
     pub duplicates: usize,
     /// Every stored candle the new trades touched, after the merge: what the store holds now.
@@ -111,7 +114,7 @@ pub trait PriceStore: Send + Sync + 'static {
     ) -> Result<Vec<(usize, PricePoint)>>;
 
     /// Every token's points at `granularity` whose window starts at or after `from` (to load
-    /// them into memory), each token's oldest first.
+    /// them into memory), in no promised order (PostgreSQL's plan decides it).
     ///
     /// # Errors
     /// A database failure, or a stored row that cannot be read.
@@ -160,8 +163,9 @@ pub trait PriceStore: Send + Sync + 'static {
     async fn pool_reserves(&self, tokens: &[TokenRef]) -> Result<Vec<PoolReserve>>;
 
     /// Removes candles past their granularity's retention (window start before
-    /// `cutoff(granularity)`, for granularities with a retention) and remembered trade ids
-    /// of trades older than `trades_before` (Unix seconds). Returns the rows removed.
+    /// `cutoff(granularity)`, for granularities with a retention) and the remembered ids of
+    /// trades in whole hours of block time before `trades_before` (Unix seconds; the hour it
+    /// falls in is kept). Returns the rows removed (candles and id blocks).
     ///
     /// # Errors
     /// A database failure.
@@ -170,11 +174,20 @@ pub trait PriceStore: Send + Sync + 'static {
         cutoffs: &[(Granularity, i64)],
         trades_before: i64,
     ) -> Result<u64>;
+
+    /// Merges the blocks of counted trade ids of each hour of block time this store appended
+    /// to and that ended before `before` (Unix seconds) into one block per hour, so that an
+    /// hour written by many small batches is read back as one row. Returns the rows removed.
+    ///
+    /// # Errors
+    /// A database failure; the hours not yet merged are tried again on the next call.
+    async fn compact_trade_ids(&self, before: i64) -> Result<u64>;
 }
 
 /// Opens the price store a URL names (`sqlite://…` or `postgres://…`), migrating as needed.
 /// Candle rows written before migration 8 get their packed history point first
-/// ([`SqliteStore::fill_history_points`]).
+/// ([`SqliteStore::fill_history_points`]), and trade ids stored a row per trade before
+/// migration 9 are moved into blocks ([`SqliteStore::move_trade_ids`]).
 ///
 /// # Errors
 /// An unsupported URL, a connection failure or a failed migration.
@@ -182,10 +195,12 @@ pub async fn open_prices(url: &str) -> Result<Arc<dyn PriceStore>> {
     if url.starts_with("sqlite:") {
         let store = SqliteStore::open(url).await?;
         store.fill_history_points().await?;
+        store.move_trade_ids().await?;
         Ok(Arc::new(store))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = PgStore::open(url).await?;
         store.fill_history_points().await?;
+        store.move_trade_ids().await?;
         Ok(Arc::new(store))
     } else {
         Err(StoreError::UnsupportedUrl(url.to_owned()))
@@ -328,7 +343,7 @@ pub(crate) const CANDLE_COLUMNS: &str = "window_start, open, high, low, close, u
 macro_rules! price_store_impl {
     ($store:ty, $db:ty) => {
         const _: () = {
-            use std::collections::{HashMap, HashSet};
+            use std::collections::HashMap;
 
             use sluice_core::prices::{
                 Candle, CandleKey, Granularity, TokenRef, Trade, aggregate,
@@ -336,6 +351,7 @@ macro_rules! price_store_impl {
             use sqlx::Row as _;
 
             use crate::Result;
+            use crate::prices::trade_ids::{self, IdSet, TradeId, TradeIdMemory};
             use crate::prices::{
                 Applied, CANDLE_COLUMNS, PoolReserve, PriceStore, PricePoint, ROWS_PER_STATEMENT,
                 SERIES_PER_READER, TokenInfo, amount_of, order_of, placeholders, placeholders_from,
@@ -418,7 +434,216 @@ macro_rules! price_store_impl {
                 Ok(query.fetch_all(pool).await?)
             }
 
+            type Conn = <$db as sqlx::Database>::Connection;
+
+            /// Adds the stored ids of `rows` (`bucket`, `ids`) to memory: whole buckets
+            /// (`whole`), or blocks written by another process since memory's count.
+            fn read_id_blocks(memory: &mut TradeIdMemory, rows: &[DbRow], whole: bool) -> Result<()> {
+                for row in rows {
+                    let bucket: i64 = row.try_get("bucket")?;
+                    let ids = block_ids(row)?;
+                    if whole {
+                        memory.load(bucket, ids);
+                    } else {
+                        memory.catch_up(bucket, ids);
+                    }
+                }
+                Ok(())
+            }
+
+            /// The ids of a stored block (a row with `bucket` and `ids`).
+            fn block_ids(row: &DbRow) -> Result<impl ExactSizeIterator<Item = TradeId> + '_> {
+                let bytes: &[u8] = row.try_get("ids")?;
+                trade_ids::unpack_ids(bytes).ok_or_else(|| crate::StoreError::Corrupt {
+                    what: "trade id block",
+                    detail: format!(
+                        "{} bytes in bucket {}",
+                        bytes.len(),
+                        row.try_get::<i64, _>("bucket").unwrap_or_default()
+                    ),
+                })
+            }
+
+            /// Brings the counted ids in memory up to the store's write count `seq` (read in
+            /// this write transaction) and loads the buckets of `wanted` memory lacks.
+            async fn sync_trade_ids(
+                conn: &mut Conn,
+                memory: &mut TradeIdMemory,
+                seq: i64,
+                wanted: impl Iterator<Item = i64>,
+            ) -> Result<()> {
+                match memory.synced() {
+                    Some(synced) if synced == seq => {}
+                    Some(synced) if synced < seq => {
+                        let rows = sqlx::query(
+                            "SELECT bucket, ids FROM price_trade_id_blocks WHERE seq > $1",
+                        )
+                        .bind(synced)
+                        .fetch_all(&mut *conn)
+                        .await?;
+                        read_id_blocks(memory, &rows, false)?;
+                    }
+                    _ => memory.clear(),
+                }
+                memory.mark_synced(seq);
+                let mut missing: Vec<i64> = wanted.filter(|b| !memory.is_loaded(*b)).collect();
+                missing.sort_unstable();
+                missing.dedup();
+                for chunk in missing.chunks(ROWS_PER_STATEMENT * 10) {
+                    let list: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+                    let sql = format!(
+                        "SELECT bucket, ids FROM price_trade_id_blocks WHERE bucket IN ({})",
+                        list.join(", ")
+                    );
+                    let mut query = sqlx::query(&sql);
+                    for bucket in chunk {
+                        query = query.bind(*bucket);
+                    }
+                    let rows = query.fetch_all(&mut *conn).await?;
+                    read_id_blocks(memory, &rows, true)?;
+                    // Buckets without a stored block are loaded too: empty.
+                    for bucket in chunk {
+                        memory.load(*bucket, std::iter::empty());
+                    }
+                }
+                Ok(())
+            }
+
+            /// Appends a block per bucket of `counted` (bucket, id), tagged with `seq`.
+            async fn write_id_blocks(
+                conn: &mut Conn,
+                seq: i64,
+                counted: &[(i64, TradeId)],
+            ) -> Result<()> {
+                let mut by_bucket: foldhash::HashMap<i64, Vec<TradeId>> = Default::default();
+                for (bucket, id) in counted {
+                    by_bucket.entry(*bucket).or_default().push(*id);
+                }
+                let blocks: Vec<(i64, Vec<u8>)> = by_bucket
+                    .into_iter()
+                    .map(|(bucket, ids)| (bucket, trade_ids::pack_ids(&ids)))
+                    .collect();
+                for chunk in blocks.chunks(ROWS_PER_STATEMENT) {
+                    let sql = format!(
+                        "INSERT INTO price_trade_id_blocks (bucket, seq, ids) VALUES {}",
+                        placeholders(chunk.len(), 3)
+                    );
+                    let mut query = sqlx::query(&sql);
+                    for (bucket, ids) in chunk {
+                        query = query.bind(*bucket).bind(seq).bind(ids.as_slice());
+                    }
+                    query.execute(&mut *conn).await?;
+                }
+                Ok(())
+            }
+
             impl $store {
+                /// Replaces the id blocks of `bucket` by one holding each id once, tagged
+                /// with the current write count (a process that reads the blocks written
+                /// after an older count gets ids it has already: harmless). Returns the rows
+                /// removed.
+                async fn compact_bucket(&self, bucket: i64) -> Result<u64> {
+                    let mut tx = self.begin_write().await?;
+                    if let Some(lock) = Self::LOCK_PRICES {
+                        sqlx::query(lock).execute(&mut *tx).await?;
+                    }
+                    let rows = sqlx::query(
+                        "SELECT bucket, ids FROM price_trade_id_blocks WHERE bucket = $1",
+                    )
+                    .bind(bucket)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                    if rows.len() < 2 {
+                        return Ok(0);
+                    }
+                    // Blocks of one hour never share an id; sorting and dropping repeats
+                    // anyway costs 16 bytes an id, where a hash set would take 40.
+                    let mut ids: Vec<TradeId> = Vec::new();
+                    for row in &rows {
+                        ids.extend(block_ids(row)?);
+                    }
+                    ids.sort_unstable();
+                    ids.dedup();
+                    let seq: i64 = sqlx::query("SELECT seq FROM price_writes WHERE id = 1")
+                        .fetch_one(&mut *tx)
+                        .await?
+                        .try_get("seq")?;
+                    sqlx::query("DELETE FROM price_trade_id_blocks WHERE bucket = $1")
+                        .bind(bucket)
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query(
+                        "INSERT INTO price_trade_id_blocks (bucket, seq, ids) VALUES ($1, $2, $3)",
+                    )
+                    .bind(bucket)
+                    .bind(seq)
+                    .bind(trade_ids::pack_ids(&ids))
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                    Ok(rows.len() as u64 - 1)
+                }
+
+                /// Moves trade ids stored a row per trade (`price_trade_ids`, before
+                /// migration 9) into blocks, a page at a time, then drops that table.
+                /// Returns the ids moved. [`crate::open_prices`] runs it.
+                ///
+                /// # Errors
+                /// A database failure.
+                pub async fn move_trade_ids(&self) -> Result<u64> {
+                    let exists: bool = sqlx::query_scalar(Self::TABLE_EXISTS)
+                        .bind("price_trade_ids")
+                        .fetch_one(&self.pool)
+                        .await?;
+                    if !exists {
+                        return Ok(0);
+                    }
+                    let mut moved = 0;
+                    loop {
+                        let mut tx = self.begin_write().await?;
+                        if let Some(lock) = Self::LOCK_PRICES {
+                            sqlx::query(lock).execute(&mut *tx).await?;
+                        }
+                        let rows = sqlx::query(
+                            "SELECT block_time, chain, transaction_hash, log_index \
+                             FROM price_trade_ids \
+                             ORDER BY block_time, chain, transaction_hash, log_index LIMIT 100000",
+                        )
+                        .fetch_all(&mut *tx)
+                        .await?;
+                        let Some(last) = rows.last() else {
+                            sqlx::query("DROP TABLE price_trade_ids").execute(&mut *tx).await?;
+                            tx.commit().await?;
+                            tracing::info!(moved, "trade ids moved into blocks");
+                            return Ok(moved);
+                        };
+                        let mut counted = Vec::with_capacity(rows.len());
+                        for row in &rows {
+                            let time: i64 = row.try_get("block_time")?;
+                            let chain: &str = row.try_get("chain")?;
+                            let hash: &str = row.try_get("transaction_hash")?;
+                            let log: i64 = row.try_get("log_index")?;
+                            counted.push((
+                                trade_ids::bucket_of(time.saturating_mul(1_000_000)),
+                                trade_ids::trade_id(chain, hash, log as u64),
+                            ));
+                        }
+                        write_id_blocks(&mut tx, 0, &counted).await?;
+                        sqlx::query(
+                            "DELETE FROM price_trade_ids WHERE (block_time, chain, \
+                             transaction_hash, log_index) <= ($1, $2, $3, $4)",
+                        )
+                        .bind(last.try_get::<i64, _>("block_time")?)
+                        .bind(last.try_get::<&str, _>("chain")?)
+                        .bind(last.try_get::<&str, _>("transaction_hash")?)
+                        .bind(last.try_get::<i64, _>("log_index")?)
+                        .execute(&mut *tx)
+                        .await?;
+                        tx.commit().await?;
+                        moved += rows.len() as u64;
+                    }
+                }
+
                 /// Fills the packed history point of every candle row written before
                 /// migration 8, a batch at a time, each batch in a write transaction (so a
                 /// concurrent candle write cannot be overwritten by a stale point). Returns
@@ -470,18 +695,21 @@ macro_rules! price_store_impl {
                     trades: &[Trade],
                     keep_from: &(dyn Fn(Granularity) -> i64 + Sync),
                 ) -> Result<Applied> {
-                    let mut seen = HashSet::new();
+                    // Each trade's bucket and id; a trade repeated within the batch once.
+                    let mut seen = IdSet::default();
                     let mut unique = Vec::with_capacity(trades.len());
-                    for trade in trades {
-                        let id = (
+                    for (position, trade) in trades.iter().enumerate() {
+                        let id = trade_ids::trade_id(
                             &trade.token.chain,
                             &trade.order.transaction_hash,
                             trade.order.log_index,
                         );
                         if seen.insert(id) {
-                            unique.push(trade);
+                            let bucket = trade_ids::bucket_of(trade.order.at_micros);
+                            unique.push((bucket, id, position));
                         }
                     }
+                    drop(seen);
                     let mut applied =
                         Applied { duplicates: trades.len() - unique.len(), ..Applied::default() };
                     if unique.is_empty() {
@@ -491,21 +719,32 @@ macro_rules! price_store_impl {
                     if let Some(lock) = Self::LOCK_PRICES {
                         sqlx::query(lock).execute(&mut *tx).await?;
                     }
-                    // Remember the ids; the ones not counted before are the new trades.
-                    let seen = Self::remember_trades(&mut tx, &unique).await?;
-                    let fresh: Vec<&Trade> = unique
-                        .into_iter()
-                        .zip(seen)
-                        .filter(|(_, seen)| !*seen)
-                        .map(|(trade, _)| trade)
-                        .collect();
-                    applied.duplicates = trades.len() - fresh.len();
-                    if fresh.is_empty() {
+                    let seq: i64 = sqlx::query("SELECT seq FROM price_writes WHERE id = 1")
+                        .fetch_one(&mut *tx)
+                        .await?
+                        .try_get("seq")?;
+                    let mut memory = self.trade_ids.lock().await;
+                    // Trades mostly arrive in time order: each bucket once per run of its trades.
+                    let mut buckets: Vec<i64> = unique.iter().map(|(b, ..)| *b).collect();
+                    buckets.dedup();
+                    sync_trade_ids(&mut tx, &mut memory, seq, buckets.into_iter()).await?;
+                    // The trades whose id was not counted before are the new ones.
+                    let mut counted: Vec<(i64, TradeId)> = Vec::with_capacity(unique.len());
+                    let mut positions: Vec<usize> = Vec::with_capacity(unique.len());
+                    for (bucket, id, position) in unique {
+                        if !memory.contains(bucket, id) {
+                            counted.push((bucket, id));
+                            positions.push(position);
+                        }
+                    }
+                    applied.duplicates = trades.len() - positions.len();
+                    if positions.is_empty() {
                         tx.commit().await?;
                         return Ok(applied);
                     }
 
-                    let mut deltas: Vec<(CandleKey, Candle)> = aggregate(fresh.iter().copied())
+                    let fresh = || positions.iter().map(|&position| &trades[position]);
+                    let mut deltas: Vec<(CandleKey, Candle)> = aggregate(fresh())
                         .into_iter()
                         .filter(|(key, _)| key.start >= keep_from(key.granularity))
                         .collect();
@@ -528,11 +767,13 @@ macro_rules! price_store_impl {
                     .try_get("seq")?;
                     applied.write_seq = Some(seq);
                     applied.candles = deltas;
+                    write_id_blocks(&mut tx, seq, &counted).await?;
 
                     // Decimals and reserves follow each token's (and pool's) latest trade.
-                    let mut tokens: HashMap<&TokenRef, &Trade> = HashMap::new();
-                    let mut pools: HashMap<(&TokenRef, &str), &Trade> = HashMap::new();
-                    for trade in &fresh {
+                    let mut tokens: foldhash::HashMap<&TokenRef, &Trade> = Default::default();
+                    let mut pools: foldhash::HashMap<(&TokenRef, &str), &Trade> =
+                        Default::default();
+                    for trade in fresh() {
                         let latest = tokens.entry(&trade.token).or_insert(trade);
                         if trade.order > latest.order {
                             *latest = trade;
@@ -550,7 +791,15 @@ macro_rules! price_store_impl {
                     pools.sort_by(|a, b| (&a.token, &a.pool).cmp(&(&b.token, &b.pool)));
                     Self::write_tokens_and_pools(&mut tx, &tokens, &pools).await?;
                     tx.commit().await?;
-                    applied.new_trades = fresh.into_iter().cloned().collect();
+                    // Memory learns the ids only once they are stored.
+                    let mut written: Vec<i64> = counted.iter().map(|(bucket, _)| *bucket).collect();
+                    written.dedup();
+                    memory.note_written(written);
+                    memory.insert(counted);
+                    memory.mark_synced(seq);
+                    memory.trim();
+                    drop(memory);
+                    applied.counted = positions;
                     Ok(applied)
                 }
 
@@ -815,11 +1064,32 @@ macro_rules! price_store_impl {
                         .await?
                         .rows_affected();
                     }
-                    removed += sqlx::query("DELETE FROM price_trade_ids WHERE block_time < $1")
-                        .bind(trades_before)
+                    // Whole hours before the horizon; the hour it falls in stays.
+                    let bucket = trade_ids::bucket_of(trades_before.saturating_mul(1_000_000));
+                    let mut memory = self.trade_ids.lock().await;
+                    removed += sqlx::query("DELETE FROM price_trade_id_blocks WHERE bucket < $1")
+                        .bind(bucket)
                         .execute(&self.pool)
                         .await?
                         .rows_affected();
+                    memory.forget_before(bucket);
+                    Ok(removed)
+                }
+
+                async fn compact_trade_ids(&self, before: i64) -> Result<u64> {
+                    let limit = trade_ids::bucket_of(before.saturating_mul(1_000_000));
+                    let due = self.trade_ids.lock().await.take_written_before(limit);
+                    let mut removed = 0;
+                    for (done, bucket) in due.iter().enumerate() {
+                        match self.compact_bucket(*bucket).await {
+                            Ok(rows) => removed += rows,
+                            Err(error) => {
+                                let mut memory = self.trade_ids.lock().await;
+                                memory.note_written(due[done..].iter().copied());
+                                return Err(error);
+                            }
+                        }
+                    }
                     Ok(removed)
                 }
             }

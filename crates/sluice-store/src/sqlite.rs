@@ -10,6 +10,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 pub struct SqliteStore {
     pub(crate) pool: sqlx::SqlitePool,
     pub(crate) sets: std::sync::Arc<crate::filter_sets::SetCache>,
+    pub(crate) trade_ids: std::sync::Arc<tokio::sync::Mutex<crate::prices::TradeIdMemory>>,
 }
 
 impl SqliteStore {
@@ -34,7 +35,11 @@ impl SqliteStore {
             // cross the threshold; this high threshold is only a safety net.
             .pragma("wal_autocheckpoint", WAL_SAFETY_CHECKPOINT_PAGES.to_string());
         let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
-        let store = Self { pool, sets: crate::filter_sets::SetCache::shared() };
+        let store = Self {
+            pool,
+            sets: crate::filter_sets::SetCache::shared(),
+            trade_ids: std::sync::Arc::default(),
+        };
         store.migrate().await?;
         tokio::spawn(checkpoint_in_background(store.pool.clone()));
         Ok(store)
@@ -90,6 +95,10 @@ impl SqliteStore {
 
     /// `BEGIN IMMEDIATE` already serialises price writers.
     const LOCK_PRICES: Option<&str> = None;
+
+    /// Whether the table named `$1` exists (a bool).
+    const TABLE_EXISTS: &str =
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = $1)";
 
     /// `CROSS JOIN` makes SQLite keep the left side (the keys) as the outer loop; with a
     /// plain join and no statistics it may scan the whole candle table per statement.

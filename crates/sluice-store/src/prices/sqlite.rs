@@ -88,58 +88,6 @@ fn exact_real(m: &str, e: &str) -> String {
 }
 
 impl SqliteStore {
-    /// Remembers the ids of `trades` (each once in the batch); returns, per trade, whether
-    /// it was counted before. Writers are serialised, so probing and then inserting plainly
-    /// is safe.
-    pub(crate) async fn remember_trades(
-        conn: &mut SqliteConnection,
-        trades: &[&Trade],
-    ) -> Result<Vec<bool>> {
-        let rows = |trades: &mut dyn Iterator<Item = &&Trade>| {
-            json_rows(trades, 110, |out, trade| {
-                let _ = write!(out, "{},", trade.order.at_micros.div_euclid(1_000_000));
-                push_str(out, &trade.token.chain);
-                out.push(',');
-                push_str(out, &trade.order.transaction_hash);
-                let _ = write!(out, ",{}", trade.order.log_index as i64);
-            })
-        };
-        let all = rows(&mut trades.iter());
-        // Usually no trade of a batch was counted before: insert them all at once, and only
-        // when that meets a counted one (the failed statement changes nothing; the
-        // transaction goes on) find out which.
-        let insert = "INSERT INTO price_trade_ids (block_time, chain, transaction_hash, log_index) \
- \
-                 SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each($1)";
-        match sqlx::query(insert).bind(&all).execute(&mut *conn).await {
-            Ok(_) => return Ok(vec![false; trades.len()]),
-            Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {}
-            Err(error) => return Err(error.into()),
-        }
-        let mut seen = vec![false; trades.len()];
-        let found = sqlx::query(
-            "SELECT j.key AS ord FROM json_each($1) AS j WHERE EXISTS (SELECT 1 FROM price_trade_ids t \
-             WHERE t.block_time = j.value->>0 AND t.chain = j.value->>1 \
-             AND t.transaction_hash = j.value->>2 AND t.log_index = j.value->>3)",
-        )
-        .bind(&all)
-        .fetch_all(&mut *conn)
-        .await?;
-        for row in found {
-            let ord: i64 = row.try_get("ord")?;
-            if let Some(slot) = usize::try_from(ord).ok().and_then(|i| seen.get_mut(i)) {
-                *slot = true;
-            }
-        }
-        let fresh = if seen.iter().any(|s| *s) {
-            rows(&mut trades.iter().zip(&seen).filter(|(_, seen)| !**seen).map(|(t, _)| t))
-        } else {
-            all
-        };
-        sqlx::query(insert).bind(fresh).execute(&mut *conn).await?;
-        Ok(seen)
-    }
-
     /// The stored candle of each key, by position (`None`: not stored).
     pub(crate) async fn stored_candles(
         conn: &mut SqliteConnection,
@@ -191,11 +139,11 @@ impl SqliteStore {
             push_hex(out, &pack_point(key.start, candle));
         });
         let sql = format!(
-            "INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}, point) \
- \
-                 SELECT value->>0, value->>1, value->>2, value->>3, {}, {}, {}, {}, \
+            "WITH rows AS MATERIALIZED (SELECT jsonb(value) AS value FROM json_each($1)) \
+             INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}, point) \
+             SELECT value->>0, value->>1, value->>2, value->>3, {}, {}, {}, {}, \
              value->>12, value->>13, value->>14, value->>15, value->>16, unhex(value->>17) \
-             FROM json_each($1) WHERE true \
+             FROM rows WHERE true \
  \
                  ON CONFLICT (chain, token, granularity, window_start) DO UPDATE SET \
              open = excluded.open, high = excluded.high, low = excluded.low, \

@@ -16,6 +16,7 @@ on_both_backends!(
     the_write_count_moves_with_each_batch_that_changes_candles,
     prices_are_stored_bit_for_bit,
     many_series_read_at_once_equal_each_read_alone,
+    points_since_reads_every_token_traded_since,
 );
 
 /// 2025-11-21T12:00:00Z.
@@ -53,13 +54,13 @@ async fn candles_merge_exactly_and_duplicates_count_once(store: Arc<dyn PriceSto
         )
         .await
         .unwrap();
-    assert_eq!(first.new_trades.len(), 2);
+    assert_eq!(first.counted.len(), 2);
     assert_eq!(first.duplicates, 0);
     let again = store
         .apply_trades(&[trade(5, 1, "50", "100", None), trade(5, 1, "50", "100", None)], &keep_all)
         .await
         .unwrap();
-    assert_eq!((again.new_trades.len(), again.duplicates), (0, 2));
+    assert_eq!((again.counted.len(), again.duplicates), (0, 2));
     let minute = store.latest_candles(&usdc(), Granularity::M1, 0, 5).await.unwrap();
     assert_eq!(minute.len(), 1);
     let (start, candle) = &minute[0];
@@ -81,7 +82,7 @@ async fn candles_merge_exactly_and_duplicates_count_once(store: Arc<dyn PriceSto
         )
         .await
         .unwrap();
-    assert_eq!(mixed.new_trades, vec![trade(90, 1, "1", "1", None)]);
+    assert_eq!(mixed.counted, vec![1]);
     assert_eq!(mixed.duplicates, 2);
 }
 
@@ -145,10 +146,18 @@ async fn history_returns_the_range_in_order_and_retention_removes_old_windows(
     assert_eq!(fine.first().unwrap().start, T0 + 165);
     let removed =
         store.enforce_price_retention(&[(Granularity::M1, T0 + 300)], T0 + 200).await.unwrap();
-    // Five minute windows and the ids of trades before T0 + 200 (three of them).
-    assert_eq!(removed, 5 + 3);
+    // Five minute windows; trade ids are kept by whole hours of block time, and the hour
+    // of T0 + 200 is not over.
+    assert_eq!(removed, 5);
     let left = store.history(&usdc(), Granularity::M1, T0, T0 + 600, 100).await.unwrap();
     assert_eq!(left.first().unwrap().start, T0 + 300);
+    let again = store.apply_trades(&trades[..1], &keep).await.unwrap();
+    assert_eq!((again.counted.len(), again.duplicates), (0, 1));
+    // Once the hour is past the horizon its ids go (one block), so the trade counts again.
+    let removed = store.enforce_price_retention(&[], T0 + 3600).await.unwrap();
+    assert_eq!(removed, 1);
+    let again = store.apply_trades(&trades[..1], &keep).await.unwrap();
+    assert_eq!((again.counted.len(), again.duplicates), (1, 0));
     let hours = store.history(&usdc(), Granularity::H1, T0, T0 + 3600, 100).await.unwrap();
     assert_eq!(hours.len(), 1);
 }
@@ -181,12 +190,14 @@ async fn history_of_many_series_comes_in_range_order_and_stops_at_the_limit(
     assert_eq!(found[0].1.price, 9.0);
     let limited = store.history_many(&ranges, Granularity::M1, T0 + 240, 2).await.unwrap();
     assert_eq!(limited.iter().map(|(i, p)| (*i, p.start)).collect::<Vec<_>>(), got[..2]);
-    // Every token's points from a window start on, oldest first, as history gives them.
+    // Every token's points from a window start on, as history gives them (once sorted).
     let since = store.points_since(Granularity::M1, T0 + 60).await.unwrap();
     assert_eq!(since.len(), 4);
     assert!(since.iter().all(|(token, _)| *token == usdc()));
     let history = store.history(&usdc(), Granularity::M1, T0 + 60, i64::MAX, 100).await.unwrap();
-    assert_eq!(since.into_iter().map(|(_, p)| p).collect::<Vec<PricePoint>>(), history);
+    let mut since: Vec<PricePoint> = since.into_iter().map(|(_, p)| p).collect();
+    since.sort_by_key(|point| point.start);
+    assert_eq!(since, history);
 }
 
 async fn the_write_count_moves_with_each_batch_that_changes_candles(store: Arc<dyn PriceStore>) {
@@ -264,6 +275,41 @@ async fn many_series_read_at_once_equal_each_read_alone(store: Arc<dyn PriceStor
     assert_eq!(cut[..], alone[..7]);
 }
 
+async fn points_since_reads_every_token_traded_since(store: Arc<dyn PriceStore>) {
+    // More tokens than one load statement reads (2,000), one of them with three windows.
+    let mut trades = Vec::new();
+    for n in 0..2_001_u64 {
+        let mut t = trade(60 + (n % 7) as i64, n, "1", &format!("{}", n + 1), None);
+        t.token = TokenRef::new("base", &format!("0x{n:040x}"));
+        trades.push(t);
+    }
+    for m in [2, 3] {
+        let mut t = trade(m * 60, 9_000 + m as u64, "2", "5", None);
+        t.token = TokenRef::new("base", &format!("0x{:040x}", 1_999));
+        trades.push(t);
+    }
+    // Traded before `from` only: not loaded.
+    let mut old = trade(0, 1, "1", "1", None);
+    old.token = TokenRef::new("base", "0x00000000000000000000000000000000000000ff");
+    trades.push(old);
+    store.apply_trades(&trades, &keep_all).await.unwrap();
+    let loaded = store.points_since(Granularity::M1, T0 + 60).await.unwrap();
+    assert_eq!(loaded.len(), 2_001 + 2);
+    let mut by_token: std::collections::HashMap<TokenRef, Vec<PricePoint>> = Default::default();
+    for (token, point) in loaded {
+        by_token.entry(token).or_default().push(point);
+    }
+    assert_eq!(by_token.len(), 2_001);
+    // In no promised order: sorted, each token's points are its history.
+    for (token, points) in &mut by_token {
+        points.sort_by_key(|point| point.start);
+        let history = store.history(token, Granularity::M1, T0 + 60, i64::MAX, 100).await.unwrap();
+        assert_eq!(*points, history, "{token:?}");
+    }
+    let busy = &by_token[&TokenRef::new("base", &format!("0x{:040x}", 1_999))];
+    assert_eq!(busy.iter().map(|p| p.start).collect::<Vec<_>>(), vec![T0 + 60, T0 + 120, T0 + 180]);
+}
+
 /// Candle rows written before migration 8 (no packed point) are read from their columns,
 /// then filled by [`SqliteStore::fill_history_points`] / [`PgStore::fill_history_points`],
 /// with the same answers before and after.
@@ -284,15 +330,24 @@ async fn older_rows_are_read_then_filled(
     let (all, cut) = (read(100).await.unwrap(), read(3).await.unwrap());
     assert_eq!(all.len(), 5);
     assert_eq!(cut[..], all[..3]);
+    let loaded = store.points_since(Granularity::M1, T0).await.unwrap();
+    assert_eq!(loaded.len(), 6);
     clear.await;
     assert_eq!(read(100).await.unwrap(), all);
     assert_eq!(read(3).await.unwrap(), cut);
+    let mut again = store.points_since(Granularity::M1, T0).await.unwrap();
+    let key = |(token, point): &(TokenRef, PricePoint)| (token.clone(), point.start);
+    let mut loaded = loaded;
+    loaded.sort_by_key(key);
+    again.sort_by_key(key);
+    assert_eq!(again, loaded);
     // Windows: 6 at 15s and at 1m, then one per token at 5m, 1h and 1d.
     assert_eq!(fill.await, 6 + 6 + 2 + 2 + 2);
     assert_eq!(read(100).await.unwrap(), all);
     assert_eq!(read(3).await.unwrap(), cut);
 }
 
+/// The store's one-time steps after a migration, and several stores on one database.
 mod filling {
     use std::str::FromStr;
 
@@ -316,6 +371,155 @@ mod filling {
 
     #[tokio::test]
     async fn older_rows_are_read_then_filled_on_postgres() {
+        let (options, raw) = fresh_schema().await;
+        let store = PgStore::open_with(options).await.unwrap();
+        let clear = async {
+            sqlx::query("UPDATE price_candles SET point = NULL").execute(&raw).await.unwrap();
+        };
+        let filler = store.clone();
+        let fill = async move { filler.fill_history_points().await.unwrap() };
+        older_rows_are_read_then_filled(Arc::new(store), clear, fill).await;
+    }
+
+    /// Ids counted by another store on the same database (another process) are duplicates
+    /// here too, also for an hour this store had read before they were written.
+    async fn ids_counted_elsewhere_are_duplicates(
+        a: Arc<dyn PriceStore>,
+        b: Arc<dyn PriceStore>,
+        c: Arc<dyn PriceStore>,
+    ) {
+        // b reads the hour of T0 (and counts one trade of it).
+        let first = b.apply_trades(&[trade(1, 0, "1", "1", None)], &keep_all).await.unwrap();
+        assert_eq!(first.counted.len(), 1);
+        let elsewhere = trade(2, 0, "1", "2", None);
+        assert_eq!(
+            a.apply_trades(std::slice::from_ref(&elsewhere), &keep_all)
+                .await
+                .unwrap()
+                .counted
+                .len(),
+            1
+        );
+        let mixed = b
+            .apply_trades(
+                &[elsewhere, trade(3, 0, "1", "3", None), trade(1, 0, "1", "1", None)],
+                &keep_all,
+            )
+            .await
+            .unwrap();
+        assert_eq!((mixed.counted.len(), mixed.duplicates), (1, 2));
+        let candle = b.latest_candles(&usdc(), Granularity::M1, 0, 1).await.unwrap();
+        assert_eq!(candle[0].1.trade_count, 3);
+        // b wrote two blocks of T0's hour, a one: compacted only once the hour has ended,
+        // then one row.
+        assert_eq!(b.compact_trade_ids(T0 + 3599).await.unwrap(), 0);
+        assert_eq!(b.compact_trade_ids(T0 + 3600).await.unwrap(), 2);
+        assert_eq!(b.compact_trade_ids(T0 + 3600).await.unwrap(), 0);
+        // A store reading the hour afresh finds all three trades.
+        let replay: Vec<Trade> = (1..4).map(|s| trade(s, 0, "1", &s.to_string(), None)).collect();
+        let replayed = c.apply_trades(&replay, &keep_all).await.unwrap();
+        assert_eq!((replayed.counted.len(), replayed.duplicates), (0, 3));
+        let later = a.apply_trades(&[trade(4, 0, "1", "1", None)], &keep_all).await.unwrap();
+        assert_eq!(later.counted.len(), 1);
+    }
+
+    /// Ids stored a row per trade (before migration 9) are moved into blocks: the trades
+    /// stay duplicates, and the old table is gone.
+    async fn ids_stored_a_row_per_trade_are_moved(
+        store: Arc<dyn PriceStore>,
+        make_old_rows: impl std::future::Future<Output = ()>,
+        mv: impl std::future::Future<Output = u64>,
+    ) {
+        make_old_rows.await;
+        assert_eq!(mv.await, 3);
+        let again: Vec<Trade> = (0..3).map(|n| trade(n * 4000, n as u64, "1", "1", None)).collect();
+        let applied = store.apply_trades(&again, &keep_all).await.unwrap();
+        assert_eq!((applied.counted.len(), applied.duplicates), (0, 3));
+        let other = store.apply_trades(&[trade(0, 9, "1", "1", None)], &keep_all).await.unwrap();
+        assert_eq!(other.counted.len(), 1);
+    }
+
+    /// The old table as migration 7 made it (in place of the empty one `open` leaves for
+    /// `open_prices` to move), holding the ids of three trades in three hours; one script both
+    /// backends run.
+    fn old_ids_script() -> String {
+        let rows: Vec<String> = (0..3)
+            .map(|n: i64| {
+                let t = trade(n * 4000, n as u64, "1", "1", None);
+                let time = t.order.at_micros / 1_000_000;
+                format!("({time}, '{}', '{}', {n})", t.token.chain, t.order.transaction_hash)
+            })
+            .collect();
+        format!(
+            "DROP TABLE IF EXISTS price_trade_ids; \
+             CREATE TABLE price_trade_ids (block_time BIGINT NOT NULL, chain TEXT NOT NULL, \
+             transaction_hash TEXT NOT NULL, log_index BIGINT NOT NULL, \
+             PRIMARY KEY (block_time, chain, transaction_hash, log_index)); \
+             INSERT INTO price_trade_ids VALUES {};",
+            rows.join(", ")
+        )
+    }
+
+    #[tokio::test]
+    async fn ids_counted_elsewhere_are_duplicates_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+        let a = sluice_store::open_prices(&url).await.unwrap();
+        let b = sluice_store::open_prices(&url).await.unwrap();
+        let c = sluice_store::open_prices(&url).await.unwrap();
+        ids_counted_elsewhere_are_duplicates(a, b, c).await;
+    }
+
+    #[tokio::test]
+    async fn ids_counted_elsewhere_are_duplicates_on_postgres() {
+        let (options, _) = fresh_schema().await;
+        let a = PgStore::open_with(options.clone()).await.unwrap();
+        let b = PgStore::open_with(options.clone()).await.unwrap();
+        let c = PgStore::open_with(options).await.unwrap();
+        ids_counted_elsewhere_are_duplicates(Arc::new(a), Arc::new(b), Arc::new(c)).await;
+    }
+
+    #[tokio::test]
+    async fn ids_stored_a_row_per_trade_are_moved_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+        let store = SqliteStore::open(&url).await.unwrap();
+        let raw = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let make = async {
+            sqlx::raw_sql(&old_ids_script()).execute(&raw).await.unwrap();
+        };
+        let mover = store.clone();
+        let mv = async move { mover.move_trade_ids().await.unwrap() };
+        ids_stored_a_row_per_trade_are_moved(Arc::new(store.clone()), make, mv).await;
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE name = 'price_trade_ids'")
+                .fetch_one(&raw)
+                .await
+                .unwrap();
+        assert_eq!(left, 0);
+        assert_eq!(store.move_trade_ids().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn ids_stored_a_row_per_trade_are_moved_on_postgres() {
+        let (options, raw) = fresh_schema().await;
+        let store = PgStore::open_with(options).await.unwrap();
+        let make = async {
+            sqlx::raw_sql(&old_ids_script()).execute(&raw).await.unwrap();
+        };
+        let mover = store.clone();
+        let mv = async move { mover.move_trade_ids().await.unwrap() };
+        ids_stored_a_row_per_trade_are_moved(Arc::new(store.clone()), make, mv).await;
+        let left: bool = sqlx::query_scalar("SELECT to_regclass('price_trade_ids') IS NULL")
+            .fetch_one(&raw)
+            .await
+            .unwrap();
+        assert!(left);
+        assert_eq!(store.move_trade_ids().await.unwrap(), 0);
+    }
+
+    /// Connection options of a new schema in the test database, and a pool on it.
+    async fn fresh_schema() -> (sqlx::postgres::PgConnectOptions, sqlx::PgPool) {
         let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
             .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
         let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
@@ -324,13 +528,7 @@ mod filling {
         let options = sqlx::postgres::PgConnectOptions::from_str(&url)
             .unwrap()
             .options([("search_path", &schema)]);
-        let store = PgStore::open_with(options.clone()).await.unwrap();
-        let raw = sqlx::PgPool::connect_with(options).await.unwrap();
-        let clear = async {
-            sqlx::query("UPDATE price_candles SET point = NULL").execute(&raw).await.unwrap();
-        };
-        let filler = store.clone();
-        let fill = async move { filler.fill_history_points().await.unwrap() };
-        older_rows_are_read_then_filled(Arc::new(store), clear, fill).await;
+        let raw = sqlx::PgPool::connect_with(options.clone()).await.unwrap();
+        (options, raw)
     }
 }

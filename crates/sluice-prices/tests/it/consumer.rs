@@ -1,0 +1,81 @@
+//! The trade consumer: a round reads at most its batch size from all partitions together,
+//! and a backlog spread over several partitions is counted completely, none starved.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+use sluice_bus::{EmbeddedLog, NewRecord, Retention, StreamLog, TopicConfig};
+use sluice_core::clock::ManualClock;
+use sluice_core::prices::{Granularity, TokenRef};
+use sluice_prices::{ConsumerSettings, GROUP, PriceService, PriceSettings, TradeSource};
+
+use crate::memory::Counting;
+
+fn record(n: u64) -> NewRecord {
+    let value = serde_json::json!({
+        "chain": "base",
+        "token_address": "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913",
+        "token_decimals": 6,
+        "token_amount": "1",
+        "usd_amount": "1",
+        "block_number": 100 + n,
+        "block_timestamp": "2026-11-21T12:00:05Z",
+        "transaction_hash": format!("0x{n:064x}"),
+        "log_index": 0,
+    });
+    NewRecord { key: n.to_le_bytes().to_vec(), value: serde_json::to_vec(&value).unwrap() }
+}
+
+#[tokio::test]
+async fn rounds_read_at_most_the_batch_size_from_all_partitions_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 1, 0).unwrap()));
+    let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+    let topic = "base.dex_trade";
+    log.create_topic(topic, TopicConfig { partitions: 4, retention: Retention::default() })
+        .await
+        .unwrap();
+    log.append(topic, (0..40).map(record).collect()).await.unwrap();
+    let backlog: Vec<u64> =
+        log.offsets(topic).await.unwrap().iter().map(|range| range.end - range.start).collect();
+    assert!(backlog.iter().filter(|n| **n > 0).count() > 1, "{backlog:?}");
+
+    let url = format!("sqlite://{}", dir.path().join("p.db").display());
+    let store = Arc::new(Counting {
+        inner: sluice_store::open_prices(&url).await.unwrap(),
+        history_reads: AtomicUsize::new(0),
+        largest_batch: AtomicUsize::new(0),
+    });
+    let service =
+        PriceService::start(store.clone(), clock.clone(), PriceSettings::default()).await.unwrap();
+    let settings = ConsumerSettings {
+        batch_size: 7,
+        idle_wait: Duration::from_millis(5),
+        retry_wait: Duration::from_millis(5),
+    };
+    let consumer = sluice_prices::spawn_consumer(
+        service.clone(),
+        log.clone(),
+        vec![(topic.to_owned(), TradeSource::Dex { chain: "base".into() })],
+        settings,
+    );
+    let ends: Vec<u64> = log.offsets(topic).await.unwrap().iter().map(|range| range.end).collect();
+    for _ in 0..500 {
+        let committed = log.committed(GROUP, topic).await.unwrap();
+        let done = ends
+            .iter()
+            .enumerate()
+            .all(|(p, end)| *end == 0 || committed.get(&(p as u32)) == Some(end));
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    consumer.abort();
+    assert_eq!(store.largest_batch.load(Ordering::SeqCst), 7);
+    let token = TokenRef::new("base", "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913");
+    let minute = store.inner.latest_candles(&token, Granularity::M1, 0, 1).await.unwrap();
+    assert_eq!(minute[0].1.trade_count, 40);
+}
