@@ -268,6 +268,23 @@ impl Stack {
         settle(self.log.as_ref(), id).await;
     }
 
+    /// Waits until this runtime's metrics count `sent` records of `id` as sent since it
+    /// started. A worker records a delivery just after its commit, so a reader that saw the
+    /// commit (`delivered`, `settle`) may still be a moment ahead of the metrics.
+    async fn counted(&self, id: &str, sent: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let totals = self.runtime.metrics().totals();
+            let got = totals.iter().find(|(p, _)| p == id).map_or(0, |(_, t)| t.sent);
+            if got >= sent {
+                assert_eq!(got, sent);
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "only {got} of {sent} counted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     async fn health(&self, id: &str) -> Value {
         let body = self.get(&format!("/api/v1/beam/{id}/deploy/stats")).await;
         body["workers_health"].clone()
@@ -423,6 +440,7 @@ async fn metrics_count_what_was_received_and_sent_and_survive_a_restart() {
     stack.ingest(&transfers).await; // 10 received, 3 match
     stack.delivered(&id, 3).await;
     stack.settle(&id).await;
+    stack.counted(&id, 3).await;
 
     let check = |body: &Value| {
         assert_eq!(body["config_id"], id.as_str());
@@ -512,6 +530,7 @@ async fn metrics_count_what_was_received_and_sent_and_survive_a_restart() {
     stack.ingest(&[(11, USDC), (12, OTHER)]).await;
     stack.delivered(&id, 4).await;
     stack.settle(&id).await;
+    stack.counted(&id, 1).await; // since the restart
     let hour = stack.get(&format!("/api/v1/beam/{id}/deploy/metrics")).await;
     assert_eq!(sum(series(&hour, "messages_received")), 12.0);
     assert_eq!(sum(series(&hour, "messages_sent")), 4.0);
@@ -597,6 +616,7 @@ async fn prometheus_exposes_the_counters_and_latency_histograms_per_pipeline_wit
     stack.ingest(&transfers).await;
     stack.delivered(&id, 2).await;
     stack.settle(&id).await;
+    stack.counted(&id, 2).await;
     let (status, text) = stack.raw(Method::GET, "/metrics", None, None).await;
     assert_eq!(status, StatusCode::OK);
     let samples = parse_prometheus(&text);
@@ -641,6 +661,8 @@ async fn deleting_a_pipeline_deletes_its_stored_metrics() {
     stack.delivered(&kept, 1).await;
     stack.settle(&id).await;
     stack.settle(&kept).await;
+    stack.counted(&id, 1).await;
+    stack.counted(&kept, 1).await;
     stack.action(&id, "pause").await; // writes its minute to the store
     stack.action(&kept, "pause").await;
     assert_eq!(stack.store.metric_samples(&id, 0, i64::MAX).await.unwrap().len(), 1);
@@ -667,6 +689,7 @@ async fn failed_sink_writes_are_output_errors_and_the_held_batch_is_sent_once() 
     stack.action(&id, "deploy").await;
     stack.delivered(&id, 3).await;
     stack.settle(&id).await;
+    stack.counted(&id, 3).await;
     let hour = stack.get(&format!("/api/v1/beam/{id}/deploy/metrics")).await;
     // Three failed writes, then the held batch went through: 4 read, 3 sent, once each.
     assert_eq!(sum(series(&hour, "output_error")), 3.0, "{hour}");
