@@ -62,11 +62,6 @@ impl Worker {
         partitions.sort_unstable();
         tracing::debug!(config_id = %plan.plan.pipeline_id, worker = self.index, ?partitions, "worker started");
         while !self.stopping() {
-            // A new configuration takes over here, between batches: no offset is skipped.
-            if self.plan.has_changed().unwrap_or(false) {
-                plan = self.plan.borrow_and_update().clone();
-                engines.keep_only(&plan);
-            }
             // One batch per round: up to `batch_size` records of each of this worker's
             // partitions, delivered and committed together.
             let mut batch = Vec::with_capacity(self.settings.batch_size * partitions.len());
@@ -94,6 +89,13 @@ impl Worker {
                     _ = stop.changed() => {}
                 }
                 continue;
+            }
+            // A new configuration takes over here, between batches: no offset is skipped.
+            // Checked after the read, so a record appended after the change was handed over
+            // (after a PATCH answered) is never run by the old configuration.
+            if self.plan.has_changed().unwrap_or(false) {
+                plan = self.plan.borrow_and_update().clone();
+                engines.keep_only(&plan);
             }
             let settled =
                 self.process(&plan, batch, &mut engines, &group, &side_topics, &offsets).await;
