@@ -149,9 +149,8 @@ impl HotToken {
             match self.pools.get_mut(pool) {
                 Some((_, order)) if trade.order <= *order => {}
                 Some((stored, order)) => {
-                    self.reserves =
-                        Amount(self.reserves.0.saturating_sub(stored.0)).saturating_add(*reserve);
-                    *stored = *reserve;
+                    let old = std::mem::replace(stored, *reserve);
+                    self.reserves = replace_in_sum(self.reserves, Some(old), *reserve);
                     copy_order(order, &trade.order);
                 }
                 None => self.set_pool(pool.clone(), *reserve, trade.order.clone()),
@@ -160,10 +159,8 @@ impl HotToken {
     }
 
     fn set_pool(&mut self, pool: String, reserve: Amount, order: TradeOrder) {
-        if let Some((old, _)) = self.pools.insert(pool, (reserve, order)) {
-            self.reserves = Amount(self.reserves.0.saturating_sub(old.0));
-        }
-        self.reserves = self.reserves.saturating_add(reserve);
+        let old = self.pools.insert(pool, (reserve, order)).map(|(old, _)| old);
+        self.reserves = replace_in_sum(self.reserves, old, reserve);
     }
 
     fn put_minute(&mut self, start: i64, candle: Candle) {
@@ -176,6 +173,12 @@ impl HotToken {
             }
         }
     }
+}
+
+/// `sum` with the reserve `old` (if any) replaced by `new`.
+fn replace_in_sum(sum: Amount, old: Option<Amount>, new: Amount) -> Amount {
+    let without = old.map_or(sum, |old| Amount(sum.0.saturating_sub(old.0)));
+    without.saturating_add(new)
 }
 
 /// Sets `into` to `from`, reusing `into`'s hash buffer.

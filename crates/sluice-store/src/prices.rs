@@ -509,6 +509,16 @@ macro_rules! price_store_impl {
                 Ok(())
             }
 
+            /// The store's write count (`price_writes.seq`), on a pool or in a transaction.
+            async fn read_write_seq<'e>(
+                executor: impl sqlx::Executor<'e, Database = $db>,
+            ) -> Result<i64> {
+                Ok(sqlx::query("SELECT seq FROM price_writes WHERE id = 1")
+                    .fetch_one(executor)
+                    .await?
+                    .try_get("seq")?)
+            }
+
             /// Appends a block per bucket of `counted` (bucket, id), tagged with `seq`.
             async fn write_id_blocks(
                 conn: &mut Conn,
@@ -564,10 +574,7 @@ macro_rules! price_store_impl {
                     }
                     ids.sort_unstable();
                     ids.dedup();
-                    let seq: i64 = sqlx::query("SELECT seq FROM price_writes WHERE id = 1")
-                        .fetch_one(&mut *tx)
-                        .await?
-                        .try_get("seq")?;
+                    let seq: i64 = read_write_seq(&mut *tx).await?;
                     sqlx::query("DELETE FROM price_trade_id_blocks WHERE bucket = $1")
                         .bind(bucket)
                         .execute(&mut *tx)
@@ -719,10 +726,7 @@ macro_rules! price_store_impl {
                     if let Some(lock) = Self::LOCK_PRICES {
                         sqlx::query(lock).execute(&mut *tx).await?;
                     }
-                    let seq: i64 = sqlx::query("SELECT seq FROM price_writes WHERE id = 1")
-                        .fetch_one(&mut *tx)
-                        .await?
-                        .try_get("seq")?;
+                    let seq: i64 = read_write_seq(&mut *tx).await?;
                     let mut memory = self.trade_ids.lock().await;
                     // Trades mostly arrive in time order: each bucket once per run of its trades.
                     let mut buckets: Vec<i64> = unique.iter().map(|(b, ..)| *b).collect();
@@ -792,9 +796,7 @@ macro_rules! price_store_impl {
                     Self::write_tokens_and_pools(&mut tx, &tokens, &pools).await?;
                     tx.commit().await?;
                     // Memory learns the ids only once they are stored.
-                    let mut written: Vec<i64> = counted.iter().map(|(bucket, _)| *bucket).collect();
-                    written.dedup();
-                    memory.note_written(written);
+                    memory.note_written(counted.iter().map(|(bucket, _)| *bucket));
                     memory.insert(counted);
                     memory.mark_synced(seq);
                     memory.trim();
@@ -935,10 +937,7 @@ macro_rules! price_store_impl {
                 }
 
                 async fn write_seq(&self) -> Result<i64> {
-                    Ok(sqlx::query("SELECT seq FROM price_writes WHERE id = 1")
-                        .fetch_one(&self.pool)
-                        .await?
-                        .try_get("seq")?)
+                    read_write_seq(&self.pool).await
                 }
 
                 async fn latest_candles(
