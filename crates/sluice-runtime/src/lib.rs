@@ -8,6 +8,7 @@
 //! crate must not depend on the API.
 
 pub mod datasets;
+mod delivery;
 mod deployment;
 pub mod health;
 pub mod metrics;
@@ -265,8 +266,8 @@ impl Runtime {
         let Some((_, sink)) = plan.plan.sink_topics.first().cloned() else {
             return Ok(Some(Replayed::default()));
         };
-        let (dead_topic, logs_topic) =
-            (topics::dead_letter_topic(pipeline_id), topics::logs_topic(pipeline_id));
+        let topics = delivery::DeliveryTopics::new(pipeline_id, sink);
+        let dead_topic = topics.dead_letters.clone();
         let group = topics::replay_group(pipeline_id);
         let end = match self.log.offsets(&dead_topic).await {
             Ok(ranges) => ranges.first().map_or(0, |range| range.end),
@@ -300,20 +301,11 @@ impl Runtime {
             .await
             .map_err(|error| RuntimeError::Replay(error.to_string()))?;
             engines = back;
-            let now = self.clock.now();
-            let out: Vec<NewRecord> = outcome
-                .out
-                .into_iter()
-                .map(|item| NewRecord { key: item.key, value: item.value })
-                .collect();
-            let dead: Vec<NewRecord> =
-                outcome.failed.into_iter().map(|f| worker::dead_letter(f, now)).collect();
-            let logs: Vec<NewRecord> = engines.take_logs().iter().map(worker::log_record).collect();
-            let appends: [(&str, &[NewRecord]); 3] =
-                [(&sink, &out), (&dead_topic, &dead), (&logs_topic, &logs)];
-            self.log.append_and_commit(&appends, &group, &dead_topic, &[(0, last + 1)]).await?;
-            report.delivered += out.len() as u64;
-            report.dead_lettered += dead.len() as u64;
+            let delivery = delivery::Delivery::of(outcome, &engines, self.clock.now());
+            // The replay group's offset on the dead-letter topic is the replay cursor.
+            delivery.write(&self.log, &topics, &group, &dead_topic, &[(0, last + 1)]).await?;
+            report.delivered += delivery.out.len() as u64;
+            report.dead_lettered += delivery.dead.len() as u64;
             report.next_offset = last + 1;
         }
         tracing::info!(config_id = %pipeline_id, ?report, "dead letters replayed");
