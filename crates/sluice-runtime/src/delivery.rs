@@ -1,28 +1,24 @@
-//! Delivery of one processed batch, shared by workers and dead-letter replay: the sink's
-//! records, the dead letters and the script log lines are written together with the
-//! consumer offsets that the batch settles, in one step of the log
-//! ([`StreamLog::append_and_commit`]): on the embedded log one durable transaction, so a
-//! crash leaves all of it or none.
+//! One processed batch as records to write, shared by workers and dead-letter replay: the
+//! sink's records, the dead letters and the script log lines. The batch's [`Sink`] delivers
+//! them and settles its offsets ([`Sink::deliver`]).
+//!
+//! [`Sink`]: crate::sinks::Sink
+//! [`Sink::deliver`]: crate::sinks::Sink::deliver
 
-use std::sync::Arc;
-
-use sluice_bus::{BusError, NewRecord, StreamLog, topics};
+use sluice_bus::{NewRecord, topics};
 
 use crate::plan::{Engines, Failed, LogLine, Outcome};
 
-/// The topics one pipeline's batches write.
+/// The topics a pipeline's batches write besides the sink.
 #[derive(Debug, Clone)]
-pub(crate) struct DeliveryTopics {
-    /// The managed sink's topic.
-    pub sink: String,
+pub struct SideTopics {
     pub dead_letters: String,
     pub logs: String,
 }
 
-impl DeliveryTopics {
-    pub(crate) fn new(pipeline_id: &str, sink: String) -> Self {
+impl SideTopics {
+    pub fn new(pipeline_id: &str) -> Self {
         Self {
-            sink,
             dead_letters: topics::dead_letter_topic(pipeline_id),
             logs: topics::logs_topic(pipeline_id),
         }
@@ -31,7 +27,7 @@ impl DeliveryTopics {
 
 /// What one batch writes besides its offsets.
 #[derive(Debug, Default)]
-pub(crate) struct Delivery {
+pub struct Delivery {
     /// Records for the sink, in order.
     pub out: Vec<NewRecord>,
     /// Records a transform failed on.
@@ -43,11 +39,7 @@ pub(crate) struct Delivery {
 impl Delivery {
     /// The records `outcome` produced, and the log lines the scripts of `engines` wrote while
     /// producing them; `now` stamps the dead letters.
-    pub(crate) fn of(
-        outcome: Outcome,
-        engines: &Engines,
-        now: chrono::DateTime<chrono::Utc>,
-    ) -> Self {
+    pub fn of(outcome: Outcome, engines: &Engines, now: chrono::DateTime<chrono::Utc>) -> Self {
         Self {
             out: outcome
                 .out
@@ -57,28 +49,6 @@ impl Delivery {
             dead: outcome.failed.into_iter().map(|failed| dead_letter(failed, now)).collect(),
             logs: engines.take_logs().iter().map(log_record).collect(),
         }
-    }
-
-    /// Writes the batch to `topics` and commits `offsets` of `source` for `group`, in one
-    /// step of the log.
-    ///
-    /// # Errors
-    /// The log's failure; then nothing of the batch was written (on the embedded log) and
-    /// the offsets did not move.
-    pub(crate) async fn write(
-        &self,
-        log: &Arc<dyn StreamLog>,
-        topics: &DeliveryTopics,
-        group: &str,
-        source: &str,
-        offsets: &[(u32, u64)],
-    ) -> Result<(), BusError> {
-        let appends: [(&str, &[NewRecord]); 3] = [
-            (&topics.sink, &self.out),
-            (&topics.dead_letters, &self.dead),
-            (&topics.logs, &self.logs),
-        ];
-        log.append_and_commit(&appends, group, source, offsets).await.map(|_| ())
     }
 }
 

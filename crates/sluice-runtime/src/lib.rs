@@ -8,12 +8,13 @@
 //! crate must not depend on the API.
 
 pub mod datasets;
-mod delivery;
+pub mod delivery;
 mod deployment;
 pub mod health;
 pub mod metrics;
 pub mod plan;
 pub mod sets;
+pub mod sinks;
 mod worker;
 
 use std::collections::HashMap;
@@ -56,6 +57,9 @@ pub enum RuntimeError {
     /// The stream log failed.
     #[error("stream log: {0}")]
     Bus(#[from] BusError),
+    /// A sink did not take a batch.
+    #[error(transparent)]
+    Sink(#[from] sinks::SinkError),
     /// A chain stream that the catalog does not list.
     #[error("no chain stream {0}")]
     UnknownStream(String),
@@ -93,10 +97,10 @@ impl Default for RuntimeSettings {
 }
 
 /// What a deploy did, for the response.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Deployed {
-    /// The managed topic of each sink, by sink uid.
-    pub sink_topics: Vec<(String, String)>,
+    /// How a consumer reaches each sink, in the pipeline's order.
+    pub sinks: Vec<sinks::SinkConnection>,
     /// Whether the pipeline was running before this deploy (a zero-downtime redeploy).
     pub was_running: bool,
 }
@@ -263,11 +267,11 @@ impl Runtime {
             Some(current) => current.plan(),
             None => self.bind(plan::Plan::compile(&record.pipeline)?).await?,
         };
-        let Some((_, sink)) = plan.plan.sink_topics.first().cloned() else {
+        let Some(sink) = plan.plan.sinks.first().cloned() else {
             return Ok(Some(Replayed::default()));
         };
-        let topics = delivery::DeliveryTopics::new(pipeline_id, sink);
-        let dead_topic = topics.dead_letters.clone();
+        let side = delivery::SideTopics::new(pipeline_id);
+        let dead_topic = side.dead_letters.clone();
         let group = topics::replay_group(pipeline_id);
         let end = match self.log.offsets(&dead_topic).await {
             Ok(ranges) => ranges.first().map_or(0, |range| range.end),
@@ -303,7 +307,9 @@ impl Runtime {
             engines = back;
             let delivery = delivery::Delivery::of(outcome, &engines, self.clock.now());
             // The replay group's offset on the dead-letter topic is the replay cursor.
-            delivery.write(&self.log, &topics, &group, &dead_topic, &[(0, last + 1)]).await?;
+            let settle =
+                sinks::Settle { group: &group, source: &dead_topic, offsets: &[(0, last + 1)] };
+            sink.deliver(&self.log, &delivery, &side, settle).await?;
             report.delivered += delivery.out.len() as u64;
             report.dead_lettered += delivery.dead.len() as u64;
             report.next_offset = last + 1;
@@ -399,7 +405,7 @@ impl Runtime {
             updated_at: now,
         };
         self.store.put_deployment(&record).await?;
-        let sink_topics = plan.sink_topics.clone();
+        let sinks = plan.sinks.iter().map(|sink| sink.connection(&pipeline.id)).collect();
         let source = plan.source.clone();
         let bound = self.bind(plan).await?;
         let was_running = match running.as_ref() {
@@ -423,7 +429,7 @@ impl Runtime {
             }
         };
         tracing::info!(config_id = %pipeline.id, was_running, "pipeline deployed");
-        Ok(Deployed { sink_topics, was_running })
+        Ok(Deployed { sinks, was_running })
     }
 
     /// Pauses a deployed pipeline: its workers finish their batch and stop; offsets, sinks
@@ -460,7 +466,7 @@ impl Runtime {
             return Ok(false);
         };
         if let Ok(plan) = plan::Plan::compile(&record.pipeline) {
-            for (_, topic) in &plan.sink_topics {
+            for (_, topic) in &plan.sink_topics() {
                 self.log.delete_topic(topic).await?;
             }
         }
@@ -489,7 +495,7 @@ impl Runtime {
     pub async fn sink_topic(&self, pipeline_id: &str, sink_uid: &str) -> Result<Option<String>> {
         let Some(record) = self.store.deployment(pipeline_id).await? else { return Ok(None) };
         let plan = plan::Plan::compile(&record.pipeline)?;
-        Ok(plan.sink_topics.into_iter().find(|(uid, _)| uid == sink_uid).map(|(_, topic)| topic))
+        Ok(plan.sink_topics().into_iter().find(|(uid, _)| uid == sink_uid).map(|(_, topic)| topic))
     }
 
     /// The counters of a running deployment. Never waits on a lifecycle call.
@@ -606,7 +612,7 @@ impl Runtime {
     /// (one partition each, kept 2 days). Idempotent.
     async fn create_pipeline_topics(&self, plan: &plan::Plan) -> Result<()> {
         let config = TopicConfig { partitions: SINK_PARTITIONS, retention: Retention::default() };
-        for (_, topic) in &plan.sink_topics {
+        for (_, topic) in &plan.sink_topics() {
             self.log.create_topic(topic, config).await?;
         }
         self.log.create_topic(&topics::dead_letter_topic(&plan.pipeline_id), config).await?;

@@ -22,11 +22,12 @@ use sluice_core::pipeline::DeliveryGuarantee;
 use tokio::sync::watch;
 
 use crate::RuntimeSettings;
-use crate::delivery::{Delivery, DeliveryTopics};
+use crate::delivery::{Delivery, SideTopics};
 use crate::deployment::Counters;
 use crate::health::WorkerHealth;
 use crate::metrics::{BatchMetrics, PipelineMetrics};
 use crate::plan::{BoundPlan, Engines, Item};
+use crate::sinks::Settle;
 
 #[derive(Clone)]
 pub(crate) struct Worker {
@@ -144,8 +145,8 @@ impl Worker {
     }
 
     /// Runs one batch through the plan, delivers it with its dead letters and commits its
-    /// source `offsets` ([`Delivery::write`]). False when the worker was stopped before the
-    /// batch was settled (its offsets must not be committed).
+    /// source `offsets` ([`crate::sinks::Sink::deliver`]). False when the worker was stopped
+    /// before the batch was settled (its offsets must not be committed).
     async fn process(
         &self,
         plan: &Arc<BoundPlan>,
@@ -211,13 +212,14 @@ impl Worker {
         let out = &delivery.out;
         // What was read and processed counts now; what is delivered counts when it is.
         self.metrics.record(std::mem::take(&mut metrics));
-        let Some((_, sink)) = plan.plan.sink_topics.first() else { return true };
-        let topics = DeliveryTopics::new(&plan.plan.pipeline_id, sink.clone());
-        let sink = sink.as_str();
+        let Some(sink) = plan.plan.sinks.first() else { return true };
+        let sink_uid = sink.config().uid();
+        let side = SideTopics::new(&plan.plan.pipeline_id);
         let source = plan.plan.source.as_str();
+        let settle = Settle { group, source, offsets };
         let mut backoff = self.settings.initial_backoff;
         loop {
-            let written = delivery.write(&self.log, &topics, group, source, offsets).await;
+            let written = sink.deliver(&self.log, &delivery, &side, settle).await;
             match written {
                 Ok(_) => {
                     metrics.sink_writes = 1;
@@ -235,7 +237,7 @@ impl Worker {
                 Err(error) => {
                     Counters::add(&self.counters.output_errors, 1);
                     if self.guarantee == DeliveryGuarantee::BestEffort {
-                        tracing::warn!(%error, %sink, records = out.len(), "sink write failed; batch dropped (best_effort)");
+                        tracing::warn!(%error, sink_uid, records = out.len(), "sink write failed; batch dropped (best_effort)");
                         Counters::add(&self.counters.dropped, out.len() as u64);
                         self.metrics.record(BatchMetrics {
                             output_errors: 1,
@@ -248,7 +250,15 @@ impl Worker {
                         }
                         return true;
                     }
-                    tracing::warn!(%error, %sink, ?backoff, "sink write failed; retrying (at_least_once)");
+                    if error.is_retryable() {
+                        tracing::warn!(%error, sink_uid, ?backoff, "sink write failed; retrying (at_least_once)");
+                    } else {
+                        // Waiting will not fix it, but nothing may be lost: the source stays
+                        // held, tried again at the longest backoff until an operator acts
+                        // (a redeploy, a teardown).
+                        backoff = self.settings.max_backoff;
+                        tracing::error!(%error, sink_uid, ?backoff, "sink rejects the batch; the source is held (at_least_once)");
+                    }
                     self.metrics.record(BatchMetrics {
                         output_errors: 1,
                         sink_writes: 1,

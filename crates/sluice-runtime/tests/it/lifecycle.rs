@@ -9,8 +9,8 @@ use sluice_core::catalog::Catalog;
 use sluice_core::clock::{Clock, SystemClock};
 use sluice_core::deployment::DeploymentState;
 use sluice_core::pipeline::{
-    DeliveryGuarantee, Pipeline, PipelineConfig, PipelineSpec, PodSize, Sink, Source, SourceType,
-    Transform,
+    DeliveryGuarantee, ManagedSinkConfig, Pipeline, PipelineConfig, PipelineSpec, PodSize,
+    SinkConfig, Source, SourceType, Transform,
 };
 use sluice_filter::ValueSet;
 use sluice_runtime::sets::{SetSource, StoreSetSource};
@@ -57,11 +57,10 @@ fn spec(name: &str) -> PipelineSpec {
                 uid: "tokens".to_owned(),
                 filter_expr: "root = this.token_address".to_owned(),
             }],
-            sinks: vec![Sink {
-                sink_type: "kafka".to_owned(),
+            sinks: vec![SinkConfig::Kafka(ManagedSinkConfig {
                 name: format!("{name}-out"),
                 uid: format!("sink-{name}"),
-            }],
+            })],
         },
     }
 }
