@@ -9,6 +9,7 @@
 //! crate must not depend on the runtime or the API.
 
 mod datasets;
+pub mod dialect;
 mod filter_sets;
 pub mod metrics;
 mod migrations;
@@ -16,6 +17,7 @@ mod postgres;
 pub mod prices;
 mod sql;
 mod sqlite;
+mod store;
 
 use std::sync::Arc;
 
@@ -26,10 +28,12 @@ use sluice_core::permission::{Access, Grants};
 use sluice_core::pipeline::Pipeline;
 
 pub use datasets::{DatasetStore, EntriesChange, EntryPage};
+pub use dialect::Dialect;
 pub use metrics::{MetricSample, MetricsStore};
-pub use postgres::PgStore;
+pub use postgres::{PgDialect, PgStore};
 pub use prices::{PriceStore, open_prices};
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteDialect, SqliteStore};
+pub use store::Store;
 
 /// Errors of the metadata store.
 #[derive(Debug, thiserror::Error)]

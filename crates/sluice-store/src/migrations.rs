@@ -11,7 +11,7 @@
 
 /// The database a store runs on, to pick a migration's script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Backend {
+pub enum Backend {
     Sqlite,
     Postgres,
 }

@@ -4,13 +4,22 @@ use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-/// Metadata in a PostgreSQL database.
-#[derive(Debug, Clone)]
-pub struct PgStore {
-    pub(crate) pool: sqlx::PgPool,
-    pub(crate) sets: std::sync::Arc<crate::filter_sets::SetCache>,
-    pub(crate) trade_ids: std::sync::Arc<tokio::sync::Mutex<crate::prices::TradeIdMemory>>,
+/// The PostgreSQL [`Dialect`](crate::Dialect).
+#[derive(Debug, Clone, Copy)]
+pub struct PgDialect;
+
+impl crate::Dialect for PgDialect {
+    type Db = sqlx::Postgres;
+
+    const BACKEND: crate::migrations::Backend = crate::migrations::Backend::Postgres;
+
+    fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
+        done.rows_affected()
+    }
 }
+
+/// Metadata in a PostgreSQL database.
+pub type PgStore = crate::Store<PgDialect>;
 
 impl PgStore {
     /// Connects to and migrates the database at `url` (`postgres://…`).
@@ -27,11 +36,7 @@ impl PgStore {
     /// A connection failure or a failed migration.
     pub async fn open_with(options: PgConnectOptions) -> crate::Result<Self> {
         let pool = PgPoolOptions::new().max_connections(16).connect_with(options).await?;
-        let store = Self {
-            pool,
-            sets: crate::filter_sets::SetCache::shared(),
-            trade_ids: std::sync::Arc::default(),
-        };
+        let store = Self::on_pool(pool);
         store.migrate().await?;
         Ok(store)
     }

@@ -5,13 +5,22 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-/// Metadata in a SQLite database file.
-#[derive(Debug, Clone)]
-pub struct SqliteStore {
-    pub(crate) pool: sqlx::SqlitePool,
-    pub(crate) sets: std::sync::Arc<crate::filter_sets::SetCache>,
-    pub(crate) trade_ids: std::sync::Arc<tokio::sync::Mutex<crate::prices::TradeIdMemory>>,
+/// The SQLite [`Dialect`](crate::Dialect).
+#[derive(Debug, Clone, Copy)]
+pub struct SqliteDialect;
+
+impl crate::Dialect for SqliteDialect {
+    type Db = sqlx::Sqlite;
+
+    const BACKEND: crate::migrations::Backend = crate::migrations::Backend::Sqlite;
+
+    fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
+        done.rows_affected()
+    }
 }
+
+/// Metadata in a SQLite database file.
+pub type SqliteStore = crate::Store<SqliteDialect>;
 
 impl SqliteStore {
     /// Opens (creating when missing) and migrates the database at `url` (`sqlite://<path>`).
@@ -35,11 +44,7 @@ impl SqliteStore {
             // cross the threshold; this high threshold is only a safety net.
             .pragma("wal_autocheckpoint", WAL_SAFETY_CHECKPOINT_PAGES.to_string());
         let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
-        let store = Self {
-            pool,
-            sets: crate::filter_sets::SetCache::shared(),
-            trade_ids: std::sync::Arc::default(),
-        };
+        let store = Self::on_pool(pool);
         store.migrate().await?;
         tokio::spawn(checkpoint_in_background(store.pool.clone()));
         Ok(store)
