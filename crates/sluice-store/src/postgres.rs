@@ -2,21 +2,13 @@
 
 use std::str::FromStr;
 
+use sluice_core::prices::{Candle, CandleKey, Trade};
+
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// The PostgreSQL [`Dialect`](crate::Dialect).
 #[derive(Debug, Clone, Copy)]
 pub struct PgDialect;
-
-impl crate::Dialect for PgDialect {
-    type Db = sqlx::Postgres;
-
-    const BACKEND: crate::migrations::Backend = crate::migrations::Backend::Postgres;
-
-    fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
-        done.rows_affected()
-    }
-}
 
 /// Metadata in a PostgreSQL database.
 pub type PgStore = crate::Store<PgDialect>;
@@ -42,8 +34,16 @@ impl PgStore {
     }
 }
 
-impl PgStore {
+impl crate::Dialect for PgDialect {
+    type Db = sqlx::Postgres;
+
     const BACKEND: crate::migrations::Backend = crate::migrations::Backend::Postgres;
+
+    const LOCK_DATASET: &str = crate::datasets::postgres::LOCK_DATASET;
+
+    fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
+        done.rows_affected()
+    }
 
     /// `json_agg` of text gives a JSON array of strings (`COALESCE` for an empty page).
     const JSON_AGG: &str = "COALESCE(json_agg(value), '[]')::text";
@@ -53,7 +53,7 @@ impl PgStore {
     /// and picks a bitmap scan of everything past the cursor plus a sort: observed as two
     /// seconds per page of a fresh 10 M-value set. These make that plan the last resort for
     /// the rest of the transaction.
-    const INDEX_ORDER: &[&str] = &[
+    const INDEX_ORDER: &'static [&'static str] = &[
         "SET LOCAL enable_sort = off",
         "SET LOCAL enable_bitmapscan = off",
         "SET LOCAL enable_seqscan = off",
@@ -67,7 +67,7 @@ impl PgStore {
 
     /// Price writers of every process take this transaction-scoped lock (the number is
     /// arbitrary, fixed), so two never merge into the same candle at once.
-    const LOCK_PRICES: Option<&str> = Some("SELECT pg_advisory_xact_lock(6105211300)");
+    const LOCK_PRICES: Option<&'static str> = Some("SELECT pg_advisory_xact_lock(6105211300)");
 
     /// Whether the table named `$1` exists (a bool).
     const TABLE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables \
@@ -86,15 +86,17 @@ impl PgStore {
     /// A write transaction without JIT compilation. Bulk filter-value statements look
     /// expensive to the planner, which then JIT-compiles each 50,000-value chunk with
     /// optimisation and inlining: a second or more per statement, several times the work.
-    async fn begin_write(&self) -> crate::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
-        let mut tx = self.pool.begin().await?;
+    async fn begin_write(pool: &sqlx::Pool<Self::Db>) -> crate::Result<crate::dialect::Tx<Self>> {
+        let mut tx = pool.begin().await?;
         sqlx::query("SET LOCAL jit = off").execute(&mut *tx).await?;
         Ok(tx)
     }
 
     /// `REPEATABLE READ`: every statement of the transaction sees the snapshot of its first.
-    async fn begin_snapshot(&self) -> crate::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
-        Ok(self.pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?)
+    async fn begin_snapshot(
+        pool: &sqlx::Pool<Self::Db>,
+    ) -> crate::Result<crate::dialect::Tx<Self>> {
+        Ok(pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?)
     }
 
     /// Appends `values` to set `set_id` in order with one `COPY … FROM STDIN` (text format);
@@ -102,7 +104,7 @@ impl PgStore {
     /// `INSERT … SELECT … FROM UNNEST($2::text[])` for a million values. `values` is drawn
     /// while PostgreSQL works on the chunks already sent.
     async fn insert_values(
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
         set_id: i64,
         values: &mut (dyn Iterator<Item = &str> + Send),
     ) -> crate::Result<u64> {
@@ -132,7 +134,7 @@ impl PgStore {
     /// it turns into a hash table (version 14 on for `= ANY`, 15 on for `<> ALL`); a cached
     /// generic plan would compare every row with every value in the list.
     async fn delete_values(
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
         set_id: i64,
         list: &[&str],
         listed: bool,
@@ -147,6 +149,52 @@ impl PgStore {
             .execute(&mut **tx)
             .await?
             .rows_affected())
+    }
+
+    async fn insert_entries(
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        seq: i64,
+        values: &[&str],
+        size: u64,
+    ) -> crate::Result<u64> {
+        crate::datasets::postgres::insert_entries(tx, seq, values, size).await
+    }
+
+    async fn delete_entries(
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        seq: i64,
+        values: &[&str],
+    ) -> crate::Result<u64> {
+        crate::datasets::postgres::delete_entries(tx, seq, values).await
+    }
+
+    async fn stored_candles(
+        conn: &mut sqlx::PgConnection,
+        keys: &[(CandleKey, Candle)],
+    ) -> crate::Result<Vec<Option<Candle>>> {
+        crate::prices::postgres::stored_candles(conn, keys).await
+    }
+
+    async fn write_candles(
+        conn: &mut sqlx::PgConnection,
+        candles: &[(CandleKey, Candle)],
+    ) -> crate::Result<()> {
+        crate::prices::postgres::write_candles(conn, candles).await
+    }
+
+    async fn write_points(
+        conn: &mut sqlx::PgConnection,
+        points: &[crate::prices::FilledPoint],
+    ) -> crate::Result<()> {
+        crate::prices::postgres::write_points(conn, points).await
+    }
+
+    async fn write_tokens_and_pools(
+        conn: &mut sqlx::PgConnection,
+        tokens: &[&Trade],
+        pools: &[&Trade],
+    ) -> crate::Result<()> {
+        crate::prices::postgres::write_tokens_and_pools(conn, tokens, pools).await
     }
 }
 
@@ -177,5 +225,5 @@ mod tests {
     }
 }
 
-crate::sql::metadata_store_impl!(PgStore, sqlx::Postgres);
-crate::prices::price_store_impl!(PgStore, sqlx::Postgres);
+crate::sql::metadata_store_impl!(PgStore, sqlx::Postgres, PgDialect);
+crate::prices::price_store_impl!(PgStore, sqlx::Postgres, PgDialect);

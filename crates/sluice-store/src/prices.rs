@@ -17,8 +17,8 @@ use sluice_core::prices::{Amount, Candle, CandleKey, Granularity, TokenRef, Trad
 
 use crate::{PgStore, Result, SqliteStore, StoreError};
 
-mod postgres;
-mod sqlite;
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
 pub(crate) mod trade_ids;
 
 pub(crate) use trade_ids::TradeIdMemory;
@@ -274,8 +274,8 @@ pub(crate) fn order_of(text: &str) -> Result<TradeOrder> {
 /// Candle rows per transaction when filling packed points (migration 8).
 pub(crate) const FILL_BATCH: usize = 20_000;
 
-/// A packed point to store in the candle row of its key.
-pub(crate) struct FilledPoint {
+/// A packed point to store in the candle row of its key (a step of migration 10).
+pub struct FilledPoint {
     pub chain: String,
     pub token: String,
     pub granularity: i64,
@@ -341,7 +341,7 @@ pub(crate) const CANDLE_COLUMNS: &str = "window_start, open, high, low, close, u
 /// value, and a `const WITHOUT_POINT: &str` naming `price_candles p` read through its index of
 /// rows without a packed point.
 macro_rules! price_store_impl {
-    ($store:ty, $db:ty) => {
+    ($store:ty, $db:ty, $d:ty) => {
         const _: () = {
             use std::collections::HashMap;
 
@@ -404,8 +404,8 @@ macro_rules! price_store_impl {
                          AND p.window_start >= v.column4 AND p.window_start < $2 \
                          AND p.point IS NULL) AS unfilled \
                          FROM (VALUES {}) AS v WHERE $3 > 0 ORDER BY v.column1",
-                        <$store>::CONCAT_POINTS,
-                        <$store>::WITHOUT_POINT,
+                        <$d as crate::Dialect>::CONCAT_POINTS,
+                        <$d as crate::Dialect>::WITHOUT_POINT,
                         placeholders_from(4, ranges.len(), 4),
                     )
                 } else {
@@ -418,9 +418,9 @@ macro_rules! price_store_impl {
                          AND p.window_start >= v.column4 AND p.window_start < $2 \
                          ORDER BY v.column1, p.window_start LIMIT $3) AS s \
                          GROUP BY ord ORDER BY ord",
-                        <$store>::CONCAT_POINTS,
+                        <$d as crate::Dialect>::CONCAT_POINTS,
                         placeholders_from(4, ranges.len(), 4),
-                        <$store>::VALUES_JOIN
+                        <$d as crate::Dialect>::VALUES_JOIN
                     )
                 };
                 let mut query = sqlx::query(&sql).bind(step).bind(to).bind(limit);
@@ -553,8 +553,8 @@ macro_rules! price_store_impl {
                 /// after an older count gets ids it has already: harmless). Returns the rows
                 /// removed.
                 async fn compact_bucket(&self, bucket: i64) -> Result<u64> {
-                    let mut tx = self.begin_write().await?;
-                    if let Some(lock) = Self::LOCK_PRICES {
+                    let mut tx = <$d as crate::Dialect>::begin_write(&self.pool).await?;
+                    if let Some(lock) = <$d as crate::Dialect>::LOCK_PRICES {
                         sqlx::query(lock).execute(&mut *tx).await?;
                     }
                     let rows = sqlx::query(
@@ -598,7 +598,7 @@ macro_rules! price_store_impl {
                 /// # Errors
                 /// A database failure.
                 pub async fn move_trade_ids(&self) -> Result<u64> {
-                    let exists: bool = sqlx::query_scalar(Self::TABLE_EXISTS)
+                    let exists: bool = sqlx::query_scalar(<$d as crate::Dialect>::TABLE_EXISTS)
                         .bind("price_trade_ids")
                         .fetch_one(&self.pool)
                         .await?;
@@ -607,8 +607,8 @@ macro_rules! price_store_impl {
                     }
                     let mut moved = 0;
                     loop {
-                        let mut tx = self.begin_write().await?;
-                        if let Some(lock) = Self::LOCK_PRICES {
+                        let mut tx = <$d as crate::Dialect>::begin_write(&self.pool).await?;
+                        if let Some(lock) = <$d as crate::Dialect>::LOCK_PRICES {
                             sqlx::query(lock).execute(&mut *tx).await?;
                         }
                         let rows = sqlx::query(
@@ -667,8 +667,8 @@ macro_rules! price_store_impl {
                     );
                     let mut filled = 0;
                     loop {
-                        let mut tx = self.begin_write().await?;
-                        if let Some(lock) = Self::LOCK_PRICES {
+                        let mut tx = <$d as crate::Dialect>::begin_write(&self.pool).await?;
+                        if let Some(lock) = <$d as crate::Dialect>::LOCK_PRICES {
                             sqlx::query(lock).execute(&mut *tx).await?;
                         }
                         let rows = sqlx::query(&sql).fetch_all(&mut *tx).await?;
@@ -684,7 +684,7 @@ macro_rules! price_store_impl {
                             });
                         }
                         if !points.is_empty() {
-                            Self::write_points(&mut tx, &points).await?;
+                            <$d as crate::Dialect>::write_points(&mut tx, &points).await?;
                         }
                         tx.commit().await?;
                         if points.is_empty() {
@@ -722,8 +722,8 @@ macro_rules! price_store_impl {
                     if unique.is_empty() {
                         return Ok(applied);
                     }
-                    let mut tx = self.begin_write().await?;
-                    if let Some(lock) = Self::LOCK_PRICES {
+                    let mut tx = <$d as crate::Dialect>::begin_write(&self.pool).await?;
+                    if let Some(lock) = <$d as crate::Dialect>::LOCK_PRICES {
                         sqlx::query(lock).execute(&mut *tx).await?;
                     }
                     let seq: i64 = read_write_seq(&mut *tx).await?;
@@ -754,14 +754,14 @@ macro_rules! price_store_impl {
                         .collect();
                     deltas.sort_by(|a, b| a.0.cmp(&b.0));
                     // Merge with the stored candles of the same keys, then write them back.
-                    let stored = Self::stored_candles(&mut tx, &deltas).await?;
+                    let stored = <$d as crate::Dialect>::stored_candles(&mut tx, &deltas).await?;
                     for ((_, candle), old) in deltas.iter_mut().zip(&stored) {
                         if let Some(old) = old {
                             candle.merge(old);
                         }
                     }
                     if !deltas.is_empty() {
-                        Self::write_candles(&mut tx, &deltas).await?;
+                        <$d as crate::Dialect>::write_candles(&mut tx, &deltas).await?;
                     }
                     let seq: i64 = sqlx::query(
                         "UPDATE price_writes SET seq = seq + 1 WHERE id = 1 RETURNING seq",
@@ -793,7 +793,7 @@ macro_rules! price_store_impl {
                     tokens.sort_by(|a, b| a.token.cmp(&b.token));
                     let mut pools: Vec<&Trade> = pools.into_values().collect();
                     pools.sort_by(|a, b| (&a.token, &a.pool).cmp(&(&b.token, &b.pool)));
-                    Self::write_tokens_and_pools(&mut tx, &tokens, &pools).await?;
+                    <$d as crate::Dialect>::write_tokens_and_pools(&mut tx, &tokens, &pools).await?;
                     tx.commit().await?;
                     // Memory learns the ids only once they are stored.
                     memory.note_written(counted.iter().map(|(bucket, _)| *bucket));
@@ -919,7 +919,7 @@ macro_rules! price_store_impl {
                          p.usd_volume, p.token_volume FROM price_tokens t {} price_candles p \
                          ON p.chain = t.chain AND p.token = t.token AND p.granularity = $1 \
                          AND p.window_start >= $2 WHERE t.last_trade >= $3",
-                        Self::VALUES_JOIN
+                        <$d as crate::Dialect>::VALUES_JOIN
                     );
                     let rows = sqlx::query(&sql)
                         .bind(granularity.seconds())
@@ -1000,7 +1000,7 @@ macro_rules! price_store_impl {
                             "SELECT p.chain, p.token, p.decimals FROM (VALUES {}) AS v \
                              {} price_tokens p ON p.chain = v.column1 AND p.token = v.column2",
                             placeholders(chunk.len(), 2),
-                            Self::VALUES_JOIN
+                            <$d as crate::Dialect>::VALUES_JOIN
                         );
                         let mut query = sqlx::query(&sql);
                         for token in chunk {
@@ -1026,7 +1026,7 @@ macro_rules! price_store_impl {
                              ON p.chain = v.column1 AND p.token = v.column2 \
                              ORDER BY p.chain, p.token, p.pool",
                             placeholders(chunk.len(), 2),
-                            Self::VALUES_JOIN
+                            <$d as crate::Dialect>::VALUES_JOIN
                         );
                         let mut query = sqlx::query(&sql);
                         for token in chunk {

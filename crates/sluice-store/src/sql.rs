@@ -197,7 +197,7 @@ impl KeyRow {
 /// (see [`crate::postgres`]). The store type also has a
 /// `sets: Arc<crate::filter_sets::SetCache>` field.
 macro_rules! metadata_store_impl {
-    ($store:ty, $db:ty) => {
+    ($store:ty, $db:ty, $d:ty) => {
         use sluice_core::deployment::DeploymentRecord;
         use sluice_core::identity::{Org, OrgFlags, Principal, Team, User};
         use sluice_core::permission::{Access, Grants, UserRole};
@@ -295,7 +295,7 @@ macro_rules! metadata_store_impl {
                 sqlx::query(crate::migrations::CREATE_TABLE).execute(&self.pool).await?;
                 for migration in crate::migrations::MIGRATIONS {
                     let (version, name) = (migration.version, migration.name);
-                    let sql = migration.sql.for_backend(Self::BACKEND);
+                    let sql = migration.sql.for_backend(<$d as crate::Dialect>::BACKEND);
                     let fail = |source| StoreError::Migration { version, name, source };
                     let mut tx = self.pool.begin().await.map_err(fail)?;
                     let claimed = sqlx::query(
@@ -345,7 +345,7 @@ macro_rules! metadata_store_impl {
                 uid: &str,
             ) -> Result<bool> {
                 let Some(row) =
-                    sqlx::query(Self::LOCK_PIPELINE).bind(id).fetch_optional(&mut **tx).await?
+                    sqlx::query(<$d as crate::Dialect>::LOCK_PIPELINE).bind(id).fetch_optional(&mut **tx).await?
                 else {
                     return Ok(false);
                 };
@@ -415,9 +415,9 @@ macro_rules! metadata_store_impl {
                     "SELECT COUNT(*) AS n, MAX(seq) AS last, {} AS page FROM \
                      (SELECT seq, value FROM filter_values WHERE set_id = $1 AND seq > $2 \
                       ORDER BY seq LIMIT $3) AS p",
-                    Self::JSON_AGG
+                    <$d as crate::Dialect>::JSON_AGG
                 );
-                for statement in Self::INDEX_ORDER {
+                for statement in <$d as crate::Dialect>::INDEX_ORDER {
                     sqlx::query(statement).execute(&mut **tx).await?;
                 }
                 let mut after = 0_i64;
@@ -671,7 +671,7 @@ macro_rules! metadata_store_impl {
                         .await?
                         .ok_or(sqlx::Error::RowNotFound)?;
                     let added =
-                        Self::insert_values(&mut tx, set, &mut sorted_unique(values).into_iter()).await?;
+                        <$d as crate::Dialect>::insert_values(&mut tx, set, &mut sorted_unique(values).into_iter()).await?;
                     Self::mark_written(&mut tx, set, added as i64).await?;
                 }
                 tx.commit().await?;
@@ -761,11 +761,11 @@ macro_rules! metadata_store_impl {
             }
 
             async fn delete_pipeline(&self, id: &str) -> Result<bool> {
-                let mut tx = self.begin_write().await?;
+                let mut tx = <$d as crate::Dialect>::begin_write(&self.pool).await?;
                 // Lock the pipeline row first: that waits for filter-value writers holding it,
                 // so the values deleted next include everything they committed. Deleting the
                 // pipeline then deletes its sets, grants and deployment by cascade.
-                if sqlx::query(Self::LOCK_PIPELINE).bind(id).fetch_optional(&mut *tx).await?.is_none() {
+                if sqlx::query(<$d as crate::Dialect>::LOCK_PIPELINE).bind(id).fetch_optional(&mut *tx).await?.is_none() {
                     return Ok(false);
                 }
                 sqlx::query(
@@ -901,7 +901,7 @@ macro_rules! metadata_store_impl {
                 values: &[String],
             ) -> Result<u64> {
                 let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
-                let mut tx = self.begin_write().await?;
+                let mut tx = <$d as crate::Dialect>::begin_write(&self.pool).await?;
                 if values.is_empty() || !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
                     return Ok(0);
                 }
@@ -912,7 +912,7 @@ macro_rules! metadata_store_impl {
                 // The set decides what is new, repeats within the request included, as the
                 // backend draws the values; the rows are appended in request order.
                 let mut new = values.iter().map(String::as_str).filter(|value| members.insert(value));
-                let added = Self::insert_values(&mut tx, set, &mut new).await?;
+                let added = <$d as crate::Dialect>::insert_values(&mut tx, set, &mut new).await?;
                 let version = if added == 0 {
                     version
                 } else {
@@ -930,7 +930,7 @@ macro_rules! metadata_store_impl {
                 values: &[String],
             ) -> Result<u64> {
                 let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
-                let mut tx = self.begin_write().await?;
+                let mut tx = <$d as crate::Dialect>::begin_write(&self.pool).await?;
                 if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
                     return Ok(0);
                 }
@@ -945,7 +945,7 @@ macro_rules! metadata_store_impl {
                 let version = if present.is_empty() {
                     version
                 } else {
-                    let removed = Self::delete_values(&mut tx, set, &present, true).await?;
+                    let removed = <$d as crate::Dialect>::delete_values(&mut tx, set, &present, true).await?;
                     if removed != present.len() as u64 {
                         return Err(StoreError::Corrupt {
                             what: "filter values",
@@ -970,7 +970,7 @@ macro_rules! metadata_store_impl {
             ) -> Result<u64> {
                 let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
                 slot.loaded = None;
-                let mut tx = self.begin_write().await?;
+                let mut tx = <$d as crate::Dialect>::begin_write(&self.pool).await?;
                 if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
                     return Ok(0);
                 }
@@ -994,7 +994,7 @@ macro_rules! metadata_store_impl {
                 let stale = members.len() - (kept.len() - new.len());
                 let mut removed = 0;
                 if stale > 0 {
-                    removed = Self::delete_values(&mut tx, set, &kept, false).await?;
+                    removed = <$d as crate::Dialect>::delete_values(&mut tx, set, &kept, false).await?;
                 }
                 if removed != stale as u64 {
                     return Err(StoreError::Corrupt {
@@ -1002,7 +1002,7 @@ macro_rules! metadata_store_impl {
                         detail: format!("set {set}: {stale} stale values in memory, {removed} rows deleted"),
                     });
                 }
-                Self::insert_values(&mut tx, set, &mut new.iter().copied()).await?;
+                <$d as crate::Dialect>::insert_values(&mut tx, set, &mut new.iter().copied()).await?;
                 let version =
                     Self::mark_written(&mut tx, set, new.len() as i64 - removed as i64).await?;
                 tx.commit().await?;
@@ -1020,7 +1020,7 @@ macro_rules! metadata_store_impl {
             ) -> Result<FilterValuePage> {
                 let limit = limit.max(1);
                 let mut tx = self.pool.begin().await?;
-                for statement in Self::INDEX_ORDER {
+                for statement in <$d as crate::Dialect>::INDEX_ORDER {
                     sqlx::query(statement).execute(&mut *tx).await?;
                 }
                 // One row more than asked tells whether another page follows.
@@ -1065,7 +1065,7 @@ macro_rules! metadata_store_impl {
                     return Ok(loaded.values.contains(value));
                 }
                 // Not loaded (or behind): read it from one snapshot, which is one version.
-                let mut tx = self.begin_snapshot().await?;
+                let mut tx = <$d as crate::Dialect>::begin_snapshot(&self.pool).await?;
                 let Some((set, version)) =
                     Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
                 else {
@@ -1099,7 +1099,7 @@ macro_rules! metadata_store_impl {
                     }
                 }
                 // Read without taking the slot: the store keeps no copy of a set nobody writes.
-                let mut tx = self.begin_snapshot().await?;
+                let mut tx = <$d as crate::Dialect>::begin_snapshot(&self.pool).await?;
                 let Some((set, _)) = Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
                 else {
                     return Ok(ValueSet::new());
