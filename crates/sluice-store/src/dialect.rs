@@ -23,6 +23,10 @@ pub type Row<D> = <<D as Dialect>::Db as Database>::Row;
 /// A connection of dialect `D`'s database (a transaction dereferences to one).
 pub type Conn<D> = <<D as Dialect>::Db as Database>::Connection;
 
+/// A statement of dialect `D`'s database, with its arguments.
+pub type Query<'q, D> =
+    sqlx::query::Query<'q, <D as Dialect>::Db, <<D as Dialect>::Db as Database>::Arguments<'q>>;
+
 /// The pool of dialect `D`'s database.
 pub type Pool<D> = sqlx::Pool<<D as Dialect>::Db>;
 

@@ -9,6 +9,9 @@
 //! Each migration runs in its own transaction that first claims its version row, so two
 //! processes starting together (a server and an admin command) apply it once.
 
+use crate::dialect::{Conn, Dialect, Row};
+use crate::{Result, Store, StoreError};
+
 /// The database a store runs on, to pick a migration's script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -116,3 +119,52 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\
     version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)";
+
+impl<D: Dialect> Store<D>
+where
+    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
+    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    &'static str: sqlx::ColumnIndex<Row<D>>,
+{
+    /// Applies every migration not applied yet.
+    ///
+    /// # Errors
+    /// The first migration that fails, by version and name.
+    pub async fn migrate(&self) -> Result<()> {
+        sqlx::query(crate::migrations::CREATE_TABLE).execute(&self.pool).await?;
+        for migration in crate::migrations::MIGRATIONS {
+            let (version, name) = (migration.version, migration.name);
+            let sql = migration.sql.for_backend(D::BACKEND);
+            let fail = |source| StoreError::Migration { version, name, source };
+            let mut tx = self.pool.begin().await.map_err(fail)?;
+            let claimed = sqlx::query(
+                "INSERT INTO sluice_schema_migrations (version, name, applied_at) \
+                 VALUES ($1, $2, $3) ON CONFLICT (version) DO NOTHING",
+            )
+            .bind(version)
+            .bind(name)
+            .bind(crate::store::now())
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)
+            .map(|done| D::rows_affected(&done))?;
+            if claimed == 1 {
+                sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;
+                tracing::info!(version, name, "applied migration");
+            }
+            tx.commit().await.map_err(fail)?;
+        }
+        Ok(())
+    }
+}

@@ -225,5 +225,4 @@ mod tests {
     }
 }
 
-crate::sql::metadata_store_impl!(PgStore, sqlx::Postgres, PgDialect);
 crate::prices::price_store_impl!(PgStore, sqlx::Postgres, PgDialect);

@@ -275,5 +275,4 @@ mod tests {
     }
 }
 
-crate::sql::metadata_store_impl!(SqliteStore, sqlx::Sqlite, SqliteDialect);
 crate::prices::price_store_impl!(SqliteStore, sqlx::Sqlite, SqliteDialect);

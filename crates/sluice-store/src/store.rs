@@ -35,3 +35,8 @@ impl<D: Dialect> std::fmt::Debug for Store<D> {
         f.debug_struct("Store").field("backend", &D::BACKEND).finish_non_exhaustive()
     }
 }
+
+/// The current time as stored (RFC 3339 text).
+pub(crate) fn now() -> String {
+    sluice_core::time::format(chrono::Utc::now())
+}
