@@ -145,6 +145,7 @@ where
     for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
     for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
     &'static str: sqlx::ColumnIndex<Row<D>>,
+    usize: sqlx::ColumnIndex<Row<D>>,
 {
     /// Locks pipeline `id` against other filter-value writers, updates and deletion
     /// until `tx` ends, and tells whether `uid` is one of its set filters. Writers that
@@ -319,6 +320,7 @@ where
     for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
     for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
     &'static str: sqlx::ColumnIndex<Row<D>>,
+    usize: sqlx::ColumnIndex<Row<D>>,
 {
     async fn filter_value_count(&self, pipeline_id: &str, transform_uid: &str) -> Result<u64> {
         let row = sqlx::query(

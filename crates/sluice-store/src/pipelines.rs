@@ -138,6 +138,7 @@ where
     for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
     for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
     &'static str: sqlx::ColumnIndex<Row<D>>,
+    usize: sqlx::ColumnIndex<Row<D>>,
 {
     fn pipeline_row(row: &Row<D>) -> Result<Pipeline> {
         PipelineRow {
@@ -194,6 +195,7 @@ where
     for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
     for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
     &'static str: sqlx::ColumnIndex<Row<D>>,
+    usize: sqlx::ColumnIndex<Row<D>>,
 {
     async fn insert_pipeline(
         &self,

@@ -224,5 +224,3 @@ mod tests {
         assert_eq!(out, b"a\\\\b\\nc\\rd\\te \xc3\xbc\"");
     }
 }
-
-crate::prices::price_store_impl!(PgStore, sqlx::Postgres, PgDialect);

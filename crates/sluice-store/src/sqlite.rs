@@ -274,5 +274,3 @@ mod tests {
         assert_eq!(super::json_array(&[]), "[]");
     }
 }
-
-crate::prices::price_store_impl!(SqliteStore, sqlx::Sqlite, SqliteDialect);
