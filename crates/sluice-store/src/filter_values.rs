@@ -78,7 +78,7 @@ pub trait FilterValueStore: Send + Sync + 'static {
     /// Makes the set of one transform exactly `values` (empty clears it), atomically: readers
     /// see the old set or the new one. Returns the number of values in the set after (0, and
     /// nothing changes, when `transform_uid` is not a set filter of a stored pipeline, as for
-    /// [`MetadataStore::add_filter_values`]). Values in both the old and the new set keep their
+    /// [`FilterValueStore::add_filter_values`]). Values in both the old and the new set keep their
     /// cursor position; new ones list after every value already there.
     ///
     /// # Errors

@@ -1,12 +1,23 @@
 //! `sluice-store` owns Sluice's durable metadata: identities and API keys, pipeline records,
-//! sharing, set-filter values, deployments and token price candles ([`prices`]), on SQLite (the embedded default, WAL) or
-//! PostgreSQL.
+//! sharing, set-filter values, deployments, datasets, deployment metrics and token price
+//! candles, on SQLite (the embedded default, WAL) or PostgreSQL.
 //!
-//! Start at [`MetadataStore`], the role every backend plays, and [`open`], which picks the
-//! backend from a URL. Both backends run the same SQL (written once in [`sql`]) where they
-//! can; what must differ (bulk filter-value statements, locking, a migration's DDL) lives in
-//! the backend's own module. `tests/it/conformance.rs` runs one suite against each. This
-//! crate must not depend on the runtime or the API.
+//! Where to start reading:
+//! - [`open`] picks the backend from a URL and gives one [`MetadataStore`]: every role, on
+//!   one pool. A process opens it once (the price service takes
+//!   [`MetadataStore::into_prices`] of the same store).
+//! - Each role is a trait in its own module, with its SQL written once for any backend:
+//!   [`IdentityStore`] (`identity.rs`), [`PipelineStore`] (`pipelines.rs`),
+//!   [`FilterValueStore`] (`filter_values.rs`, with its in-memory sets in `filter_sets.rs`),
+//!   [`DeploymentStore`] (`deployments.rs`), [`DatasetStore`] (`datasets.rs`),
+//!   [`MetricsStore`] (`metrics.rs`) and [`PriceStore`] (`prices.rs`, `prices/role.rs`,
+//!   `prices/ingest.rs`). All are implemented for [`Store<D>`](Store) (`store.rs`).
+//! - What a backend must supply is the [`Dialect`] trait; the two backends implement it in
+//!   `sqlite.rs` and `postgres.rs`, with their bulk statements in `datasets/` and `prices/`.
+//! - `migrations.rs` lists every schema change (SQL scripts, and data steps written in Rust).
+//!
+//! `tests/it/conformance.rs` runs one suite against each backend. This crate must not depend
+//! on the runtime or the API.
 
 mod datasets;
 mod deployments;

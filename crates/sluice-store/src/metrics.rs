@@ -2,7 +2,7 @@
 //! [`MetricSample`] per pipeline and minute, kept so the history survives restarts.
 //!
 //! [`MetricsStore`] is the role; [`MetadataStore`](crate::MetadataStore) includes it. Both
-//! backends run the same portable SQL ([`metrics_store_impl!`]). A minute may be stored in
+//! backends run the same portable SQL, written once for any [`Dialect`]. A minute may be stored in
 //! more than one row (the runtime flushes what it has when a deployment stops mid-minute);
 //! readers [`MetricSample::merge`] them.
 

@@ -3,7 +3,6 @@
 use std::str::FromStr;
 
 use sluice_core::prices::{Candle, CandleKey, Trade};
-
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// The PostgreSQL [`Dialect`](crate::Dialect).
@@ -40,10 +39,6 @@ impl crate::Dialect for PgDialect {
     const BACKEND: crate::migrations::Backend = crate::migrations::Backend::Postgres;
 
     const LOCK_DATASET: &str = crate::datasets::postgres::LOCK_DATASET;
-
-    fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
-        done.rows_affected()
-    }
 
     /// `json_agg` of text gives a JSON array of strings (`COALESCE` for an empty page).
     const JSON_AGG: &str = "COALESCE(json_agg(value), '[]')::text";
@@ -82,6 +77,10 @@ impl crate::Dialect for PgDialect {
 
     /// Candle rows without a packed point (the planner takes their partial index).
     const WITHOUT_POINT: &str = "price_candles p";
+
+    fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
+        done.rows_affected()
+    }
 
     /// A write transaction without JIT compilation. Bulk filter-value statements look
     /// expensive to the planner, which then JIT-compiles each 50,000-value chunk with

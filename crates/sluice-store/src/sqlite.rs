@@ -1,10 +1,9 @@
 //! The embedded default: one SQLite file in WAL mode.
 
 use std::str::FromStr;
-
-use sluice_core::prices::{Candle, CandleKey, Trade};
 use std::time::Duration;
 
+use sluice_core::prices::{Candle, CandleKey, Trade};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 /// The SQLite [`Dialect`](crate::Dialect).
@@ -85,10 +84,6 @@ impl crate::Dialect for SqliteDialect {
 
     const LOCK_DATASET: &str = crate::datasets::sqlite::LOCK_DATASET;
 
-    fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
-        done.rows_affected()
-    }
-
     const JSON_AGG: &str = "json_group_array(value)";
 
     /// SQLite reads `WHERE set_id = ? AND seq > ? ORDER BY seq` along the key by itself.
@@ -119,6 +114,10 @@ impl crate::Dialect for SqliteDialect {
     /// Candle rows without a packed point, through their (partial) index: SQLite's planner
     /// would otherwise scan the series' rows of the primary key a second time.
     const WITHOUT_POINT: &str = "price_candles p INDEXED BY price_candles_without_point";
+
+    fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
+        done.rows_affected()
+    }
 
     /// A transaction that takes the write lock at once. A deferred transaction that reads
     /// first and writes later fails (it is not retried after `busy_timeout`) when another
