@@ -1,12 +1,12 @@
 //! The deployment role ([`DeploymentStore`]): which pipelines are deployed, as what.
 
 use async_trait::async_trait;
+use sluice_core::deployment::{DeploymentRecord, DeploymentState};
+use sluice_core::time;
 use sqlx::Row as _;
 
 use crate::dialect::{Conn, Dialect, Row};
 use crate::{Result, Store, StoreError};
-use sluice_core::deployment::{DeploymentRecord, DeploymentState};
-use sluice_core::time;
 
 /// A `deployments` row as stored.
 pub(crate) struct DeploymentRow {

@@ -1,13 +1,16 @@
 //! What differs between the databases, as one trait: [`Dialect`].
 //!
-//! Every role module ([`crate::metrics`], [`crate::datasets`], [`crate::prices`], and the
-//! metadata roles in `identity`, `pipelines`, `filter_values` and `deployments`) writes its
-//! SQL once, for any `D: Dialect`, against [`Store<D>`](crate::Store). A backend is a type
-//! implementing [`Dialect`] in its own module (`sqlite.rs`, `postgres.rs`).
+//! Every role module (`identity`, `pipelines`, `filter_values`, `deployments`, `metrics`,
+//! `datasets`, `prices`) writes its SQL once, for any `D: Dialect`, against
+//! [`Store<D>`](crate::Store). A backend is a type implementing [`Dialect`] in its own module
+//! (`sqlite.rs`, `postgres.rs`); nothing else in the crate names a database.
 //!
-//! sqlx cannot promise that every database encodes `i64` or reads `&str`, so each generic
-//! impl block repeats the same `where` clause naming the column types it uses (see the one on
-//! [`crate::metrics`]'s impl); both backends satisfy it.
+//! sqlx is generic over the database, but it cannot promise that every database encodes an
+//! `i64` or reads a `&str`, and Rust does not carry a trait's `where` clauses to the code
+//! that uses it. So each generic impl block repeats one `where` clause naming the column
+//! types the role code binds and reads (the same text everywhere: copy it from any role
+//! module, and add a type to every copy when a role needs a new one). Both backends satisfy
+//! it; a new backend that does not is told so by the compiler at its `Store<…>` type.
 
 use std::future::Future;
 

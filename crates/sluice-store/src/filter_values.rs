@@ -2,13 +2,12 @@
 //! pipeline. `filter_sets.rs` holds the in-memory copies that decide membership.
 
 use async_trait::async_trait;
+use sluice_filter::ValueSet;
 use sqlx::Row as _;
 
 use crate::dialect::{Conn, Dialect, Row};
-use crate::{Result, Store, StoreError};
-use sluice_filter::ValueSet;
-
 use crate::filter_sets::Slot;
+use crate::{Result, Store, StoreError};
 
 /// One page of a set filter's values, in the order they were added.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,13 +1,12 @@
 //! The identity role ([`IdentityStore`]): organizations, teams, users and API keys.
 
 use async_trait::async_trait;
+use sluice_core::identity::{Org, OrgFlags, Principal, Team, User};
 use sqlx::Row as _;
 
 use crate::dialect::{Conn, Dialect, Row};
-use crate::{Result, Store};
-use sluice_core::identity::{Org, OrgFlags, Principal, Team, User};
-
 use crate::store::now;
+use crate::{Result, Store};
 
 /// A new API key, already hashed.
 #[derive(Debug, Clone)]

@@ -1,17 +1,16 @@
 //! The pipeline role ([`PipelineStore`]): pipeline records and who may read or edit them.
 
 use async_trait::async_trait;
-use sqlx::Row as _;
-
-use crate::dialect::{Conn, Dialect, Row};
-use crate::{Result, Store, StoreError};
 use sluice_core::identity::Principal;
 use sluice_core::permission::{Access, Grants, UserRole};
 use sluice_core::pipeline::{DeliveryGuarantee, Pipeline, PipelineConfig, PodSize};
 use sluice_core::time;
+use sqlx::Row as _;
 
 use crate::dialect::Query;
+use crate::dialect::{Conn, Dialect, Row};
 use crate::filter_values::sorted_unique;
+use crate::{Result, Store, StoreError};
 
 pub(crate) const PIPELINE_COLUMNS: &str = "p.id, p.organization_id, p.owner_user_id, p.name, \
     p.description, p.tags, p.static_egress_ip, p.pod_size, p.delivery_guarantee, \
