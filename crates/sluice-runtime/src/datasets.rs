@@ -244,7 +244,7 @@ impl DatasetListener for DatasetIndex {
 
 #[cfg(test)]
 mod tests {
-    use sluice_store::{DatasetStore as _, MetadataStore as _};
+    use sluice_store::{DatasetStore as _, IdentityStore as _};
 
     use super::*;
 

@@ -3,21 +3,24 @@
 //!
 //! [`DatasetStore`] is the role; [`MetadataStore`](crate::MetadataStore) includes it, so
 //! whoever holds the store reaches datasets too. Both backends run the SQL written once in
-//! [`dataset_store_impl!`]; the bulk entry statements and the write lock differ per database
+//! the generic code below; the bulk entry statements and the write lock differ per database
 //! and live in [`sqlite`] and [`postgres`] below.
 //!
 //! Every method takes the owner's user id and finds a dataset only among that user's: another
 //! user's dataset is indistinguishable from a missing one. Values are stored as given (the
 //! API normalises them); entries list in ascending bytewise order on both backends.
 
-mod postgres;
-mod sqlite;
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sluice_core::datasets::Dataset;
+use sqlx::Row as _;
 
-use crate::{Result, StoreError};
+use crate::dialect::{Conn, Dialect, Row};
+use crate::filter_values::sorted_unique;
+use crate::{Result, Store, StoreError};
 
 /// What an entry change did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,310 +187,308 @@ impl DatasetRow {
     }
 }
 
-/// Implements [`DatasetStore`] for a store type with a `pool: sqlx::Pool<$db>` field.
-///
-/// `$backend` is the module with what differs between the databases:
-/// `begin_write(&pool)` (a transaction that will write), `LOCK_DATASET` (selects
-/// [`DATASET_COLUMNS`] of dataset `$1` owned by `$2` and holds off its other writers until
-/// commit), and the bulk statements `insert_entries(tx, seq, values, size)` (`size`: entries
-/// in the dataset now) and `delete_entries(tx, seq, values)`, given sorted, unique values while
-/// the lock is held; each returns the rows changed.
-macro_rules! dataset_store_impl {
-    ($store:ty, $db:ty, $backend:ident) => {
-        const _: () = {
-            use crate::datasets::$backend as backend;
-            use chrono::{DateTime, Utc};
-            use sluice_core::datasets::Dataset;
-            use sqlx::Row as _;
-
-            use crate::datasets::{
-                DATASET_COLUMNS, DatasetRow, DatasetStore, EntriesChange, EntryPage,
-            };
-            use crate::sql::sorted_unique;
-            use crate::Result;
-
-            type DbRow = <$db as sqlx::Database>::Row;
-
-            fn dataset_row(row: &DbRow) -> Result<Dataset> {
-                DatasetRow {
-                    seq: row.try_get("seq")?,
-                    id: row.try_get("id")?,
-                    owner_user_id: row.try_get("owner_user_id")?,
-                    name: row.try_get("name")?,
-                    entry_count: row.try_get("entry_count")?,
-                    version: row.try_get("version")?,
-                    created_at: row.try_get("created_at")?,
-                    updated_at: row.try_get("updated_at")?,
-                }
-                .into_dataset()
-            }
-
-            impl $store {
-                /// The owner's dataset `id`, locked against its other writers until `tx` ends.
-                async fn lock_dataset(
-                    tx: &mut sqlx::Transaction<'_, $db>,
-                    owner_user_id: &str,
-                    id: &str,
-                ) -> Result<Option<Dataset>> {
-                    let row = sqlx::query(backend::LOCK_DATASET)
-                        .bind(id)
-                        .bind(owner_user_id)
-                        .fetch_optional(&mut **tx)
-                        .await?;
-                    row.as_ref().map(dataset_row).transpose()
-                }
-
-                /// Stores the effect of an entry change on the dataset row: the new count, the
-                /// next version, and `updated_at` when an entry came or went.
-                async fn record_change(
-                    tx: &mut sqlx::Transaction<'_, $db>,
-                    dataset: &Dataset,
-                    entry_count: u64,
-                    at: DateTime<Utc>,
-                ) -> Result<u64> {
-                    let version = dataset.version + 1;
-                    let updated_at = if entry_count == dataset.entry_count {
-                        dataset.updated_at
-                    } else {
-                        at
-                    };
-                    sqlx::query(
-                        "UPDATE datasets SET entry_count = $2, version = $3, updated_at = $4 \
-                         WHERE seq = $1",
-                    )
-                    .bind(dataset.seq)
-                    .bind(entry_count as i64)
-                    .bind(version as i64)
-                    .bind(sluice_core::time::format(updated_at))
-                    .execute(&mut **tx)
-                    .await?;
-                    Ok(version)
-                }
-            }
-
-            #[async_trait::async_trait]
-            impl DatasetStore for $store {
-                async fn create_dataset(
-                    &self,
-                    owner_user_id: &str,
-                    name: &str,
-                    at: DateTime<Utc>,
-                ) -> Result<Option<Dataset>> {
-                    let id = sluice_core::ids::new_id();
-                    let at = sluice_core::time::format(at);
-                    let mut tx = self.pool.begin().await?;
-                    let created = sqlx::query(
-                        "INSERT INTO datasets (id, owner_user_id, name, entry_count, version, \
-                         created_at, updated_at) VALUES ($1, $2, $3, 0, 0, $4, $4) \
-                         ON CONFLICT (owner_user_id, name) DO NOTHING",
-                    )
-                    .bind(&id)
-                    .bind(owner_user_id)
-                    .bind(name)
-                    .bind(&at)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                    if created == 0 {
-                        return Ok(None);
-                    }
-                    let row = sqlx::query(&format!(
-                        "SELECT {DATASET_COLUMNS} FROM datasets WHERE id = $1"
-                    ))
-                    .bind(&id)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                    let dataset = dataset_row(&row)?;
-                    tx.commit().await?;
-                    Ok(Some(dataset))
-                }
-
-                async fn list_datasets(
-                    &self,
-                    owner_user_id: &str,
-                    names: &[String],
-                ) -> Result<Vec<Dataset>> {
-                    // A user has few datasets: filtering by name here keeps the SQL portable.
-                    let rows = sqlx::query(&format!(
-                        "SELECT {DATASET_COLUMNS} FROM datasets WHERE owner_user_id = $1 ORDER BY seq"
-                    ))
-                    .bind(owner_user_id)
-                    .fetch_all(&self.pool)
-                    .await?;
-                    let mut datasets = Vec::with_capacity(rows.len());
-                    for row in &rows {
-                        let dataset = dataset_row(row)?;
-                        if names.is_empty() || names.contains(&dataset.name) {
-                            datasets.push(dataset);
-                        }
-                    }
-                    Ok(datasets)
-                }
-
-                async fn dataset(&self, owner_user_id: &str, id: &str) -> Result<Option<Dataset>> {
-                    let row = sqlx::query(&format!(
-                        "SELECT {DATASET_COLUMNS} FROM datasets WHERE id = $1 AND owner_user_id = $2"
-                    ))
-                    .bind(id)
-                    .bind(owner_user_id)
-                    .fetch_optional(&self.pool)
-                    .await?;
-                    row.as_ref().map(dataset_row).transpose()
-                }
-
-                async fn dataset_by_name(
-                    &self,
-                    owner_user_id: &str,
-                    name: &str,
-                ) -> Result<Option<Dataset>> {
-                    let row = sqlx::query(&format!(
-                        "SELECT {DATASET_COLUMNS} FROM datasets WHERE owner_user_id = $1 AND name = $2"
-                    ))
-                    .bind(owner_user_id)
-                    .bind(name)
-                    .fetch_optional(&self.pool)
-                    .await?;
-                    row.as_ref().map(dataset_row).transpose()
-                }
-
-                async fn delete_dataset(
-                    &self,
-                    owner_user_id: &str,
-                    id: &str,
-                ) -> Result<Option<Dataset>> {
-                    let mut tx = backend::begin_write(&self.pool).await?;
-                    let Some(dataset) = Self::lock_dataset(&mut tx, owner_user_id, id).await? else {
-                        return Ok(None);
-                    };
-                    sqlx::query("DELETE FROM dataset_entries WHERE dataset_seq = $1")
-                        .bind(dataset.seq)
-                        .execute(&mut *tx)
-                        .await?;
-                    sqlx::query("DELETE FROM datasets WHERE seq = $1")
-                        .bind(dataset.seq)
-                        .execute(&mut *tx)
-                        .await?;
-                    tx.commit().await?;
-                    Ok(Some(dataset))
-                }
-
-                async fn add_dataset_entries(
-                    &self,
-                    owner_user_id: &str,
-                    id: &str,
-                    values: &[String],
-                    at: DateTime<Utc>,
-                ) -> Result<Option<EntriesChange>> {
-                    let values = sorted_unique(values);
-                    let mut tx = backend::begin_write(&self.pool).await?;
-                    let Some(dataset) = Self::lock_dataset(&mut tx, owner_user_id, id).await? else {
-                        return Ok(None);
-                    };
-                    let added =
-                        backend::insert_entries(&mut tx, dataset.seq, &values, dataset.entry_count)
-                            .await?;
-                    let version =
-                        Self::record_change(&mut tx, &dataset, dataset.entry_count + added, at)
-                            .await?;
-                    tx.commit().await?;
-                    Ok(Some(EntriesChange { count: added, version }))
-                }
-
-                async fn remove_dataset_entries(
-                    &self,
-                    owner_user_id: &str,
-                    id: &str,
-                    values: &[String],
-                    at: DateTime<Utc>,
-                ) -> Result<Option<EntriesChange>> {
-                    let values = sorted_unique(values);
-                    let mut tx = backend::begin_write(&self.pool).await?;
-                    let Some(dataset) = Self::lock_dataset(&mut tx, owner_user_id, id).await? else {
-                        return Ok(None);
-                    };
-                    let removed = backend::delete_entries(&mut tx, dataset.seq, &values).await?;
-                    let left = dataset.entry_count.saturating_sub(removed);
-                    let version = Self::record_change(&mut tx, &dataset, left, at).await?;
-                    tx.commit().await?;
-                    Ok(Some(EntriesChange { count: removed, version }))
-                }
-
-                async fn list_dataset_entries(
-                    &self,
-                    owner_user_id: &str,
-                    id: &str,
-                    after: Option<&str>,
-                    limit: u32,
-                ) -> Result<Option<EntryPage>> {
-                    let Some(dataset) = self.dataset(owner_user_id, id).await? else {
-                        return Ok(None);
-                    };
-                    let limit = limit.max(1);
-                    // One row more than asked tells whether another page follows.
-                    let rows = match after {
-                        Some(after) => {
-                            sqlx::query(
-                                "SELECT value FROM dataset_entries WHERE dataset_seq = $1 \
-                                 AND value > $2 ORDER BY value LIMIT $3",
-                            )
-                            .bind(dataset.seq)
-                            .bind(after)
-                            .bind(i64::from(limit) + 1)
-                            .fetch_all(&self.pool)
-                            .await?
-                        }
-                        None => {
-                            sqlx::query(
-                                "SELECT value FROM dataset_entries WHERE dataset_seq = $1 \
-                                 ORDER BY value LIMIT $2",
-                            )
-                            .bind(dataset.seq)
-                            .bind(i64::from(limit) + 1)
-                            .fetch_all(&self.pool)
-                            .await?
-                        }
-                    };
-                    let more = rows.len() > limit as usize;
-                    let values: Vec<String> = rows
-                        .iter()
-                        .take(limit as usize)
-                        .map(|row| row.try_get("value"))
-                        .collect::<Result<_, _>>()?;
-                    let next = if more { values.last().cloned() } else { None };
-                    Ok(Some(EntryPage { values, next, total_count: dataset.entry_count }))
-                }
-
-                async fn has_dataset_entry(
-                    &self,
-                    owner_user_id: &str,
-                    id: &str,
-                    value: &str,
-                ) -> Result<Option<bool>> {
-                    let row = sqlx::query(
-                        "SELECT (SELECT COUNT(*) FROM dataset_entries e \
-                         WHERE e.dataset_seq = d.seq AND e.value = $3) AS hits \
-                         FROM datasets d WHERE d.id = $1 AND d.owner_user_id = $2",
-                    )
-                    .bind(id)
-                    .bind(owner_user_id)
-                    .bind(value)
-                    .fetch_optional(&self.pool)
-                    .await?;
-                    row.map(|row| Ok(row.try_get::<i64, _>("hits")? > 0)).transpose()
-                }
-
-                async fn all_datasets(&self) -> Result<Vec<Dataset>> {
-                    let rows = sqlx::query(&format!(
-                        "SELECT {DATASET_COLUMNS} FROM datasets ORDER BY seq"
-                    ))
-                    .fetch_all(&self.pool)
-                    .await?;
-                    rows.iter().map(dataset_row).collect()
-                }
-            }
-        };
-    };
+fn dataset_row<D: Dialect>(row: &Row<D>) -> Result<Dataset>
+where
+    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
+    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    &'static str: sqlx::ColumnIndex<Row<D>>,
+    usize: sqlx::ColumnIndex<Row<D>>,
+{
+    DatasetRow {
+        seq: row.try_get("seq")?,
+        id: row.try_get("id")?,
+        owner_user_id: row.try_get("owner_user_id")?,
+        name: row.try_get("name")?,
+        entry_count: row.try_get("entry_count")?,
+        version: row.try_get("version")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    }
+    .into_dataset()
 }
 
-dataset_store_impl!(crate::SqliteStore, sqlx::Sqlite, sqlite);
-dataset_store_impl!(crate::PgStore, sqlx::Postgres, postgres);
+impl<D: Dialect> Store<D>
+where
+    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
+    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    &'static str: sqlx::ColumnIndex<Row<D>>,
+    usize: sqlx::ColumnIndex<Row<D>>,
+{
+    /// The owner's dataset `id`, locked against its other writers until `tx` ends.
+    async fn lock_dataset(
+        tx: &mut sqlx::Transaction<'_, D::Db>,
+        owner_user_id: &str,
+        id: &str,
+    ) -> Result<Option<Dataset>> {
+        let row = sqlx::query(D::LOCK_DATASET)
+            .bind(id)
+            .bind(owner_user_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+        row.as_ref().map(dataset_row::<D>).transpose()
+    }
+
+    /// Stores the effect of an entry change on the dataset row: the new count, the
+    /// next version, and `updated_at` when an entry came or went.
+    async fn record_change(
+        tx: &mut sqlx::Transaction<'_, D::Db>,
+        dataset: &Dataset,
+        entry_count: u64,
+        at: DateTime<Utc>,
+    ) -> Result<u64> {
+        let version = dataset.version + 1;
+        let updated_at = if entry_count == dataset.entry_count { dataset.updated_at } else { at };
+        sqlx::query(
+            "UPDATE datasets SET entry_count = $2, version = $3, updated_at = $4 \
+             WHERE seq = $1",
+        )
+        .bind(dataset.seq)
+        .bind(entry_count as i64)
+        .bind(version as i64)
+        .bind(sluice_core::time::format(updated_at))
+        .execute(&mut **tx)
+        .await?;
+        Ok(version)
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> DatasetStore for Store<D>
+where
+    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
+    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    &'static str: sqlx::ColumnIndex<Row<D>>,
+    usize: sqlx::ColumnIndex<Row<D>>,
+{
+    async fn create_dataset(
+        &self,
+        owner_user_id: &str,
+        name: &str,
+        at: DateTime<Utc>,
+    ) -> Result<Option<Dataset>> {
+        let id = sluice_core::ids::new_id();
+        let at = sluice_core::time::format(at);
+        let mut tx = self.pool.begin().await?;
+        let created = sqlx::query(
+            "INSERT INTO datasets (id, owner_user_id, name, entry_count, version, \
+             created_at, updated_at) VALUES ($1, $2, $3, 0, 0, $4, $4) \
+             ON CONFLICT (owner_user_id, name) DO NOTHING",
+        )
+        .bind(&id)
+        .bind(owner_user_id)
+        .bind(name)
+        .bind(&at)
+        .execute(&mut *tx)
+        .await
+        .map(|done| D::rows_affected(&done))?;
+        if created == 0 {
+            return Ok(None);
+        }
+        let row = sqlx::query(&format!("SELECT {DATASET_COLUMNS} FROM datasets WHERE id = $1"))
+            .bind(&id)
+            .fetch_one(&mut *tx)
+            .await?;
+        let dataset = dataset_row::<D>(&row)?;
+        tx.commit().await?;
+        Ok(Some(dataset))
+    }
+
+    async fn list_datasets(&self, owner_user_id: &str, names: &[String]) -> Result<Vec<Dataset>> {
+        // A user has few datasets: filtering by name here keeps the SQL portable.
+        let rows = sqlx::query(&format!(
+            "SELECT {DATASET_COLUMNS} FROM datasets WHERE owner_user_id = $1 ORDER BY seq"
+        ))
+        .bind(owner_user_id)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut datasets = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let dataset = dataset_row::<D>(row)?;
+            if names.is_empty() || names.contains(&dataset.name) {
+                datasets.push(dataset);
+            }
+        }
+        Ok(datasets)
+    }
+
+    async fn dataset(&self, owner_user_id: &str, id: &str) -> Result<Option<Dataset>> {
+        let row = sqlx::query(&format!(
+            "SELECT {DATASET_COLUMNS} FROM datasets WHERE id = $1 AND owner_user_id = $2"
+        ))
+        .bind(id)
+        .bind(owner_user_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(dataset_row::<D>).transpose()
+    }
+
+    async fn dataset_by_name(&self, owner_user_id: &str, name: &str) -> Result<Option<Dataset>> {
+        let row = sqlx::query(&format!(
+            "SELECT {DATASET_COLUMNS} FROM datasets WHERE owner_user_id = $1 AND name = $2"
+        ))
+        .bind(owner_user_id)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(dataset_row::<D>).transpose()
+    }
+
+    async fn delete_dataset(&self, owner_user_id: &str, id: &str) -> Result<Option<Dataset>> {
+        let mut tx = D::begin_write(&self.pool).await?;
+        let Some(dataset) = Self::lock_dataset(&mut tx, owner_user_id, id).await? else {
+            return Ok(None);
+        };
+        sqlx::query("DELETE FROM dataset_entries WHERE dataset_seq = $1")
+            .bind(dataset.seq)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM datasets WHERE seq = $1")
+            .bind(dataset.seq)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(dataset))
+    }
+
+    async fn add_dataset_entries(
+        &self,
+        owner_user_id: &str,
+        id: &str,
+        values: &[String],
+        at: DateTime<Utc>,
+    ) -> Result<Option<EntriesChange>> {
+        let values = sorted_unique(values);
+        let mut tx = D::begin_write(&self.pool).await?;
+        let Some(dataset) = Self::lock_dataset(&mut tx, owner_user_id, id).await? else {
+            return Ok(None);
+        };
+        let added = D::insert_entries(&mut tx, dataset.seq, &values, dataset.entry_count).await?;
+        let version =
+            Self::record_change(&mut tx, &dataset, dataset.entry_count + added, at).await?;
+        tx.commit().await?;
+        Ok(Some(EntriesChange { count: added, version }))
+    }
+
+    async fn remove_dataset_entries(
+        &self,
+        owner_user_id: &str,
+        id: &str,
+        values: &[String],
+        at: DateTime<Utc>,
+    ) -> Result<Option<EntriesChange>> {
+        let values = sorted_unique(values);
+        let mut tx = D::begin_write(&self.pool).await?;
+        let Some(dataset) = Self::lock_dataset(&mut tx, owner_user_id, id).await? else {
+            return Ok(None);
+        };
+        let removed = D::delete_entries(&mut tx, dataset.seq, &values).await?;
+        let left = dataset.entry_count.saturating_sub(removed);
+        let version = Self::record_change(&mut tx, &dataset, left, at).await?;
+        tx.commit().await?;
+        Ok(Some(EntriesChange { count: removed, version }))
+    }
+
+    async fn list_dataset_entries(
+        &self,
+        owner_user_id: &str,
+        id: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Option<EntryPage>> {
+        let Some(dataset) = self.dataset(owner_user_id, id).await? else {
+            return Ok(None);
+        };
+        let limit = limit.max(1);
+        // One row more than asked tells whether another page follows.
+        let rows = match after {
+            Some(after) => {
+                sqlx::query(
+                    "SELECT value FROM dataset_entries WHERE dataset_seq = $1 \
+                     AND value > $2 ORDER BY value LIMIT $3",
+                )
+                .bind(dataset.seq)
+                .bind(after)
+                .bind(i64::from(limit) + 1)
+                .fetch_all(&self.pool)
+                .await?
+            }
+            None => {
+                sqlx::query(
+                    "SELECT value FROM dataset_entries WHERE dataset_seq = $1 \
+                     ORDER BY value LIMIT $2",
+                )
+                .bind(dataset.seq)
+                .bind(i64::from(limit) + 1)
+                .fetch_all(&self.pool)
+                .await?
+            }
+        };
+        let more = rows.len() > limit as usize;
+        let values: Vec<String> = rows
+            .iter()
+            .take(limit as usize)
+            .map(|row| row.try_get("value"))
+            .collect::<Result<_, _>>()?;
+        let next = if more { values.last().cloned() } else { None };
+        Ok(Some(EntryPage { values, next, total_count: dataset.entry_count }))
+    }
+
+    async fn has_dataset_entry(
+        &self,
+        owner_user_id: &str,
+        id: &str,
+        value: &str,
+    ) -> Result<Option<bool>> {
+        let row = sqlx::query(
+            "SELECT (SELECT COUNT(*) FROM dataset_entries e \
+             WHERE e.dataset_seq = d.seq AND e.value = $3) AS hits \
+             FROM datasets d WHERE d.id = $1 AND d.owner_user_id = $2",
+        )
+        .bind(id)
+        .bind(owner_user_id)
+        .bind(value)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| Ok(row.try_get::<i64, _>("hits")? > 0)).transpose()
+    }
+
+    async fn all_datasets(&self) -> Result<Vec<Dataset>> {
+        let rows = sqlx::query(&format!("SELECT {DATASET_COLUMNS} FROM datasets ORDER BY seq"))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(dataset_row::<D>).collect()
+    }
+}

@@ -2,14 +2,17 @@
 //! [`MetricSample`] per pipeline and minute, kept so the history survives restarts.
 //!
 //! [`MetricsStore`] is the role; [`MetadataStore`](crate::MetadataStore) includes it. Both
-//! backends run the same portable SQL ([`metrics_store_impl!`]). A minute may be stored in
+//! backends run the same portable SQL, written once for any [`Dialect`]. A minute may be stored in
 //! more than one row (the runtime flushes what it has when a deployment stops mid-minute);
 //! readers [`MetricSample::merge`] them.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use crate::{Result, StoreError};
+use sqlx::Row as _;
+
+use crate::dialect::{Conn, Dialect, Row};
+use crate::{Result, Store, StoreError};
 
 /// Upper bounds (inclusive, milliseconds) of the latency histogram buckets; one more bucket
 /// counts everything above the last bound.
@@ -202,120 +205,126 @@ fn to_u64(what: &'static str, n: i64) -> Result<u64> {
     u64::try_from(n).map_err(|_| StoreError::Corrupt { what, detail: n.to_string() })
 }
 
-/// The [`MetricsStore`] of a backend; `$db` is its sqlx database.
-macro_rules! metrics_store_impl {
-    ($store:ty, $db:ty) => {
-        const _: () = {
-            use sqlx::Row as _;
-
-            type DbRow = <$db as sqlx::Database>::Row;
-
-            fn sample_row(row: &DbRow) -> Result<(i64, MetricSample)> {
-                let total: String = row.try_get("total_latency")?;
-                let processing: String = row.try_get("processing_latency")?;
-                Ok((
-                    row.try_get("minute_ms")?,
-                    MetricSample {
-                        received: to_u64("received", row.try_get("received")?)?,
-                        sent: to_u64("sent", row.try_get("sent")?)?,
-                        processor_errors: to_u64(
-                            "processor_errors",
-                            row.try_get("processor_errors")?,
-                        )?,
-                        output_errors: to_u64("output_errors", row.try_get("output_errors")?)?,
-                        sink_writes: to_u64("sink_writes", row.try_get("sink_writes")?)?,
-                        total_latency: Histogram::from_json(&total)?,
-                        processing_latency: Histogram::from_json(&processing)?,
-                        data_age_ms: row.try_get("data_age_ms")?,
-                        data_age_at_ms: row.try_get("data_age_at_ms")?,
-                    },
-                ))
-            }
-
-            #[async_trait]
-            impl MetricsStore for $store {
-                async fn append_metric_samples(
-                    &self,
-                    pipeline_id: &str,
-                    samples: &[(i64, MetricSample)],
-                ) -> Result<()> {
-                    let mut tx = self.pool.begin().await?;
-                    for (minute_ms, sample) in samples {
-                        sqlx::query(
-                            "INSERT INTO metric_samples (pipeline_id, minute_ms, received, sent, \
-                             processor_errors, output_errors, sink_writes, total_latency, \
-                             processing_latency, data_age_ms, data_age_at_ms) \
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                        )
-                        .bind(pipeline_id)
-                        .bind(*minute_ms)
-                        .bind(to_i64(sample.received))
-                        .bind(to_i64(sample.sent))
-                        .bind(to_i64(sample.processor_errors))
-                        .bind(to_i64(sample.output_errors))
-                        .bind(to_i64(sample.sink_writes))
-                        .bind(sample.total_latency.to_json())
-                        .bind(sample.processing_latency.to_json())
-                        .bind(sample.data_age_ms)
-                        .bind(sample.data_age_at_ms)
-                        .execute(&mut *tx)
-                        .await?;
-                    }
-                    tx.commit().await?;
-                    Ok(())
-                }
-
-                async fn metric_samples(
-                    &self,
-                    pipeline_id: &str,
-                    from_ms: i64,
-                    until_ms: i64,
-                ) -> Result<Vec<(i64, MetricSample)>> {
-                    let rows = sqlx::query(
-                        "SELECT minute_ms, received, sent, processor_errors, output_errors, \
-                         sink_writes, total_latency, processing_latency, data_age_ms, \
-                         data_age_at_ms FROM metric_samples \
-                         WHERE pipeline_id = $1 AND minute_ms >= $2 AND minute_ms < $3 \
-                         ORDER BY minute_ms",
-                    )
-                    .bind(pipeline_id)
-                    .bind(from_ms)
-                    .bind(until_ms)
-                    .fetch_all(&self.pool)
-                    .await?;
-                    let mut out: Vec<(i64, MetricSample)> = Vec::new();
-                    for row in &rows {
-                        let (minute, sample) = sample_row(row)?;
-                        match out.last_mut() {
-                            Some((last, merged)) if *last == minute => merged.merge(&sample),
-                            _ => out.push((minute, sample)),
-                        }
-                    }
-                    Ok(out)
-                }
-
-                async fn delete_metric_samples_before(&self, before_ms: i64) -> Result<u64> {
-                    Ok(sqlx::query("DELETE FROM metric_samples WHERE minute_ms < $1")
-                        .bind(before_ms)
-                        .execute(&self.pool)
-                        .await?
-                        .rows_affected())
-                }
-
-                async fn delete_pipeline_metrics(&self, pipeline_id: &str) -> Result<u64> {
-                    Ok(sqlx::query("DELETE FROM metric_samples WHERE pipeline_id = $1")
-                        .bind(pipeline_id)
-                        .execute(&self.pool)
-                        .await?
-                        .rows_affected())
-                }
-            }
-        };
-    };
+fn sample_row<D: Dialect>(row: &Row<D>) -> Result<(i64, MetricSample)>
+where
+    for<'r> i64: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+    for<'r> Option<i64>: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+    for<'r> String: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+    &'static str: sqlx::ColumnIndex<Row<D>>,
+{
+    let total: String = row.try_get("total_latency")?;
+    let processing: String = row.try_get("processing_latency")?;
+    Ok((
+        row.try_get("minute_ms")?,
+        MetricSample {
+            received: to_u64("received", row.try_get("received")?)?,
+            sent: to_u64("sent", row.try_get("sent")?)?,
+            processor_errors: to_u64("processor_errors", row.try_get("processor_errors")?)?,
+            output_errors: to_u64("output_errors", row.try_get("output_errors")?)?,
+            sink_writes: to_u64("sink_writes", row.try_get("sink_writes")?)?,
+            total_latency: Histogram::from_json(&total)?,
+            processing_latency: Histogram::from_json(&processing)?,
+            data_age_ms: row.try_get("data_age_ms")?,
+            data_age_at_ms: row.try_get("data_age_at_ms")?,
+        },
+    ))
 }
 
-metrics_store_impl!(crate::SqliteStore, sqlx::Sqlite);
-metrics_store_impl!(crate::PgStore, sqlx::Postgres);
+#[async_trait]
+impl<D: Dialect> MetricsStore for Store<D>
+where
+    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
+    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    &'static str: sqlx::ColumnIndex<Row<D>>,
+    usize: sqlx::ColumnIndex<Row<D>>,
+{
+    async fn append_metric_samples(
+        &self,
+        pipeline_id: &str,
+        samples: &[(i64, MetricSample)],
+    ) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        for (minute_ms, sample) in samples {
+            sqlx::query(
+                "INSERT INTO metric_samples (pipeline_id, minute_ms, received, sent, \
+                 processor_errors, output_errors, sink_writes, total_latency, \
+                 processing_latency, data_age_ms, data_age_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            )
+            .bind(pipeline_id)
+            .bind(*minute_ms)
+            .bind(to_i64(sample.received))
+            .bind(to_i64(sample.sent))
+            .bind(to_i64(sample.processor_errors))
+            .bind(to_i64(sample.output_errors))
+            .bind(to_i64(sample.sink_writes))
+            .bind(sample.total_latency.to_json())
+            .bind(sample.processing_latency.to_json())
+            .bind(sample.data_age_ms)
+            .bind(sample.data_age_at_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn metric_samples(
+        &self,
+        pipeline_id: &str,
+        from_ms: i64,
+        until_ms: i64,
+    ) -> Result<Vec<(i64, MetricSample)>> {
+        let rows = sqlx::query(
+            "SELECT minute_ms, received, sent, processor_errors, output_errors, \
+             sink_writes, total_latency, processing_latency, data_age_ms, \
+             data_age_at_ms FROM metric_samples \
+             WHERE pipeline_id = $1 AND minute_ms >= $2 AND minute_ms < $3 \
+             ORDER BY minute_ms",
+        )
+        .bind(pipeline_id)
+        .bind(from_ms)
+        .bind(until_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out: Vec<(i64, MetricSample)> = Vec::new();
+        for row in &rows {
+            let (minute, sample) = sample_row::<D>(row)?;
+            match out.last_mut() {
+                Some((last, merged)) if *last == minute => merged.merge(&sample),
+                _ => out.push((minute, sample)),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn delete_metric_samples_before(&self, before_ms: i64) -> Result<u64> {
+        Ok(sqlx::query("DELETE FROM metric_samples WHERE minute_ms < $1")
+            .bind(before_ms)
+            .execute(&self.pool)
+            .await
+            .map(|done| D::rows_affected(&done))?)
+    }
+
+    async fn delete_pipeline_metrics(&self, pipeline_id: &str) -> Result<u64> {
+        Ok(sqlx::query("DELETE FROM metric_samples WHERE pipeline_id = $1")
+            .bind(pipeline_id)
+            .execute(&self.pool)
+            .await
+            .map(|done| D::rows_affected(&done))?)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -9,9 +9,12 @@
 //! Each migration runs in its own transaction that first claims its version row, so two
 //! processes starting together (a server and an admin command) apply it once.
 
+use crate::dialect::{Conn, Dialect, Row};
+use crate::{Result, Store, StoreError};
+
 /// The database a store runs on, to pick a migration's script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Backend {
+pub enum Backend {
     Sqlite,
     Postgres,
 }
@@ -23,15 +26,31 @@ pub(crate) enum Sql {
     Portable(&'static str),
     /// A script per backend.
     PerBackend { sqlite: &'static str, postgres: &'static str },
+    /// A change to rows already stored that SQL cannot compute, written in Rust: run before
+    /// its version is recorded, in transactions of its own, and safe to run again (by a
+    /// process that stopped half-way, or by two processes starting together).
+    Data(DataStep),
+}
+
+/// The migrations written in Rust ([`Sql::Data`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DataStep {
+    /// Packs the history point of every candle row written before migration 8
+    /// ([`Store::fill_history_points`]).
+    FillHistoryPoints,
+    /// Moves trade ids stored a row per trade (before migration 9) into blocks and drops
+    /// the old table ([`Store::move_trade_ids`]).
+    MoveTradeIds,
 }
 
 impl Sql {
-    /// The script `backend` runs.
-    pub(crate) fn for_backend(self, backend: Backend) -> &'static str {
+    /// The script `backend` runs; `None` for a data step.
+    pub(crate) fn for_backend(self, backend: Backend) -> Option<&'static str> {
         match (self, backend) {
-            (Self::Portable(sql), _) => sql,
-            (Self::PerBackend { sqlite, .. }, Backend::Sqlite) => sqlite,
-            (Self::PerBackend { postgres, .. }, Backend::Postgres) => postgres,
+            (Self::Portable(sql), _) => Some(sql),
+            (Self::PerBackend { sqlite, .. }, Backend::Sqlite) => Some(sqlite),
+            (Self::PerBackend { postgres, .. }, Backend::Postgres) => Some(postgres),
+            (Self::Data(_), _) => None,
         }
     }
 }
@@ -112,7 +131,105 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             postgres: include_str!("migrations/0009_price_trade_id_blocks.postgres.sql"),
         },
     },
+    Migration {
+        version: 10,
+        name: "price_history_points_filled",
+        sql: Sql::Data(DataStep::FillHistoryPoints),
+    },
+    Migration {
+        version: 11,
+        name: "price_trade_ids_moved",
+        sql: Sql::Data(DataStep::MoveTradeIds),
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\
     version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)";
+
+impl<D: Dialect> Store<D>
+where
+    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
+    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    &'static str: sqlx::ColumnIndex<Row<D>>,
+    usize: sqlx::ColumnIndex<Row<D>>,
+{
+    /// Applies every migration not applied yet.
+    ///
+    /// # Errors
+    /// The first migration that fails, by version and name.
+    pub async fn migrate(&self) -> Result<()> {
+        sqlx::query(crate::migrations::CREATE_TABLE).execute(&self.pool).await?;
+        for migration in crate::migrations::MIGRATIONS {
+            let (version, name) = (migration.version, migration.name);
+            let fail = |source| StoreError::Migration { version, name, source };
+            let Some(sql) = migration.sql.for_backend(D::BACKEND) else {
+                self.run_data_step(migration).await?;
+                continue;
+            };
+            let mut tx = self.pool.begin().await.map_err(fail)?;
+            let claimed = sqlx::query(
+                "INSERT INTO sluice_schema_migrations (version, name, applied_at) \
+                 VALUES ($1, $2, $3) ON CONFLICT (version) DO NOTHING",
+            )
+            .bind(version)
+            .bind(name)
+            .bind(crate::store::now())
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)
+            .map(|done| D::rows_affected(&done))?;
+            if claimed == 1 {
+                sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;
+                tracing::info!(version, name, "applied migration");
+            }
+            tx.commit().await.map_err(fail)?;
+        }
+        Ok(())
+    }
+
+    /// Runs data migration `migration` unless its version is recorded, then records it.
+    async fn run_data_step(&self, migration: &Migration) -> Result<()> {
+        let (version, name) = (migration.version, migration.name);
+        let fail = |source| StoreError::Migration { version, name, source };
+        let done = sqlx::query("SELECT 1 AS done FROM sluice_schema_migrations WHERE version = $1")
+            .bind(version)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(fail)?;
+        if done.is_some() {
+            return Ok(());
+        }
+        let rows = match migration.sql {
+            Sql::Data(DataStep::FillHistoryPoints) => self.fill_history_points().await,
+            Sql::Data(DataStep::MoveTradeIds) => self.move_trade_ids().await,
+            Sql::Portable(_) | Sql::PerBackend { .. } => Ok(0),
+        }
+        .map_err(|error| match error {
+            StoreError::Database(source) => fail(source),
+            other => other,
+        })?;
+        sqlx::query(
+            "INSERT INTO sluice_schema_migrations (version, name, applied_at) \
+             VALUES ($1, $2, $3) ON CONFLICT (version) DO NOTHING",
+        )
+        .bind(version)
+        .bind(name)
+        .bind(crate::store::now())
+        .execute(&self.pool)
+        .await
+        .map_err(fail)?;
+        tracing::info!(version, name, rows, "applied data migration");
+        Ok(())
+    }
+}

@@ -2,15 +2,15 @@
 
 use std::str::FromStr;
 
+use sluice_core::prices::{Candle, CandleKey, Trade};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+/// The PostgreSQL [`Dialect`](crate::Dialect).
+#[derive(Debug, Clone, Copy)]
+pub struct PgDialect;
+
 /// Metadata in a PostgreSQL database.
-#[derive(Debug, Clone)]
-pub struct PgStore {
-    pub(crate) pool: sqlx::PgPool,
-    pub(crate) sets: std::sync::Arc<crate::filter_sets::SetCache>,
-    pub(crate) trade_ids: std::sync::Arc<tokio::sync::Mutex<crate::prices::TradeIdMemory>>,
-}
+pub type PgStore = crate::Store<PgDialect>;
 
 impl PgStore {
     /// Connects to and migrates the database at `url` (`postgres://…`).
@@ -27,18 +27,18 @@ impl PgStore {
     /// A connection failure or a failed migration.
     pub async fn open_with(options: PgConnectOptions) -> crate::Result<Self> {
         let pool = PgPoolOptions::new().max_connections(16).connect_with(options).await?;
-        let store = Self {
-            pool,
-            sets: crate::filter_sets::SetCache::shared(),
-            trade_ids: std::sync::Arc::default(),
-        };
+        let store = Self::on_pool(pool);
         store.migrate().await?;
         Ok(store)
     }
 }
 
-impl PgStore {
+impl crate::Dialect for PgDialect {
+    type Db = sqlx::Postgres;
+
     const BACKEND: crate::migrations::Backend = crate::migrations::Backend::Postgres;
+
+    const LOCK_DATASET: &str = crate::datasets::postgres::LOCK_DATASET;
 
     /// `json_agg` of text gives a JSON array of strings (`COALESCE` for an empty page).
     const JSON_AGG: &str = "COALESCE(json_agg(value), '[]')::text";
@@ -48,7 +48,7 @@ impl PgStore {
     /// and picks a bitmap scan of everything past the cursor plus a sort: observed as two
     /// seconds per page of a fresh 10 M-value set. These make that plan the last resort for
     /// the rest of the transaction.
-    const INDEX_ORDER: &[&str] = &[
+    const INDEX_ORDER: &'static [&'static str] = &[
         "SET LOCAL enable_sort = off",
         "SET LOCAL enable_bitmapscan = off",
         "SET LOCAL enable_seqscan = off",
@@ -62,7 +62,7 @@ impl PgStore {
 
     /// Price writers of every process take this transaction-scoped lock (the number is
     /// arbitrary, fixed), so two never merge into the same candle at once.
-    const LOCK_PRICES: Option<&str> = Some("SELECT pg_advisory_xact_lock(6105211300)");
+    const LOCK_PRICES: Option<&'static str> = Some("SELECT pg_advisory_xact_lock(6105211300)");
 
     /// Whether the table named `$1` exists (a bool).
     const TABLE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables \
@@ -78,18 +78,24 @@ impl PgStore {
     /// Candle rows without a packed point (the planner takes their partial index).
     const WITHOUT_POINT: &str = "price_candles p";
 
+    fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+
     /// A write transaction without JIT compilation. Bulk filter-value statements look
     /// expensive to the planner, which then JIT-compiles each 50,000-value chunk with
     /// optimisation and inlining: a second or more per statement, several times the work.
-    async fn begin_write(&self) -> crate::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
-        let mut tx = self.pool.begin().await?;
+    async fn begin_write(pool: &sqlx::Pool<Self::Db>) -> crate::Result<crate::dialect::Tx<Self>> {
+        let mut tx = pool.begin().await?;
         sqlx::query("SET LOCAL jit = off").execute(&mut *tx).await?;
         Ok(tx)
     }
 
     /// `REPEATABLE READ`: every statement of the transaction sees the snapshot of its first.
-    async fn begin_snapshot(&self) -> crate::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
-        Ok(self.pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?)
+    async fn begin_snapshot(
+        pool: &sqlx::Pool<Self::Db>,
+    ) -> crate::Result<crate::dialect::Tx<Self>> {
+        Ok(pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?)
     }
 
     /// Appends `values` to set `set_id` in order with one `COPY … FROM STDIN` (text format);
@@ -97,7 +103,7 @@ impl PgStore {
     /// `INSERT … SELECT … FROM UNNEST($2::text[])` for a million values. `values` is drawn
     /// while PostgreSQL works on the chunks already sent.
     async fn insert_values(
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
         set_id: i64,
         values: &mut (dyn Iterator<Item = &str> + Send),
     ) -> crate::Result<u64> {
@@ -127,7 +133,7 @@ impl PgStore {
     /// it turns into a hash table (version 14 on for `= ANY`, 15 on for `<> ALL`); a cached
     /// generic plan would compare every row with every value in the list.
     async fn delete_values(
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
         set_id: i64,
         list: &[&str],
         listed: bool,
@@ -142,6 +148,52 @@ impl PgStore {
             .execute(&mut **tx)
             .await?
             .rows_affected())
+    }
+
+    async fn insert_entries(
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        seq: i64,
+        values: &[&str],
+        size: u64,
+    ) -> crate::Result<u64> {
+        crate::datasets::postgres::insert_entries(tx, seq, values, size).await
+    }
+
+    async fn delete_entries(
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        seq: i64,
+        values: &[&str],
+    ) -> crate::Result<u64> {
+        crate::datasets::postgres::delete_entries(tx, seq, values).await
+    }
+
+    async fn stored_candles(
+        conn: &mut sqlx::PgConnection,
+        keys: &[(CandleKey, Candle)],
+    ) -> crate::Result<Vec<Option<Candle>>> {
+        crate::prices::postgres::stored_candles(conn, keys).await
+    }
+
+    async fn write_candles(
+        conn: &mut sqlx::PgConnection,
+        candles: &[(CandleKey, Candle)],
+    ) -> crate::Result<()> {
+        crate::prices::postgres::write_candles(conn, candles).await
+    }
+
+    async fn write_points(
+        conn: &mut sqlx::PgConnection,
+        points: &[crate::prices::FilledPoint],
+    ) -> crate::Result<()> {
+        crate::prices::postgres::write_points(conn, points).await
+    }
+
+    async fn write_tokens_and_pools(
+        conn: &mut sqlx::PgConnection,
+        tokens: &[&Trade],
+        pools: &[&Trade],
+    ) -> crate::Result<()> {
+        crate::prices::postgres::write_tokens_and_pools(conn, tokens, pools).await
     }
 }
 
@@ -171,6 +223,3 @@ mod tests {
         assert_eq!(out, b"a\\\\b\\nc\\rd\\te \xc3\xbc\"");
     }
 }
-
-crate::sql::metadata_store_impl!(PgStore, sqlx::Postgres);
-crate::prices::price_store_impl!(PgStore, sqlx::Postgres);

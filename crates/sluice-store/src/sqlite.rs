@@ -3,15 +3,15 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use sluice_core::prices::{Candle, CandleKey, Trade};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+/// The SQLite [`Dialect`](crate::Dialect).
+#[derive(Debug, Clone, Copy)]
+pub struct SqliteDialect;
+
 /// Metadata in a SQLite database file.
-#[derive(Debug, Clone)]
-pub struct SqliteStore {
-    pub(crate) pool: sqlx::SqlitePool,
-    pub(crate) sets: std::sync::Arc<crate::filter_sets::SetCache>,
-    pub(crate) trade_ids: std::sync::Arc<tokio::sync::Mutex<crate::prices::TradeIdMemory>>,
-}
+pub type SqliteStore = crate::Store<SqliteDialect>;
 
 impl SqliteStore {
     /// Opens (creating when missing) and migrates the database at `url` (`sqlite://<path>`).
@@ -35,11 +35,7 @@ impl SqliteStore {
             // cross the threshold; this high threshold is only a safety net.
             .pragma("wal_autocheckpoint", WAL_SAFETY_CHECKPOINT_PAGES.to_string());
         let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
-        let store = Self {
-            pool,
-            sets: crate::filter_sets::SetCache::shared(),
-            trade_ids: std::sync::Arc::default(),
-        };
+        let store = Self::on_pool(pool);
         store.migrate().await?;
         tokio::spawn(checkpoint_in_background(store.pool.clone()));
         Ok(store)
@@ -81,20 +77,24 @@ const VALUES_PER_STATEMENT: usize = 50_000;
 /// SQLite counterpart of binding an array: one short statement per chunk. Measured on a
 /// million values it costs a fifth of the CPU of multi-row `VALUES` lists with a bind
 /// parameter per value, which SQLite must parse and plan for every chunk.
-impl SqliteStore {
+impl crate::Dialect for SqliteDialect {
+    type Db = sqlx::Sqlite;
+
     const BACKEND: crate::migrations::Backend = crate::migrations::Backend::Sqlite;
+
+    const LOCK_DATASET: &str = crate::datasets::sqlite::LOCK_DATASET;
 
     const JSON_AGG: &str = "json_group_array(value)";
 
     /// SQLite reads `WHERE set_id = ? AND seq > ? ORDER BY seq` along the key by itself.
-    const INDEX_ORDER: &[&str] = &[];
+    const INDEX_ORDER: &'static [&'static str] = &[];
 
     /// SQLite has one writer at a time, and `BEGIN IMMEDIATE` (below) takes that lock at the
     /// start, so reading the row inside a write transaction is enough.
     const LOCK_PIPELINE: &str = "SELECT pipeline_config FROM pipelines WHERE id = $1";
 
     /// `BEGIN IMMEDIATE` already serialises price writers.
-    const LOCK_PRICES: Option<&str> = None;
+    const LOCK_PRICES: Option<&'static str> = None;
 
     /// Whether the table named `$1` exists (a bool).
     const TABLE_EXISTS: &str =
@@ -115,22 +115,28 @@ impl SqliteStore {
     /// would otherwise scan the series' rows of the primary key a second time.
     const WITHOUT_POINT: &str = "price_candles p INDEXED BY price_candles_without_point";
 
+    fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+
     /// A transaction that takes the write lock at once. A deferred transaction that reads
     /// first and writes later fails (it is not retried after `busy_timeout`) when another
     /// connection wrote in between.
-    async fn begin_write(&self) -> crate::Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    async fn begin_write(pool: &sqlx::Pool<Self::Db>) -> crate::Result<crate::dialect::Tx<Self>> {
+        Ok(pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 
     /// A deferred transaction reads from one WAL snapshot, taken at its first read.
-    async fn begin_snapshot(&self) -> crate::Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
-        Ok(self.pool.begin().await?)
+    async fn begin_snapshot(
+        pool: &sqlx::Pool<Self::Db>,
+    ) -> crate::Result<crate::dialect::Tx<Self>> {
+        Ok(pool.begin().await?)
     }
 
     /// Appends `values` to set `set_id` in order, with seqs taken from `filter_value_seq`
     /// (migration 6) a chunk at a time.
     async fn insert_values(
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
         set_id: i64,
         values: &mut (dyn Iterator<Item = &str> + Send),
     ) -> crate::Result<u64> {
@@ -164,7 +170,7 @@ impl SqliteStore {
     /// `value [NOT] IN (SELECT … FROM json_each(…))` reads the list into a temporary index
     /// once; the set's rows are then read in one pass.
     async fn delete_values(
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
         set_id: i64,
         list: &[&str],
         listed: bool,
@@ -180,6 +186,52 @@ impl SqliteStore {
             .execute(&mut **tx)
             .await?
             .rows_affected())
+    }
+
+    async fn insert_entries(
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        seq: i64,
+        values: &[&str],
+        size: u64,
+    ) -> crate::Result<u64> {
+        crate::datasets::sqlite::insert_entries(tx, seq, values, size).await
+    }
+
+    async fn delete_entries(
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        seq: i64,
+        values: &[&str],
+    ) -> crate::Result<u64> {
+        crate::datasets::sqlite::delete_entries(tx, seq, values).await
+    }
+
+    async fn stored_candles(
+        conn: &mut sqlx::SqliteConnection,
+        keys: &[(CandleKey, Candle)],
+    ) -> crate::Result<Vec<Option<Candle>>> {
+        crate::prices::sqlite::stored_candles(conn, keys).await
+    }
+
+    async fn write_candles(
+        conn: &mut sqlx::SqliteConnection,
+        candles: &[(CandleKey, Candle)],
+    ) -> crate::Result<()> {
+        crate::prices::sqlite::write_candles(conn, candles).await
+    }
+
+    async fn write_points(
+        conn: &mut sqlx::SqliteConnection,
+        points: &[crate::prices::FilledPoint],
+    ) -> crate::Result<()> {
+        crate::prices::sqlite::write_points(conn, points).await
+    }
+
+    async fn write_tokens_and_pools(
+        conn: &mut sqlx::SqliteConnection,
+        tokens: &[&Trade],
+        pools: &[&Trade],
+    ) -> crate::Result<()> {
+        crate::prices::sqlite::write_tokens_and_pools(conn, tokens, pools).await
     }
 }
 
@@ -221,6 +273,3 @@ mod tests {
         assert_eq!(super::json_array(&[]), "[]");
     }
 }
-
-crate::sql::metadata_store_impl!(SqliteStore, sqlx::Sqlite);
-crate::prices::price_store_impl!(SqliteStore, sqlx::Sqlite);

@@ -52,12 +52,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await
     .context("starting the pipeline runtime")?;
     let mut background = background_tasks(&runtime, &catalog, args.demo);
-    // Opening the price store finishes a migration's backfill of stored rows when one is
-    // due; loading the service (recent candles, latest minutes) happens while the API serves.
-    let price_store =
-        sluice_store::open_prices(&settings.database_url).await.with_context(|| {
-            format!("opening the price store at {}", redact(&settings.database_url))
-        })?;
+    // The same store serves prices (one pool); loading the service (recent candles, latest
+    // minutes) happens while the API serves.
+    let price_store = store.clone().into_prices();
     let prices = sluice_api::PriceSlot::default();
     background.push(tokio::spawn(run_prices(
         price_store,

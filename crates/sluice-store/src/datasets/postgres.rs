@@ -11,18 +11,8 @@ use crate::datasets::SCAN_PAGE;
 const VALUES_PER_STATEMENT: usize = 50_000;
 
 /// Locks the dataset row against its other writers and its deletion until commit.
-pub(super) const LOCK_DATASET: &str = "SELECT seq, id, owner_user_id, name, entry_count, \
+pub(crate) const LOCK_DATASET: &str = "SELECT seq, id, owner_user_id, name, entry_count, \
     version, created_at, updated_at FROM datasets WHERE id = $1 AND owner_user_id = $2 FOR UPDATE";
-
-/// A write transaction without JIT compilation: bulk statements look expensive to the
-/// planner, which would JIT-compile each 50,000-value chunk for longer than it runs.
-pub(super) async fn begin_write(
-    pool: &sqlx::PgPool,
-) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SET LOCAL jit = off").execute(&mut *tx).await?;
-    Ok(tx)
-}
 
 /// One `INSERT … SELECT … FROM UNNEST($2::text[])` per chunk, without `ON CONFLICT` (a
 /// speculative insertion costs about two and a half times a plain one). Entries already
@@ -31,7 +21,7 @@ pub(super) async fn begin_write(
 /// - when the dataset holds at most as many entries as the request, they are read (a read
 ///   costs less than a probe) and only the missing values are inserted;
 /// - otherwise each value is probed in the primary key by a `LIMIT`ed lateral subquery.
-pub(super) async fn insert_entries(
+pub(crate) async fn insert_entries(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     seq: i64,
     values: &[&str],
@@ -98,7 +88,7 @@ async fn read_entries(
 
 /// Finds each value's row by a probe of the primary key and deletes the rows found by their
 /// row ids, so the planner cannot choose to read the whole table for a chunk.
-pub(super) async fn delete_entries(
+pub(crate) async fn delete_entries(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     seq: i64,
     values: &[&str],

@@ -9,20 +9,12 @@ const VALUES_PER_STATEMENT: usize = 50_000;
 
 /// SQLite has one writer at a time and `BEGIN IMMEDIATE` takes that lock at the start, so
 /// reading the row inside the write transaction locks it.
-pub(super) const LOCK_DATASET: &str = "SELECT seq, id, owner_user_id, name, entry_count, \
+pub(crate) const LOCK_DATASET: &str = "SELECT seq, id, owner_user_id, name, entry_count, \
     version, created_at, updated_at FROM datasets WHERE id = $1 AND owner_user_id = $2";
-
-/// A transaction that takes the write lock at once (a deferred one that reads first fails
-/// when another connection wrote in between).
-pub(super) async fn begin_write(
-    pool: &sqlx::SqlitePool,
-) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
-    Ok(pool.begin_with("BEGIN IMMEDIATE").await?)
-}
 
 /// SQLite checks the primary key as part of the insert, so `ON CONFLICT DO NOTHING` costs no
 /// more than the insert itself.
-pub(super) async fn insert_entries(
+pub(crate) async fn insert_entries(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     seq: i64,
     values: &[&str],
@@ -44,7 +36,7 @@ pub(super) async fn insert_entries(
     Ok(added)
 }
 
-pub(super) async fn delete_entries(
+pub(crate) async fn delete_entries(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     seq: i64,
     values: &[&str],

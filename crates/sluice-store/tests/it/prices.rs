@@ -518,6 +518,91 @@ mod filling {
         assert_eq!(store.move_trade_ids().await.unwrap(), 0);
     }
 
+    /// A statement run on the database behind the store's back (a count for a `SELECT`).
+    type Sql = std::pin::Pin<Box<dyn std::future::Future<Output = i64> + Send>>;
+
+    /// The data steps of the migration list (migrations 10 and 11) run when a store opens a
+    /// database that has not had them: ids stored a row per trade are moved into blocks and
+    /// candle rows get their packed point, before the store answers.
+    async fn data_steps_run_when_a_store_opens<S, F>(
+        open: impl Fn() -> F,
+        run: impl Fn(&str) -> Sql,
+    ) where
+        S: PriceStore,
+        F: std::future::Future<Output = S>,
+    {
+        let first = open().await;
+        let counted: Vec<Trade> = (0..2).map(|n| trade(n * 60, 9, "1", "1", None)).collect();
+        first.apply_trades(&counted, &keep_all).await.unwrap();
+        drop(first);
+        // As an older version left the database: the old id table, rows without a point, and
+        // neither data step recorded.
+        run(&old_ids_script()).await;
+        run("UPDATE price_candles SET point = NULL").await;
+        run("DELETE FROM sluice_schema_migrations WHERE version IN (10, 11)").await;
+        let store = open().await;
+        assert_eq!(run("SELECT count(*) FROM price_candles WHERE point IS NULL").await, 0);
+        assert_eq!(
+            run("SELECT count(*) FROM sluice_schema_migrations WHERE version IN (10, 11)").await,
+            2
+        );
+        let again: Vec<Trade> = (0..3).map(|n| trade(n * 4000, n as u64, "1", "1", None)).collect();
+        let applied = store.apply_trades(&again, &keep_all).await.unwrap();
+        assert_eq!((applied.counted.len(), applied.duplicates), (0, 3));
+    }
+
+    #[tokio::test]
+    async fn data_steps_run_when_a_store_opens_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+        let raw = sqlx::SqlitePool::connect(&format!("{url}?mode=rwc")).await.unwrap();
+        let run = |sql: &str| -> Sql {
+            let (raw, sql) = (raw.clone(), sql.to_owned());
+            Box::pin(async move {
+                if sql.starts_with("SELECT") {
+                    sqlx::query_scalar(&sql).fetch_one(&raw).await.unwrap()
+                } else {
+                    sqlx::raw_sql(&sql).execute(&raw).await.unwrap();
+                    0
+                }
+            })
+        };
+        data_steps_run_when_a_store_opens(|| async { SqliteStore::open(&url).await.unwrap() }, run)
+            .await;
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE name = 'price_trade_ids'")
+                .fetch_one(&raw)
+                .await
+                .unwrap();
+        assert_eq!(left, 0);
+    }
+
+    #[tokio::test]
+    async fn data_steps_run_when_a_store_opens_on_postgres() {
+        let (options, raw) = fresh_schema().await;
+        let run = |sql: &str| -> Sql {
+            let (raw, sql) = (raw.clone(), sql.to_owned());
+            Box::pin(async move {
+                if sql.starts_with("SELECT") {
+                    sqlx::query_scalar(&sql).fetch_one(&raw).await.unwrap()
+                } else {
+                    sqlx::raw_sql(&sql).execute(&raw).await.unwrap();
+                    0
+                }
+            })
+        };
+        let open = || {
+            let options = options.clone();
+            async move { PgStore::open_with(options).await.unwrap() }
+        };
+        data_steps_run_when_a_store_opens(open, run).await;
+        let left: bool = sqlx::query_scalar("SELECT to_regclass('price_trade_ids') IS NULL")
+            .fetch_one(&raw)
+            .await
+            .unwrap();
+        assert!(left);
+    }
+
     /// Connection options of a new schema in the test database, and a pool on it.
     async fn fresh_schema() -> (sqlx::postgres::PgConnectOptions, sqlx::PgPool) {
         let url = std::env::var("SLUICE_TEST_POSTGRES_URL")

@@ -1,0 +1,550 @@
+//! The filter-value role ([`FilterValueStore`]): the values of each set filter of a
+//! pipeline. `filter_sets.rs` holds the in-memory copies that decide membership.
+
+use async_trait::async_trait;
+use sluice_filter::ValueSet;
+use sqlx::Row as _;
+
+use crate::dialect::{Conn, Dialect, Row};
+use crate::filter_sets::Slot;
+use crate::{Result, Store, StoreError};
+
+/// One page of a set filter's values, in the order they were added.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FilterValuePage {
+    pub values: Vec<String>,
+    /// The cursor of the next page (pass it as `after`); `None` when no value follows.
+    pub next: Option<i64>,
+}
+
+/// The values of one request, each once, sorted.
+///
+/// Requests may repeat a value. Sorted rows go into a dataset's `(dataset_seq, value)` key in
+/// key order, which keeps a large load appending to the same index pages instead of touching
+/// pages all over the tree; a new pipeline's initial filter values only need the repeats out.
+pub(crate) fn sorted_unique(values: &[String]) -> Vec<&str> {
+    let mut sorted: Vec<&str> = values.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    sorted
+}
+
+/// The id of the set of pipeline `$1`'s transform `$2`, as a scalar subquery (NULL, so no
+/// rows, when the set was never written).
+pub(crate) const SET_ID: &str =
+    "(SELECT id FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2)";
+
+/// Rows per read when a replace scans the set it replaces.
+const SCAN_PAGE: i64 = 100_000;
+
+/// The values of set filters. Every method is one transaction.
+#[async_trait]
+pub trait FilterValueStore: Send + Sync + 'static {
+    /// Number of filter values of one transform.
+    async fn filter_value_count(&self, pipeline_id: &str, transform_uid: &str) -> Result<u64>;
+
+    /// Adds `values` (normalised by the caller; repeats within `values` count once) to the
+    /// set of one transform. Returns how many were not in the set before.
+    ///
+    /// Values are stored only for a set filter of the stored pipeline configuration: when
+    /// the pipeline does not exist or `transform_uid` is not one of its set filters (say a
+    /// concurrent update removed it), nothing changes and the answer is 0. Writers of one
+    /// pipeline are serialised, so values committed later always list after values
+    /// committed earlier.
+    ///
+    /// # Errors
+    /// A database failure; nothing is added then.
+    async fn add_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        values: &[String],
+    ) -> Result<u64>;
+
+    /// Removes `values` from the set of one transform; values not in it are ignored. Returns
+    /// how many were removed (0 when `transform_uid` is not a set filter of a stored
+    /// pipeline).
+    ///
+    /// # Errors
+    /// A database failure; nothing is removed then.
+    async fn remove_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        values: &[String],
+    ) -> Result<u64>;
+
+    /// Makes the set of one transform exactly `values` (empty clears it), atomically: readers
+    /// see the old set or the new one. Returns the number of values in the set after (0, and
+    /// nothing changes, when `transform_uid` is not a set filter of a stored pipeline, as for
+    /// [`FilterValueStore::add_filter_values`]). Values in both the old and the new set keep their
+    /// cursor position; new ones list after every value already there.
+    ///
+    /// # Errors
+    /// A database failure; the old set stays then.
+    async fn replace_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        values: &[String],
+    ) -> Result<u64>;
+
+    /// Up to `limit` (at least 1) values of one transform that were added after cursor
+    /// `after` (`None`: from the start), oldest first. Paging with [`FilterValuePage::next`]
+    /// while others add values neither skips nor repeats a value; values added meanwhile
+    /// appear on a later page.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn list_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<FilterValuePage>;
+
+    /// Every value of one transform's set as of one committed write (empty when the set was
+    /// never written): what a set filter's index starts from. Copied from the store's own
+    /// copy when that is current, else read without blocking writers.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn filter_value_set(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+    ) -> Result<sluice_filter::ValueSet>;
+
+    /// Whether `value` (normalised by the caller) is in the set of one transform.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn has_filter_value(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        value: &str,
+    ) -> Result<bool>;
+}
+
+impl<D: Dialect> Store<D>
+where
+    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
+    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    &'static str: sqlx::ColumnIndex<Row<D>>,
+    usize: sqlx::ColumnIndex<Row<D>>,
+{
+    /// Locks pipeline `id` against other filter-value writers, updates and deletion
+    /// until `tx` ends, and tells whether `uid` is one of its set filters. Writers that
+    /// get false change nothing.
+    ///
+    /// This is what stands in for a foreign key on `filter_values`: values are only
+    /// written for a set filter of a pipeline that exists while the row is locked.
+    /// Serialising the writers of a pipeline also makes `seq` order commit order, which
+    /// keeps the listing cursor from skipping a value committed late.
+    async fn lock_set_filter(
+        tx: &mut sqlx::Transaction<'_, D::Db>,
+        id: &str,
+        uid: &str,
+    ) -> Result<bool> {
+        let Some(row) = sqlx::query(D::LOCK_PIPELINE).bind(id).fetch_optional(&mut **tx).await?
+        else {
+            return Ok(false);
+        };
+        let config: sluice_core::pipeline::PipelineConfig =
+            serde_json::from_str(row.try_get("pipeline_config")?).map_err(|e| {
+                StoreError::Corrupt {
+                    what: "pipeline",
+                    detail: format!("{id}: pipeline_config: {e}"),
+                }
+            })?;
+        Ok(config.transforms.iter().any(|t| t.is_set_filter() && t.uid() == uid))
+    }
+
+    /// The stored `(id, version)` of the set of pipeline `id`'s transform `uid`;
+    /// `create` makes it when missing, else `None` means the set was never written.
+    /// Call with the pipeline locked.
+    pub(crate) async fn set_row(
+        tx: &mut sqlx::Transaction<'_, D::Db>,
+        id: &str,
+        uid: &str,
+        create: bool,
+    ) -> Result<Option<(i64, i64)>> {
+        if create {
+            sqlx::query(
+                "INSERT INTO filter_sets (pipeline_id, transform_uid, value_count) \
+                 VALUES ($1, $2, 0) ON CONFLICT (pipeline_id, transform_uid) DO NOTHING",
+            )
+            .bind(id)
+            .bind(uid)
+            .execute(&mut **tx)
+            .await?;
+        }
+        let row = sqlx::query(
+            "SELECT id, version FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2",
+        )
+        .bind(id)
+        .bind(uid)
+        .fetch_optional(&mut **tx)
+        .await?;
+        Ok(row
+            .map(|row| Ok::<_, sqlx::Error>((row.try_get("id")?, row.try_get("version")?)))
+            .transpose()?)
+    }
+
+    /// The values of stored set `set_id` at `version`: the slot's when they are
+    /// current, else read from the table (in seq order, a page at a time). The slot is
+    /// left empty either way; the caller puts the values back after its commit. Call
+    /// with the pipeline locked.
+    async fn current_values(
+        tx: &mut sqlx::Transaction<'_, D::Db>,
+        slot: &mut Slot,
+        set_id: i64,
+        version: i64,
+    ) -> Result<ValueSet> {
+        match slot.take_current(set_id, version) {
+            Some(values) => Ok(values),
+            None => Self::read_set(tx, set_id).await,
+        }
+    }
+
+    /// Every value of stored set `set_id`, read a page of [`SCAN_PAGE`] at a time.
+    async fn read_set(tx: &mut sqlx::Transaction<'_, D::Db>, set_id: i64) -> Result<ValueSet> {
+        let count: i64 = sqlx::query("SELECT value_count FROM filter_sets WHERE id = $1")
+            .bind(set_id)
+            .fetch_one(&mut **tx)
+            .await?
+            .try_get("value_count")?;
+        let mut values = ValueSet::with_capacity(usize::try_from(count).unwrap_or(0));
+        // A page arrives as one row holding a JSON array: a row per value costs
+        // several times more in the drivers than the set's own work.
+        let sql = format!(
+            "SELECT COUNT(*) AS n, MAX(seq) AS last, {} AS page FROM \
+             (SELECT seq, value FROM filter_values WHERE set_id = $1 AND seq > $2 \
+              ORDER BY seq LIMIT $3) AS p",
+            D::JSON_AGG
+        );
+        for statement in D::INDEX_ORDER {
+            sqlx::query(statement).execute(&mut **tx).await?;
+        }
+        let mut after = 0_i64;
+        loop {
+            let row = sqlx::query(&sql)
+                .bind(set_id)
+                .bind(after)
+                .bind(SCAN_PAGE)
+                .fetch_one(&mut **tx)
+                .await?;
+            let n: i64 = row.try_get("n")?;
+            if n == 0 {
+                break;
+            }
+            let page: Vec<String> =
+                serde_json::from_str(row.try_get::<&str, _>("page")?).map_err(|e| {
+                    StoreError::Corrupt {
+                        what: "filter values",
+                        detail: format!("set {set_id}: page after seq {after}: {e}"),
+                    }
+                })?;
+            for value in &page {
+                values.insert(value);
+            }
+            if n < SCAN_PAGE {
+                break;
+            }
+            after = row.try_get("last")?;
+        }
+        tracing::debug!(set_id, values = values.len(), "filter set read");
+        Ok(values)
+    }
+
+    /// Records a write of set `set_id` that changed its size by `change`, and
+    /// returns the set's new version.
+    pub(crate) async fn mark_written(
+        tx: &mut sqlx::Transaction<'_, D::Db>,
+        set_id: i64,
+        change: i64,
+    ) -> Result<i64> {
+        Ok(sqlx::query(
+            "UPDATE filter_sets SET value_count = value_count + $2, version = version + 1 \
+             WHERE id = $1 RETURNING version",
+        )
+        .bind(set_id)
+        .bind(change)
+        .fetch_one(&mut **tx)
+        .await?
+        .try_get("version")?)
+    }
+
+    /// Deletes one set and its values.
+    pub(crate) async fn drop_set(tx: &mut sqlx::Transaction<'_, D::Db>, set_id: i64) -> Result<()> {
+        sqlx::query("DELETE FROM filter_values WHERE set_id = $1")
+            .bind(set_id)
+            .execute(&mut **tx)
+            .await?;
+        sqlx::query("DELETE FROM filter_sets WHERE id = $1")
+            .bind(set_id)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> FilterValueStore for Store<D>
+where
+    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
+    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    &'static str: sqlx::ColumnIndex<Row<D>>,
+    usize: sqlx::ColumnIndex<Row<D>>,
+{
+    async fn filter_value_count(&self, pipeline_id: &str, transform_uid: &str) -> Result<u64> {
+        let row = sqlx::query(
+            "SELECT value_count FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2",
+        )
+        .bind(pipeline_id)
+        .bind(transform_uid)
+        .fetch_optional(&self.pool)
+        .await?;
+        let count = row.map(|row| row.try_get::<i64, _>("value_count")).transpose()?;
+        Ok(count.map_or(0, |count| u64::try_from(count).unwrap_or(0)))
+    }
+
+    async fn add_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        values: &[String],
+    ) -> Result<u64> {
+        let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
+        let mut tx = D::begin_write(&self.pool).await?;
+        if values.is_empty() || !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
+            return Ok(0);
+        }
+        let (set, version) = Self::set_row(&mut tx, pipeline_id, transform_uid, true)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)?;
+        let mut members = Self::current_values(&mut tx, &mut slot, set, version).await?;
+        // The set decides what is new, repeats within the request included, as the
+        // backend draws the values; the rows are appended in request order.
+        let mut new = values.iter().map(String::as_str).filter(|value| members.insert(value));
+        let added = D::insert_values(&mut tx, set, &mut new).await?;
+        let version = if added == 0 {
+            version
+        } else {
+            Self::mark_written(&mut tx, set, added as i64).await?
+        };
+        tx.commit().await?;
+        self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, members);
+        Ok(added)
+    }
+
+    async fn remove_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        values: &[String],
+    ) -> Result<u64> {
+        let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
+        let mut tx = D::begin_write(&self.pool).await?;
+        if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
+            return Ok(0);
+        }
+        let Some((set, version)) =
+            Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
+        else {
+            return Ok(0);
+        };
+        let mut members = Self::current_values(&mut tx, &mut slot, set, version).await?;
+        let present: Vec<&str> =
+            values.iter().map(String::as_str).filter(|value| members.remove(value)).collect();
+        let version = if present.is_empty() {
+            version
+        } else {
+            let removed = D::delete_values(&mut tx, set, &present, true).await?;
+            if removed != present.len() as u64 {
+                return Err(StoreError::Corrupt {
+                    what: "filter values",
+                    detail: format!(
+                        "set {set}: {} values to remove were in memory, {removed} rows in the table",
+                        present.len()
+                    ),
+                });
+            }
+            Self::mark_written(&mut tx, set, -(removed as i64)).await?
+        };
+        tx.commit().await?;
+        self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, members);
+        Ok(present.len() as u64)
+    }
+
+    async fn replace_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        values: &[String],
+    ) -> Result<u64> {
+        let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
+        slot.loaded = None;
+        let mut tx = D::begin_write(&self.pool).await?;
+        if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
+            return Ok(0);
+        }
+        if values.is_empty() {
+            if let Some((set, _)) =
+                Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
+            {
+                Self::drop_set(&mut tx, set).await?;
+            }
+            tx.commit().await?;
+            return Ok(0);
+        }
+        let (set, version) = Self::set_row(&mut tx, pipeline_id, transform_uid, true)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)?;
+        let members = Self::current_values(&mut tx, &mut slot, set, version).await?;
+        // Only the difference is written: values in both sets keep their rows (and so
+        // their cursor position), and re-sending a mostly unchanged list writes little.
+        let mut wanted = ValueSet::with_capacity(values.len());
+        let kept: Vec<&str> =
+            values.iter().map(String::as_str).filter(|value| wanted.insert(value)).collect();
+        let new: Vec<&str> =
+            kept.iter().copied().filter(|value| !members.contains(value)).collect();
+        let stale = members.len() - (kept.len() - new.len());
+        let mut removed = 0;
+        if stale > 0 {
+            removed = D::delete_values(&mut tx, set, &kept, false).await?;
+        }
+        if removed != stale as u64 {
+            return Err(StoreError::Corrupt {
+                what: "filter values",
+                detail: format!(
+                    "set {set}: {stale} stale values in memory, {removed} rows deleted"
+                ),
+            });
+        }
+        D::insert_values(&mut tx, set, &mut new.iter().copied()).await?;
+        let version = Self::mark_written(&mut tx, set, new.len() as i64 - removed as i64).await?;
+        tx.commit().await?;
+        let count = wanted.len() as u64;
+        self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, wanted);
+        Ok(count)
+    }
+
+    async fn list_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<FilterValuePage> {
+        let limit = limit.max(1);
+        let mut tx = self.pool.begin().await?;
+        for statement in D::INDEX_ORDER {
+            sqlx::query(statement).execute(&mut *tx).await?;
+        }
+        // One row more than asked tells whether another page follows.
+        let rows = sqlx::query(&format!(
+            "SELECT seq, value FROM filter_values \
+             WHERE set_id = {SET_ID} AND seq > $3 ORDER BY seq LIMIT $4"
+        ))
+        .bind(pipeline_id)
+        .bind(transform_uid)
+        .bind(after.unwrap_or(0))
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let more = rows.len() > limit as usize;
+        let page = &rows[..rows.len().min(limit as usize)];
+        let next = match page.last() {
+            Some(last) if more => Some(last.try_get::<i64, _>("seq")?),
+            _ => None,
+        };
+        let values = page.iter().map(|row| row.try_get("value")).collect::<Result<_, _>>()?;
+        Ok(FilterValuePage { values, next })
+    }
+
+    async fn filter_value_set(&self, pipeline_id: &str, transform_uid: &str) -> Result<ValueSet> {
+        // Slot first, connection second, as every user of a slot does.
+        {
+            let slot = self.sets.lock(pipeline_id, transform_uid).await;
+            if let Some(loaded) = &slot.loaded {
+                let row = sqlx::query("SELECT version FROM filter_sets WHERE id = $1")
+                    .bind(loaded.set_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                if let Some(row) = row {
+                    if slot.is_current(loaded.set_id, row.try_get("version")?) {
+                        return Ok(loaded.values.clone());
+                    }
+                }
+            }
+        }
+        // Read without taking the slot: the store keeps no copy of a set nobody writes.
+        let mut tx = D::begin_snapshot(&self.pool).await?;
+        let Some((set, _)) = Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
+        else {
+            return Ok(ValueSet::new());
+        };
+        let values = Self::read_set(&mut tx, set).await?;
+        tx.commit().await?;
+        Ok(values)
+    }
+
+    async fn has_filter_value(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        value: &str,
+    ) -> Result<bool> {
+        let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
+        let row = sqlx::query(
+            "SELECT id, version FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2",
+        )
+        .bind(pipeline_id)
+        .bind(transform_uid)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(false) };
+        let (set, version): (i64, i64) = (row.try_get("id")?, row.try_get("version")?);
+        if let Some(loaded) = slot.loaded.as_ref().filter(|_| slot.is_current(set, version)) {
+            return Ok(loaded.values.contains(value));
+        }
+        // Not loaded (or behind): read it from one snapshot, which is one version.
+        let mut tx = D::begin_snapshot(&self.pool).await?;
+        let Some((set, version)) =
+            Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
+        else {
+            return Ok(false);
+        };
+        let members = Self::current_values(&mut tx, &mut slot, set, version).await?;
+        tx.commit().await?;
+        let hit = members.contains(value);
+        self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, members);
+        Ok(hit)
+    }
+}
