@@ -85,6 +85,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .with_runtime(runtime.clone())
     .with_dataset_listener(datasets)
     .with_price_slot(prices);
+    let state = match &settings.metrics_token {
+        Some(token) => state.with_metrics_token(token.as_str()),
+        None => state,
+    };
+    if let Some(address) = settings.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("binding the metrics address {address}"))?;
+        tracing::info!(address = %listener.local_addr()?, "serving /metrics without a key");
+        let app = sluice_api::metrics_app(state.clone());
+        background.push(tokio::spawn(async move {
+            if let Err(error) = axum::serve(listener, app).await {
+                tracing::error!(%error, "the metrics listener stopped");
+            }
+        }));
+    }
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
