@@ -4,6 +4,7 @@
 mod admin;
 mod bench;
 mod feed;
+mod logging;
 mod serve;
 mod settings;
 
@@ -40,7 +41,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging();
+    logging::init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         match cli.command {
@@ -50,16 +51,4 @@ fn main() -> anyhow::Result<()> {
             Command::Feed(args) => feed::run(args).await,
         }
     })
-}
-
-/// Logs go to stderr so that stdout carries only what a command prints for scripts (keys).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
-    use std::io::IsTerminal as _;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
 }

@@ -48,3 +48,62 @@ async fn metrics_need_a_key_or_the_token_and_the_metrics_address_serves_them_key
     assert_eq!(get(&format!("{operator_only}/api/v1/beam"), &[]).await.0, 404);
     assert!(server.terminate());
 }
+
+/// Collects log lines until one contains `needle` (a generous deadline fails the test).
+fn log_until(log: &std::sync::mpsc::Receiver<String>, lines: &mut Vec<String>, needle: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !lines.iter().any(|line| line.contains(needle)) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert!(!left.is_zero(), "no log line with {needle:?} in\n{}", lines.join("\n"));
+        if let Ok(line) = log.recv_timeout(left.min(Duration::from_millis(200))) {
+            lines.push(line);
+        }
+    }
+}
+
+/// A log line as the server writes it: `<RFC 3339 time> <LEVEL> <target>: …`.
+fn is_a_log_line(line: &str) -> bool {
+    let mut words = line.split_whitespace();
+    let time_ok = words.next().is_some_and(|t| chrono::DateTime::parse_from_rfc3339(t).is_ok());
+    let level_ok = words
+        .next()
+        .is_some_and(|level| ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"].contains(&level));
+    time_ok && level_ok
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn user_text_with_control_characters_cannot_forge_a_log_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut command = sluice();
+    command
+        .args(["serve", "--data-dir", &dir.path().display().to_string()])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("SLUICE_BOOTSTRAP_API_KEY", BOOTSTRAP_KEY);
+    let (server, log) = Server::start_logged(command, port);
+    let forged = "2026-01-01T00:00:00.000000Z  WARN sluice: FORGED admin logged in";
+    let name = format!("x\n{forged}\r\n{forged}\u{1b}[2K\u{7}");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let response = client
+        .post(format!("{}/api/v1/beam/datasets", server.base))
+        .header("x-api-key", BOOTSTRAP_KEY)
+        .json(&serde_json::json!({"name": name}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200, "{}", response.text().await.unwrap());
+    let mut lines = Vec::new();
+    log_until(&log, &mut lines, "dataset created");
+    assert!(server.terminate());
+    lines.extend(log.try_iter());
+    let text = lines.join("\n");
+    for line in &lines {
+        assert!(is_a_log_line(line), "a line that is not an event:\n{line}\nin\n{text}");
+        assert!(!line.contains(['\r', '\u{1b}', '\u{7}']), "raw control character in {line:?}");
+    }
+    let with_forged: Vec<&String> = lines.iter().filter(|line| line.contains("FORGED")).collect();
+    assert_eq!(with_forged.len(), 1, "{text}");
+    // The one genuine event, with the name escaped inside it.
+    assert!(with_forged[0].contains("dataset created"), "{text}");
+    assert!(with_forged[0].contains(&format!("x\\n{forged}\\r\\n{forged}")), "{text}");
+}
