@@ -267,7 +267,7 @@ async fn bootstrap(store: &dyn MetadataStore) -> anyhow::Result<()> {
 }
 
 /// Hides a password in a database URL before it is logged.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
             let credentials = &url[scheme_end + 3..at];

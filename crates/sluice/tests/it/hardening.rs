@@ -107,3 +107,47 @@ async fn user_text_with_control_characters_cannot_forge_a_log_line() {
     assert!(with_forged[0].contains("dataset created"), "{text}");
     assert!(with_forged[0].contains(&format!("x\\n{forged}\\r\\n{forged}")), "{text}");
 }
+
+#[test]
+fn admin_commands_never_create_a_store_and_name_the_store_they_use() {
+    let cwd = tempfile::tempdir().unwrap();
+    let create_key = ["admin", "create-key", "--org", "acme", "--team", "data", "--user", "ann"];
+    // Nothing given, nothing at ./sluice-data: an error naming where it looked.
+    let output = sluice().args(create_key).current_dir(cwd.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(output.stdout.is_empty(), "no key is printed");
+    assert!(stderr.contains("sluice-data/sluice.db"), "{stderr}");
+    assert!(stderr.contains("--data-dir"), "{stderr}");
+    assert!(!cwd.path().join("sluice-data").exists(), "no store was created");
+    // A data dir that holds no store: the same, and it stays empty.
+    let empty = tempfile::tempdir().unwrap();
+    let empty_dir = empty.path().display().to_string();
+    for command in [
+        &create_key[..],
+        &["admin", "set-org-flags", "--org", "acme", "--pipelines", "on"],
+        &["admin", "revoke-key", "slk_0000000000000000000000000000000000000000"],
+    ] {
+        let output = sluice().args(command).args(["--data-dir", &empty_dir]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{command:?}: {stderr}");
+        assert!(stderr.contains(&empty_dir), "{stderr}");
+    }
+    assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0, "the dir stays empty");
+
+    // On the store a server made: works, and says which store it used on stderr.
+    let data = tempfile::tempdir().unwrap();
+    let data_dir = data.path().display().to_string();
+    let port = free_port();
+    let mut command = sluice();
+    command
+        .args(["serve", "--data-dir", &data_dir, "--listen", &format!("127.0.0.1:{port}")])
+        .env("SLUICE_BOOTSTRAP_API_KEY", BOOTSTRAP_KEY);
+    assert!(Server::start(command, port).terminate());
+    let output = sluice().args(create_key).args(["--data-dir", &data_dir]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&output.stdout).trim().starts_with("slk_"));
+    let db = data.path().join("sluice.db").display().to_string();
+    assert!(stderr.contains(&format!("using the store at sqlite://{db}")), "{stderr}");
+}
