@@ -41,6 +41,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    owner_only_files();
     logging::init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
@@ -51,4 +52,12 @@ fn main() -> anyhow::Result<()> {
             Command::Feed(args) => feed::run(args).await,
         }
     })
+}
+
+/// Everything this process creates (the data dir, the SQLite database and its WAL and SHM
+/// files, the stream log) is readable by its owner only: the store holds key hashes and
+/// every tenant's records.
+fn owner_only_files() {
+    #[cfg(unix)]
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
 }

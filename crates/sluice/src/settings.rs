@@ -155,14 +155,50 @@ impl Settings {
         Self::resolve(&ServeArgs { store: args.clone(), ..ServeArgs::default() })
     }
 
-    /// Creates the data directory when the database lives in it.
+    /// Creates the data directory (mode 0700) when missing; an existing one that others may
+    /// enter, and the store files in it, are tightened to owner-only with a warning.
     ///
     /// # Errors
-    /// When the directory cannot be created.
+    /// When the directory cannot be created or its mode changed.
     pub fn prepare_data_dir(&self) -> anyhow::Result<()> {
-        std::fs::create_dir_all(&self.data_dir)
-            .with_context(|| format!("creating data directory {}", self.data_dir.display()))
+        let dir = &self.data_dir;
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder
+            .create(dir)
+            .with_context(|| format!("creating data directory {}", dir.display()))?;
+        #[cfg(unix)]
+        tighten(dir)?;
+        Ok(())
     }
+}
+
+/// The files Sluice keeps in a data directory.
+pub const DATA_FILES: [&str; 4] = ["sluice.db", "sluice.db-wal", "sluice.db-shm", "log.redb"];
+
+/// Makes `dir` 0700 and its store files 0600 where they are looser, saying so in the log.
+#[cfg(unix)]
+fn tighten(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let paths = std::iter::once((dir.to_path_buf(), 0o700))
+        .chain(DATA_FILES.iter().map(|name| (dir.join(name), 0o600)));
+    for (path, wanted) in paths {
+        let Ok(metadata) = std::fs::metadata(&path) else { continue };
+        let mode = metadata.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(wanted))
+                .with_context(|| format!("making {} owner-only", path.display()))?;
+            tracing::warn!(
+                path = ?path,
+                was = format!("{mode:o}"),
+                now = format!("{wanted:o}"),
+                "tightened the mode of a data-directory entry to owner-only"
+            );
+        }
+    }
+    Ok(())
 }
 
 fn default_database_url(data_dir: &Path) -> String {

@@ -151,3 +151,47 @@ fn admin_commands_never_create_a_store_and_name_the_store_they_use() {
     let db = data.path().join("sluice.db").display().to_string();
     assert!(stderr.contains(&format!("using the store at sqlite://{db}")), "{stderr}");
 }
+
+#[cfg(unix)]
+fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+#[cfg(unix)]
+#[test]
+fn the_data_dir_and_its_files_are_owner_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let parent = tempfile::tempdir().unwrap();
+    let fresh = parent.path().join("fresh");
+    // An existing data dir others may enter, with a store file others may read.
+    let loose = parent.path().join("loose");
+    for (dir, port) in [(&fresh, free_port()), (&loose, free_port())] {
+        if dir == &loose {
+            std::fs::create_dir(dir).unwrap();
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::write(dir.join("sluice.db"), b"").unwrap();
+            std::fs::set_permissions(dir.join("sluice.db"), std::fs::Permissions::from_mode(0o644))
+                .unwrap();
+        }
+        let mut command = sluice();
+        command
+            .args(["serve", "--data-dir", &dir.display().to_string()])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("SLUICE_BOOTSTRAP_API_KEY", BOOTSTRAP_KEY);
+        let server = Server::start(command, port);
+        assert_eq!(mode(dir), 0o700, "{}", dir.display());
+        for name in ["sluice.db", "sluice.db-wal", "sluice.db-shm", "log.redb"] {
+            assert_eq!(mode(&dir.join(name)), 0o600, "{name} in {}", dir.display());
+        }
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            assert_eq!(mode(&path) & 0o077, 0, "{} is open to others", path.display());
+        }
+        assert!(server.terminate());
+    }
+}
