@@ -195,3 +195,33 @@ fn the_data_dir_and_its_files_are_owner_only() {
         assert!(server.terminate());
     }
 }
+
+#[test]
+fn a_feed_that_stops_on_an_error_exits_nonzero_with_the_accepted_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut command = sluice();
+    command
+        .args(["serve", "--data-dir", &dir.path().display().to_string()])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("SLUICE_BOOTSTRAP_API_KEY", BOOTSTRAP_KEY);
+    let server = Server::start(command, port);
+    let feed = |key: &str| {
+        sluice()
+            .args(["feed", "--url", &server.base, "--api-key", key, "--rate", "0"])
+            .args(["--chain", "base", "--entity", "erc20_token_transfer", "--count", "30"])
+            .output()
+            .unwrap()
+    };
+    let output = feed(BOOTSTRAP_KEY);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["accepted"], 30, "{report}");
+    assert!(report["seed"].is_u64(), "{report}");
+    let output = feed("slk_not_a_key_of_this_server_0000");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("0 records sent, 0 accepted"), "{stderr}");
+    assert!(stderr.contains("401"), "{stderr}");
+    assert!(server.terminate());
+}
