@@ -64,7 +64,7 @@ fn records_due(elapsed: Duration, rate: f64, sent: u64, limit: u64, batch: u64) 
 }
 
 /// A seed no earlier run is likely to have used.
-fn random_seed() -> u64 {
+pub(crate) fn random_seed() -> u64 {
     use std::hash::{BuildHasher as _, Hasher as _};
     // `RandomState` is seeded from the OS's randomness once per process.
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();

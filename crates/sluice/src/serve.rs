@@ -158,8 +158,11 @@ fn background_tasks(
         }
     }));
     if demo {
-        for (seed, entry) in catalog.entries().iter().enumerate() {
-            let Ok(generator) = demo_generator(&entry.chain, &entry.entity, seed as u64 + 1) else {
+        // A new seed per start, as `sluice feed` does: a restarted demo sends new keys rather
+        // than the previous run's again (streams of one seed differ by chain and entity).
+        let seed = crate::feed::random_seed();
+        for entry in catalog.entries() {
+            let Ok(generator) = demo_generator(&entry.chain, &entry.entity, seed) else {
                 tracing::warn!(chain = %entry.chain, entity = %entry.entity, "no demo feed for this stream");
                 continue;
             };

@@ -225,3 +225,65 @@ fn a_feed_that_stops_on_an_error_exits_nonzero_with_the_accepted_count() {
     assert!(stderr.contains("401"), "{stderr}");
     assert!(server.terminate());
 }
+
+/// Starts `serve --demo` on a fresh data dir, deploys a pipeline on Base transfers and
+/// returns the keys of the first records it delivers.
+async fn demo_keys() -> std::collections::BTreeSet<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut command = sluice();
+    command
+        .args(["serve", "--demo", "--data-dir", &dir.path().display().to_string()])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("SLUICE_BOOTSTRAP_API_KEY", BOOTSTRAP_KEY);
+    let server = Server::start(command, port);
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(40)).build().unwrap();
+    let beam = format!("{}/api/v1/beam", server.base);
+    let body = serde_json::json!({
+        "name": "all", "description": "",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [],
+            "sinks": [{"type": "kafka", "uid": "sk-all", "name": "all"}]
+        }
+    });
+    let created: serde_json::Value = client
+        .post(&beam)
+        .header("x-api-key", BOOTSTRAP_KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap_or_else(|| panic!("{created}")).to_owned();
+    let deployed =
+        client.post(format!("{beam}/{id}/deploy")).header("x-api-key", BOOTSTRAP_KEY).send();
+    assert_eq!(deployed.await.unwrap().status().as_u16(), 200);
+    let mut keys = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while keys.len() < 5 {
+        assert!(std::time::Instant::now() < deadline, "the demo delivered only {keys:?}");
+        let page: serde_json::Value = client
+            .get(format!("{beam}/{id}/sinks/sk-all/records?offset=0&limit=5&wait_ms=5000"))
+            .header("x-api-key", BOOTSTRAP_KEY)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        for record in page["records"].as_array().unwrap_or_else(|| panic!("{page}")) {
+            keys.insert(record["key"].as_str().unwrap().to_owned());
+        }
+    }
+    assert!(server.terminate());
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_demo_start_sends_new_keys() {
+    let (first, second) = (demo_keys().await, demo_keys().await);
+    assert!(first.is_disjoint(&second), "{first:?} and {second:?}");
+}
