@@ -172,7 +172,9 @@ impl AppState {
         title = "Sluice API",
         version = "1.0.0",
         description = "Self-hostable streaming pipelines for blockchain data. Every endpoint but \
-            the operational ones needs an API key in the `X-API-Key` header. Validation failures \
+            `/healthz`, `/readyz`, `/api/v1/openapi.json` and `/docs` needs an API key in the \
+            `X-API-Key` header (`/metrics` also takes the server's metrics token as a bearer \
+            token). Validation failures \
             are 422 with a `detail` array of `{loc, msg, type}`; every other error is \
             `{\"detail\": \"...\"}`. A trailing slash on any path is accepted."
     ),
