@@ -5,6 +5,7 @@
 //! prefix and is accepted when its hash equals a candidate's, compared in constant time.
 
 use axum::extract::FromRequestParts;
+use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use sha2::{Digest, Sha256};
 use sluice_core::identity::Principal;
@@ -79,20 +80,40 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let key = parts
-            .headers
-            .get(API_KEY_HEADER)
-            .ok_or(ApiError::Unauthorized("Missing API key: send it in the X-API-Key header"))?
-            .to_str()
-            .map_err(|_| ApiError::Unauthorized("Invalid API key"))?;
-        let hash = hash_key(key);
-        let candidates = state.store.api_key_candidates(prefix(key)).await?;
-        candidates
-            .into_iter()
-            .find(|candidate| bool::from(candidate.hash.as_bytes().ct_eq(hash.as_bytes())))
-            .map(|candidate| Caller(candidate.principal))
-            .ok_or(ApiError::Unauthorized("Invalid API key"))
+        authenticate(&parts.headers, state).await.map(Caller)
     }
+}
+
+/// The principal whose key the `X-API-Key` header carries.
+///
+/// # Errors
+/// [`ApiError::Unauthorized`] for a missing or unknown key, or a store failure.
+pub async fn authenticate(headers: &HeaderMap, state: &AppState) -> Result<Principal, ApiError> {
+    let key = headers
+        .get(API_KEY_HEADER)
+        .ok_or(ApiError::Unauthorized("Missing API key: send it in the X-API-Key header"))?
+        .to_str()
+        .map_err(|_| ApiError::Unauthorized("Invalid API key"))?;
+    let hash = hash_key(key);
+    let candidates = state.store.api_key_candidates(prefix(key)).await?;
+    candidates
+        .into_iter()
+        .find(|candidate| bool::from(candidate.hash.as_bytes().ct_eq(hash.as_bytes())))
+        .map(|candidate| candidate.principal)
+        .ok_or(ApiError::Unauthorized("Invalid API key"))
+}
+
+/// Whether `headers` carry `Authorization: Bearer <token>` with exactly `token` (compared in
+/// constant time).
+pub fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
+    let Some(given) = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    bool::from(given.trim().as_bytes().ct_eq(token.as_bytes()))
 }
 
 impl Caller {

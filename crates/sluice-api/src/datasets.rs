@@ -290,7 +290,7 @@ pub async fn create_dataset(
         }
     })
     .await?;
-    tracing::info!(dataset_id = %dataset.id, name = %dataset.name, owner = %dataset.owner_user_id, "dataset created");
+    tracing::info!(dataset_id = %dataset.id, name = ?dataset.name, owner = %dataset.owner_user_id, "dataset created");
     Ok(Json(DatasetBody::from(&dataset)))
 }
 

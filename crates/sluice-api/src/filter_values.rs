@@ -318,7 +318,7 @@ pub async fn add_filter_values(
     let (id, uid) = (&path.config_id, &path.transform_uid);
     let added = state.store.add_filter_values(id, uid, &values).await?;
     state.filter_listener.changed(id, uid, FilterValuesChange::Added(&values));
-    tracing::info!(config_id = %id, transform_uid = %uid, given = values.len(), added, "filter values added");
+    tracing::info!(config_id = %id, transform_uid = ?uid, given = values.len(), added, "filter values added");
     Ok(Json(AddedBody { added }))
 }
 
@@ -352,7 +352,7 @@ pub async fn replace_filter_values(
     let (id, uid) = (&path.config_id, &path.transform_uid);
     let count = state.store.replace_filter_values(id, uid, &values).await?;
     state.filter_listener.changed(id, uid, FilterValuesChange::Replaced(&values));
-    tracing::info!(config_id = %id, transform_uid = %uid, count, "filter values replaced");
+    tracing::info!(config_id = %id, transform_uid = ?uid, count, "filter values replaced");
     Ok(Json(CountBody { count }))
 }
 
@@ -386,7 +386,7 @@ pub async fn remove_filter_values(
     let (id, uid) = (&path.config_id, &path.transform_uid);
     let removed = state.store.remove_filter_values(id, uid, &values).await?;
     state.filter_listener.changed(id, uid, FilterValuesChange::Removed(&values));
-    tracing::info!(config_id = %id, transform_uid = %uid, given = values.len(), removed, "filter values removed");
+    tracing::info!(config_id = %id, transform_uid = ?uid, given = values.len(), removed, "filter values removed");
     Ok(Json(RemovedBody { removed }))
 }
 

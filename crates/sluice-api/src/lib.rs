@@ -80,6 +80,9 @@ pub struct AppState {
     /// Token prices; `None` in a process that serves none. The price endpoints answer 503
     /// while the slot is empty (the service is still loading) or holds the reason it failed.
     pub prices: Option<PriceSlot>,
+    /// The bearer token that reads every pipeline's `/metrics` without an API key (for
+    /// Prometheus); `None`: `/metrics` needs a key like every other endpoint.
+    pub metrics_token: Option<Arc<str>>,
     openapi_json: axum::body::Bytes,
 }
 
@@ -102,6 +105,7 @@ impl AppState {
             runtime: None,
             edit_locks: Arc::default(),
             prices: None,
+            metrics_token: None,
             openapi_json: openapi_json.into(),
         }
     }
@@ -147,6 +151,13 @@ impl AppState {
         self
     }
 
+    /// Lets `Authorization: Bearer <token>` read every pipeline's `/metrics`.
+    #[must_use]
+    pub fn with_metrics_token(mut self, token: impl Into<Arc<str>>) -> Self {
+        self.metrics_token = Some(token.into());
+        self
+    }
+
     /// Sends filter-value changes to `listener` (the runtime's set indexes).
     #[must_use]
     pub fn with_filter_listener(mut self, listener: Arc<dyn FilterValuesListener>) -> Self {
@@ -161,7 +172,9 @@ impl AppState {
         title = "Sluice API",
         version = "1.0.0",
         description = "Self-hostable streaming pipelines for blockchain data. Every endpoint but \
-            the operational ones needs an API key in the `X-API-Key` header. Validation failures \
+            `/healthz`, `/readyz`, `/api/v1/openapi.json` and `/docs` needs an API key in the \
+            `X-API-Key` header (`/metrics` also takes the server's metrics token as a bearer \
+            token). Validation failures \
             are 422 with a `detail` array of `{loc, msg, type}`; every other error is \
             `{\"detail\": \"...\"}`. A trailing slash on any path is accepted."
     ),
@@ -187,6 +200,13 @@ impl Modify for ApiKeyScheme {
         components.add_security_scheme(
             "api_key",
             SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+        );
+        // `GET /metrics` also accepts the server's metrics token (`--metrics-token`).
+        components.add_security_scheme(
+            "metrics_token",
+            SecurityScheme::Http(utoipa::openapi::security::Http::new(
+                utoipa::openapi::security::HttpAuthScheme::Bearer,
+            )),
         );
     }
 }
@@ -252,6 +272,21 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
 /// The OpenAPI document of every route.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     routes_with_doc(&Limits::default()).split_for_parts().1
+}
+
+/// The operator-only metrics listener (`--metrics-listen`): `GET /metrics` of every
+/// pipeline without a key or token, and nothing else (404).
+pub fn metrics_app(state: AppState) -> Router {
+    async fn all(
+        axum::extract::State(state): axum::extract::State<AppState>,
+    ) -> impl axum::response::IntoResponse {
+        let text = stats::exposition(&state, None).await;
+        ([(axum::http::header::CONTENT_TYPE, stats::PROMETHEUS_CONTENT_TYPE)], text)
+    }
+    Router::new()
+        .route("/metrics", axum::routing::get(all))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
 }
 
 /// The complete HTTP service: every route, the body limit, request tracing, and trailing

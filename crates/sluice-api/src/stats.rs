@@ -1,11 +1,12 @@
 //! Worker health (`GET …/deploy/stats`), deployment metrics (`GET …/deploy/metrics`) and the
 //! Prometheus exposition (`GET /metrics`). Semantics and choices: `docs/metrics.md`.
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::header;
+use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
@@ -17,7 +18,7 @@ use sluice_store::metrics::{Histogram, LATENCY_BOUNDS_MS};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::AppState;
-use crate::auth::Caller;
+use crate::auth::{self, Caller};
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 
 /// One worker of a deployment.
@@ -461,15 +462,40 @@ fn aggregate(
     }
 }
 
-/// Prometheus text exposition (no API key): per pipeline that ran in this process since it
-/// started (label `config_id`), the counters, the latency histograms in seconds and the
-/// latest data age; per running deployment, its workers by health.
+/// Prometheus text exposition: per pipeline that ran in this process since it started
+/// (label `config_id`), the counters, the latency histograms in seconds and the latest data
+/// age; per running deployment, its workers by health. `Authorization: Bearer <token>` with
+/// the server's metrics token, or an operator's API key, shows every pipeline; any other API
+/// key shows only the pipelines it may read (so labels never reveal another tenant's
+/// pipelines); no key and no token is 401.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String)))]
-pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
+    responses(
+        (status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String),
+        (status = 401, description = "Missing or unknown API key or metrics token", body = ErrorBody),
+    ),
+    security(("api_key" = []), ("metrics_token" = []))
+)]
+pub async fn prometheus(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
+    let visible = metrics_scope(&state, &headers).await?;
+    Ok((
+        [(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)],
+        exposition(&state, visible.as_ref()).await,
+    ))
+}
+
+/// The content type of the Prometheus text format.
+pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The Prometheus text of the pipelines in `visible` (`None`: every pipeline).
+pub async fn exposition(state: &AppState, visible: Option<&HashSet<String>>) -> String {
+    let shown = |id: &str| visible.is_none_or(|ids| ids.contains(id));
     let mut out = String::new();
     if let Some(runtime) = state.runtime.as_ref() {
-        let totals = runtime.metrics().totals();
+        let mut totals = runtime.metrics().totals();
+        totals.retain(|(id, _)| shown(id));
         let counters: [(&str, &str, CountOf); 4] = [
             ("messages_received", "Records read from the source.", |t| t.received),
             ("messages_sent", "Records delivered to the sink.", |t| t.sent),
@@ -542,7 +568,8 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
                 );
             }
         }
-        let health = runtime.all_worker_health().await;
+        let mut health = runtime.all_worker_health().await;
+        health.retain(|(id, _)| shown(id));
         let _ = writeln!(
             out,
             "# HELP sluice_pipeline_workers Workers of running deployments, by health (a worker may count in several)."
@@ -578,7 +605,32 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
             );
         }
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out)
+    out
+}
+
+/// The pipelines a `/metrics` request may see: `None` for all (the metrics token or an
+/// operator's key), else the ids the key's user may read.
+async fn metrics_scope(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Option<HashSet<String>>, ApiError> {
+    if let Some(token) = state.metrics_token.as_deref()
+        && auth::bearer_matches(headers, token)
+    {
+        return Ok(None);
+    }
+    if headers.get(auth::API_KEY_HEADER).is_none() && headers.contains_key(header::AUTHORIZATION) {
+        return Err(ApiError::Unauthorized("Invalid metrics token"));
+    }
+    let caller = auth::authenticate(headers, state).await?;
+    if caller.is_operator {
+        return Ok(None);
+    }
+    if !caller.flags.pipelines {
+        return Ok(Some(HashSet::new()));
+    }
+    let readable = state.store.list_readable_pipelines(&caller).await?;
+    Ok(Some(readable.into_iter().map(|pipeline| pipeline.id).collect()))
 }
 
 type CountOf = fn(&sluice_runtime::metrics::Totals) -> u64;

@@ -152,7 +152,7 @@ pub async fn patch_transform(
     let mut transforms = pipeline.pipeline_config.transforms.clone();
     transforms[index] = transform.clone();
     store_and_redeploy(&state, &caller, pipeline, transforms).await?;
-    tracing::info!(%config_id, %transform_uid, "transform updated");
+    tracing::info!(%config_id, ?transform_uid, "transform updated");
     Ok(Json(transform))
 }
 

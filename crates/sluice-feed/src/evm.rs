@@ -71,6 +71,8 @@ pub(crate) struct EvmFeed {
     blocks: BlockCursor,
     wallets: Accounts,
     well_known: Vec<Asset>,
+    /// Share of token picks that are a well-known token.
+    pub(crate) well_known_share: f64,
     tokens: Vec<Asset>,
     collections: Vec<Asset>,
     /// DEX pools, routers and other contracts.
@@ -169,6 +171,7 @@ impl EvmFeed {
             blocks: BlockCursor::new(cadence, plan, true),
             wallets: Accounts::new(rng, 400, random_address, 0.25),
             well_known: well_known.iter().map(Asset::from).collect(),
+            well_known_share: WELL_KNOWN_SHARE,
             tokens: (0..80).map(|_| invented_token(rng)).collect(),
             collections: (0..40).map(|_| invented_collection(rng)).collect(),
             contracts: (0..60).map(|_| random_address(rng)).collect(),
@@ -246,7 +249,7 @@ impl EvmFeed {
     }
 
     fn pick_token(&self, rng: &mut StdRng) -> Asset {
-        if !self.well_known.is_empty() && rng.gen_bool(WELL_KNOWN_SHARE) {
+        if !self.well_known.is_empty() && rng.gen_bool(self.well_known_share) {
             self.well_known.choose(rng).expect("non-empty").clone()
         } else {
             self.tokens.choose(rng).expect("tokens are generated").clone()

@@ -113,6 +113,17 @@ impl Generator {
         Ok(Self { chain: chain.to_owned(), entity: schema.entity, rng, family })
     }
 
+    /// Makes `share` (0 to 1) of an EVM stream's token picks a well-known token of the
+    /// chain (`docs/streams.md`; 0.25 by default); other streams are unchanged. A demo uses a
+    /// high share so that a filter on USDC soon has records to pass.
+    #[must_use]
+    pub fn with_well_known_share(mut self, share: f64) -> Self {
+        if let Family::Evm(feed) = &mut self.family {
+            feed.well_known_share = share.clamp(0.0, 1.0);
+        }
+        self
+    }
+
     pub fn chain(&self) -> &str {
         &self.chain
     }

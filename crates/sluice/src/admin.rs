@@ -1,10 +1,14 @@
 //! `sluice admin …`: keys and organization flags, written straight to the store, so they work
 //! while a server runs (SQLite in WAL mode allows it; PostgreSQL naturally does).
 
-use anyhow::bail;
-use clap::{Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::sync::Arc;
 
-use crate::serve::open_store;
+use anyhow::{Context, bail};
+use clap::{Subcommand, ValueEnum};
+use sluice_store::MetadataStore;
+
+use crate::serve::redact;
 use crate::settings::{Settings, StoreArgs};
 
 #[derive(Debug, Subcommand)]
@@ -65,7 +69,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
                     bail!("--{what} must not be empty");
                 }
             }
-            let store = open_store(&Settings::resolve_store(&store)?).await?;
+            let store = open_existing_store(&store).await?;
             let identity = store.ensure_identity(&org, &team, &user, operator).await?;
             let key = sluice_api::auth::issue_key(store.as_ref(), &identity.user.id, None)
                 .await?
@@ -74,7 +78,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             println!("{key}");
         }
         AdminCommand::RevokeKey { key, store } => {
-            let store = open_store(&Settings::resolve_store(&store)?).await?;
+            let store = open_existing_store(&store).await?;
             if !store.revoke_api_key(&sluice_api::auth::hash_key(&key)).await? {
                 bail!("no active API key matches");
             }
@@ -84,7 +88,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             if pipelines.is_none() && custom_transforms.is_none() {
                 bail!("give --pipelines on|off and/or --custom-transforms on|off");
             }
-            let store = open_store(&Settings::resolve_store(&store)?).await?;
+            let store = open_existing_store(&store).await?;
             let updated = store
                 .set_org_flags(
                     &org,
@@ -103,4 +107,55 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Where the admin commands look when told nothing else.
+const HINT: &str = "admin commands never create a store: give the server's --data-dir or \
+    --database-url (or SLUICE_DATA_DIR, SLUICE_DATABASE_URL, or --config with the server's file)";
+
+/// Opens the store a server already created, and says on stderr which one it is. Never
+/// creates one: a missing SQLite file, or a store without users (no server has started on
+/// it), is an error naming the store looked at.
+///
+/// # Errors
+/// As above, or when the store cannot be opened.
+async fn open_existing_store(args: &StoreArgs) -> anyhow::Result<Arc<dyn MetadataStore>> {
+    let settings = Settings::resolve_store(args)?;
+    let shown = redact(&settings.database_url);
+    if let Some(path) = sqlite_path(&settings.database_url)
+        && !path.is_file()
+    {
+        bail!("no Sluice store at {shown} ({} does not exist); {HINT}", path.display());
+    }
+    let store = sluice_store::open(&settings.database_url)
+        .await
+        .with_context(|| format!("opening the store at {shown}"))?;
+    if !store.has_users().await? {
+        bail!("the store at {shown} has no users: no server has started on it; {HINT}");
+    }
+    eprintln!("using the store at {shown}");
+    Ok(store)
+}
+
+/// The file of a `sqlite:` URL; `None` for other databases. An in-memory database has a
+/// file name that never exists, so it is refused too.
+fn sqlite_path(url: &str) -> Option<PathBuf> {
+    let rest = url.strip_prefix("sqlite:")?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let path = rest.split('?').next().unwrap_or(rest);
+    Some(PathBuf::from(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sqlite_path;
+    use std::path::PathBuf;
+
+    #[test]
+    fn sqlite_urls_name_their_file() {
+        assert_eq!(sqlite_path("sqlite://./d/sluice.db"), Some(PathBuf::from("./d/sluice.db")));
+        assert_eq!(sqlite_path("sqlite:///abs/s.db?mode=rwc"), Some(PathBuf::from("/abs/s.db")));
+        assert_eq!(sqlite_path("sqlite:rel.db"), Some(PathBuf::from("rel.db")));
+        assert_eq!(sqlite_path("postgres://u@h/db"), None);
+    }
 }

@@ -8,7 +8,6 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use sluice_feed::{Generator, ndjson_batch};
 use tracing::{info, warn};
@@ -40,9 +39,11 @@ pub struct FeedArgs {
     /// Stop after this many records (default: run until Ctrl-C).
     #[arg(long)]
     count: Option<u64>,
-    /// Generator seed: feeds with different seeds carry different hashes and accounts.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    /// Generator seed: feeds with different seeds carry different hashes and accounts, so
+    /// their records have different keys. Default: a new random seed per run (printed in the
+    /// report); give one to repeat a run's records exactly.
+    #[arg(long)]
+    seed: Option<u64>,
     /// Most records per request.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
     batch: u64,
@@ -62,8 +63,23 @@ fn records_due(elapsed: Duration, rate: f64, sent: u64, limit: u64, batch: u64) 
     due.min(limit).saturating_sub(sent).clamp(1, batch)
 }
 
+/// A seed no earlier run is likely to have used.
+pub(crate) fn random_seed() -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    // `RandomState` is seeded from the OS's randomness once per process.
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos()),
+    );
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
+
 pub async fn run(args: FeedArgs) -> anyhow::Result<()> {
-    let mut generator = Generator::new(&args.chain, &args.entity, args.seed)?;
+    let seed = args.seed.unwrap_or_else(random_seed);
+    let mut generator = Generator::new(&args.chain, &args.entity, seed)?;
     let endpoint = endpoint(&args);
     let client = reqwest::Client::new();
     let limit = args.count.unwrap_or(u64::MAX);
@@ -89,7 +105,7 @@ pub async fn run(args: FeedArgs) -> anyhow::Result<()> {
         }
     });
 
-    info!(endpoint, rate = args.rate, "feeding");
+    info!(endpoint, rate = args.rate, seed, "feeding");
     let started = Instant::now();
     let (mut sent, mut accepted) = (0u64, 0u64);
     let mut last_progress = started;
@@ -114,11 +130,23 @@ pub async fn run(args: FeedArgs) -> anyhow::Result<()> {
         if let Some(key) = &args.api_key {
             request = request.header("X-API-Key", key);
         }
-        let response = request.send().await.with_context(|| format!("sending to {endpoint}"))?;
+        let stopped = |cause: String| {
+            anyhow::anyhow!(
+                "feed stopped on an error after {sent} records sent, {accepted} accepted \
+                 (seed {seed}): {cause}"
+            )
+        };
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(error) => return Err(stopped(format!("sending to {endpoint}: {error}"))),
+        };
         let status = response.status();
-        let text = response.text().await.context("reading the ingest response")?;
+        let text = match response.text().await {
+            Ok(text) => text,
+            Err(error) => return Err(stopped(format!("reading the ingest response: {error}"))),
+        };
         if !status.is_success() {
-            bail!("ingest failed after {sent} records: {status}: {text}");
+            return Err(stopped(format!("ingest answered {status}: {text}")));
         }
         sent += count;
         match serde_json::from_str::<Value>(&text).ok().and_then(|v| v["accepted"].as_u64()) {
@@ -135,6 +163,7 @@ pub async fn run(args: FeedArgs) -> anyhow::Result<()> {
         "chain": args.chain,
         "entity": args.entity,
         "zerolag": args.zerolag,
+        "seed": seed,
         "sent": sent,
         "accepted": accepted,
         "seconds": (seconds * 1000.0).round() / 1000.0,
@@ -201,7 +230,7 @@ mod tests {
             api_key: None,
             rate: 0,
             count: Some(250),
-            seed: 1,
+            seed: Some(1),
             batch: 100,
         }
     }
@@ -281,6 +310,65 @@ mod tests {
         let error = run(args(server(router).await)).await.unwrap_err().to_string();
         assert!(error.contains("404"), "{error}");
         assert!(error.contains("no such stream"), "{error}");
+        assert!(error.contains("0 accepted"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_feed_stopped_by_an_error_says_how_many_records_were_accepted() {
+        // Accepts two requests (100 records each, 60 of each counted as accepted), then 503.
+        let calls = Arc::new(Mutex::new(0));
+        let router = axum::Router::new().route(
+            "/api/v1/streams/base/erc20_token_transfer/records",
+            post(move || {
+                let calls = calls.clone();
+                async move {
+                    let mut calls = calls.lock().unwrap();
+                    *calls += 1;
+                    if *calls <= 2 {
+                        (StatusCode::OK, r#"{"accepted":60}"#.to_owned())
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, r#"{"detail":"busy"}"#.to_owned())
+                    }
+                }
+            }),
+        );
+        let error = run(args(server(router).await)).await.unwrap_err().to_string();
+        assert!(error.contains("200 records sent, 120 accepted"), "{error}");
+        assert!(error.contains("503") && error.contains("busy"), "{error}");
+        // A server that is gone: the same report.
+        let mut gone = args("http://127.0.0.1:9".into());
+        gone.count = Some(10);
+        let error = run(gone).await.unwrap_err().to_string();
+        assert!(error.contains("0 records sent, 0 accepted"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn runs_without_a_seed_send_new_keys_and_a_given_seed_repeats_them() {
+        let keys = |seed: Option<u64>| async move {
+            let seen = Shared::default();
+            let router = axum::Router::new()
+                .route("/api/v1/streams/base/erc20_token_transfer/records", post(ingest))
+                .with_state(seen.clone());
+            let mut feed = args(server(router).await);
+            feed.seed = seed;
+            feed.count = Some(20);
+            run(feed).await.unwrap();
+            let seen = seen.lock().unwrap();
+            seen.lines
+                .iter()
+                .map(|line| {
+                    sluice_core::streams::record_key(
+                        "erc20_token_transfer",
+                        line.as_object().unwrap(),
+                    )
+                    .unwrap()
+                })
+                .collect::<std::collections::BTreeSet<String>>()
+        };
+        let (first, second) = (keys(None).await, keys(None).await);
+        assert_eq!(first.len(), 20);
+        assert!(first.is_disjoint(&second), "a second default run repeats keys");
+        assert_eq!(keys(Some(7)).await, keys(Some(7)).await);
     }
 
     #[tokio::test]

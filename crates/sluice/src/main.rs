@@ -4,6 +4,7 @@
 mod admin;
 mod bench;
 mod feed;
+mod logging;
 mod serve;
 mod settings;
 
@@ -40,7 +41,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging();
+    owner_only_files();
+    logging::init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         match cli.command {
@@ -52,14 +54,10 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
-/// Logs go to stderr so that stdout carries only what a command prints for scripts (keys).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
-    use std::io::IsTerminal as _;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+/// Everything this process creates (the data dir, the SQLite database and its WAL and SHM
+/// files, the stream log) is readable by its owner only: the store holds key hashes and
+/// every tenant's records.
+fn owner_only_files() {
+    #[cfg(unix)]
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
 }

@@ -82,6 +82,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .with_runtime(runtime.clone())
     .with_dataset_listener(datasets)
     .with_price_slot(prices);
+    let state = match &settings.metrics_token {
+        Some(token) => state.with_metrics_token(token.as_str()),
+        None => state,
+    };
+    if let Some(address) = settings.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("binding the metrics address {address}"))?;
+        tracing::info!(address = %listener.local_addr()?, "serving /metrics without a key");
+        let app = sluice_api::metrics_app(state.clone());
+        background.push(tokio::spawn(async move {
+            if let Err(error) = axum::serve(listener, app).await {
+                tracing::error!(%error, "the metrics listener stopped");
+            }
+        }));
+    }
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
@@ -102,7 +118,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Records generated per stream per second by `--demo`.
-const DEMO_RATE: u64 = 2;
+const DEMO_RATE: u64 = 6;
+
+/// Share of the demo's EVM token picks that are the chain's well-known tokens (USDC, WETH…):
+/// all of them, so that the walkthrough's USDC filter on Base (one of six well-known tokens)
+/// passes about one record a second.
+const DEMO_WELL_KNOWN_SHARE: f64 = 1.0;
+
+/// The demo generator of one stream.
+fn demo_generator(
+    chain: &str,
+    entity: &str,
+    seed: u64,
+) -> Result<sluice_feed::Generator, sluice_feed::FeedError> {
+    Ok(sluice_feed::Generator::new(chain, entity, seed)?
+        .with_well_known_share(DEMO_WELL_KNOWN_SHARE))
+}
 
 /// The retention job, and with `demo` a gentle feed into every catalog stream.
 fn background_tasks(
@@ -124,10 +155,11 @@ fn background_tasks(
         }
     }));
     if demo {
-        for (seed, entry) in catalog.entries().iter().enumerate() {
-            let Ok(generator) =
-                sluice_feed::Generator::new(&entry.chain, &entry.entity, seed as u64 + 1)
-            else {
+        // A new seed per start, as `sluice feed` does: a restarted demo sends new keys rather
+        // than the previous run's again (streams of one seed differ by chain and entity).
+        let seed = crate::feed::random_seed();
+        for entry in catalog.entries() {
+            let Ok(generator) = demo_generator(&entry.chain, &entry.entity, seed) else {
                 tracing::warn!(chain = %entry.chain, entity = %entry.entity, "no demo feed for this stream");
                 continue;
             };
@@ -248,7 +280,7 @@ async fn bootstrap(store: &dyn MetadataStore) -> anyhow::Result<()> {
 }
 
 /// Hides a password in a database URL before it is logged.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
             let credentials = &url[scheme_end + 3..at];
@@ -291,7 +323,25 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::{DEMO_RATE, demo_generator, redact};
+
+    #[test]
+    fn the_demo_passes_the_walkthroughs_usdc_filter_about_once_a_second() {
+        // The walkthrough filters Base transfers on USDC: a minute of the demo's records of
+        // that stream must hold about one USDC transfer per second (six well-known tokens).
+        let usdc = "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913";
+        let mut generator = demo_generator("base", "erc20_token_transfer", 2).unwrap();
+        let start = chrono::Utc::now();
+        let mut usdc_records = 0;
+        for i in 0..DEMO_RATE * 60 {
+            let now = start + chrono::Duration::milliseconds((i * 1000 / DEMO_RATE) as i64);
+            let record = generator.next_record(now);
+            if record["token_address"] == usdc {
+                usdc_records += 1;
+            }
+        }
+        assert!(usdc_records >= 45, "{usdc_records} USDC transfers in a minute of the demo");
+    }
 
     #[test]
     fn passwords_are_redacted_from_database_urls() {

@@ -47,6 +47,14 @@ pub struct ServeArgs {
     /// [default: 134217728].
     #[arg(long, env = "SLUICE_MAX_FILTER_VALUES_BODY_BYTES", value_name = "BYTES")]
     pub max_filter_values_body_bytes: Option<usize>,
+    /// Bearer token that reads every pipeline's `/metrics` without an API key (Prometheus's
+    /// `authorization` setting); without it `/metrics` needs an API key.
+    #[arg(long, env = "SLUICE_METRICS_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
+    /// A second, operator-only address that serves `/metrics` of every pipeline without a key
+    /// or token (keep it off the public network).
+    #[arg(long, env = "SLUICE_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The config file: every setting, all optional.
@@ -59,6 +67,8 @@ struct FileSettings {
     catalog_file: Option<PathBuf>,
     max_body_bytes: Option<usize>,
     max_filter_values_body_bytes: Option<usize>,
+    metrics_token: Option<String>,
+    metrics_listen: Option<SocketAddr>,
 }
 
 /// Resolved settings.
@@ -70,7 +80,12 @@ pub struct Settings {
     pub catalog_file: Option<PathBuf>,
     pub max_body_bytes: usize,
     pub max_filter_values_body_bytes: usize,
+    pub metrics_token: Option<String>,
+    pub metrics_listen: Option<SocketAddr>,
 }
+
+/// Shortest metrics token accepted: a guessable token would expose every tenant's metrics.
+pub const MIN_METRICS_TOKEN_LEN: usize = 16;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_DATA_DIR: &str = "./sluice-data";
@@ -108,6 +123,15 @@ impl Settings {
         if max_filter_values_body_bytes == 0 {
             bail!("max_filter_values_body_bytes must be greater than 0");
         }
+        let metrics_token = args.metrics_token.clone().or(file.metrics_token);
+        if let Some(token) = &metrics_token
+            && (token.trim().len() < MIN_METRICS_TOKEN_LEN || token.trim() != token)
+        {
+            bail!(
+                "metrics_token must be at least {MIN_METRICS_TOKEN_LEN} characters, without \
+                 surrounding spaces"
+            );
+        }
         Ok(Self {
             data_dir,
             database_url,
@@ -118,6 +142,8 @@ impl Settings {
             catalog_file: args.catalog_file.clone().or(file.catalog_file),
             max_body_bytes,
             max_filter_values_body_bytes,
+            metrics_token,
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
         })
     }
 
@@ -129,14 +155,50 @@ impl Settings {
         Self::resolve(&ServeArgs { store: args.clone(), ..ServeArgs::default() })
     }
 
-    /// Creates the data directory when the database lives in it.
+    /// Creates the data directory (mode 0700) when missing; an existing one that others may
+    /// enter, and the store files in it, are tightened to owner-only with a warning.
     ///
     /// # Errors
-    /// When the directory cannot be created.
+    /// When the directory cannot be created or its mode changed.
     pub fn prepare_data_dir(&self) -> anyhow::Result<()> {
-        std::fs::create_dir_all(&self.data_dir)
-            .with_context(|| format!("creating data directory {}", self.data_dir.display()))
+        let dir = &self.data_dir;
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder
+            .create(dir)
+            .with_context(|| format!("creating data directory {}", dir.display()))?;
+        #[cfg(unix)]
+        tighten(dir)?;
+        Ok(())
     }
+}
+
+/// The files Sluice keeps in a data directory.
+pub const DATA_FILES: [&str; 4] = ["sluice.db", "sluice.db-wal", "sluice.db-shm", "log.redb"];
+
+/// Makes `dir` 0700 and its store files 0600 where they are looser, saying so in the log.
+#[cfg(unix)]
+fn tighten(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let paths = std::iter::once((dir.to_path_buf(), 0o700))
+        .chain(DATA_FILES.iter().map(|name| (dir.join(name), 0o600)));
+    for (path, wanted) in paths {
+        let Ok(metadata) = std::fs::metadata(&path) else { continue };
+        let mode = metadata.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(wanted))
+                .with_context(|| format!("making {} owner-only", path.display()))?;
+            tracing::warn!(
+                path = ?path,
+                was = format!("{mode:o}"),
+                now = format!("{wanted:o}"),
+                "tightened the mode of a data-directory entry to owner-only"
+            );
+        }
+    }
+    Ok(())
 }
 
 fn default_database_url(data_dir: &Path) -> String {
@@ -170,6 +232,23 @@ mod tests {
         assert_eq!(settings.database_url, "sqlite://./sluice-data/sluice.db");
         assert_eq!(settings.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
         assert_eq!(settings.max_filter_values_body_bytes, DEFAULT_MAX_FILTER_VALUES_BODY_BYTES);
+        assert_eq!(settings.metrics_token, None);
+        assert_eq!(settings.metrics_listen, None);
+    }
+
+    #[test]
+    fn metrics_settings_come_from_the_file_and_short_tokens_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = ServeArgs::default();
+        args.store.config = Some(file(
+            &dir,
+            "metrics_token = \"a-long-enough-token\"\nmetrics_listen = \"127.0.0.1:9464\"\n",
+        ));
+        let settings = Settings::resolve(&args).unwrap();
+        assert_eq!(settings.metrics_token.as_deref(), Some("a-long-enough-token"));
+        assert_eq!(settings.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+        args.metrics_token = Some("short".to_owned());
+        assert!(Settings::resolve(&args).is_err());
     }
 
     #[test]

@@ -118,7 +118,8 @@ async fn every_schema_reference_resolves_and_authenticated_routes_declare_the_ke
             let needs_key = path.starts_with("/api/v1/beam")
                 || path.starts_with("/api/v1/streams")
                 || path.starts_with("/api/v1/developer/prices")
-                || path == "/api/v1/me";
+                || path == "/api/v1/me"
+                || path == "/metrics";
             assert_eq!(secured, needs_key, "{method} {path}");
         }
     }

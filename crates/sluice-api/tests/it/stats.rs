@@ -181,10 +181,21 @@ impl Stack {
         key: Option<&str>,
         body: Option<String>,
     ) -> (StatusCode, String) {
+        let headers: Vec<(&str, &str)> = key.map(|key| ("X-API-Key", key)).into_iter().collect();
+        self.raw_with(method, path, &headers, body).await
+    }
+
+    async fn raw_with(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<String>,
+    ) -> (StatusCode, String) {
         let mut request =
             Request::builder().method(method).uri(path).header("content-type", "application/json");
-        if let Some(key) = key {
-            request = request.header("X-API-Key", key);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
         let request = request.body(body.map_or_else(Body::empty, Body::from)).unwrap();
         let response = sluice_api::app(self.state.clone()).oneshot(request).await.unwrap();
@@ -607,7 +618,7 @@ fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
 }
 
 #[tokio::test]
-async fn prometheus_exposes_the_counters_and_latency_histograms_per_pipeline_without_a_key() {
+async fn prometheus_exposes_the_counters_and_latency_histograms_per_pipeline_to_an_operator() {
     let stack = Stack::new().await;
     let id = stack.create(usdc_filter(), "S").await;
     stack.action(&id, "deploy").await;
@@ -617,7 +628,7 @@ async fn prometheus_exposes_the_counters_and_latency_histograms_per_pipeline_wit
     stack.delivered(&id, 2).await;
     stack.settle(&id).await;
     stack.counted(&id, 2).await;
-    let (status, text) = stack.raw(Method::GET, "/metrics", None, None).await;
+    let (status, text) = stack.raw(Method::GET, "/metrics", Some(&stack.operator), None).await;
     assert_eq!(status, StatusCode::OK);
     let samples = parse_prometheus(&text);
     let at = |name: &str, labels: &str| {
@@ -647,6 +658,85 @@ async fn prometheus_exposes_the_counters_and_latency_histograms_per_pipeline_wit
     assert_eq!(at("sluice_pipeline_workers", ",health=\"total\""), 1.0);
     assert_eq!(at("sluice_pipeline_workers", ",health=\"healthy\""), 1.0);
     assert_eq!(at("sluice_pipeline_worker_restarts", ""), 0.0);
+}
+
+/// The `config_id` labels of a Prometheus exposition.
+fn labelled_pipelines(text: &str) -> std::collections::BTreeSet<String> {
+    parse_prometheus(text)
+        .keys()
+        .filter_map(|series| series.split("config_id=\"").nth(1))
+        .filter_map(|rest| rest.split('"').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn prometheus_needs_a_key_or_the_metrics_token_and_shows_a_tenant_only_its_pipelines() {
+    let mut stack = Stack::new().await;
+    stack.state = stack.state.clone().with_metrics_token("prometheus-scrape-token-1234");
+    let ours = stack.create(usdc_filter(), "S").await;
+    stack.action(&ours, "deploy").await;
+    // The stranger's org has the pipeline service too, and its own deployed pipeline.
+    stack.store.set_org_flags("other", Some(true), Some(true)).await.unwrap();
+    let body = json!({
+        "name": "theirs", "description": "", "pod_size": "S",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": usdc_filter(),
+            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+        }
+    });
+    let (status, created) =
+        stack.call(Method::POST, "/api/v1/beam", &stack.stranger, Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let theirs = created["id"].as_str().unwrap().to_owned();
+    let (status, body) = stack
+        .call(
+            Method::POST,
+            &format!("/api/v1/beam/{theirs}/deploy"),
+            &stack.stranger,
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    stack.ingest(&[(1, USDC)]).await;
+    stack.delivered(&ours, 1).await;
+    stack.counted(&ours, 1).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !stack.runtime.metrics().totals().iter().any(|(id, t)| *id == theirs && t.sent == 1) {
+        assert!(tokio::time::Instant::now() < deadline, "their pipeline never delivered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let both: std::collections::BTreeSet<String> = [ours.clone(), theirs.clone()].into();
+
+    // No key, a wrong key, a wrong token: 401 in the error shape.
+    for headers in [
+        vec![],
+        vec![("X-API-Key", "slk_0000000000000000000000000000000000000000")],
+        vec![("Authorization", "Bearer wrong-token")],
+    ] {
+        let (status, text) = stack.raw_with(Method::GET, "/metrics", &headers, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{headers:?}: {text}");
+        let body: Value = serde_json::from_str(&text).unwrap();
+        assert!(body["detail"].is_string(), "{text}");
+    }
+    // The token and an operator's key see every pipeline.
+    let headers = [("Authorization", "Bearer prometheus-scrape-token-1234")];
+    let (status, text) = stack.raw_with(Method::GET, "/metrics", &headers, None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(labelled_pipelines(&text), both);
+    let (status, text) = stack.raw(Method::GET, "/metrics", Some(&stack.operator), None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(labelled_pipelines(&text), both);
+    // A tenant's key sees only what it may read: never the other tenant's pipeline ids.
+    let (status, text) = stack.raw(Method::GET, "/metrics", Some(&stack.owner), None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(labelled_pipelines(&text), [ours.clone()].into());
+    assert!(!text.contains(&theirs), "{text}");
+    let (status, text) = stack.raw(Method::GET, "/metrics", Some(&stack.stranger), None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(labelled_pipelines(&text), [theirs.clone()].into());
+    assert!(!text.contains(&ours), "{text}");
 }
 
 #[tokio::test]
@@ -698,7 +788,7 @@ async fn failed_sink_writes_are_output_errors_and_the_held_batch_is_sent_once() 
     let summary = stack.get(&format!("/api/v1/beam/{id}/deploy/metrics?aggregated=true")).await;
     assert_eq!(summary["output_error_rate"], 3.0 / 4.0, "{summary}");
     assert_eq!(summary["totals"]["output_error"], 3);
-    let (_, text) = stack.raw(Method::GET, "/metrics", None, None).await;
+    let (_, text) = stack.raw(Method::GET, "/metrics", Some(&stack.owner), None).await;
     let samples = parse_prometheus(&text);
     assert_eq!(samples[&format!("sluice_pipeline_output_errors_total{{config_id=\"{id}\"}}")], 3.0);
 }

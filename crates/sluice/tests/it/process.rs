@@ -33,8 +33,28 @@ pub struct Server {
 
 impl Server {
     /// Starts `command` (a `sluice serve …`) listening on `port` and waits until it is ready.
-    pub fn start(mut command: Command, port: u16) -> Self {
-        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    pub fn start(command: Command, port: u16) -> Self {
+        Self::spawn(command, port, Stdio::inherit())
+    }
+
+    /// As [`Server::start`], and also returns the lines the server logs on stderr.
+    pub fn start_logged(command: Command, port: u16) -> (Self, mpsc::Receiver<String>) {
+        let mut server = Self::spawn(command, port, Stdio::piped());
+        let stderr = server.child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            // Split on `\n` only, so a lone `\r` stays visible inside its line.
+            for line in BufReader::new(stderr).split(b'\n').map_while(Result::ok) {
+                if tx.send(String::from_utf8_lossy(&line).into_owned()).is_err() {
+                    break;
+                }
+            }
+        });
+        (server, rx)
+    }
+
+    fn spawn(mut command: Command, port: u16, stderr: Stdio) -> Self {
+        let mut child = command.stdout(Stdio::piped()).stderr(stderr).spawn().unwrap();
         let (tx, rx) = mpsc::channel();
         let stdout = child.stdout.take().unwrap();
         std::thread::spawn(move || {
