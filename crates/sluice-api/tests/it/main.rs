@@ -13,5 +13,6 @@ mod pipelines;
 mod prices;
 mod scripts;
 mod stats;
+mod tenancy;
 mod transforms;
 mod validation;
