@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod crash;
+mod kill_loop;
 mod postgres_runtime;
 mod process;
 mod serve;
