@@ -12,6 +12,7 @@ mod pipeline_stack;
 mod pipelines;
 mod prices;
 mod scripts;
+mod sink_outage;
 mod stats;
 mod tenancy;
 mod transforms;
