@@ -30,18 +30,18 @@ const NOT_IN_MATRIX: [(&str, &str, &str); 1] = [(
     "operator endpoint; its access and per-tenant labels are covered by the stats tests",
 )];
 
-struct Tenant {
-    key: String,
-    identity: Identity,
+pub struct Tenant {
+    pub key: String,
+    pub identity: Identity,
 }
 
-struct World {
+pub struct World {
     _dir: tempfile::TempDir,
-    log: Arc<EmbeddedLog>,
+    pub log: Arc<EmbeddedLog>,
     _runtime: Arc<Runtime>,
     state: AppState,
-    operator: String,
-    alice: Tenant,
+    pub operator: String,
+    pub alice: Tenant,
     /// Another organization.
     bob: Tenant,
     /// Alice's organization, another team, no grant on anything of hers.
@@ -49,7 +49,7 @@ struct World {
 }
 
 /// What Alice owns, and ids of the same kinds that no longer exist.
-struct Owned {
+pub struct Owned {
     pipeline: String,
     dataset: String,
     dataset_name: String,
@@ -61,7 +61,7 @@ struct Owned {
 }
 
 impl World {
-    async fn new() -> Self {
+    pub async fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let clock =
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()));
@@ -79,10 +79,19 @@ impl World {
         .unwrap();
         let datasets = Arc::new(DatasetIndex::load(store.as_ref()).await.unwrap());
         runtime.use_datasets(datasets.clone());
+        let price_store = sluice_store::open_prices(&url).await.unwrap();
+        let prices = sluice_prices::PriceService::start(
+            price_store,
+            clock.clone(),
+            sluice_prices::PriceSettings::default(),
+        )
+        .await
+        .unwrap();
         let state =
             AppState::new(store.clone(), Catalog::default(), clock.clone(), Limits::default())
                 .with_runtime(runtime.clone())
-                .with_dataset_listener(datasets);
+                .with_dataset_listener(datasets)
+                .with_prices(prices);
         let operator = key_for(store.as_ref(), "sluice", "ops", "admin", true).await;
         let tenant = |org: &'static str, team: &'static str, user: &'static str| {
             let store = store.clone();
@@ -102,12 +111,12 @@ impl World {
     }
 
     /// Sends a request; returns the status and the raw body text.
-    async fn call(
+    pub async fn call(
         &self,
         method: Method,
         path: &str,
         key: &str,
-        body: Option<String>,
+        body: Option<Vec<u8>>,
     ) -> (StatusCode, String) {
         let mut request = Request::builder().method(method).uri(path).header("X-API-Key", key);
         if body.is_some() {
@@ -122,8 +131,9 @@ impl World {
 
     /// A call of Alice's that must succeed; its JSON answer.
     async fn alice(&self, method: Method, path: &str, body: Option<Value>) -> Value {
-        let (status, text) =
-            self.call(method.clone(), path, &self.alice.key, body.map(|b| b.to_string())).await;
+        let (status, text) = self
+            .call(method.clone(), path, &self.alice.key, body.map(|b| b.to_string().into_bytes()))
+            .await;
         assert!(status.is_success(), "{method} {path}: {status} {text}");
         serde_json::from_str(&text).unwrap_or(Value::Null)
     }
@@ -132,7 +142,7 @@ impl World {
     /// managed sink; filter values; a dataset with entries; the pipeline deployed with records
     /// in its sink, a dead letter and log lines. Plus a pipeline and a dataset made and deleted
     /// again, whose ids are the "does not exist" reference.
-    async fn alice_owns_one_of_everything(&self) -> Owned {
+    pub async fn alice_owns_one_of_everything(&self) -> Owned {
         let script = "function transform(r) {\n  console.log('alpha-log-marker ' + r.n);\n  if (r.n === 13) throw new Error('alpha-deadletter-marker');\n  r.marker = 'alpha-sink-marker';\n  return r;\n}";
         let body = json!({
             "name": "alpha-secret-pipeline",
@@ -178,7 +188,7 @@ impl World {
                 Method::POST,
                 "/api/v1/streams/base/erc20_token_transfer/records",
                 &self.operator,
-                Some(ndjson),
+                Some(ndjson.into_bytes()),
             )
             .await;
         assert_eq!(status, StatusCode::OK, "{text}");
@@ -247,7 +257,7 @@ impl World {
     }
 
     /// Everything Alice can read about what she owns, to compare before and after.
-    async fn alice_view(&self, owned: &Owned) -> BTreeMap<String, Value> {
+    pub async fn alice_view(&self, owned: &Owned) -> BTreeMap<String, Value> {
         let id = &owned.pipeline;
         let dataset = &owned.dataset;
         let mut view = BTreeMap::new();
@@ -270,7 +280,7 @@ impl World {
 }
 
 /// How a route is expected to answer another tenant.
-enum Expect {
+pub enum Expect {
     /// Addresses one of Alice's resources: exactly the answer for an id that does not exist.
     NotFound,
     /// Not about one resource: this status, and nothing of Alice's in the answer.
@@ -279,14 +289,14 @@ enum Expect {
 
 /// One matrix entry: the request (path with Alice's ids filled in, query, body) and what
 /// another tenant must get.
-struct Probe {
-    path: String,
-    body: Option<String>,
+pub struct Probe {
+    pub path: String,
+    pub body: Option<String>,
     expect: Expect,
 }
 
 /// The probe of `(method, template)` for caller `who`, or `None` when the matrix lacks it.
-fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<Probe> {
+pub fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<Probe> {
     use Expect::{NotFound, Status};
     let pipeline_body = json!({
         "name": format!("{who}-pipeline"), "description": "the caller's own",
@@ -377,16 +387,16 @@ fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<Probe
         ("get", "/api/v1/me") => ("", None, Status(StatusCode::OK)),
         ("post", "/api/v1/developer/prices") => {
             let tokens = json!([{"chain": "base", "token_address": USDC}]);
-            ("", Some(tokens.to_string()), Status(StatusCode::SERVICE_UNAVAILABLE))
+            ("", Some(tokens.to_string()), Status(StatusCode::OK))
         }
         ("post", "/api/v1/developer/prices/history") => {
             let history = json!({
                 "addresses": [{"chain": "base", "token_address": USDC}],
                 "time_granularity": "1h",
-                "start_timestamp": 1_763_726_400,
-                "end_timestamp": 1_763_730_000,
+                "start_timestamp": "2026-11-21T10:00:00Z",
+                "end_timestamp": "2026-11-21T12:00:00Z",
             });
-            ("", Some(history.to_string()), Status(StatusCode::SERVICE_UNAVAILABLE))
+            ("", Some(history.to_string()), Status(StatusCode::OK))
         }
         ("get", "/healthz" | "/readyz" | "/api/v1/openapi.json" | "/docs") => {
             ("", None, Status(StatusCode::OK))
@@ -421,7 +431,7 @@ fn leaked<'a>(answer: &str, request: &str, secrets: &'a [String]) -> Vec<&'a str
 }
 
 /// Every documented `(method, path)`.
-fn documented_routes() -> Vec<(String, String)> {
+pub fn documented_routes() -> Vec<(String, String)> {
     let doc = serde_json::to_value(sluice_api::openapi()).unwrap();
     let mut routes = Vec::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
@@ -478,8 +488,14 @@ async fn no_route_reveals_or_changes_another_tenants_resources() {
             let Some(probe) = probe(method, template, &owned, who) else { continue };
             let http_method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
             let sent = format!("{} {}", probe.path, probe.body.clone().unwrap_or_default());
-            let (status, answer) =
-                world.call(http_method.clone(), &probe.path, &caller.key, probe.body.clone()).await;
+            let (status, answer) = world
+                .call(
+                    http_method.clone(),
+                    &probe.path,
+                    &caller.key,
+                    probe.body.clone().map(String::into_bytes),
+                )
+                .await;
             requests += 1;
             probed += 1;
             let route = format!("{who}: {method} {template}");
@@ -494,7 +510,7 @@ async fn no_route_reveals_or_changes_another_tenants_resources() {
                             http_method,
                             &ghostly(&probe.path, &owned),
                             &caller.key,
-                            probe.body.as_deref().map(|b| ghostly(b, &owned)),
+                            probe.body.as_deref().map(|b| ghostly(b, &owned).into_bytes()),
                         )
                         .await;
                     requests += 1;
