@@ -11,6 +11,7 @@ mod openapi;
 mod permissions;
 mod pipeline_stack;
 mod pipelines;
+mod poison;
 mod prices;
 mod scripts;
 mod sink_outage;

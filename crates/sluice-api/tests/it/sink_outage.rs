@@ -25,9 +25,9 @@ use tower::ServiceExt;
 use crate::pipeline_stack::{OTHER, SOURCE, USDC, key_for, settings, settle, transfer};
 
 /// The embedded log, whose sink writes (the workers' append-and-commit) fail while `down`.
-struct OutageLog {
+pub struct OutageLog {
     inner: Arc<EmbeddedLog>,
-    down: AtomicBool,
+    pub down: AtomicBool,
 }
 
 #[async_trait::async_trait]
@@ -106,17 +106,17 @@ impl StreamLog for OutageLog {
     }
 }
 
-struct Stack {
+pub struct Stack {
     _dir: tempfile::TempDir,
-    log: Arc<OutageLog>,
-    runtime: Arc<Runtime>,
+    pub log: Arc<OutageLog>,
+    pub runtime: Arc<Runtime>,
     state: AppState,
     operator: String,
-    owner: String,
+    pub owner: String,
 }
 
 impl Stack {
-    async fn new() -> Self {
+    pub async fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let clock =
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()));
@@ -142,7 +142,7 @@ impl Stack {
         Self { _dir: dir, log, runtime, state, operator, owner }
     }
 
-    async fn call(
+    pub async fn call(
         &self,
         method: Method,
         path: &str,
@@ -164,13 +164,19 @@ impl Stack {
 
     /// A deployed USDC filter pipeline with `guarantee`.
     async fn deployed(&self, guarantee: &str) -> String {
+        let filter = json!([{"type": "redis_set_filter", "uid": "tf-usdc",
+                             "filter_expr": "root = this.token_address", "set_values": [USDC]}]);
+        self.deployed_with(guarantee, filter).await
+    }
+
+    /// A deployed pipeline with `guarantee` and `transforms`, whose sink is `sk-out`.
+    pub async fn deployed_with(&self, guarantee: &str, transforms: Value) -> String {
         let body = json!({
-            "name": "outage", "description": "USDC transfers",
+            "name": "outage", "description": "transfers",
             "delivery_guarantee": guarantee,
             "pipeline_config": {
                 "source": {"chain": "base", "entity": "erc20_token_transfer"},
-                "transforms": [{"type": "redis_set_filter", "uid": "tf-usdc",
-                                "filter_expr": "root = this.token_address", "set_values": [USDC]}],
+                "transforms": transforms,
                 "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
             }
         });
@@ -185,7 +191,7 @@ impl Stack {
     }
 
     /// Ingests transfers numbered `numbers`, USDC for odd ones and another token for even ones.
-    async fn ingest(&self, numbers: std::ops::RangeInclusive<u64>) {
+    pub async fn ingest(&self, numbers: std::ops::RangeInclusive<u64>) {
         let ndjson: String = numbers
             .map(|n| transfer(n, if n % 2 == 1 { USDC } else { OTHER }).to_string() + "\n")
             .collect();
@@ -195,7 +201,7 @@ impl Stack {
     }
 
     /// The transfer numbers in the sink, in delivery order, repeats included.
-    async fn sink(&self, id: &str) -> Vec<u64> {
+    pub async fn sink(&self, id: &str) -> Vec<u64> {
         let path = format!("/api/v1/beam/{id}/sinks/sk-out/records?offset=0&limit=10000");
         let (status, page) = self.call(Method::GET, &path, &self.owner, String::new()).await;
         assert_eq!(status, StatusCode::OK, "{page}");
@@ -207,7 +213,7 @@ impl Stack {
             .collect()
     }
 
-    async fn counters(&self, id: &str) -> Arc<Counters> {
+    pub async fn counters(&self, id: &str) -> Arc<Counters> {
         self.runtime.counters(id).await.unwrap()
     }
 
