@@ -31,25 +31,49 @@ struct Tally {
     refused: Vec<String>,
 }
 
-fn start(dir: &std::path::Path, port: u16) -> Server {
+/// A server on `dir`, with its metadata in `database_url` when given (else SQLite in `dir`).
+fn start(dir: &std::path::Path, database_url: Option<&str>, port: u16) -> Server {
     let mut command = sluice();
     command
         .arg("serve")
         .args(data_dir_args(dir))
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .env("SLUICE_BOOTSTRAP_API_KEY", KEY);
+    if let Some(url) = database_url {
+        command.env("SLUICE_DATABASE_URL", url);
+    }
     Server::start(command, port)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn four_sigkills_under_ingest_lose_no_acknowledged_record_and_duplicates_are_counted() {
+    kill_loop(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn four_sigkills_with_metadata_in_postgres_lose_no_acknowledged_record() {
+    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
+        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
+    let database = format!("kill_loop_{}", std::process::id());
+    let admin_pool = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}")).execute(&admin_pool).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {database}")).execute(&admin_pool).await.unwrap();
+    let (prefix, _) = url.rsplit_once('/').unwrap();
+    kill_loop(Some(&format!("{prefix}/{database}"))).await;
+}
+
+/// Ingests from two clients while the server is SIGKILLed [`KILLS`] times and restarted on
+/// the same data dir (and database); then every acknowledged matching record must be in the
+/// sink. Prints the counts.
+async fn kill_loop(database_url: Option<&str>) {
+    let store = if database_url.is_some() { "PostgreSQL" } else { "SQLite" };
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
     let base = format!("http://127.0.0.1:{port}");
     let ingest = format!("{base}/api/v1/streams/base/erc20_token_transfer/records");
 
-    let mut server = start(dir.path(), port);
+    let mut server = start(dir.path(), database_url, port);
     let body = json!({
         "name": "kill-loop", "description": "at least once under kill -9",
         "delivery_guarantee": "at_least_once",
@@ -144,7 +168,7 @@ async fn four_sigkills_under_ingest_lose_no_acknowledged_record_and_duplicates_a
         server.child.kill().unwrap(); // SIGKILL
         server.child.wait().unwrap();
         drop(server);
-        server = start(dir.path(), port);
+        server = start(dir.path(), database_url, port);
     }
     for feeder in feeders {
         feeder.await.unwrap();
@@ -184,7 +208,7 @@ async fn four_sigkills_under_ingest_lose_no_acknowledged_record_and_duplicates_a
     let delivered: usize = seen.values().sum();
     let duplicates = delivered - seen.len();
     eprintln!(
-        "kill -9: {KILLS} kills, {} ingest requests ({} acknowledged, {} cut by a kill, {} \
+        "kill -9 ({store} metadata): {KILLS} kills, {} ingest requests ({} acknowledged, {} cut by a kill, {} \
          refused while down), {} records acknowledged ({} matching the filter), {delivered} \
          delivered ({} distinct, {duplicates} duplicates), {} lost",
         tally.requests,
