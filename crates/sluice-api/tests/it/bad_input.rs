@@ -56,11 +56,12 @@ async fn bad_bodies_on_every_route_are_4xx_errors_and_change_nothing_stored() {
                 world.call(http_method.clone(), &probe.path, &key, Some(body)).await;
             requests += 1;
             let route = format!("{method} {template} with {what}");
-            if template.starts_with("/api/v1/streams/") && what == "empty" {
-                // NDJSON of no lines is zero records, not an error; nothing is stored either.
-                if (status, answer.as_str()) != (StatusCode::OK, r#"{"accepted":0}"#) {
-                    failures.push(format!("{route}: {status} {answer}, want 200 no records"));
-                }
+            if template.starts_with("/api/v1/streams/")
+                && what == "empty"
+                && (status, answer.as_str()) == (StatusCode::OK, r#"{"accepted":0}"#)
+            {
+                // NDJSON of no lines may be taken as zero records; nothing is stored either way
+                // (checked below).
                 continue;
             }
             let shaped = serde_json::from_str::<Value>(&answer)
