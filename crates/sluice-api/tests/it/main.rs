@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod bad_input;
 mod datasets;
 mod deployments;
 mod filter_values;
@@ -10,8 +11,11 @@ mod openapi;
 mod permissions;
 mod pipeline_stack;
 mod pipelines;
+mod poison;
 mod prices;
 mod scripts;
+mod sink_outage;
 mod stats;
+mod tenancy;
 mod transforms;
 mod validation;
