@@ -65,6 +65,7 @@ impl From<RuntimeError> for ApiError {
             }
             RuntimeError::Bus(bus) => ApiError::Internal(format!("stream log: {bus}")),
             RuntimeError::Replay(reason) => ApiError::Internal(reason),
+            wrong @ RuntimeError::WrongEntity { .. } => ApiError::Internal(wrong.to_string()),
         }
     }
 }

@@ -67,17 +67,12 @@ impl FromRequest<AppState> for JsonArray {
         let bytes = Bytes::from_request(req, state)
             .await
             .map_err(|rejection| read_error(&rejection, state.limits.max_body_bytes))?;
-        match serde_json::from_slice::<Value>(&bytes) {
-            Ok(Value::Array(items)) => Ok(Self(items)),
-            Ok(_) => Err(ApiError::Validation(vec![Violation::new(
+        match sluice_core::validation::parse_value(&bytes)? {
+            Value::Array(items) => Ok(Self(items)),
+            _ => Err(ApiError::Validation(vec![Violation::new(
                 &Loc::body(),
                 "list_type",
                 "Input should be a valid list",
-            )])),
-            Err(error) => Err(ApiError::Validation(vec![Violation::new(
-                &Loc::body(),
-                "json_invalid",
-                format!("JSON decode error: {error}"),
             )])),
         }
     }

@@ -426,6 +426,98 @@ fn parse_time_text(text: &str) -> Option<DateTime<Utc>> {
         .map(|naive| naive.and_utc())
 }
 
+/// Why a record cannot enter a chain stream. The record's fault: sending it again as it is
+/// cannot help.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidRecord {
+    #[error("invalid JSON: {0}")]
+    Json(serde_json::Error),
+    #[error("a record must be a JSON object")]
+    NotObject,
+    /// Readers disagree on which copy of a repeated key counts (see [`crate::json`]).
+    #[error("duplicate key {}", crate::json::describe_path(path))]
+    DuplicateKey { path: Vec<crate::validation::LocItem> },
+    #[error(transparent)]
+    Key(#[from] RecordError),
+    #[error("{field} is missing or not a valid time")]
+    Time { field: &'static str },
+}
+
+/// A record that may enter a chain stream: one JSON object without repeated keys, with the
+/// key and time fields its entity defines. The only way to build one is
+/// [`StreamRecord::parse`] (or [`StreamRecord::from_object`]), so whatever appends to a chain
+/// stream (`Runtime::ingest`) takes records that passed these checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRecord {
+    entity: &'static str,
+    key: String,
+    value: Vec<u8>,
+}
+
+impl StreamRecord {
+    /// Checks the JSON text `value` as a record of `entity` and keys it; `value` is kept as
+    /// sent, byte for byte.
+    ///
+    /// # Errors
+    /// [`InvalidRecord`]: malformed JSON, not an object, a repeated key at any depth, a
+    /// missing or invalid key field, a missing or invalid time.
+    pub fn parse(entity: &str, value: &[u8]) -> Result<Self, InvalidRecord> {
+        let object = match crate::json::parse(value) {
+            Ok(Value::Object(object)) => object,
+            Ok(_) => return Err(InvalidRecord::NotObject),
+            Err(crate::json::JsonError::DuplicateKey { path }) => {
+                return Err(InvalidRecord::DuplicateKey { path });
+            }
+            Err(crate::json::JsonError::Syntax(error)) => return Err(InvalidRecord::Json(error)),
+        };
+        Self::checked(entity, &object, value.to_vec())
+    }
+
+    /// A record built in memory (a generator's): a map holds each key once, so only the
+    /// entity's fields are checked.
+    ///
+    /// # Errors
+    /// A missing or invalid key field, a missing or invalid time.
+    pub fn from_object(entity: &str, object: &Map<String, Value>) -> Result<Self, InvalidRecord> {
+        let value = serde_json::to_vec(object).map_err(InvalidRecord::Json)?;
+        Self::checked(entity, object, value)
+    }
+
+    fn checked(
+        entity: &str,
+        object: &Map<String, Value>,
+        value: Vec<u8>,
+    ) -> Result<Self, InvalidRecord> {
+        let key = record_key(entity, object)?;
+        let schema = entity_schema(entity)
+            .ok_or_else(|| RecordError::UnknownEntity { entity: entity.into() })?;
+        if event_time(entity, object).is_none() {
+            return Err(InvalidRecord::Time { field: schema.time_field });
+        }
+        Ok(Self { entity: schema.entity, key, value })
+    }
+
+    /// The entity this record was checked as.
+    pub fn entity(&self) -> &'static str {
+        self.entity
+    }
+
+    /// The record's stable key ([`record_key`]).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The record's JSON text.
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// The key and the JSON text, for appending.
+    pub fn into_parts(self) -> (String, Vec<u8>) {
+        (self.key, self.value)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

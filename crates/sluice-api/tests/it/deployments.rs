@@ -577,6 +577,62 @@ impl EventStream {
 }
 
 #[tokio::test]
+async fn ingest_rejects_a_record_with_a_repeated_key_at_any_depth_and_appends_nothing() {
+    let stack = Stack::new().await;
+    let path = "/api/v1/streams/base/erc20_token_transfer/records";
+    let good = transfer(1, USDC).to_string();
+    // The filter's raw reader takes the first copy, the sink's and scripts' JSON the last:
+    // accepted, this record would pass a filter on USDC and be delivered as OTHER.
+    let bypass = transfer(2, OTHER).to_string().replacen(
+        r#""token_address":"#,
+        &format!(r#""token_address":"{USDC}","token_address":"#),
+        1,
+    );
+    let nested =
+        transfer(3, USDC).to_string().replacen('{', r#"{"extra":{"a":[{"b":1,"b":2}]},"#, 1);
+    let escaped = transfer(4, USDC).to_string().replacen(
+        r#""token_address":"#,
+        &format!(r#""token_\u0061ddress":"{USDC}","token_address":"#),
+        1,
+    );
+    let body = format!("{good}\n{bypass}\n{nested}\n{escaped}\n");
+    let (status, errors) =
+        stack.call(Method::POST, path, &stack.operator, Some(Body::from(body))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{errors}");
+    let detail: Vec<(Value, Value, Value)> = errors["detail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["loc"].clone(), d["msg"].clone(), d["type"].clone()))
+        .collect();
+    assert_eq!(
+        detail,
+        vec![
+            (
+                json!(["body", 2]),
+                json!(r#"line 2: duplicate key "token_address""#),
+                json!("json_duplicate_key")
+            ),
+            (
+                json!(["body", 3]),
+                json!(r#"line 3: duplicate key "extra"."a"[0]."b""#),
+                json!("json_duplicate_key")
+            ),
+            (
+                json!(["body", 4]),
+                json!(r#"line 4: duplicate key "token_address""#),
+                json!("json_duplicate_key")
+            ),
+        ]
+    );
+    use sluice_bus::StreamLog as _;
+    let ends: u64 =
+        stack.log.offsets("base.erc20_token_transfer").await.unwrap().iter().map(|r| r.end).sum();
+    assert_eq!(ends, 0, "a rejected request appends nothing");
+    let _ = &stack.dir;
+}
+
+#[tokio::test]
 async fn the_live_tail_streams_new_records_resumes_after_last_event_id_and_ends_at_teardown() {
     let stack = Stack::new().await;
     let id = stack.create(&[USDC], json!({})).await;
