@@ -324,6 +324,59 @@ pub fn entity_schema(entity: &str) -> Option<&'static EntitySchema> {
     SCHEMAS.iter().find(|schema| schema.entity == entity)
 }
 
+/// Why a filter path can name no value of `entity`'s records: its first field (after the
+/// envelope, which a path may name or skip) is not one of the schema's fields, it steps into
+/// a field that is neither an object nor an array, or it starts with an array index (records
+/// are objects). `None` when the path may name a value, and for an entity without a schema
+/// (an operator-added catalog entry), whose records have no known fields.
+///
+/// Only the levels the schema describes are checked: what lies inside an object or array
+/// field (`params.*`, `order.*`, `topics.<n>`) is not.
+pub fn unknown_filter_path(
+    entity: &str,
+    path: &[crate::filter_expr::PathSegment],
+) -> Option<String> {
+    use crate::filter_expr::PathSegment;
+    let schema = entity_schema(entity)?;
+    let names: Vec<&str> = schema.fields.iter().map(|(name, _)| *name).collect();
+    let known = || match schema.envelope {
+        Some(envelope) => format!(
+            "{entity} records have the fields {} (written directly or under `{envelope}`)",
+            names.join(", ")
+        ),
+        None => format!("{entity} records have the fields {}", names.join(", ")),
+    };
+    let mut rest = path;
+    if let (Some(envelope), Some(PathSegment::Field(first))) = (schema.envelope, rest.first()) {
+        if first == envelope && !names.contains(&envelope) {
+            rest = &rest[1..];
+            if rest.is_empty() {
+                return Some(format!(
+                    "filter_expr path names the `{envelope}` object, not a field in it; {}",
+                    known()
+                ));
+            }
+        }
+    }
+    match rest.first()? {
+        PathSegment::Index(index) => Some(format!(
+            "filter_expr path starts with the array index {index}, but a record is an object; {}",
+            known()
+        )),
+        PathSegment::Field(name) => {
+            let Some((_, kind)) = schema.fields.iter().find(|(field, _)| field == name) else {
+                return Some(format!("no field `{name}` in {entity} records; {}", known()));
+            };
+            let is_container = kind.starts_with("object") || kind.starts_with("array");
+            (rest.len() > 1 && !is_container).then(|| {
+                format!(
+                    "filter_expr path steps into `{name}`, which is a {kind} and has no fields or elements"
+                )
+            })
+        }
+    }
+}
+
 /// The fields of `record` the schema's names refer to: inside the envelope when the record
 /// has one, else the record itself.
 fn body<'a>(schema: &EntitySchema, record: &'a Map<String, Value>) -> &'a Map<String, Value> {
