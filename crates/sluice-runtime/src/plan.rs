@@ -17,7 +17,9 @@ use sluice_js::{LogLevel, LogSink, ScriptEngine};
 use crate::sets::SetHandle;
 
 /// Calls of `transform` a record gets before it is dead-lettered: the first and two retries
-/// (on a fresh engine when the runtime ran out of memory).
+/// (on a fresh engine when the runtime ran out of memory). A record whose output breaks a
+/// cap (fan-out, bytes per record, bytes per call: `sluice_js::Limits`) is dead-lettered
+/// after the first call.
 pub const SCRIPT_ATTEMPTS: u32 = 3;
 
 /// Why a stored pipeline cannot run.
@@ -352,7 +354,10 @@ impl BoundPlan {
         for (item, first) in items.into_iter().zip(results) {
             let mut result = first;
             let mut attempts = 1;
-            while result.is_err() && attempts < SCRIPT_ATTEMPTS {
+            // An output cap is deterministic: the same record breaks it every time.
+            while result.as_ref().is_err_and(sluice_js::RunError::is_retryable)
+                && attempts < SCRIPT_ATTEMPTS
+            {
                 if engine.is_poisoned() {
                     outcome.oom_restarts += 1;
                     tracing::warn!(config_id = %self.plan.pipeline_id, transform = uid, "script runtime ran out of memory; restarted");

@@ -774,6 +774,68 @@ function transform(r) {
 }
 
 #[tokio::test]
+async fn a_script_output_over_a_cap_dead_letters_its_record_once_and_others_flow() {
+    let stack = Stack::new().await;
+    let script = r#"
+function transform(r) {
+  if (r.n === 2) return new Array(1000000).fill(r);
+  if (r.n === 3) { r.blob = "x".repeat(30 * 1024 * 1024); return r; }
+  if (r.n === 4) return new Array(10).fill({n: r.n});
+  return r;
+}"#;
+    let body = json!({
+        "name": "capped",
+        "description": "fan-out and size caps",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [{"type": "v8", "uid": "tf-big", "script": script}],
+            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+        }
+    });
+    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    stack.action(&id, "deploy").await;
+    stack.ingest(&[(1, USDC), (2, USDC), (3, USDC), (4, USDC), (5, USDC)]).await;
+    stack.settle(&id).await;
+
+    let delivered = stack.sink_records(&id).await;
+    let mut numbers: Vec<u64> =
+        delivered.iter().map(|r| r["value"]["n"].as_u64().unwrap()).collect();
+    numbers.sort_unstable();
+    numbers.dedup();
+    assert_eq!(numbers, vec![1, 4, 5], "the records under the caps flowed");
+    assert_eq!(delivered.len(), 1 + 10 + 1, "a fan-out under the cap is delivered whole");
+
+    let (status, page) = stack
+        .call(Method::GET, &format!("/api/v1/beam/{id}/dead-letters"), &stack.owner, None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let mut dead: Vec<(u64, String, u64)> = page["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let error = d["error"].as_str().unwrap().to_owned();
+            (d["record"]["n"].as_u64().unwrap(), error, d["attempts"].as_u64().unwrap())
+        })
+        .collect();
+    dead.sort();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert_eq!(dead[0].0, 2);
+    assert!(
+        dead[0].1.contains("1000000 records") && dead[0].1.contains("at most 1000"),
+        "{}",
+        dead[0].1
+    );
+    assert_eq!(dead[1].0, 3);
+    assert!(dead[1].1.contains("larger than 1048576 bytes"), "{}", dead[1].1);
+    // A cap is broken the same way every time: no retries.
+    assert_eq!((dead[0].2, dead[1].2), (1, 1));
+    stack.action(&id, "teardown").await;
+}
+
+#[tokio::test]
 async fn a_script_sees_dataset_entries_added_after_deploy() {
     let stack = Stack::new().await;
     let (status, dataset) =
