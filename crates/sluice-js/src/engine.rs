@@ -229,12 +229,14 @@ impl ScriptEngine {
         let budget = &self.budget;
         let call_budget = self.setup.limits.call_budget;
         let limits = self.setup.limits;
+        let log = &self.setup.log;
         let mut poisoned = false;
         self.context.with(|ctx| {
             let transform =
                 ctx.globals().get::<_, Value>(PINNED_TRANSFORM).map_err(|e| caught(&ctx, e));
             let plain = Plain::new(&ctx);
             for record in records {
+                log.call_started();
                 if poisoned {
                     results.push(Err(RunError::OutOfMemory { limit_bytes }));
                     continue;

@@ -217,7 +217,9 @@ impl Engines {
     /// a line counting the dropped ones).
     pub fn take_logs(&self) -> Vec<LogLine> {
         let mut buffer = self.logs.0.lock().expect("log buffer lock is never poisoned");
-        let (mut lines, dropped) = (std::mem::take(&mut buffer.0), std::mem::take(&mut buffer.1));
+        let lines = std::mem::take(&mut buffer.lines);
+        let dropped = std::mem::take(&mut buffer.dropped);
+        let mut lines: Vec<LogLine> = lines.into_iter().map(|(_, line)| line).collect();
         if dropped > 0 {
             let last = lines.last().cloned().unwrap_or(LogLine {
                 timestamp: String::new(),
@@ -239,9 +241,33 @@ impl Engines {
     }
 }
 
-/// Lines, and the count of lines dropped over the cap.
+/// A worker's script lines until its batch is written.
 #[derive(Default)]
-struct LogBuffer(std::sync::Mutex<(Vec<LogLine>, u64)>);
+struct LogBuffer(std::sync::Mutex<Lines>);
+
+#[derive(Default)]
+struct Lines {
+    /// Each line with the number of the `transform` call that wrote it.
+    lines: Vec<(u64, LogLine)>,
+    /// Lines not kept, over [`MAX_LOG_LINES_PER_BATCH`].
+    dropped: u64,
+    /// Calls started so far: the number of the current call.
+    calls: u64,
+}
+
+impl LogBuffer {
+    /// The number the next `transform` call will get.
+    fn next_call(&self) -> u64 {
+        self.0.lock().expect("log buffer lock is never poisoned").calls + 1
+    }
+
+    /// Forgets the lines of call `call`: an attempt that is retried, whose lines the
+    /// final attempt's replace (one copy of a record's lines, not one per attempt).
+    fn discard_call(&self, call: u64) {
+        let mut buffer = self.0.lock().expect("log buffer lock is never poisoned");
+        buffer.lines.retain(|(of, _)| *of != call);
+    }
+}
 
 impl std::fmt::Debug for Engines {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -259,20 +285,28 @@ struct ScriptLog {
 }
 
 impl LogSink for ScriptLog {
+    fn call_started(&self) {
+        self.buffer.0.lock().expect("log buffer lock is never poisoned").calls += 1;
+    }
+
     fn log(&self, level: LogLevel, message: &str) {
         let (config_id, transform) = (&self.pipeline_id, &self.uid);
         tracing::debug!(%config_id, %transform, level = level.name(), "script: {message}");
         let mut buffer = self.buffer.0.lock().expect("log buffer lock is never poisoned");
-        if buffer.0.len() >= MAX_LOG_LINES_PER_BATCH {
-            buffer.1 += 1;
+        if buffer.lines.len() >= MAX_LOG_LINES_PER_BATCH {
+            buffer.dropped += 1;
             return;
         }
-        buffer.0.push(LogLine {
-            timestamp: sluice_core::time::format(self.clock.now()),
-            level: level.name().to_owned(),
-            transform_uid: self.uid.clone(),
-            message: message.to_owned(),
-        });
+        let call = buffer.calls;
+        buffer.lines.push((
+            call,
+            LogLine {
+                timestamp: sluice_core::time::format(self.clock.now()),
+                level: level.name().to_owned(),
+                transform_uid: self.uid.clone(),
+                message: message.to_owned(),
+            },
+        ));
     }
 }
 
@@ -336,6 +370,7 @@ impl BoundPlan {
         engines: &mut Engines,
         outcome: &mut Outcome,
     ) -> Vec<Item> {
+        let logs = engines.logs.clone();
         let engine = match self.engine(uid, source, engines) {
             Ok(engine) => engine,
             Err(error) => {
@@ -349,11 +384,14 @@ impl BoundPlan {
                 return Vec::new();
             }
         };
+        // The n-th record's first call is `first_call + n` (see `LogSink::call_started`).
+        let first_call = logs.next_call();
         let results = engine.run_batch(items.iter().map(|item| item.value.as_slice()));
         let mut next = Vec::with_capacity(items.len());
-        for (item, first) in items.into_iter().zip(results) {
+        for (index, (item, first)) in items.into_iter().zip(results).enumerate() {
             let mut result = first;
             let mut attempts = 1;
+            let mut call = first_call + index as u64;
             // An output cap is deterministic: the same record breaks it every time.
             while result.as_ref().is_err_and(sluice_js::RunError::is_retryable)
                 && attempts < SCRIPT_ATTEMPTS
@@ -365,6 +403,9 @@ impl BoundPlan {
                         break;
                     }
                 }
+                // The retry's lines replace this attempt's: one copy per record.
+                logs.discard_call(call);
+                call = logs.next_call();
                 result = engine.run(&item.value);
                 attempts += 1;
             }
