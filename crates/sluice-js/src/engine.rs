@@ -219,6 +219,19 @@ impl ScriptEngine {
         &mut self,
         records: impl IntoIterator<Item = &'r [u8]>,
     ) -> Vec<Result<Output, RunError>> {
+        self.run_batch_within(records, usize::MAX)
+    }
+
+    /// As [`Self::run_batch`], but stops calling `transform` once the records produced so
+    /// far take `output_budget` bytes of JSON or more: the answer then has fewer results
+    /// than there were records, and the records after the last result were not run. The
+    /// first record always runs, so a caller that runs the rest again later progresses.
+    pub fn run_batch_within<'r>(
+        &mut self,
+        records: impl IntoIterator<Item = &'r [u8]>,
+        output_budget: usize,
+    ) -> Vec<Result<Output, RunError>> {
+        let mut spent = 0usize;
         let records = records.into_iter();
         let mut results = Vec::with_capacity(records.size_hint().0);
         let limit_bytes = self.setup.limits.memory_bytes;
@@ -236,6 +249,9 @@ impl ScriptEngine {
                 ctx.globals().get::<_, Value>(PINNED_TRANSFORM).map_err(|e| caught(&ctx, e));
             let plain = Plain::new(&ctx);
             for record in records {
+                if spent >= output_budget {
+                    break;
+                }
                 log.call_started();
                 if poisoned {
                     results.push(Err(RunError::OutOfMemory { limit_bytes }));
@@ -266,6 +282,9 @@ impl ScriptEngine {
                         RunError::RecordTooLarge { index: 0, limit: limits.max_record_bytes }
                     }
                 });
+                if let Ok(output) = &result {
+                    spent = spent.saturating_add(output.iter().map(Vec::len).sum());
+                }
                 results.push(result);
             }
         });

@@ -628,5 +628,5 @@ fn replay_item(plan: &plan::BoundPlan, letter: sluice_bus::Record) -> Option<(us
     let body: serde_json::Value = serde_json::from_slice(&letter.value).ok()?;
     let first = body["transform_uid"].as_str().and_then(|uid| plan.stage_of(uid)).unwrap_or(0);
     let value = serde_json::to_vec(body.get("record")?).ok()?;
-    Some((first, plan::Item { key: letter.key, value }))
+    Some((first, plan::Item { key: letter.key, value, origin: 0 }))
 }

@@ -893,6 +893,49 @@ async fn a_script_sees_dataset_entries_added_after_deploy() {
 }
 
 #[tokio::test]
+async fn a_batch_whose_script_output_passes_the_budget_is_finished_in_the_next_batch() {
+    let stack = Stack::new().await;
+    // About 4 MB per record (under the per-call caps): the 20 records read as one batch
+    // pass the S budget of 64 MiB after 17 of them.
+    let script = "const s = 'x'.repeat(999000);\nfunction transform(r) { return [{n: r.n, s}, {n: r.n, s}, {n: r.n, s}, {n: r.n, s}]; }";
+    let body = json!({
+        "name": "large", "description": "large outputs",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [{"type": "v8", "uid": "tf-s", "script": script}],
+            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+        }
+    });
+    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    stack.action(&id, "deploy").await;
+    let transfers: Vec<(u64, &str)> = (1..=20).map(|n| (n, USDC)).collect();
+    stack.ingest(&transfers).await;
+    stack.settle(&id).await;
+
+    use sluice_bus::StreamLog as _;
+    let sink = sluice_bus::topics::sink_topic(&id, "transfers");
+    let ends = stack.log.offsets(&sink).await.unwrap();
+    let total: u64 = ends.iter().map(|r| r.end).sum();
+    assert_eq!(total, 80, "every record's four outputs, once: none lost, none repeated");
+    let mut keys = Vec::new();
+    for (partition, _) in ends.iter().enumerate() {
+        for record in stack.log.read(&sink, partition as u32, 0, 100).await.unwrap() {
+            keys.push(String::from_utf8(record.key).unwrap());
+        }
+    }
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 80);
+    let counters = stack.runtime.counters(&id).await.unwrap();
+    assert_eq!(sluice_runtime::Counters::get(&counters.received), 20);
+    assert_eq!(sluice_runtime::Counters::get(&counters.dead_lettered), 0);
+    let _ = ends;
+    stack.action(&id, "teardown").await;
+}
+
+#[tokio::test]
 async fn console_lines_of_a_retried_record_are_kept_once_from_its_last_attempt() {
     let stack = Stack::new().await;
     let script = r#"
