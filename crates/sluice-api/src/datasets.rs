@@ -588,9 +588,9 @@ mod tests {
         assert_eq!(parse_entries(br#" {"values": ["a", "B"]} "#, false).unwrap().1, ["a", "B"]);
         let (name, values) = parse_entries(br#"{"values": ["b"], "name": "w"}"#, true).unwrap();
         assert_eq!((name.as_deref(), values), (Some("w"), vec!["b".to_owned()]));
-        // Repeated keys fail serde's derive but are valid JSON: the last one wins.
-        let (_, values) = parse_entries(br#"{"values": ["a"], "values": ["c"]}"#, false).unwrap();
-        assert_eq!(values, ["c"]);
+        // Repeated keys fail serde's derive, and the slow path refuses them too.
+        let refused = parse_entries(br#"{"values": ["a"], "values": ["c"]}"#, false).unwrap_err();
+        assert_eq!(refused[0].kind, "json_duplicate_key");
     }
 
     #[test]

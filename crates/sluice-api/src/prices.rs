@@ -172,13 +172,7 @@ fn query_param<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str>
 fn body_json(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
     let bytes =
         body.map_err(|rejection| crate::body::read_error(&rejection, state.limits.max_body_bytes))?;
-    serde_json::from_slice(&bytes).map_err(|error| {
-        ApiError::Validation(vec![Violation::new(
-            &Loc::body(),
-            "json_invalid",
-            format!("JSON decode error: {error}"),
-        )])
-    })
+    Ok(sluice_core::validation::parse_value(&bytes)?)
 }
 
 /// Reads `[{chain, token_address}, …]` at `loc`, at most `max` entries.

@@ -4,8 +4,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
-use sluice_bus::NewRecord;
+use sluice_core::streams::{InvalidRecord, StreamRecord};
 use sluice_core::validation::{Loc, Violation};
 use utoipa::{IntoParams, ToSchema};
 
@@ -30,7 +29,7 @@ pub struct IngestBody {
 
 /// Append records to a chain stream (operator keys only). The body is NDJSON: one JSON
 /// object per line (blank lines are ignored), each with the key and time fields its entity
-/// defines (docs/streams.md). Either every line is appended, durably, or — when any line is
+/// defines (docs/streams.md), and no key twice in any object. Either every line is appended, durably, or — when any line is
 /// malformed — none is, and the 422 lists each bad line as `["body", <line number>]`.
 #[utoipa::path(
     post, path = "/api/v1/streams/{chain}/{entity}/records", tag = "streams",
@@ -76,8 +75,9 @@ pub async fn ingest(
     Ok(Json(IngestBody { accepted }))
 }
 
-/// Parses every line, keying each record; all problems are reported together.
-fn parse_ndjson(entity: &str, body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
+/// Checks every line as a record of `entity` ([`StreamRecord::parse`]); all problems are
+/// reported together.
+fn parse_ndjson(entity: &str, body: &[u8]) -> Result<Vec<StreamRecord>, ApiError> {
     let mut records = Vec::new();
     let mut violations = Vec::new();
     for (index, line) in body.split(|b| *b == b'\n').enumerate() {
@@ -86,44 +86,22 @@ fn parse_ndjson(entity: &str, body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let loc = Loc::body().at(line_number);
-        let object = match serde_json::from_slice::<Value>(line) {
-            Ok(Value::Object(object)) => object,
-            Ok(_) => {
-                violations.push(Violation::new(
-                    &loc,
-                    "type_error.object",
-                    format!("line {line_number}: a record must be a JSON object"),
-                ));
-                continue;
-            }
+        match StreamRecord::parse(entity, line) {
+            Ok(record) => records.push(record),
             Err(error) => {
+                let kind = match &error {
+                    InvalidRecord::Json(_) => "value_error.json",
+                    InvalidRecord::NotObject => "type_error.object",
+                    InvalidRecord::DuplicateKey { .. } => "json_duplicate_key",
+                    InvalidRecord::Key(_) | InvalidRecord::Time { .. } => "value_error.record",
+                };
                 violations.push(Violation::new(
-                    &loc,
-                    "value_error.json",
-                    format!("line {line_number}: invalid JSON: {error}"),
+                    &Loc::body().at(line_number),
+                    kind,
+                    format!("line {line_number}: {error}"),
                 ));
-                continue;
             }
-        };
-        match key_of(entity, &object) {
-            Ok(key) => records.push(NewRecord { key: key.into_bytes(), value: line.to_vec() }),
-            Err(message) => violations.push(Violation::new(
-                &loc,
-                "value_error.record",
-                format!("line {line_number}: {message}"),
-            )),
         }
     }
     if violations.is_empty() { Ok(records) } else { Err(ApiError::Validation(violations)) }
-}
-
-fn key_of(entity: &str, object: &Map<String, Value>) -> Result<String, String> {
-    let key = sluice_core::streams::record_key(entity, object).map_err(|e| e.to_string())?;
-    if sluice_core::streams::event_time(entity, object).is_none() {
-        let field =
-            sluice_core::streams::entity_schema(entity).map_or("the time field", |s| s.time_field);
-        return Err(format!("{field} is missing or not a valid time"));
-    }
-    Ok(key)
 }

@@ -22,7 +22,9 @@ use serde_json::Value;
 use sluice_core::deployment::DeploymentState;
 use sluice_core::filter_values::FilterValuesChange;
 use sluice_core::permission::Permission;
-use sluice_core::pipeline::validate::{BodyMode, validate_transform, validate_transform_list};
+use sluice_core::pipeline::validate::{
+    BodyMode, check_filter_path, validate_transform, validate_transform_list,
+};
 use sluice_core::pipeline::{Pipeline, Transform};
 use sluice_core::validation::{Loc, Violation, Violations};
 use tokio::sync::{Mutex, OwnedMutexGuard};
@@ -67,17 +69,12 @@ impl FromRequest<AppState> for JsonArray {
         let bytes = Bytes::from_request(req, state)
             .await
             .map_err(|rejection| read_error(&rejection, state.limits.max_body_bytes))?;
-        match serde_json::from_slice::<Value>(&bytes) {
-            Ok(Value::Array(items)) => Ok(Self(items)),
-            Ok(_) => Err(ApiError::Validation(vec![Violation::new(
+        match sluice_core::validation::parse_value(&bytes)? {
+            Value::Array(items) => Ok(Self(items)),
+            _ => Err(ApiError::Validation(vec![Violation::new(
                 &Loc::body(),
                 "list_type",
                 "Input should be a valid list",
-            )])),
-            Err(error) => Err(ApiError::Validation(vec![Violation::new(
-                &Loc::body(),
-                "json_invalid",
-                format!("JSON decode error: {error}"),
             )])),
         }
     }
@@ -148,6 +145,14 @@ pub async fn patch_transform(
     let Some(transform) = transform else {
         return Err(ApiError::Internal("transform validation failed without a violation".into()));
     };
+    let mut errors = Violations::default();
+    check_filter_path(
+        &transform,
+        &pipeline.pipeline_config.source.entity,
+        &Loc::body(),
+        &mut errors,
+    );
+    errors.finish(())?;
     check_transform(&transform, &Loc::body()).await?;
     let mut transforms = pipeline.pipeline_config.transforms.clone();
     transforms[index] = transform.clone();
@@ -203,6 +208,12 @@ pub async fn replace_transforms(
         .into_iter()
         .map(|valid| valid.transform)
         .collect();
+    let mut errors = Violations::default();
+    for (index, transform) in transforms.iter().enumerate() {
+        let entity = &pipeline.pipeline_config.source.entity;
+        check_filter_path(transform, entity, &Loc::body().at(index), &mut errors);
+    }
+    errors.finish(())?;
     check_transform_list(&transforms, &Loc::body()).await?;
     store_and_redeploy(&state, &caller, pipeline, transforms.clone()).await?;
     tracing::info!(%config_id, transforms = transforms.len(), "transforms replaced");

@@ -15,6 +15,7 @@ pub mod filter_expr;
 pub mod filter_values;
 pub mod identity;
 pub mod ids;
+pub mod json;
 pub mod permission;
 pub mod pipeline;
 pub mod prices;

@@ -324,6 +324,59 @@ pub fn entity_schema(entity: &str) -> Option<&'static EntitySchema> {
     SCHEMAS.iter().find(|schema| schema.entity == entity)
 }
 
+/// Why a filter path can name no value of `entity`'s records: its first field (after the
+/// envelope, which a path may name or skip) is not one of the schema's fields, it steps into
+/// a field that is neither an object nor an array, or it starts with an array index (records
+/// are objects). `None` when the path may name a value, and for an entity without a schema
+/// (an operator-added catalog entry), whose records have no known fields.
+///
+/// Only the levels the schema describes are checked: what lies inside an object or array
+/// field (`params.*`, `order.*`, `topics.<n>`) is not.
+pub fn unknown_filter_path(
+    entity: &str,
+    path: &[crate::filter_expr::PathSegment],
+) -> Option<String> {
+    use crate::filter_expr::PathSegment;
+    let schema = entity_schema(entity)?;
+    let names: Vec<&str> = schema.fields.iter().map(|(name, _)| *name).collect();
+    let known = || match schema.envelope {
+        Some(envelope) => format!(
+            "{entity} records have the fields {} (written directly or under `{envelope}`)",
+            names.join(", ")
+        ),
+        None => format!("{entity} records have the fields {}", names.join(", ")),
+    };
+    let mut rest = path;
+    if let (Some(envelope), Some(PathSegment::Field(first))) = (schema.envelope, rest.first()) {
+        if first == envelope && !names.contains(&envelope) {
+            rest = &rest[1..];
+            if rest.is_empty() {
+                return Some(format!(
+                    "filter_expr path names the `{envelope}` object, not a field in it; {}",
+                    known()
+                ));
+            }
+        }
+    }
+    match rest.first()? {
+        PathSegment::Index(index) => Some(format!(
+            "filter_expr path starts with the array index {index}, but a record is an object; {}",
+            known()
+        )),
+        PathSegment::Field(name) => {
+            let Some((_, kind)) = schema.fields.iter().find(|(field, _)| field == name) else {
+                return Some(format!("no field `{name}` in {entity} records; {}", known()));
+            };
+            let is_container = kind.starts_with("object") || kind.starts_with("array");
+            (rest.len() > 1 && !is_container).then(|| {
+                format!(
+                    "filter_expr path steps into `{name}`, which is a {kind} and has no fields or elements"
+                )
+            })
+        }
+    }
+}
+
 /// The fields of `record` the schema's names refer to: inside the envelope when the record
 /// has one, else the record itself.
 fn body<'a>(schema: &EntitySchema, record: &'a Map<String, Value>) -> &'a Map<String, Value> {
@@ -424,6 +477,98 @@ fn parse_time_text(text: &str) -> Option<DateTime<Utc>> {
         .iter()
         .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())
         .map(|naive| naive.and_utc())
+}
+
+/// Why a record cannot enter a chain stream. The record's fault: sending it again as it is
+/// cannot help.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidRecord {
+    #[error("invalid JSON: {0}")]
+    Json(serde_json::Error),
+    #[error("a record must be a JSON object")]
+    NotObject,
+    /// Readers disagree on which copy of a repeated key counts (see [`crate::json`]).
+    #[error("duplicate key {}", crate::json::describe_path(path))]
+    DuplicateKey { path: Vec<crate::validation::LocItem> },
+    #[error(transparent)]
+    Key(#[from] RecordError),
+    #[error("{field} is missing or not a valid time")]
+    Time { field: &'static str },
+}
+
+/// A record that may enter a chain stream: one JSON object without repeated keys, with the
+/// key and time fields its entity defines. The only way to build one is
+/// [`StreamRecord::parse`] (or [`StreamRecord::from_object`]), so whatever appends to a chain
+/// stream (`Runtime::ingest`) takes records that passed these checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRecord {
+    entity: &'static str,
+    key: String,
+    value: Vec<u8>,
+}
+
+impl StreamRecord {
+    /// Checks the JSON text `value` as a record of `entity` and keys it; `value` is kept as
+    /// sent, byte for byte.
+    ///
+    /// # Errors
+    /// [`InvalidRecord`]: malformed JSON, not an object, a repeated key at any depth, a
+    /// missing or invalid key field, a missing or invalid time.
+    pub fn parse(entity: &str, value: &[u8]) -> Result<Self, InvalidRecord> {
+        let object = match crate::json::parse(value) {
+            Ok(Value::Object(object)) => object,
+            Ok(_) => return Err(InvalidRecord::NotObject),
+            Err(crate::json::JsonError::DuplicateKey { path }) => {
+                return Err(InvalidRecord::DuplicateKey { path });
+            }
+            Err(crate::json::JsonError::Syntax(error)) => return Err(InvalidRecord::Json(error)),
+        };
+        Self::checked(entity, &object, value.to_vec())
+    }
+
+    /// A record built in memory (a generator's): a map holds each key once, so only the
+    /// entity's fields are checked.
+    ///
+    /// # Errors
+    /// A missing or invalid key field, a missing or invalid time.
+    pub fn from_object(entity: &str, object: &Map<String, Value>) -> Result<Self, InvalidRecord> {
+        let value = serde_json::to_vec(object).map_err(InvalidRecord::Json)?;
+        Self::checked(entity, object, value)
+    }
+
+    fn checked(
+        entity: &str,
+        object: &Map<String, Value>,
+        value: Vec<u8>,
+    ) -> Result<Self, InvalidRecord> {
+        let key = record_key(entity, object)?;
+        let schema = entity_schema(entity)
+            .ok_or_else(|| RecordError::UnknownEntity { entity: entity.into() })?;
+        if event_time(entity, object).is_none() {
+            return Err(InvalidRecord::Time { field: schema.time_field });
+        }
+        Ok(Self { entity: schema.entity, key, value })
+    }
+
+    /// The entity this record was checked as.
+    pub fn entity(&self) -> &'static str {
+        self.entity
+    }
+
+    /// The record's stable key ([`record_key`]).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The record's JSON text.
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// The key and the JSON text, for appending.
+    pub fn into_parts(self) -> (String, Vec<u8>) {
+        (self.key, self.value)
+    }
 }
 
 #[cfg(test)]

@@ -112,22 +112,39 @@ impl Violations {
     }
 }
 
-/// Parses a request body as one JSON object.
+/// Parses a request body as one JSON value, refusing repeated keys at any depth
+/// ([`crate::json`] says why).
 ///
 /// # Errors
-/// A `json_invalid` violation for malformed JSON, `dict_type` when it is not an object.
-pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, Vec<Violation>> {
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(vec![Violation::new(
-            &Loc::body(),
-            "dict_type",
-            "Input should be a valid dictionary",
-        )]),
-        Err(error) => Err(vec![Violation::new(
+/// A `json_invalid` violation for malformed JSON, `json_duplicate_key` (at the repeated key's
+/// path under `body`) for a key an object holds twice.
+pub fn parse_value(bytes: &[u8]) -> Result<Value, Vec<Violation>> {
+    crate::json::parse(bytes).map_err(|error| match error {
+        crate::json::JsonError::DuplicateKey { path } => {
+            let msg = format!("Duplicate key {}", crate::json::describe_path(&path));
+            let mut loc = Loc::body();
+            loc.0.extend(path);
+            vec![Violation::new(&loc, "json_duplicate_key", msg)]
+        }
+        crate::json::JsonError::Syntax(error) => vec![Violation::new(
             &Loc::body(),
             "json_invalid",
             format!("JSON decode error: {error}"),
+        )],
+    })
+}
+
+/// Parses a request body as one JSON object, as [`parse_value`] does.
+///
+/// # Errors
+/// [`parse_value`]'s, and `dict_type` when the body is not an object.
+pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, Vec<Violation>> {
+    match parse_value(bytes)? {
+        Value::Object(map) => Ok(map),
+        _ => Err(vec![Violation::new(
+            &Loc::body(),
+            "dict_type",
+            "Input should be a valid dictionary",
         )]),
     }
 }
@@ -365,5 +382,14 @@ mod tests {
         assert_eq!(parse_object(b"[1]").unwrap_err()[0].kind, "dict_type");
         assert_eq!(parse_object(b"{").unwrap_err()[0].kind, "json_invalid");
         assert!(parse_object(b"{}").unwrap().is_empty());
+    }
+
+    #[test]
+    fn parse_object_rejects_a_repeated_key_at_its_path() {
+        let found = parse_object(br#"{"a":{"b":[{"c":1,"c":2}]}}"#).unwrap_err();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].kind, "json_duplicate_key");
+        assert_eq!(serde_json::to_value(&found[0].loc).unwrap(), json!(["body", "a", "b", 0, "c"]));
+        assert_eq!(found[0].msg, r#"Duplicate key "a"."b"[0]."c""#);
     }
 }

@@ -16,6 +16,8 @@
 //!
 //! # Duplicate keys
 //! The first occurrence of a key wins: the walk stops there. (`serde_json` keeps the last.)
+//! Records never hold one: ingest refuses a record with a repeated key at any depth
+//! (`sluice_core::json`), so on every stored record this walk and a JSON parser agree.
 
 use std::borrow::Cow;
 

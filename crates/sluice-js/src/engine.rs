@@ -219,6 +219,19 @@ impl ScriptEngine {
         &mut self,
         records: impl IntoIterator<Item = &'r [u8]>,
     ) -> Vec<Result<Output, RunError>> {
+        self.run_batch_within(records, usize::MAX)
+    }
+
+    /// As [`Self::run_batch`], but stops calling `transform` once the records produced so
+    /// far take `output_budget` bytes of JSON or more: the answer then has fewer results
+    /// than there were records, and the records after the last result were not run. The
+    /// first record always runs, so a caller that runs the rest again later progresses.
+    pub fn run_batch_within<'r>(
+        &mut self,
+        records: impl IntoIterator<Item = &'r [u8]>,
+        output_budget: usize,
+    ) -> Vec<Result<Output, RunError>> {
+        let mut spent = 0usize;
         let records = records.into_iter();
         let mut results = Vec::with_capacity(records.size_hint().0);
         let limit_bytes = self.setup.limits.memory_bytes;
@@ -228,21 +241,28 @@ impl ScriptEngine {
         }
         let budget = &self.budget;
         let call_budget = self.setup.limits.call_budget;
+        let limits = self.setup.limits;
+        let log = &self.setup.log;
         let mut poisoned = false;
         self.context.with(|ctx| {
             let transform =
                 ctx.globals().get::<_, Value>(PINNED_TRANSFORM).map_err(|e| caught(&ctx, e));
             let plain = Plain::new(&ctx);
             for record in records {
+                if spent >= output_budget {
+                    break;
+                }
+                log.call_started();
                 if poisoned {
                     results.push(Err(RunError::OutOfMemory { limit_bytes }));
                     continue;
                 }
                 budget.start(call_budget);
                 let result = match &transform {
-                    Ok(transform) => run_one(&ctx, plain.as_ref(), transform, record),
+                    Ok(transform) => run_one(&ctx, plain.as_ref(), transform, record, &limits),
                     Err(Failure::OutOfMemory) => Err(Failure::OutOfMemory),
                     Err(Failure::Run(error)) => Err(Failure::Run(error.clone())),
+                    Err(Failure::TooLarge) => Err(Failure::TooLarge),
                 };
                 let timed_out = budget.fired.load(Ordering::Relaxed);
                 // Promise callbacks and `queueMicrotask` jobs the call queued run now, in
@@ -257,7 +277,14 @@ impl ScriptEngine {
                         RunError::OutOfMemory { limit_bytes }
                     }
                     Failure::Run(error) => error,
+                    // `run_one` names the record and the cap; this is only a fallback.
+                    Failure::TooLarge => {
+                        RunError::RecordTooLarge { index: 0, limit: limits.max_record_bytes }
+                    }
                 });
+                if let Ok(output) = &result {
+                    spent = spent.saturating_add(output.iter().map(Vec::len).sum());
+                }
                 results.push(result);
             }
         });
@@ -270,6 +297,8 @@ impl ScriptEngine {
 enum Failure {
     Run(RunError),
     OutOfMemory,
+    /// A returned record's JSON passed the byte limit it was given.
+    TooLarge,
 }
 
 fn run_one<'js>(
@@ -277,6 +306,7 @@ fn run_one<'js>(
     plain: Option<&Plain<'js>>,
     transform: &Value<'js>,
     record: &[u8],
+    limits: &Limits,
 ) -> Result<Output, Failure> {
     let input = match ctx.json_parse(record) {
         Ok(input) => input,
@@ -303,8 +333,40 @@ fn run_one<'js>(
     if output.is_undefined() || output.is_null() {
         return Ok(Vec::new());
     }
+    // The caps are checked while the output is converted, before it can grow: the array's
+    // length before any element is read, each record's bytes as they are written.
+    let mut total = 0;
+    let mut convert = |index: usize, element: Value<'js>| {
+        let remaining = limits.max_output_bytes.saturating_sub(total);
+        let limit = limits.max_record_bytes.min(remaining);
+        match stringify(ctx, plain, element, limit) {
+            Ok(text) => {
+                total += text.len();
+                Ok(text)
+            }
+            Err(Failure::TooLarge) if remaining < limits.max_record_bytes => {
+                Err(Failure::Run(RunError::OutputTooLarge {
+                    index,
+                    limit: limits.max_output_bytes,
+                }))
+            }
+            Err(Failure::TooLarge) => Err(Failure::Run(RunError::RecordTooLarge {
+                index,
+                limit: limits.max_record_bytes,
+            })),
+            Err(other) => Err(other),
+        }
+    };
     if let Some(array) = output.as_array() {
-        let mut records = Vec::with_capacity(array.len());
+        // `Array::len` asserts an int length; a sparse array's length may be a float.
+        let length: f64 = array.as_object().get("length").map_err(|error| caught(ctx, error))?;
+        if length > limits.max_fan_out as f64 {
+            return Err(Failure::Run(RunError::TooManyRecords {
+                count: length as usize,
+                limit: limits.max_fan_out,
+            }));
+        }
+        let mut records = Vec::with_capacity(length as usize);
         for (index, element) in array.iter::<Value>().enumerate() {
             let element = element.map_err(|error| caught(ctx, error))?;
             if !is_plain_object(&element) {
@@ -312,35 +374,43 @@ fn run_one<'js>(
                     found: format!("an array whose element {index} is {}", describe(&element)),
                 }));
             }
-            records.push(stringify(ctx, plain, element)?);
+            records.push(convert(index, element)?);
         }
         return Ok(records);
     }
     if !is_plain_object(&output) {
         return Err(Failure::Run(RunError::NotAnObject { found: describe(&output) }));
     }
-    Ok(vec![stringify(ctx, plain, output)?])
+    Ok(vec![convert(0, output)?])
 }
 
+/// The JSON text of `value`, or [`Failure::TooLarge`] when it is longer than `limit` bytes.
 fn stringify<'js>(
     ctx: &Ctx<'js>,
     plain: Option<&Plain<'js>>,
     value: Value<'js>,
+    limit: usize,
 ) -> Result<Vec<u8>, Failure> {
     if let (Some(plain), Type::Object) = (plain, value.type_of()) {
         if let Some(object) = value.as_object() {
-            let mut out = Vec::with_capacity(1024);
-            match plain.write_object(object, &mut out) {
+            let mut out = Vec::with_capacity(1024.min(limit + 1));
+            match plain.write_object(object, &mut out, limit) {
+                Ok(()) if out.len() > limit => return Err(Failure::TooLarge),
                 Ok(()) => return Ok(out),
                 Err(Stop::Engine(error)) => return Err(caught(ctx, error)),
+                Err(Stop::TooLarge) => return Err(Failure::TooLarge),
                 Err(Stop::Unsupported) => {}
             }
         }
     }
+    // What the native writer does not replicate: the engine builds the text in its own heap,
+    // under its memory limit, and it is checked before it is copied out.
     match ctx.json_stringify(value) {
-        // QuickJS hands out UTF-8 already: copy it without validating it again.
         Ok(Some(text)) => {
-            Ok(text.to_cstring().map_err(|error| caught(ctx, error))?.as_str().as_bytes().to_vec())
+            let text = text.to_cstring().map_err(|error| caught(ctx, error))?;
+            let bytes = text.as_str().as_bytes();
+            // QuickJS hands out UTF-8 already: copy it without validating it again.
+            if bytes.len() > limit { Err(Failure::TooLarge) } else { Ok(bytes.to_vec()) }
         }
         // A `toJSON` that answers undefined.
         Ok(None) => Err(Failure::Run(RunError::NotAnObject {
@@ -482,6 +552,12 @@ fn load(ctx: &Ctx<'_>, setup: &Setup) -> Result<(), ScriptError> {
             Failure::Run(other) => {
                 ScriptError { kind, message: other.to_string(), line: None, column: None }
             }
+            Failure::TooLarge => ScriptError {
+                kind,
+                message: "a value was too large".to_owned(),
+                line: None,
+                column: None,
+            },
         }
     };
     globals::install(

@@ -57,6 +57,16 @@ pub enum RunError {
         "transform returned {found}; expected an object, an array of objects, null or undefined"
     )]
     NotAnObject { found: String },
+    /// `transform` returned an array longer than [`crate::Limits::max_fan_out`].
+    #[error("transform returned {count} records; at most {limit} are allowed per input record")]
+    TooManyRecords { count: usize, limit: usize },
+    /// A returned record serializes to more than [`crate::Limits::max_record_bytes`].
+    #[error("transform returned a record (index {index}) larger than {limit} bytes of JSON")]
+    RecordTooLarge { index: usize, limit: usize },
+    /// The returned records together serialize to more than
+    /// [`crate::Limits::max_output_bytes`].
+    #[error("transform returned more than {limit} bytes of JSON in all (at record index {index})")]
+    OutputTooLarge { index: usize, limit: usize },
     /// The runtime hit its memory limit. The engine refuses further calls: the worker must
     /// be restarted (count it as an OOM kill) and build a new engine, or call
     /// [`crate::ScriptEngine::restart`].
@@ -78,6 +88,18 @@ impl RunError {
     /// Whether the engine is unusable after this error: the caller must restart the worker.
     pub fn is_fatal(&self) -> bool {
         matches!(self, RunError::OutOfMemory { .. })
+    }
+
+    /// Whether calling `transform` again on the same record may answer differently. The
+    /// output caps are deterministic for a given script and record: retrying them only
+    /// burns time.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(
+            self,
+            RunError::TooManyRecords { .. }
+                | RunError::RecordTooLarge { .. }
+                | RunError::OutputTooLarge { .. }
+        )
     }
 
     /// Whose fault the error is.

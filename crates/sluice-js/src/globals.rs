@@ -38,6 +38,11 @@ impl LogLevel {
 /// in the middle of a `transform` call: it must not block.
 pub trait LogSink: Send + Sync + 'static {
     fn log(&self, level: LogLevel, message: &str);
+
+    /// A call of `transform` begins: the lines until the next call are its lines. The
+    /// engine calls it once per record it is given, even one it does not run (after an
+    /// out-of-memory error), so the n-th record of a batch is the n-th call.
+    fn call_started(&self) {}
 }
 
 /// A sink that drops every line (compile checks, benchmarks).

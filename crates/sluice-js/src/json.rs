@@ -29,6 +29,8 @@ pub(crate) enum Stop {
     Unsupported,
     /// Reading a property threw (a getter); the exception is pending in the context.
     Engine(rquickjs::Error),
+    /// The text passed the byte limit given to [`Plain::write_object`].
+    TooLarge,
 }
 
 impl From<rquickjs::Error> for Stop {
@@ -55,16 +57,41 @@ impl<'js> Plain<'js> {
     /// Appends the JSON text of `object` (a plain object) to `out`.
     ///
     /// Checked at every record, since a script may give a prototype a `toJSON` at any call.
-    pub(crate) fn write_object(&self, object: &Object<'js>, out: &mut Vec<u8>) -> Result<(), Stop> {
+    ///
+    /// Stops with [`Stop::TooLarge`] once `out` holds more than `limit` bytes, so a small
+    /// object that refers to one large string many times never grows `out` far past it.
+    pub(crate) fn write_object(
+        &self,
+        object: &Object<'js>,
+        out: &mut Vec<u8>,
+        limit: usize,
+    ) -> Result<(), Stop> {
         for prototype in [&self.object_prototype, &self.array_prototype] {
             if prototype.contains_key("toJSON")? {
                 return Err(Stop::Unsupported);
             }
         }
-        self.write_object_at(object, out, 0)
+        let mut writer = Writer { plain: self, limit };
+        writer.write_object_at(object, out, 0)
     }
+}
 
-    fn write_value(&self, value: Value<'js>, out: &mut Vec<u8>, depth: usize) -> Result<(), Stop> {
+/// One serialization: the prototypes and the byte limit.
+struct Writer<'p, 'js> {
+    plain: &'p Plain<'js>,
+    limit: usize,
+}
+
+impl<'js> Writer<'_, 'js> {
+    fn write_value(
+        &mut self,
+        value: Value<'js>,
+        out: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<(), Stop> {
+        if out.len() > self.limit {
+            return Err(Stop::TooLarge);
+        }
         match value.type_of() {
             Type::Null => out.extend_from_slice(b"null"),
             Type::Bool => {
@@ -91,6 +118,9 @@ impl<'js> Plain<'js> {
                 let text = value.as_string().ok_or(Stop::Unsupported)?;
                 // `to_string` fails on lone surrogates: JSON.stringify escapes those.
                 let text = text.to_string().map_err(|_| Stop::Unsupported)?;
+                if out.len() + text.len() > self.limit {
+                    return Err(Stop::TooLarge);
+                }
                 write_string(out, &text);
             }
             Type::Array => {
@@ -107,7 +137,7 @@ impl<'js> Plain<'js> {
     }
 
     fn write_object_at(
-        &self,
+        &mut self,
         object: &Object<'js>,
         out: &mut Vec<u8>,
         depth: usize,
@@ -117,7 +147,7 @@ impl<'js> Plain<'js> {
         }
         match object.get_prototype() {
             None => {}
-            Some(prototype) if prototype == self.object_prototype => {}
+            Some(prototype) if prototype == self.plain.object_prototype => {}
             Some(_) => return Err(Stop::Unsupported),
         }
         out.push(b'{');
@@ -144,12 +174,17 @@ impl<'js> Plain<'js> {
         Ok(())
     }
 
-    fn write_array(&self, array: &Array<'js>, out: &mut Vec<u8>, depth: usize) -> Result<(), Stop> {
+    fn write_array(
+        &mut self,
+        array: &Array<'js>,
+        out: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<(), Stop> {
         if depth > MAX_DEPTH {
             return Err(Stop::Unsupported);
         }
         match array.as_object().get_prototype() {
-            Some(prototype) if prototype == self.array_prototype => {}
+            Some(prototype) if prototype == self.plain.array_prototype => {}
             _ => return Err(Stop::Unsupported),
         }
         if array.as_object().contains_key("toJSON")? {

@@ -57,6 +57,22 @@ pub fn memory_limit_for(pod_size: PodSize) -> usize {
     }
 }
 
+/// Most records one `transform` call may return (the length of the returned array), for
+/// every pod size. Checked before any element is read: `new Array(1e6).fill(r)` costs the
+/// worker nothing.
+pub const MAX_FAN_OUT: usize = 1_000;
+
+/// Most bytes of JSON one returned record may serialize to, for every pod size: the
+/// serialization stops as soon as it passes this.
+pub const MAX_OUTPUT_RECORD_BYTES: usize = MIB;
+
+/// Most bytes of JSON all the records of one `transform` call may serialize to together,
+/// for a pipeline of `pod_size`: a sixteenth of the runtime's memory limit (S 4 MiB, M 6 MiB,
+/// L 8 MiB, XL 16 MiB).
+pub fn output_limit_for(pod_size: PodSize) -> usize {
+    memory_limit_for(pod_size) / 16
+}
+
 /// What a script runtime may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -65,6 +81,13 @@ pub struct Limits {
     pub memory_bytes: usize,
     /// Time one `transform` call may run.
     pub call_budget: Duration,
+    /// Most records one call may return ([`RunError::TooManyRecords`] beyond).
+    pub max_fan_out: usize,
+    /// Most bytes of JSON one returned record may take ([`RunError::RecordTooLarge`]).
+    pub max_record_bytes: usize,
+    /// Most bytes of JSON the records of one call may take together
+    /// ([`RunError::OutputTooLarge`]).
+    pub max_output_bytes: usize,
 }
 
 /// Least time the script's top-level code may run when an engine is built: it may build
@@ -78,9 +101,16 @@ impl Limits {
         self.call_budget.max(MIN_LOAD_BUDGET)
     }
 
-    /// The limits of a worker of a pipeline of `pod_size`, with [`DEFAULT_CALL_BUDGET`].
+    /// The limits of a worker of a pipeline of `pod_size`, with [`DEFAULT_CALL_BUDGET`],
+    /// [`MAX_FAN_OUT`], [`MAX_OUTPUT_RECORD_BYTES`] and [`output_limit_for`].
     pub fn for_pod_size(pod_size: PodSize) -> Self {
-        Self { memory_bytes: memory_limit_for(pod_size), call_budget: DEFAULT_CALL_BUDGET }
+        Self {
+            memory_bytes: memory_limit_for(pod_size),
+            call_budget: DEFAULT_CALL_BUDGET,
+            max_fan_out: MAX_FAN_OUT,
+            max_record_bytes: MAX_OUTPUT_RECORD_BYTES,
+            max_output_bytes: output_limit_for(pod_size),
+        }
     }
 }
 

@@ -24,13 +24,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_bus::{EmbeddedLog, NewRecord, StreamLog, topics};
+use sluice_bus::{EmbeddedLog, StreamLog, topics};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::{Clock, SystemClock};
 use sluice_core::pipeline::{
     DeliveryGuarantee, ManagedSinkConfig, Pipeline, PipelineConfig, PipelineSpec, PodSize,
     SinkConfig, Source, SourceType, Transform,
 };
+use sluice_core::streams::StreamRecord;
 use sluice_runtime::{Counters, Runtime, RuntimeSettings};
 use sluice_store::{MetadataStore, SqliteStore};
 
@@ -279,11 +280,11 @@ async fn throughput(
     let mut appended = 0;
     while appended < records {
         let size = INGEST_BATCH.min(records - appended);
-        let batch: Vec<NewRecord> = (0..size)
+        let batch: Vec<StreamRecord> = (0..size)
             .map(|_| {
                 let (record, hit) = generator.record(HIT_RATE_THROUGHPUT, None);
                 hits += usize::from(hit);
-                bytes += record.value.len();
+                bytes += record.value().len();
                 record
             })
             .collect();
@@ -398,7 +399,7 @@ async fn latency(
             continue;
         }
         let sent_at_us = chrono::Utc::now().timestamp_micros();
-        let batch: Vec<NewRecord> = (sent..due)
+        let batch: Vec<StreamRecord> = (sent..due)
             .map(|_| {
                 let (record, hit) = generator.record(hit_rate, Some(sent_at_us));
                 hits += u64::from(hit);
@@ -517,7 +518,7 @@ struct Generator {
 
 impl Generator {
     /// One record; true when its token is in the set.
-    fn record(&mut self, hit_rate: f64, sent_at_us: Option<i64>) -> (NewRecord, bool) {
+    fn record(&mut self, hit_rate: f64, sent_at_us: Option<i64>) -> (StreamRecord, bool) {
         const TOKENS: [(&str, &str); 5] = [
             ("USDC", "USD Coin"),
             ("USDT", "Tether USD"),
@@ -587,8 +588,9 @@ impl Generator {
             tx_hash = tx_hash,
             tx_index = tx % 150,
         );
-        let key = format!("{tx_hash}:{log_index}").into_bytes();
-        (NewRecord { key, value: value.into_bytes() }, hit)
+        let record = StreamRecord::parse(ENTITY, value.as_bytes())
+            .expect("the generator writes valid erc20_token_transfer records");
+        (record, hit)
     }
 }
 

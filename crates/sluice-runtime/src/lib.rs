@@ -27,6 +27,7 @@ use sluice_core::clock::Clock;
 use sluice_core::datasets::{DatasetLookup, NoDatasets};
 use sluice_core::deployment::{DeploymentRecord, DeploymentState};
 use sluice_core::pipeline::Pipeline;
+use sluice_core::streams::StreamRecord;
 use sluice_store::{MetadataStore, StoreError};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
@@ -63,6 +64,9 @@ pub enum RuntimeError {
     /// A chain stream that the catalog does not list.
     #[error("no chain stream {0}")]
     UnknownStream(String),
+    /// Records checked as one entity sent to another entity's stream (a caller's bug).
+    #[error("records of {checked_as} cannot enter {stream}")]
+    WrongEntity { stream: String, checked_as: String },
     /// A replay of dead letters stopped (its transforms panicked).
     #[error("replay failed: {0}")]
     Replay(String),
@@ -357,16 +361,19 @@ impl Runtime {
         Ok(())
     }
 
-    /// Appends keyed records to a chain stream; durable when this returns.
+    /// Appends records to a chain stream; durable when this returns. Records are
+    /// [`StreamRecord`]s, so each was checked (one JSON object, no repeated key, key and time
+    /// fields) for the stream's entity.
     ///
     /// # Errors
-    /// [`RuntimeError::UnknownStream`] when the catalog has no such stream, or a log failure.
+    /// [`RuntimeError::UnknownStream`] when the catalog has no such stream,
+    /// [`RuntimeError::WrongEntity`] for a record checked as another entity, or a log failure.
     pub async fn ingest(
         &self,
         chain: &str,
         entity: &str,
         zerolag: bool,
-        records: Vec<NewRecord>,
+        records: Vec<StreamRecord>,
     ) -> Result<usize> {
         let known = self
             .catalog
@@ -377,7 +384,20 @@ impl Runtime {
         if !known {
             return Err(RuntimeError::UnknownStream(topic));
         }
+        if let Some(record) = records.iter().find(|record| record.entity() != entity) {
+            return Err(RuntimeError::WrongEntity {
+                stream: topic,
+                checked_as: record.entity().to_owned(),
+            });
+        }
         let count = records.len();
+        let records = records
+            .into_iter()
+            .map(|record| {
+                let (key, value) = record.into_parts();
+                NewRecord { key: key.into_bytes(), value }
+            })
+            .collect();
         self.log.append(&topic, records).await?;
         Ok(count)
     }
@@ -679,5 +699,5 @@ fn replay_item(plan: &plan::BoundPlan, letter: sluice_bus::Record) -> Option<(us
     let body: serde_json::Value = serde_json::from_slice(&letter.value).ok()?;
     let first = body["transform_uid"].as_str().and_then(|uid| plan.stage_of(uid)).unwrap_or(0);
     let value = serde_json::to_vec(body.get("record")?).ok()?;
-    Some((first, plan::Item { key: letter.key, value }))
+    Some((first, plan::Item { key: letter.key, value, origin: 0 }))
 }

@@ -18,7 +18,9 @@ use crate::sets::SetHandle;
 use crate::sinks::{self, Sink};
 
 /// Calls of `transform` a record gets before it is dead-lettered: the first and two retries
-/// (on a fresh engine when the runtime ran out of memory).
+/// (on a fresh engine when the runtime ran out of memory). A record whose output breaks a
+/// cap (fan-out, bytes per record, bytes per call: `sluice_js::Limits`) is dead-lettered
+/// after the first call.
 pub const SCRIPT_ATTEMPTS: u32 = 3;
 
 /// Why a stored pipeline cannot run.
@@ -154,6 +156,9 @@ impl std::fmt::Debug for BoundPlan {
 pub struct Item {
     pub key: Vec<u8>,
     pub value: Vec<u8>,
+    /// The position, in the batch given to [`BoundPlan::run`], of the source record this
+    /// item comes from (a fan-out's records share it); items stay in this order.
+    pub origin: usize,
 }
 
 /// A record a transform failed on, every attempt.
@@ -175,6 +180,19 @@ pub struct Outcome {
     pub failed: Vec<Failed>,
     /// Times a script runtime ran out of memory and was replaced.
     pub oom_restarts: u64,
+    /// When a script stage's output reached the batch output budget
+    /// ([`batch_output_budget`]): the position of the first source record that was not
+    /// processed. That record and every later one left no trace in this outcome; the caller
+    /// runs them again in a later batch.
+    pub deferred_from: Option<usize>,
+}
+
+/// Most bytes of JSON a script stage produces for one batch before the rest of the batch
+/// is left for the next one: the pod size's script memory per worker (S 64 MiB, M 96 MiB,
+/// L 128 MiB, XL 256 MiB). With the per-call caps (`sluice_js::Limits`) it bounds what a
+/// worker holds for a batch, whatever its scripts return.
+pub fn batch_output_budget(pod_size: PodSize) -> usize {
+    sluice_js::memory_limit_for(pod_size)
 }
 
 /// Most `console.*` lines one worker keeps per batch; the rest are counted in one last line.
@@ -209,7 +227,9 @@ impl Engines {
     /// a line counting the dropped ones).
     pub fn take_logs(&self) -> Vec<LogLine> {
         let mut buffer = self.logs.0.lock().expect("log buffer lock is never poisoned");
-        let (mut lines, dropped) = (std::mem::take(&mut buffer.0), std::mem::take(&mut buffer.1));
+        let lines = std::mem::take(&mut buffer.lines);
+        let dropped = std::mem::take(&mut buffer.dropped);
+        let mut lines: Vec<LogLine> = lines.into_iter().map(|(_, line)| line).collect();
         if dropped > 0 {
             let last = lines.last().cloned().unwrap_or(LogLine {
                 timestamp: String::new(),
@@ -231,9 +251,33 @@ impl Engines {
     }
 }
 
-/// Lines, and the count of lines dropped over the cap.
+/// A worker's script lines until its batch is written.
 #[derive(Default)]
-struct LogBuffer(std::sync::Mutex<(Vec<LogLine>, u64)>);
+struct LogBuffer(std::sync::Mutex<Lines>);
+
+#[derive(Default)]
+struct Lines {
+    /// Each line with the number of the `transform` call that wrote it.
+    lines: Vec<(u64, LogLine)>,
+    /// Lines not kept, over [`MAX_LOG_LINES_PER_BATCH`].
+    dropped: u64,
+    /// Calls started so far: the number of the current call.
+    calls: u64,
+}
+
+impl LogBuffer {
+    /// The number the next `transform` call will get.
+    fn next_call(&self) -> u64 {
+        self.0.lock().expect("log buffer lock is never poisoned").calls + 1
+    }
+
+    /// Forgets the lines of call `call`: an attempt that is retried, whose lines the
+    /// final attempt's replace (one copy of a record's lines, not one per attempt).
+    fn discard_call(&self, call: u64) {
+        let mut buffer = self.0.lock().expect("log buffer lock is never poisoned");
+        buffer.lines.retain(|(of, _)| *of != call);
+    }
+}
 
 impl std::fmt::Debug for Engines {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -251,20 +295,28 @@ struct ScriptLog {
 }
 
 impl LogSink for ScriptLog {
+    fn call_started(&self) {
+        self.buffer.0.lock().expect("log buffer lock is never poisoned").calls += 1;
+    }
+
     fn log(&self, level: LogLevel, message: &str) {
         let (config_id, transform) = (&self.pipeline_id, &self.uid);
         tracing::debug!(%config_id, %transform, level = level.name(), "script: {message}");
         let mut buffer = self.buffer.0.lock().expect("log buffer lock is never poisoned");
-        if buffer.0.len() >= MAX_LOG_LINES_PER_BATCH {
-            buffer.1 += 1;
+        if buffer.lines.len() >= MAX_LOG_LINES_PER_BATCH {
+            buffer.dropped += 1;
             return;
         }
-        buffer.0.push(LogLine {
-            timestamp: sluice_core::time::format(self.clock.now()),
-            level: level.name().to_owned(),
-            transform_uid: self.uid.clone(),
-            message: message.to_owned(),
-        });
+        let call = buffer.calls;
+        buffer.lines.push((
+            call,
+            LogLine {
+                timestamp: sluice_core::time::format(self.clock.now()),
+                level: level.name().to_owned(),
+                transform_uid: self.uid.clone(),
+                message: message.to_owned(),
+            },
+        ));
     }
 }
 
@@ -313,6 +365,12 @@ impl BoundPlan {
                 }
                 Stage::Script { uid, source } => {
                     items = self.run_script(uid, source, items, engines, &mut outcome);
+                    if let Some(deferred) = outcome.deferred_from {
+                        // Earlier stages' dead letters of deferred records go too: the
+                        // records run again, from the first stage, in a later batch.
+                        outcome.failed.retain(|failed| failed.item.origin < deferred);
+                        items.retain(|item| item.origin < deferred);
+                    }
                 }
             }
         }
@@ -328,6 +386,7 @@ impl BoundPlan {
         engines: &mut Engines,
         outcome: &mut Outcome,
     ) -> Vec<Item> {
+        let logs = engines.logs.clone();
         let engine = match self.engine(uid, source, engines) {
             Ok(engine) => engine,
             Err(error) => {
@@ -341,12 +400,42 @@ impl BoundPlan {
                 return Vec::new();
             }
         };
-        let results = engine.run_batch(items.iter().map(|item| item.value.as_slice()));
+        // The n-th record's first call is `first_call + n` (see `LogSink::call_started`).
+        let first_call = logs.next_call();
+        let budget = batch_output_budget(self.plan.pod_size);
+        let results =
+            engine.run_batch_within(items.iter().map(|item| item.value.as_slice()), budget);
+        let mut items = items;
+        let not_run = items.split_off(results.len());
+        if let Some(first_not_run) = not_run.first() {
+            let first_origin = items.first().map_or(first_not_run.origin, |item| item.origin);
+            if first_not_run.origin > first_origin {
+                // The worker takes these records (and the rest of their fan-out) next time.
+                let deferred = first_not_run.origin;
+                outcome.deferred_from =
+                    Some(outcome.deferred_from.map_or(deferred, |d| d.min(deferred)));
+            } else {
+                // A fan-out of one source record that alone passes the budget: deferring
+                // would never progress, so the rest of it is dead-lettered.
+                outcome.failed.extend(not_run.into_iter().filter(|item| item.origin == first_origin).map(|item| Failed {
+                    item,
+                    transform_uid: uid.to_owned(),
+                    error: format!(
+                        "the records of one source record passed the batch output budget of {budget} bytes"
+                    ),
+                    attempts: 1,
+                }));
+            }
+        }
         let mut next = Vec::with_capacity(items.len());
-        for (item, first) in items.into_iter().zip(results) {
+        for (index, (item, first)) in items.into_iter().zip(results).enumerate() {
             let mut result = first;
             let mut attempts = 1;
-            while result.is_err() && attempts < SCRIPT_ATTEMPTS {
+            let mut call = first_call + index as u64;
+            // An output cap is deterministic: the same record breaks it every time.
+            while result.as_ref().is_err_and(sluice_js::RunError::is_retryable)
+                && attempts < SCRIPT_ATTEMPTS
+            {
                 if engine.is_poisoned() {
                     outcome.oom_restarts += 1;
                     tracing::warn!(config_id = %self.plan.pipeline_id, transform = uid, "script runtime ran out of memory; restarted");
@@ -354,13 +443,16 @@ impl BoundPlan {
                         break;
                     }
                 }
+                // The retry's lines replace this attempt's: one copy per record.
+                logs.discard_call(call);
+                call = logs.next_call();
                 result = engine.run(&item.value);
                 attempts += 1;
             }
             match result {
                 Ok(outputs) if outputs.len() == 1 => {
                     let value = outputs.into_iter().next().expect("one output");
-                    next.push(Item { key: item.key, value });
+                    next.push(Item { key: item.key, value, origin: item.origin });
                 }
                 Ok(outputs) => {
                     // Fan-out: each output gets the source key plus its position, stable
@@ -368,7 +460,7 @@ impl BoundPlan {
                     for (index, value) in outputs.into_iter().enumerate() {
                         let mut key = item.key.clone();
                         key.extend_from_slice(format!("#{index}").as_bytes());
-                        next.push(Item { key, value });
+                        next.push(Item { key, value, origin: item.origin });
                     }
                 }
                 Err(error) => {
@@ -419,4 +511,55 @@ impl BoundPlan {
 
 fn values_of(items: &[Item]) -> Vec<&[u8]> {
     items.iter().map(|item| item.value.as_slice()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::clock::SystemClock;
+    use sluice_core::datasets::NoDatasets;
+
+    fn scripted(script: &str) -> BoundPlan {
+        let plan = Plan {
+            pipeline_id: "p".to_owned(),
+            owner_user_id: "u".to_owned(),
+            pod_size: PodSize::S,
+            source: "base.erc20_token_transfer".to_owned(),
+            stages: vec![Stage::Script { uid: "tf-s".to_owned(), source: script.into() }],
+            sinks: Vec::new(),
+        };
+        plan.bind(Vec::new(), Arc::new(NoDatasets), Arc::new(SystemClock))
+    }
+
+    fn items(count: usize) -> Vec<Item> {
+        (0..count)
+            .map(|origin| Item {
+                key: format!("k{origin}").into_bytes(),
+                value: format!(r#"{{"n":{origin}}}"#).into_bytes(),
+                origin,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_stops_at_the_output_budget_and_leaves_the_rest_untouched() {
+        // Four records of ~1 MB per call: under every per-call cap, 4 MB a call.
+        let plan = scripted(
+            "const s = 'x'.repeat(999000); function transform(r) { return [{n: r.n, s}, {n: r.n, s}, {n: r.n, s}, {n: r.n, s}]; }",
+        );
+        let mut engines = Engines::default();
+        let budget = batch_output_budget(PodSize::S);
+        assert_eq!(budget, 64 * 1024 * 1024);
+        let outcome = plan.run(items(20), &mut engines);
+        // 16 calls are 63.9 MB; the 17th passes the budget and is the last one run.
+        assert_eq!(outcome.deferred_from, Some(17));
+        assert_eq!(outcome.out.len(), 17 * 4);
+        assert!(outcome.out.iter().all(|item| item.origin < 17));
+        let held: usize = outcome.out.iter().map(|item| item.value.len()).sum();
+        assert!(held < budget + sluice_js::output_limit_for(PodSize::S), "{held}");
+        assert!(outcome.failed.is_empty());
+
+        let outcome = plan.run(items(3), &mut engines);
+        assert_eq!((outcome.deferred_from, outcome.out.len()), (None, 12));
+    }
 }

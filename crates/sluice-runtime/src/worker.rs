@@ -96,11 +96,11 @@ impl Worker {
                 engines.keep_only(&plan);
             }
             let settled = self.process(&plan, batch, &mut engines, &group, &offsets).await;
-            if !settled {
+            let Some(committed) = settled else {
                 // Stopped while the sink kept failing: offsets stay for the next start.
                 return;
-            }
-            next.extend(offsets.iter().copied());
+            };
+            next.extend(committed);
         }
     }
 
@@ -145,19 +145,19 @@ impl Worker {
     }
 
     /// Runs one batch through the plan, delivers it with its dead letters and commits its
-    /// source `offsets` ([`crate::sinks::Sink::deliver`]). False when the worker was stopped
-    /// before the batch was settled (its offsets must not be committed).
+    /// source offsets ([`crate::sinks::Sink::deliver`]): `read_to` (past the batch), or, when a script stage
+    /// reached the batch output budget, the first record of each partition left for the next
+    /// batch. Answers the offsets committed; `None` when the worker was stopped before the
+    /// batch was settled (its offsets must not be committed).
     async fn process(
         &self,
         plan: &Arc<BoundPlan>,
         records: Vec<Record>,
         engines: &mut Engines,
         group: &str,
-        offsets: &[(u32, u64)],
-    ) -> bool {
-        Counters::add(&self.counters.received, records.len() as u64);
-        let mut metrics =
-            BatchMetrics { received: records.len() as u64, ..BatchMetrics::default() };
+        read_to: &[(u32, u64)],
+    ) -> Option<Vec<(u32, u64)>> {
+        let mut metrics = BatchMetrics::default();
         let hold_ms = i64::try_from(self.settings.hold.as_millis()).unwrap_or(i64::MAX);
         let cutoff = self.clock.now().timestamp_millis().saturating_sub(hold_ms);
         let read = records.len();
@@ -166,10 +166,12 @@ impl Worker {
         let newest_block_ms = self.newest_block_time_ms(&records, cutoff);
         let started = std::time::Instant::now();
         // The records move through the stages and into the sink batch: nothing is copied.
-        let items: Vec<Item> = records
+        let kept: Vec<Record> = records.into_iter().filter(|r| r.timestamp_ms >= cutoff).collect();
+        let positions: Vec<(u32, u64)> = kept.iter().map(|r| (r.partition, r.offset)).collect();
+        let items: Vec<Item> = kept
             .into_iter()
-            .filter(|r| r.timestamp_ms >= cutoff)
-            .map(|r| Item { key: r.key, value: r.value })
+            .enumerate()
+            .map(|(origin, r)| Item { key: r.key, value: r.value, origin })
             .collect();
         if items.len() < read {
             Counters::add(&self.counters.skipped_expired, (read - items.len()) as u64);
@@ -191,13 +193,34 @@ impl Worker {
                     // A panic in a script stage: the batch is not settled; a restart
                     // delivers it again.
                     tracing::error!(%error, "script stage panicked; worker stops");
-                    return false;
+                    return None;
                 }
             }
         } else {
             plan.run(items, engines)
         };
         metrics.processing_latency_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
+        // Records left for the next batch are read again from their offset.
+        let offsets: Vec<(u32, u64)> = match outcome.deferred_from {
+            None => read_to.to_vec(),
+            Some(deferred) => read_to
+                .iter()
+                .map(|&(partition, end)| {
+                    let first_left = positions
+                        .get(deferred..)
+                        .unwrap_or_default()
+                        .iter()
+                        .find(|(p, _)| *p == partition);
+                    (partition, first_left.map_or(end, |&(_, offset)| offset))
+                })
+                .collect(),
+        };
+        let offsets = offsets.as_slice();
+        // Deferred records are read again, and counted then.
+        let deferred = outcome.deferred_from.map_or(0, |from| positions.len().saturating_sub(from));
+        let received = (read - deferred) as u64;
+        Counters::add(&self.counters.received, received);
+        metrics.received = received;
         Counters::add(&self.counters.oom_restarts, outcome.oom_restarts);
         Counters::add(&self.counters.dead_lettered, outcome.failed.len() as u64);
         metrics.processor_errors = outcome.failed.len() as u64;
@@ -212,7 +235,7 @@ impl Worker {
         let out = &delivery.out;
         // What was read and processed counts now; what is delivered counts when it is.
         self.metrics.record(std::mem::take(&mut metrics));
-        let Some(sink) = plan.plan.sinks.first() else { return true };
+        let Some(sink) = plan.plan.sinks.first() else { return Some(offsets.to_vec()) };
         let sink_uid = sink.config().uid();
         let side = SideTopics::new(&plan.plan.pipeline_id);
         let source = plan.plan.source.as_str();
@@ -232,7 +255,7 @@ impl Worker {
                         metrics.data_age_ms = newest_block_ms.map(|at| (now_ms - at).max(0));
                     }
                     self.metrics.record(metrics);
-                    return true;
+                    return Some(offsets.to_vec());
                 }
                 Err(error) => {
                     Counters::add(&self.counters.output_errors, 1);
@@ -248,7 +271,7 @@ impl Worker {
                             // The next successful commit covers this batch.
                             tracing::warn!(%error, %source, "offset commit failed");
                         }
-                        return true;
+                        return Some(offsets.to_vec());
                     }
                     if error.is_retryable() {
                         tracing::warn!(%error, sink_uid, ?backoff, "sink write failed; retrying (at_least_once)");
@@ -265,7 +288,7 @@ impl Worker {
                         ..BatchMetrics::default()
                     });
                     if !self.pause_for(backoff).await {
-                        return false;
+                        return None;
                     }
                     backoff = (backoff * 2).min(self.settings.max_backoff);
                 }

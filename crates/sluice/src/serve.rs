@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sluice_api::{AppState, Limits};
-use sluice_bus::{EmbeddedLog, NewRecord};
+use sluice_bus::EmbeddedLog;
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::{Clock, SystemClock};
 use sluice_runtime::datasets::DatasetIndex;
@@ -170,7 +170,7 @@ fn background_tasks(
     tasks
 }
 
-/// Feeds generated records into one stream, `DEMO_RATE` a second, through the same keying
+/// Feeds generated records into one stream, `DEMO_RATE` a second, through the same checks
 /// as the ingest endpoint.
 async fn demo_feed(runtime: Arc<Runtime>, mut generator: sluice_feed::Generator) {
     let mut tick = tokio::time::interval(Duration::from_millis(1000 / DEMO_RATE));
@@ -178,15 +178,14 @@ async fn demo_feed(runtime: Arc<Runtime>, mut generator: sluice_feed::Generator)
     loop {
         tick.tick().await;
         let record = generator.next_record(chrono::Utc::now());
-        let key = match sluice_core::streams::record_key(&entity, &record) {
-            Ok(key) => key,
+        let record = match sluice_core::streams::StreamRecord::from_object(&entity, &record) {
+            Ok(record) => record,
             Err(error) => {
-                tracing::error!(%error, %chain, %entity, "demo record has no key; feed stops");
+                tracing::error!(%error, %chain, %entity, "demo record is invalid; feed stops");
                 return;
             }
         };
-        let value = serde_json::to_vec(&record).expect("a JSON map with string keys serializes");
-        let records = vec![NewRecord { key: key.into_bytes(), value }];
+        let records = vec![record];
         if let Err(error) = runtime.ingest(&chain, &entity, false, records).await {
             tracing::warn!(%error, %chain, %entity, "demo feed append failed");
         }

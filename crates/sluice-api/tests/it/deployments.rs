@@ -577,6 +577,62 @@ impl EventStream {
 }
 
 #[tokio::test]
+async fn ingest_rejects_a_record_with_a_repeated_key_at_any_depth_and_appends_nothing() {
+    let stack = Stack::new().await;
+    let path = "/api/v1/streams/base/erc20_token_transfer/records";
+    let good = transfer(1, USDC).to_string();
+    // The filter's raw reader takes the first copy, the sink's and scripts' JSON the last:
+    // accepted, this record would pass a filter on USDC and be delivered as OTHER.
+    let bypass = transfer(2, OTHER).to_string().replacen(
+        r#""token_address":"#,
+        &format!(r#""token_address":"{USDC}","token_address":"#),
+        1,
+    );
+    let nested =
+        transfer(3, USDC).to_string().replacen('{', r#"{"extra":{"a":[{"b":1,"b":2}]},"#, 1);
+    let escaped = transfer(4, USDC).to_string().replacen(
+        r#""token_address":"#,
+        &format!(r#""token_\u0061ddress":"{USDC}","token_address":"#),
+        1,
+    );
+    let body = format!("{good}\n{bypass}\n{nested}\n{escaped}\n");
+    let (status, errors) =
+        stack.call(Method::POST, path, &stack.operator, Some(Body::from(body))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{errors}");
+    let detail: Vec<(Value, Value, Value)> = errors["detail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["loc"].clone(), d["msg"].clone(), d["type"].clone()))
+        .collect();
+    assert_eq!(
+        detail,
+        vec![
+            (
+                json!(["body", 2]),
+                json!(r#"line 2: duplicate key "token_address""#),
+                json!("json_duplicate_key")
+            ),
+            (
+                json!(["body", 3]),
+                json!(r#"line 3: duplicate key "extra"."a"[0]."b""#),
+                json!("json_duplicate_key")
+            ),
+            (
+                json!(["body", 4]),
+                json!(r#"line 4: duplicate key "token_address""#),
+                json!("json_duplicate_key")
+            ),
+        ]
+    );
+    use sluice_bus::StreamLog as _;
+    let ends: u64 =
+        stack.log.offsets("base.erc20_token_transfer").await.unwrap().iter().map(|r| r.end).sum();
+    assert_eq!(ends, 0, "a rejected request appends nothing");
+    let _ = &stack.dir;
+}
+
+#[tokio::test]
 async fn the_live_tail_streams_new_records_resumes_after_last_event_id_and_ends_at_teardown() {
     let stack = Stack::new().await;
     let id = stack.create(&[USDC], json!({})).await;
@@ -718,6 +774,68 @@ function transform(r) {
 }
 
 #[tokio::test]
+async fn a_script_output_over_a_cap_dead_letters_its_record_once_and_others_flow() {
+    let stack = Stack::new().await;
+    let script = r#"
+function transform(r) {
+  if (r.n === 2) return new Array(1000000).fill(r);
+  if (r.n === 3) { r.blob = "x".repeat(30 * 1024 * 1024); return r; }
+  if (r.n === 4) return new Array(10).fill({n: r.n});
+  return r;
+}"#;
+    let body = json!({
+        "name": "capped",
+        "description": "fan-out and size caps",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [{"type": "v8", "uid": "tf-big", "script": script}],
+            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+        }
+    });
+    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    stack.action(&id, "deploy").await;
+    stack.ingest(&[(1, USDC), (2, USDC), (3, USDC), (4, USDC), (5, USDC)]).await;
+    stack.settle(&id).await;
+
+    let delivered = stack.sink_records(&id).await;
+    let mut numbers: Vec<u64> =
+        delivered.iter().map(|r| r["value"]["n"].as_u64().unwrap()).collect();
+    numbers.sort_unstable();
+    numbers.dedup();
+    assert_eq!(numbers, vec![1, 4, 5], "the records under the caps flowed");
+    assert_eq!(delivered.len(), 1 + 10 + 1, "a fan-out under the cap is delivered whole");
+
+    let (status, page) = stack
+        .call(Method::GET, &format!("/api/v1/beam/{id}/dead-letters"), &stack.owner, None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let mut dead: Vec<(u64, String, u64)> = page["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let error = d["error"].as_str().unwrap().to_owned();
+            (d["record"]["n"].as_u64().unwrap(), error, d["attempts"].as_u64().unwrap())
+        })
+        .collect();
+    dead.sort();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert_eq!(dead[0].0, 2);
+    assert!(
+        dead[0].1.contains("1000000 records") && dead[0].1.contains("at most 1000"),
+        "{}",
+        dead[0].1
+    );
+    assert_eq!(dead[1].0, 3);
+    assert!(dead[1].1.contains("larger than 1048576 bytes"), "{}", dead[1].1);
+    // A cap is broken the same way every time: no retries.
+    assert_eq!((dead[0].2, dead[1].2), (1, 1));
+    stack.action(&id, "teardown").await;
+}
+
+#[tokio::test]
 async fn a_script_sees_dataset_entries_added_after_deploy() {
     let stack = Stack::new().await;
     let (status, dataset) =
@@ -775,6 +893,96 @@ async fn a_script_sees_dataset_entries_added_after_deploy() {
 }
 
 #[tokio::test]
+async fn a_batch_whose_script_output_passes_the_budget_is_finished_in_the_next_batch() {
+    let stack = Stack::new().await;
+    // About 4 MB per record (under the per-call caps): the 20 records read as one batch
+    // pass the S budget of 64 MiB after 17 of them.
+    let script = "const s = 'x'.repeat(999000);\nfunction transform(r) { return [{n: r.n, s}, {n: r.n, s}, {n: r.n, s}, {n: r.n, s}]; }";
+    let body = json!({
+        "name": "large", "description": "large outputs",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [{"type": "v8", "uid": "tf-s", "script": script}],
+            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+        }
+    });
+    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    stack.action(&id, "deploy").await;
+    let transfers: Vec<(u64, &str)> = (1..=20).map(|n| (n, USDC)).collect();
+    stack.ingest(&transfers).await;
+    stack.settle(&id).await;
+
+    use sluice_bus::StreamLog as _;
+    let sink = sluice_bus::topics::sink_topic(&id, "transfers");
+    let ends = stack.log.offsets(&sink).await.unwrap();
+    let total: u64 = ends.iter().map(|r| r.end).sum();
+    assert_eq!(total, 80, "every record's four outputs, once: none lost, none repeated");
+    let mut keys = Vec::new();
+    for (partition, _) in ends.iter().enumerate() {
+        for record in stack.log.read(&sink, partition as u32, 0, 100).await.unwrap() {
+            keys.push(String::from_utf8(record.key).unwrap());
+        }
+    }
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 80);
+    let counters = stack.runtime.counters(&id).await.unwrap();
+    assert_eq!(sluice_runtime::Counters::get(&counters.received), 20);
+    assert_eq!(sluice_runtime::Counters::get(&counters.dead_lettered), 0);
+    let _ = ends;
+    stack.action(&id, "teardown").await;
+}
+
+#[tokio::test]
+async fn console_lines_of_a_retried_record_are_kept_once_from_its_last_attempt() {
+    let stack = Stack::new().await;
+    let script = r#"
+let tries = 0;
+function transform(r) {
+  if (r.n === 2) {
+    tries += 1;
+    console.log('record 2 try ' + tries);
+    if (tries < 3) throw new Error('flaky ' + tries);
+    return r;
+  }
+  if (r.n === 3) { console.warn('record 3 always fails'); throw new Error('bad 3'); }
+  console.log('record ' + r.n);
+  return r;
+}"#;
+    let body = json!({
+        "name": "retried", "description": "flaky then fine",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [{"type": "v8", "uid": "tf-s", "script": script}],
+            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+        }
+    });
+    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    stack.action(&id, "deploy").await;
+    stack.ingest(&[(1, USDC), (2, USDC), (3, USDC), (4, USDC)]).await;
+    stack.settle(&id).await;
+    assert_eq!(stack.sink_now(&id).await, vec![1, 2, 4], "2 succeeded on its third call");
+
+    let (status, logs) = stack
+        .call(Method::GET, &format!("/api/v1/beam/{id}/logs?limit=1000"), &stack.owner, None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{logs}");
+    let mut lines: Vec<&str> =
+        logs["logs"].as_array().unwrap().iter().map(|l| l["message"].as_str().unwrap()).collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        vec!["record 1", "record 2 try 3", "record 3 always fails", "record 4"],
+        "one copy per record, from its last call"
+    );
+    stack.action(&id, "teardown").await;
+}
+
+#[tokio::test]
 async fn dead_letters_replay_through_the_fixed_script_and_console_lines_are_readable() {
     let stack = Stack::new().await;
     let body = |script: &str| {
@@ -803,8 +1011,8 @@ async fn dead_letters_replay_through_the_fixed_script_and_console_lines_are_read
     assert_eq!(status, StatusCode::OK, "{logs}");
     let lines: Vec<&str> =
         logs["logs"].as_array().unwrap().iter().map(|l| l["message"].as_str().unwrap()).collect();
-    // 13 is tried three times.
-    assert_eq!(lines.iter().filter(|l| **l == "saw 13").count(), 3, "{lines:?}");
+    // 13 is tried three times; its lines are kept once, from the last call.
+    assert_eq!(lines.iter().filter(|l| **l == "saw 13").count(), 1, "{lines:?}");
     assert!(lines.contains(&"saw 12") && lines.contains(&"saw 14"));
     assert_eq!(logs["logs"][0]["transform_uid"], "tf-s");
     assert_eq!(logs["logs"][0]["level"], "info");

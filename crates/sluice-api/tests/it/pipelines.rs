@@ -52,6 +52,7 @@ async fn create_keeps_given_uids_and_options_and_ignores_server_managed_fields()
     body["delivery_guarantee"] = json!("best_effort");
     body["pipeline_config"]["source"] =
         json!({"type": "kafka", "chain": "polygon", "entity": "log", "is_zerolag": true});
+    body["pipeline_config"]["transforms"][0]["filter_expr"] = json!("root = this.address");
     body["pipeline_config"]["transforms"][0]["uid"] = json!("tf-001");
     body["pipeline_config"]["sinks"][0]["uid"] = json!("sk-001");
     let created = h.create(&ann, body).await;

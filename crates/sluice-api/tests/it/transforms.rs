@@ -141,7 +141,8 @@ async fn concurrent_edits_of_one_pipeline_never_undo_each_other() {
     let id = h.create(&ann, three_transforms()).await["id"].as_str().unwrap().to_owned();
     for round in 0..5 {
         let script = format!("function transform(r) {{ r.round = {round}; return r; }}");
-        let expr = if round % 2 == 0 { "root = this.address" } else { "root = this.token_address" };
+        let expr =
+            if round % 2 == 0 { "root = this.from_address" } else { "root = this.token_address" };
         let paths =
             ["tf-a", "tf-s", "tf-b"].map(|uid| format!("/api/v1/beam/{id}/transforms/{uid}"));
         let (a, s, b) = tokio::join!(
@@ -206,7 +207,7 @@ async fn patch_answers_404_403_and_422_and_changes_nothing_then() {
     let (status, body) = patch(&h, &path, &ann, json!({"type": "v8"})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["detail"][0]["type"], "missing");
-    let set_values = json!({"type": "redis_set_filter", "filter_expr": "root = this.address",
+    let set_values = json!({"type": "redis_set_filter", "filter_expr": "root = this.from_address",
                             "set_values": ["x"]});
     let (status, body) = patch(&h, &path, &ann, set_values).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -225,6 +226,40 @@ async fn patch_answers_404_403_and_422_and_changes_nothing_then() {
 }
 
 #[tokio::test]
+async fn a_filter_path_naming_no_field_of_the_source_is_422_on_create_patch_and_put() {
+    let h = Harness::new().await;
+    let ann = h.user("acme", "data", "ann").await;
+    let typo = "root = this.token_adress";
+    let mut body = three_transforms();
+    body["pipeline_config"]["transforms"][0]["filter_expr"] = json!(typo);
+    let (status, answer) = h.post("/api/v1/beam", &ann, body).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(
+        locs(&answer),
+        vec![json!(["body", "pipeline_config", "transforms", 0, "filter_expr"])]
+    );
+    let msg = answer["detail"][0]["msg"].as_str().unwrap();
+    assert!(msg.contains("token_adress") && msg.contains("token_address"), "{msg}");
+
+    let id = h.create(&ann, three_transforms()).await["id"].as_str().unwrap().to_owned();
+    let before = h.get(&format!("/api/v1/beam/{id}"), &ann).await.1;
+    let path = format!("/api/v1/beam/{id}/transforms/tf-a");
+    let (status, answer) = patch(&h, &path, &ann, json!({"filter_expr": typo})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(locs(&answer), vec![json!(["body", "filter_expr"])]);
+
+    let list = json!([
+        {"type": "redis_set_filter", "uid": "tf-a", "filter_expr": "root = this.token_address"},
+        {"type": "redis_set_filter", "uid": "tf-b", "filter_expr": "root = this.to_address.0"}
+    ]);
+    let put = format!("/api/v1/beam/{id}/transforms");
+    let (status, answer) = h.put(&put, &ann, list).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(locs(&answer), vec![json!(["body", 1, "filter_expr"])]);
+    assert_eq!(h.get(&format!("/api/v1/beam/{id}"), &ann).await.1, before, "nothing changed");
+}
+
+#[tokio::test]
 async fn put_adds_removes_updates_and_reorders_in_one_call() {
     let dropped = Arc::new(Dropped::default());
     let h = Harness::with_listener(dropped.clone()).await;
@@ -237,7 +272,7 @@ async fn put_adds_removes_updates_and_reorders_in_one_call() {
     let list = json!([
         {"type": "v8", "uid": "tf-s", "script": new_script},             // updated, moved first
         {"type": "redis_set_filter", "filter_expr": "root = this.to_address"},   // new
-        {"type": "redis_set_filter", "uid": "tf-a", "filter_expr": "root = this.address"} // kept
+        {"type": "redis_set_filter", "uid": "tf-a", "filter_expr": "root = this.from_address"} // kept
         // tf-b removed
     ]);
     let (status, body) = h.put(&format!("/api/v1/beam/{id}/transforms"), &ann, list).await;
@@ -250,7 +285,7 @@ async fn put_adds_removes_updates_and_reorders_in_one_call() {
     assert_eq!(answered[1]["filter_expr"], "root = this.to_address");
     assert_eq!(
         answered[2],
-        json!({"type": "redis_set_filter", "uid": "tf-a", "filter_expr": "root = this.address"})
+        json!({"type": "redis_set_filter", "uid": "tf-a", "filter_expr": "root = this.from_address"})
     );
 
     let (_, stored) = h.get(&format!("/api/v1/beam/{id}"), &ann).await;
@@ -297,7 +332,7 @@ async fn put_answers_404_403_and_422_and_changes_nothing_then() {
     assert_eq!(body["detail"][0]["type"], "too_short");
     let duplicate = json!([
         {"type": "v8", "uid": "tf-s", "script": SCRIPT},
-        {"type": "redis_set_filter", "uid": "tf-s", "filter_expr": "root = this.address"}
+        {"type": "redis_set_filter", "uid": "tf-s", "filter_expr": "root = this.from_address"}
     ]);
     let (status, body) = h.put(&path, &ann, duplicate).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -310,7 +345,7 @@ async fn put_answers_404_403_and_422_and_changes_nothing_then() {
     let (status, body) = h.put(&path, &ann, broken).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(locs(&body), vec![json!(["body", 2, "filter_expr"])]);
-    let bad_script = json!([{"type": "redis_set_filter", "uid": "tf-a", "filter_expr": "root = this.address"},
+    let bad_script = json!([{"type": "redis_set_filter", "uid": "tf-a", "filter_expr": "root = this.from_address"},
                             {"type": "v8", "script": "function transform(r) { return r; "}]);
     let (status, body) = h.put(&path, &ann, bad_script).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);

@@ -307,6 +307,50 @@ async fn malformed_bodies_are_422() {
 }
 
 #[tokio::test]
+async fn a_body_with_a_repeated_key_at_any_depth_is_422_at_that_key() {
+    let h = Harness::new().await;
+    let ann = h.user("acme", "data", "ann").await;
+    let body = pipeline_body("p").to_string();
+    let top = body.replacen(r#""name":"p""#, r#""name":"p","name":"q""#, 1);
+    let nested = body.replacen(
+        r#""entity":"erc20_token_transfer""#,
+        r#""entity":"erc20_token_transfer","entity":"log""#,
+        1,
+    );
+    for (raw, loc, msg) in [
+        (top, json!(["body", "name"]), r#"Duplicate key "name""#),
+        (
+            nested,
+            json!(["body", "pipeline_config", "source", "entity"]),
+            r#"Duplicate key "pipeline_config"."source"."entity""#,
+        ),
+    ] {
+        assert_ne!(raw, body);
+        let (status, answer) = h.post("/api/v1/beam", &ann, Value::String(raw)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+        assert_eq!(answer["detail"][0]["type"], "json_duplicate_key", "{answer}");
+        assert_eq!(answer["detail"][0]["loc"], loc);
+        assert_eq!(answer["detail"][0]["msg"], msg);
+    }
+    let (status, listed) = h.get("/api/v1/beam", &ann).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!listed.to_string().contains(r#""name":"q""#), "nothing was created: {listed}");
+
+    let id = h.create(&ann, pipeline_body("p")).await["id"].as_str().unwrap().to_owned();
+    let uid = h.get(&format!("/api/v1/beam/{id}"), &ann).await.1["pipeline_config"]["transforms"]
+        [0]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let values = format!("/api/v1/beam/{id}/transforms/{uid}/filter-values");
+    let raw = r#"{"values":["0xa"],"values":["0xb"]}"#.to_owned();
+    let (status, answer) = h.post(&values, &ann, Value::String(raw)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(answer["detail"][0]["type"], "json_duplicate_key");
+    assert_eq!(answer["detail"][0]["loc"], json!(["body", "values"]));
+}
+
+#[tokio::test]
 async fn inline_set_values_are_rejected_on_update_with_a_pointer_to_filter_values() {
     let h = Harness::new().await;
     let ann = h.user("acme", "data", "ann").await;

@@ -144,6 +144,16 @@ fn validate_config(
     });
     fields.finish(errors, |_| None);
 
+    if let (Some(source), Some(transforms)) = (&source, &transforms) {
+        for (index, validated) in transforms.iter().enumerate() {
+            check_filter_path(
+                &validated.transform,
+                &source.entity,
+                &transforms_loc.at(index),
+                errors,
+            );
+        }
+    }
     let (source, transforms, sinks) = (source?, transforms?, sinks?);
     let mut initial_values = Vec::new();
     let transforms = transforms
@@ -301,6 +311,16 @@ pub fn validate_transform(
         _ => None,
     });
     validated
+}
+
+/// Records a `value_error` at `<loc>.filter_expr` when `transform` is a set filter whose path
+/// can name no field of `entity`'s records (such a filter would silently pass nothing).
+pub fn check_filter_path(transform: &Transform, entity: &str, loc: &Loc, errors: &mut Violations) {
+    let Transform::SetFilter { filter_expr, .. } = transform else { return };
+    let Ok(expr) = FilterExpr::parse(filter_expr) else { return };
+    if let Some(msg) = crate::streams::unknown_filter_path(entity, expr.path()) {
+        errors.push(Violation::value(&loc.at("filter_expr"), msg));
+    }
 }
 
 impl SinkConfig {

@@ -45,6 +45,44 @@ proptest! {
         }
     }
 
+    /// The set filter reads records with [`extract`], sinks and scripts with `serde_json`;
+    /// ingest admits a record only when `sluice_core::json::parse` does. Whatever that parse
+    /// admits, both readers see the same value at every path, and it refuses exactly the
+    /// documents with a repeated key (which the two readers would read differently).
+    #[test]
+    fn what_ingest_admits_the_filter_and_serde_json_read_alike(
+        doc in json_doc::doc_with_repeats(),
+        seed in any::<u64>(),
+    ) {
+        let bytes = json_doc::render(&doc, seed);
+        match sluice_core::json::parse(&bytes) {
+            Err(sluice_core::json::JsonError::DuplicateKey { .. }) => {
+                prop_assert!(json_doc::has_repeats(&doc), "refused without a repeat");
+            }
+            Err(error) => return Err(TestCaseError::fail(format!("bad JSON generated: {error}"))),
+            Ok(parsed) => {
+                prop_assert!(!json_doc::has_repeats(&doc), "admitted a repeated key");
+                prop_assert_eq!(&parsed, &serde_json::from_slice::<Value>(&bytes)?);
+                for path in json_doc::paths(&doc) {
+                    let got = extract(&bytes, &path);
+                    match serde_at(&parsed, &path) {
+                        Some(Value::String(text)) => prop_assert_eq!(
+                            got.as_ref().map(Extracted::text), Some(text.as_str()), "{:?}", path
+                        ),
+                        Some(Value::Number(number)) => {
+                            let Some(Extracted::Number(literal)) = got else {
+                                return Err(TestCaseError::fail(format!("{path:?}: {got:?}")));
+                            };
+                            let reparsed: Value = serde_json::from_str(literal)?;
+                            prop_assert_eq!(&reparsed, &Value::Number(number.clone()));
+                        }
+                        _ => prop_assert_eq!(&got, &None, "{:?}", path),
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn extract_never_panics_on_damaged_documents(
         doc in json_doc::doc(),
@@ -87,6 +125,20 @@ fn escaped_key_spellings_all_find_the_field() {
     }
     let record = br#"{"token_addres":"0x1","token_address_":"0x2","tokenaddress":"0x3"}"#;
     assert_eq!(extract(record, &field), None);
+}
+
+#[test]
+fn a_repeated_key_spelled_with_escapes_is_refused_before_the_readers_could_disagree() {
+    let record = br#"{"token_address":"0xallowed","token_\u0061ddress":"0xother"}"#;
+    let field = [PathSegment::Field("token_address".into())];
+    assert_eq!(extract(record, &field), Some(Extracted::Str(Cow::Borrowed("0xallowed"))));
+    let serde: Value = serde_json::from_slice(record).unwrap();
+    assert_eq!(serde["token_address"], "0xother");
+    let refused = sluice_core::json::parse(record).unwrap_err();
+    assert_eq!(
+        refused.duplicate_path(),
+        Some(&[sluice_core::validation::LocItem::Field("token_address".into())][..])
+    );
 }
 
 #[test]

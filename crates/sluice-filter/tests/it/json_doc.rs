@@ -54,20 +54,34 @@ fn key() -> impl Strategy<Value = String> {
 }
 
 pub fn doc() -> impl Strategy<Value = Doc> {
+    docs(false)
+}
+
+/// Like [`doc`], but an object may repeat a key (rendered with or without escapes, so the
+/// copies may be spelled differently).
+pub fn doc_with_repeats() -> impl Strategy<Value = Doc> {
+    docs(true)
+}
+
+fn docs(repeats: bool) -> impl Strategy<Value = Doc> {
     let leaf = prop_oneof![
         Just(Doc::Null),
         any::<bool>().prop_map(Doc::Bool),
         number().prop_map(Doc::Num),
         text().prop_map(Doc::Str),
     ];
-    leaf.prop_recursive(4, 48, 6, |inner| {
+    leaf.prop_recursive(4, 48, 6, move |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..6).prop_map(Doc::Arr),
-            proptest::collection::vec((key(), inner), 0..6).prop_map(|mut fields| {
-                let mut seen = std::collections::HashSet::new();
-                fields.retain(|(key, _)| seen.insert(key.clone()));
-                Doc::Obj(fields)
-            }),
+            (proptest::collection::vec((key(), inner), 0..6), any::<bool>()).prop_map(
+                move |(mut fields, keep_repeats)| {
+                    if !(repeats && keep_repeats) {
+                        let mut seen = std::collections::HashSet::new();
+                        fields.retain(|(key, _)| seen.insert(key.clone()));
+                    }
+                    Doc::Obj(fields)
+                }
+            ),
         ]
     })
 }
@@ -102,7 +116,19 @@ pub fn paths(doc: &Doc) -> Vec<Vec<PathSegment>> {
     out
 }
 
-/// The node at `path`, if any.
+/// Whether an object anywhere in `doc` holds a key twice.
+pub fn has_repeats(doc: &Doc) -> bool {
+    match doc {
+        Doc::Arr(items) => items.iter().any(has_repeats),
+        Doc::Obj(fields) => {
+            let mut seen = std::collections::HashSet::new();
+            fields.iter().any(|(key, value)| !seen.insert(key) || has_repeats(value))
+        }
+        _ => false,
+    }
+}
+
+/// The node at `path`, if any (the first copy of a repeated key).
 pub fn at<'d>(doc: &'d Doc, path: &[PathSegment]) -> Option<&'d Doc> {
     path.iter().try_fold(doc, |node, segment| match (node, segment) {
         (Doc::Arr(items), PathSegment::Index(index)) => items.get(*index),

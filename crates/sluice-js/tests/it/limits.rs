@@ -46,7 +46,11 @@ fn each_record_of_a_batch_gets_its_own_budget() {
 
 #[test]
 fn a_memory_bomb_is_a_fatal_out_of_memory_error_and_restart_recovers() {
-    let limits = Limits { memory_bytes: 16 * 1024 * 1024, call_budget: Duration::from_secs(30) };
+    let limits = Limits {
+        memory_bytes: 16 * 1024 * 1024,
+        call_budget: Duration::from_secs(30),
+        ..Limits::for_pod_size(sluice_core::pipeline::PodSize::S)
+    };
     let mut engine = ScriptEngine::new(
         "function transform(r) { if (r.bomb) { const a = []; while (true) { a.push('x'.repeat(4096) + a.length); } } return r; }",
         limits,
@@ -75,7 +79,11 @@ fn a_memory_bomb_is_a_fatal_out_of_memory_error_and_restart_recovers() {
 
 #[test]
 fn a_memory_bomb_that_catches_the_error_is_still_out_of_memory() {
-    let limits = Limits { memory_bytes: 16 * 1024 * 1024, call_budget: Duration::from_secs(30) };
+    let limits = Limits {
+        memory_bytes: 16 * 1024 * 1024,
+        call_budget: Duration::from_secs(30),
+        ..Limits::for_pod_size(sluice_core::pipeline::PodSize::S)
+    };
     let mut engine = ScriptEngine::new(
         "function transform(r) { const a = []; try { while (true) { a.push('y'.repeat(4096) + a.length); } } catch (e) { throw e; } }",
         limits,
@@ -89,7 +97,11 @@ fn a_memory_bomb_that_catches_the_error_is_still_out_of_memory() {
 
 #[test]
 fn a_batch_stops_at_an_out_of_memory_error() {
-    let limits = Limits { memory_bytes: 16 * 1024 * 1024, call_budget: Duration::from_secs(30) };
+    let limits = Limits {
+        memory_bytes: 16 * 1024 * 1024,
+        call_budget: Duration::from_secs(30),
+        ..Limits::for_pod_size(sluice_core::pipeline::PodSize::S)
+    };
     let mut engine = ScriptEngine::new(
         "function transform(r) { if (r.bomb) { const a = []; for (;;) { a.push({ n: a.length, s: 'z'.repeat(1024) + a.length }); } } return r; }",
         limits,
@@ -107,7 +119,11 @@ fn a_batch_stops_at_an_out_of_memory_error() {
 
 #[test]
 fn top_level_code_is_held_to_the_load_budget_and_the_memory_limit() {
-    let limits = Limits { memory_bytes: 16 * 1024 * 1024, call_budget: Duration::from_millis(50) };
+    let limits = Limits {
+        memory_bytes: 16 * 1024 * 1024,
+        call_budget: Duration::from_millis(50),
+        ..Limits::for_pod_size(sluice_core::pipeline::PodSize::S)
+    };
     assert_eq!(limits.load_budget(), Duration::from_secs(1));
     assert_eq!(
         Limits { call_budget: Duration::from_secs(3), ..limits }.load_budget(),
@@ -153,4 +169,57 @@ fn an_engine_can_move_to_another_thread() {
     .join()
     .expect("thread");
     assert_eq!(run(&mut engine, "{}").expect("runs back here"), vec![json!({"t": 1})]);
+}
+
+#[test]
+fn output_caps_refuse_a_huge_fan_out_a_huge_record_and_a_huge_total_and_are_not_retryable() {
+    let mut engine = load(
+        "function transform(r) {
+           if (r.fan) { return new Array(r.fan).fill(r); }
+           if (r.big) { return { s: 'x'.repeat(r.big) }; }
+           if (r.refs) { const s = 'y'.repeat(1024); return { a: new Array(r.refs).fill(s) }; }
+           if (r.total) { const s = 'z'.repeat(900 * 1024); return [{s}, {s}, {s}, {s}, {s}, {s}]; }
+           if (r.date) { class C {} const c = new C(); c.pad = 'w'.repeat(2 * 1024 * 1024); return c; }
+           return r;
+         }",
+    );
+    let limits = Limits::for_pod_size(PodSize::S);
+    assert_eq!((limits.max_fan_out, limits.max_record_bytes), (1_000, 1024 * 1024));
+    assert_eq!(limits.max_output_bytes, 4 * 1024 * 1024);
+
+    let fan = run(&mut engine, r#"{"fan":1000000}"#).unwrap_err();
+    assert_eq!(fan, RunError::TooManyRecords { count: 1_000_000, limit: 1_000 });
+    assert!(fan.to_string().contains("at most 1000"), "{fan}");
+    assert_eq!(run(&mut engine, r#"{"fan":1000}"#).unwrap().len(), 1_000);
+
+    let big = r#"{"big":2000000}"#;
+    assert_eq!(
+        run(&mut engine, big).unwrap_err(),
+        RunError::RecordTooLarge { index: 0, limit: 1024 * 1024 }
+    );
+    // 1,024 references to one 1 KiB string: small in the runtime, 1 MiB+ as JSON.
+    assert!(matches!(
+        run(&mut engine, r#"{"refs":1100}"#),
+        Err(RunError::RecordTooLarge { index: 0, .. })
+    ));
+    assert!(run(&mut engine, r#"{"refs":900}"#).is_ok());
+    assert_eq!(
+        run(&mut engine, r#"{"total":1}"#).unwrap_err(),
+        RunError::OutputTooLarge { index: 4, limit: 4 * 1024 * 1024 }
+    );
+    // Through JSON.stringify (a class instance is not plain data) the cap holds too.
+    assert!(matches!(
+        run(&mut engine, r#"{"date":1}"#),
+        Err(RunError::RecordTooLarge { index: 0, .. })
+    ));
+    for error in [
+        RunError::TooManyRecords { count: 2, limit: 1 },
+        RunError::RecordTooLarge { index: 0, limit: 1 },
+        RunError::OutputTooLarge { index: 0, limit: 1 },
+    ] {
+        assert!(!error.is_retryable() && !error.is_fatal());
+        assert_eq!(error.fault(), Fault::Record);
+    }
+    assert!(RunError::TimedOut { budget: DEFAULT_CALL_BUDGET }.is_retryable());
+    assert_eq!(run(&mut engine, r#"{"ok":1}"#).unwrap(), vec![json!({"ok": 1})]);
 }

@@ -34,7 +34,11 @@ impl LogSink for CapturedLogs {
 }
 
 pub fn limits() -> Limits {
-    Limits { memory_bytes: 32 * 1024 * 1024, call_budget: Duration::from_millis(100) }
+    Limits {
+        memory_bytes: 32 * 1024 * 1024,
+        call_budget: Duration::from_millis(100),
+        ..Limits::for_pod_size(sluice_core::pipeline::PodSize::S)
+    }
 }
 
 /// An engine with no datasets and no logs.

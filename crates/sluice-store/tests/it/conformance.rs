@@ -312,7 +312,7 @@ async fn update_replaces_fields_and_drops_values_of_removed_set_filters(
             "transforms": [
                 {"type": "redis_set_filter", "uid": "keep", "filter_expr": "root = this.address"},
                 {"type": "redis_set_filter", "uid": "drop", "filter_expr": "root = this.topic0"},
-                {"type": "redis_set_filter", "uid": "becomes_script", "filter_expr": "root = this.a"}
+                {"type": "redis_set_filter", "uid": "becomes_script", "filter_expr": "root = this.data"}
             ],
             "sinks": [{"type": "kafka", "name": "out"}]
         }

@@ -43,6 +43,7 @@ fn given_uids_are_kept_and_client_source_type_is_overridden() {
     let mut value = body();
     value["pipeline_config"]["source"] =
         json!({"type": "pubsub", "chain": "hyperliquid", "entity": "order"});
+    value["pipeline_config"]["transforms"][0]["filter_expr"] = json!("root = this.payload.status");
     value["pipeline_config"]["transforms"][0]["uid"] = json!("tf-001");
     value["pipeline_config"]["sinks"][0]["uid"] = json!("sk-001");
     let spec = check(&value, BodyMode::Update).unwrap().spec;
@@ -131,6 +132,7 @@ fn catalog_rules_name_what_is_available() {
 
     value["pipeline_config"]["source"] =
         json!({"chain": "polygon", "entity": "log", "is_zerolag": true});
+    value["pipeline_config"]["transforms"][0]["filter_expr"] = json!("root = this.address");
     assert!(check(&value, BodyMode::Create).unwrap().spec.pipeline_config.source.is_zerolag);
 }
 
@@ -224,4 +226,51 @@ fn a_sink_config_is_typed_by_its_type_and_stored_in_the_api_shape() {
     let webhook = json!({"type": "webhook", "name": "out"});
     assert!(SinkConfig::validate(&webhook, crate::validation::Loc::body(), &mut errors).is_none());
     assert_eq!(locs(&errors.finish(()).unwrap_err()), vec![json!(["body", "type"])]);
+}
+
+#[test]
+fn a_filter_path_must_name_a_field_of_the_source_records() {
+    let filter_loc = json!(["body", "pipeline_config", "transforms", 0, "filter_expr"]);
+    let with = |entity: &str, expr: &str| {
+        let mut value = body();
+        value["pipeline_config"]["source"] = json!({"chain": "base", "entity": entity});
+        if entity == "order" {
+            value["pipeline_config"]["source"]["chain"] = json!("hyperliquid");
+        }
+        value["pipeline_config"]["transforms"][0]["filter_expr"] = json!(expr);
+        check(&value, BodyMode::Create)
+    };
+    let errors = with("erc20_token_transfer", "root = this.token_adress").unwrap_err();
+    assert_eq!(locs(&errors), vec![filter_loc.clone()]);
+    assert_eq!(errors[0].kind, "value_error");
+    assert!(errors[0].msg.contains("no field `token_adress`"), "{}", errors[0].msg);
+    assert!(errors[0].msg.contains("token_address"), "names the known fields: {}", errors[0].msg);
+    for bad in ["root = this.token_address.x", "root = this.0", "root = this.log_index.0"] {
+        let errors = with("erc20_token_transfer", bad).unwrap_err();
+        assert_eq!(locs(&errors), vec![filter_loc.clone()], "{bad}");
+    }
+    for bad in ["root = this.payload", "root = this.payload.coin", "root = this.coin"] {
+        assert!(with("order", bad).is_err(), "{bad}");
+    }
+    for good in [("log", "root = this.topic0"), ("decoded_log", "root = this.params.from")] {
+        assert!(with(good.0, good.1).is_ok(), "{good:?}");
+    }
+    for good in ["root = this.status", "root = this.payload.status", "root = this.order.coin"] {
+        assert!(with("order", good).is_ok(), "{good}");
+    }
+    for good in ["root = this.payload.order.oid", "root = this.user"] {
+        assert!(with("order", good).is_ok(), "{good}");
+    }
+}
+
+#[test]
+fn entities_without_a_record_schema_take_any_filter_path() {
+    let catalog = Catalog::from_file_text(
+        "[[sources]]\nchain = \"x\"\nentity = \"custom\"\nsource_type = \"kafka\"\n",
+    )
+    .unwrap();
+    let mut value = body();
+    value["pipeline_config"]["source"] = json!({"chain": "x", "entity": "custom"});
+    value["pipeline_config"]["transforms"][0]["filter_expr"] = json!("root = this.anything.0");
+    assert!(validate_pipeline_body(value.as_object().unwrap(), &catalog, BodyMode::Create).is_ok());
 }

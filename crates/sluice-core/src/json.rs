@@ -1,0 +1,230 @@
+//! JSON parsing that refuses duplicate object keys, at any depth.
+//!
+//! RFC 8259 leaves the meaning of `{"a":1,"a":2}` to the reader, and readers disagree:
+//! `serde_json` (and so the sinks' and scripts' view of a record) keeps the last copy, the
+//! set filter's raw-bytes extractor (`sluice-filter`) stops at the first. A record read two
+//! ways could pass the filter on one value and be delivered with the other, so Sluice
+//! accepts no document with a repeated key: every record ingested and every request body is
+//! parsed here.
+//!
+//! The check costs one map lookup per key, the lookup the map insert does anyway: a serde
+//! visitor builds the [`Map`] and inserts through the entry API, failing on an occupied
+//! entry. The path of the repeated key is only assembled when there is one.
+
+use std::cell::RefCell;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde_json::map::Entry;
+use serde_json::{Map, Number, Value};
+
+use crate::validation::LocItem;
+
+/// Why a document was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonError {
+    /// Not JSON (syntax, nesting past 128 levels, trailing characters).
+    #[error("{0}")]
+    Syntax(serde_json::Error),
+    /// An object holds the key at the end of `path` twice; `path` leads to it from the root.
+    #[error("duplicate key {}", describe_path(path))]
+    DuplicateKey { path: Vec<LocItem> },
+}
+
+impl JsonError {
+    /// The path of the repeated key, for a [`JsonError::DuplicateKey`].
+    pub fn duplicate_path(&self) -> Option<&[LocItem]> {
+        match self {
+            Self::DuplicateKey { path } => Some(path),
+            Self::Syntax(_) => None,
+        }
+    }
+}
+
+/// `"token_address"` or `"a"."b"[2]."c"`: a key path as a message shows it.
+pub fn describe_path(path: &[LocItem]) -> String {
+    let mut out = String::new();
+    for (index, item) in path.iter().enumerate() {
+        match item {
+            LocItem::Field(name) => {
+                if index > 0 {
+                    out.push('.');
+                }
+                // Debug quoting escapes control characters and quotes in the key.
+                out.push_str(&format!("{name:?}"));
+            }
+            LocItem::Index(at) => out.push_str(&format!("[{at}]")),
+        }
+    }
+    out
+}
+
+/// Parses one JSON document, refusing a repeated key in any object.
+///
+/// # Errors
+/// [`JsonError::Syntax`] for malformed JSON, [`JsonError::DuplicateKey`] for a repeated key.
+pub fn parse(bytes: &[u8]) -> Result<Value, JsonError> {
+    let duplicate = RefCell::new(None);
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let parsed = Strict { duplicate: &duplicate }
+        .deserialize(&mut deserializer)
+        .and_then(|value| deserializer.end().map(|()| value));
+    match (parsed, duplicate.into_inner()) {
+        (_, Some(path)) => Err(JsonError::DuplicateKey { path }),
+        (Ok(value), None) => Ok(value),
+        (Err(error), None) => Err(JsonError::Syntax(error)),
+    }
+}
+
+/// A [`Value`] visitor that fails on a repeated key. On failure it leaves the key's path in
+/// `duplicate`: the innermost object starts it, every enclosing level prepends its step as
+/// the error passes through.
+#[derive(Clone, Copy)]
+struct Strict<'a> {
+    duplicate: &'a RefCell<Option<Vec<LocItem>>>,
+}
+
+impl Strict<'_> {
+    fn prepend(self, item: LocItem) {
+        if let Some(path) = self.duplicate.borrow_mut().as_mut() {
+            path.insert(0, item);
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("any valid JSON value")
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
+        Ok(Value::Bool(value))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
+        Ok(Value::Number(value.into()))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
+        Ok(Value::Number(value.into()))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
+        Ok(Number::from_f64(value).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
+        Ok(Value::String(value.to_owned()))
+    }
+
+    fn visit_string<E>(self, value: String) -> Result<Value, E> {
+        Ok(Value::String(value))
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        self.deserialize(deserializer)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        loop {
+            match seq.next_element_seed(self) {
+                Ok(Some(item)) => items.push(item),
+                Ok(None) => return Ok(Value::Array(items)),
+                Err(error) => {
+                    self.prepend(LocItem::Index(items.len()));
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
+        let mut map = Map::new();
+        while let Some(key) = access.next_key::<String>()? {
+            let value = match access.next_value_seed(self) {
+                Ok(value) => value,
+                Err(error) => {
+                    self.prepend(LocItem::Field(key));
+                    return Err(error);
+                }
+            };
+            match map.entry(key) {
+                Entry::Vacant(entry) => {
+                    entry.insert(value);
+                }
+                Entry::Occupied(entry) => {
+                    let key = entry.key().clone();
+                    *self.duplicate.borrow_mut() = Some(vec![LocItem::Field(key.clone())]);
+                    return Err(de::Error::custom(format_args!("duplicate key {key:?}")));
+                }
+            }
+        }
+        Ok(Value::Object(map))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn duplicate(text: &str) -> Option<String> {
+        match parse(text.as_bytes()) {
+            Err(JsonError::DuplicateKey { path }) => Some(describe_path(&path)),
+            Err(JsonError::Syntax(error)) => panic!("{text}: syntax error {error}"),
+            Ok(_) => None,
+        }
+    }
+
+    #[test]
+    fn a_repeated_key_at_any_depth_is_refused_with_its_path() {
+        assert_eq!(duplicate(r#"{"a":1,"a":2}"#).as_deref(), Some(r#""a""#));
+        assert_eq!(
+            duplicate(r#"{"a":"x","b":{"c":[1,{"d":1,"d":1}]}}"#).as_deref(),
+            Some(r#""b"."c"[1]."d""#)
+        );
+        assert_eq!(duplicate(r#"[{"a":1},{"a":2,"\u0061":3}]"#).as_deref(), Some(r#"[1]."a""#));
+        assert_eq!(duplicate(r#"{"a":{"x":1},"b":{"x":1}}"#), None);
+    }
+
+    #[test]
+    fn documents_without_repeats_read_as_serde_json_reads_them() {
+        for text in [
+            r#"{"a":[1,-2,3.5,1e400,true,null,"s\u00e9"],"b":{"c":{}},"d":18446744073709551615}"#,
+            "[]",
+            "\"x\"",
+            " 12 ",
+        ] {
+            let expected: Result<Value, _> = serde_json::from_str(text);
+            match expected {
+                Ok(expected) => assert_eq!(parse(text.as_bytes()).unwrap(), expected, "{text}"),
+                Err(_) => assert!(matches!(parse(text.as_bytes()), Err(JsonError::Syntax(_)))),
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_documents_are_syntax_errors() {
+        for text in ["", "{", r#"{"a":1}x"#, r#"{"a":1,}"#, "[1,]"] {
+            assert!(matches!(parse(text.as_bytes()), Err(JsonError::Syntax(_))), "{text}");
+        }
+    }
+}
