@@ -15,8 +15,8 @@
 
 use axum::Json;
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use sluice_core::datasets::{Dataset, DatasetChange, DatasetRef};
@@ -26,11 +26,10 @@ use utoipa::ToSchema;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::body::JsonObject;
+use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
-use crate::filter_values::{
-    MAX_VALUE_BYTES, QueryPairs, int_param, normalize_in_place, query_pairs, query_param,
-};
+use crate::filter_values::{MAX_VALUE_BYTES, normalize_in_place};
+use crate::params::{PathParams, Query};
 
 /// Most values one request may add or delete (REFERENCE §7).
 pub const MAX_VALUES_PER_REQUEST: usize = 250_000;
@@ -124,12 +123,6 @@ pub struct EntryPageBody {
     pub cursor: Option<String>,
     /// Entries in the dataset.
     pub total_count: u64,
-}
-
-/// Path of the routes of one dataset.
-#[derive(Debug, Deserialize)]
-pub struct DatasetPath {
-    dataset_id: String,
 }
 
 fn not_found(id: &str) -> ApiError {
@@ -255,9 +248,10 @@ fn parse_entries(
 pub async fn create_dataset(
     State(state): State<AppState>,
     caller: Caller,
-    JsonObject(body): JsonObject,
+    body: JsonBody,
 ) -> Result<Json<DatasetBody>, ApiError> {
     caller.require_pipelines()?;
+    let body = body.object()?;
     let mut errors = Violations::default();
     let mut fields = Fields::new(&body, Loc::body());
     let name = fields.required_str("name", &mut errors);
@@ -312,12 +306,11 @@ pub async fn create_dataset(
 pub async fn list_datasets(
     State(state): State<AppState>,
     caller: Caller,
-    query: QueryPairs,
+    query: Query,
 ) -> Result<Json<Vec<DatasetBody>>, ApiError> {
     caller.require_pipelines()?;
-    let pairs = query_pairs(query)?;
-    let names: Vec<String> =
-        pairs.into_iter().filter(|(key, _)| key == "names").map(|(_, name)| name).collect();
+    let params = query.parse()?;
+    let names: Vec<String> = params.all("names").into_iter().map(str::to_owned).collect();
     let datasets = state.store.list_datasets(&caller.0.user_id, &names).await?;
     Ok(Json(datasets.iter().map(DatasetBody::from).collect()))
 }
@@ -338,11 +331,12 @@ pub async fn list_datasets(
 pub async fn delete_dataset(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<DatasetPath>,
+    path: PathParams,
 ) -> Result<StatusCode, ApiError> {
+    let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
     let owner = caller.0.user_id.clone();
-    let id = path.dataset_id;
+    let id = dataset_id;
     let dataset = committed({
         let state = state.clone();
         async move {
@@ -425,11 +419,12 @@ async fn change_entries(
 pub async fn add_entries_by_id(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<DatasetPath>,
+    path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CountBody>, ApiError> {
+    let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
-    let dataset = owned(&state, &caller, &path.dataset_id).await?;
+    let dataset = owned(&state, &caller, &dataset_id).await?;
     let (_, values) = read_entries(&state, body, false)?;
     change_entries(&state, dataset, values, EntriesOp::Add).await
 }
@@ -482,11 +477,12 @@ pub async fn add_entries_by_name(
 pub async fn delete_entries(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<DatasetPath>,
+    path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CountBody>, ApiError> {
+    let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
-    let dataset = owned(&state, &caller, &path.dataset_id).await?;
+    let dataset = owned(&state, &caller, &dataset_id).await?;
     let (_, values) = read_entries(&state, body, false)?;
     change_entries(&state, dataset, values, EntriesOp::Remove).await
 }
@@ -514,21 +510,22 @@ pub async fn delete_entries(
 pub async fn list_entries(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<DatasetPath>,
-    query: QueryPairs,
+    path: PathParams,
+    query: Query,
 ) -> Result<Json<EntryPageBody>, ApiError> {
+    let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
-    let pairs = query_pairs(query)?;
-    let mut errors = Violations::default();
-    let limit = int_param(&pairs, "limit", 1, MAX_PAGE_SIZE, &mut errors);
-    errors.finish(())?;
+    let mut params = query.parse()?;
+    let limit = params.int("limit", 1, MAX_PAGE_SIZE);
+    params.finish()?;
     let limit = u32::try_from(limit.unwrap_or(DEFAULT_PAGE_SIZE)).unwrap_or(u32::MAX);
-    let cursor = query_param(&pairs, "cursor");
+    // An empty cursor asks for the first page, as no cursor does.
+    let cursor = params.raw("cursor").filter(|c| !c.is_empty());
     let page = state
         .store
-        .list_dataset_entries(&caller.0.user_id, &path.dataset_id, cursor, limit)
+        .list_dataset_entries(&caller.0.user_id, &dataset_id, cursor, limit)
         .await?
-        .ok_or_else(|| not_found(&path.dataset_id))?;
+        .ok_or_else(|| not_found(&dataset_id))?;
     Ok(Json(EntryPageBody {
         values: page.values,
         cursor: page.next,
@@ -556,25 +553,25 @@ pub async fn list_entries(
 pub async fn check_entry(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<DatasetPath>,
-    query: QueryPairs,
+    path: PathParams,
+    query: Query,
 ) -> Result<Json<ExistsBody>, ApiError> {
+    let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
-    let pairs = query_pairs(query)?;
-    let Some(value) = query_param(&pairs, "value") else {
-        return Err(ApiError::Validation(vec![Violation::missing(&Loc::query("value"))]));
-    };
-    let value = normalize(value);
+    let mut params = query.parse()?;
+    let value = params.required_string("value", 0);
+    params.finish()?;
+    let value = normalize(&value.unwrap_or_default());
     let owner = &caller.0.user_id;
     let exists = if value.len() > MAX_VALUE_BYTES {
         // Too long to be stored, so not an entry; the dataset must still be the caller's.
-        owned(&state, &caller, &path.dataset_id).await.map(|_| false)?
+        owned(&state, &caller, &dataset_id).await.map(|_| false)?
     } else {
         state
             .store
-            .has_dataset_entry(owner, &path.dataset_id, &value)
+            .has_dataset_entry(owner, &dataset_id, &value)
             .await?
-            .ok_or_else(|| not_found(&path.dataset_id))?
+            .ok_or_else(|| not_found(&dataset_id))?
     };
     Ok(Json(ExistsBody { exists }))
 }

@@ -14,6 +14,7 @@ pub mod deployments;
 pub mod error;
 pub mod filter_values;
 pub mod ops;
+pub mod params;
 pub mod pipelines;
 pub mod prices;
 pub mod scripts;

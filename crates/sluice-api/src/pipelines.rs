@@ -1,7 +1,7 @@
 //! Pipeline configuration endpoints: create, list, read, update, delete.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::Serialize;
 use sluice_core::filter_values::FilterValuesChange;
 use sluice_core::permission::Permission;
@@ -12,8 +12,9 @@ use utoipa::ToSchema;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::body::JsonObject;
+use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::params::PathParams;
 use crate::scripts::check_transform_list;
 
 /// `{"message": "..."}`: the answer to an action.
@@ -49,9 +50,10 @@ fn transforms_loc() -> Loc {
 pub async fn create_pipeline(
     State(state): State<AppState>,
     caller: Caller,
-    JsonObject(body): JsonObject,
+    body: JsonBody,
 ) -> Result<Json<Pipeline>, ApiError> {
     caller.require_pipelines()?;
+    let body = body.object()?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Create)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
     check_transform_list(&valid.spec.pipeline_config.transforms, &transforms_loc()).await?;
@@ -108,8 +110,9 @@ pub async fn list_pipelines(
 pub async fn get_pipeline(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
+    path: PathParams,
 ) -> Result<Json<Pipeline>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Read).await?;
     Ok(Json(pipeline))
 }
@@ -135,12 +138,14 @@ pub async fn get_pipeline(
 pub async fn update_pipeline(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
-    JsonObject(body): JsonObject,
+    path: PathParams,
+    body: JsonBody,
 ) -> Result<Json<Pipeline>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     // A concurrent transform change must not be undone by this read-change-write.
     let _edit = state.edit_locks.lock(&config_id).await;
     let (mut pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    let body = body.object()?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Update)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
     check_transform_list(&valid.spec.pipeline_config.transforms, &transforms_loc()).await?;
@@ -172,8 +177,9 @@ pub async fn update_pipeline(
 pub async fn delete_pipeline(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
+    path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
     // SPEC: deleting tears any deployment down first (workers, topics, offsets).
     if let Some(runtime) = &state.runtime {

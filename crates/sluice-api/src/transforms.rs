@@ -16,8 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::{FromRequest, Path, Request, State};
+use axum::extract::State;
 use serde_json::Value;
 use sluice_core::deployment::DeploymentState;
 use sluice_core::filter_values::FilterValuesChange;
@@ -29,8 +28,9 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::body::{JsonObject, read_error};
+use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::params::PathParams;
 use crate::scripts::{check_transform, check_transform_list};
 
 /// One lock per pipeline id, held while a handler reads, changes, stores and redeploys its
@@ -53,33 +53,6 @@ impl EditLocks {
             }
         };
         lock.lock_owned().await
-    }
-}
-
-/// A request body that is one JSON array.
-#[derive(Debug)]
-pub struct JsonArray(pub Vec<Value>);
-
-impl FromRequest<AppState> for JsonArray {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|rejection| read_error(&rejection, state.limits.max_body_bytes))?;
-        match serde_json::from_slice::<Value>(&bytes) {
-            Ok(Value::Array(items)) => Ok(Self(items)),
-            Ok(_) => Err(ApiError::Validation(vec![Violation::new(
-                &Loc::body(),
-                "list_type",
-                "Input should be a valid list",
-            )])),
-            Err(error) => Err(ApiError::Validation(vec![Violation::new(
-                &Loc::body(),
-                "json_invalid",
-                format!("JSON decode error: {error}"),
-            )])),
-        }
     }
 }
 
@@ -111,11 +84,14 @@ impl FromRequest<AppState> for JsonArray {
 pub async fn patch_transform(
     State(state): State<AppState>,
     caller: Caller,
-    Path((config_id, transform_uid)): Path<(String, String)>,
-    JsonObject(mut body): JsonObject,
+    path: PathParams,
+    body: JsonBody,
 ) -> Result<Json<Transform>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
+    let transform_uid = path.get("transform_uid").to_owned();
     let _edit = state.edit_locks.lock(&config_id).await;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    let mut body = body.object()?;
     let Some(index) =
         pipeline.pipeline_config.transforms.iter().position(|t| t.uid() == transform_uid)
     else {
@@ -181,11 +157,13 @@ pub async fn patch_transform(
 pub async fn replace_transforms(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
-    JsonArray(items): JsonArray,
+    path: PathParams,
+    body: JsonBody,
 ) -> Result<Json<Vec<Transform>>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     let _edit = state.edit_locks.lock(&config_id).await;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    let items = body.array()?;
     if items.is_empty() {
         return Err(ApiError::Validation(vec![Violation::new(
             &Loc::body(),

@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod boundary;
 mod datasets;
 mod deployments;
 mod filter_values;
