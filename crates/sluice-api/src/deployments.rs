@@ -268,6 +268,7 @@ pub struct RecordsBody {
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such pipeline or sink, or not deployed", body = ErrorBody),
         (status = 422, description = "Bad query parameter", body = ValidationErrorBody),
+        (status = 416, description = "`offset` past the end of the sink; `detail` names the valid range", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -288,7 +289,7 @@ pub async fn sink_records(
     let log = runtime.log().as_ref();
     let Some(range) = retained(log, &topic).await? else { return Err(not_found()) };
     if let Some(offset) = page.asked_offset {
-        check_offset(&Loc::query("offset"), offset, range)?;
+        check_offset(offset, range)?;
     }
     let records = page.read(log, &topic).await?.ok_or_else(not_found)?;
     let next_offset = records.last().map_or(page.from, |r| r.offset + 1);
@@ -471,6 +472,7 @@ const TAIL_READ_BATCH: usize = 500;
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such pipeline or sink, or not deployed", body = ErrorBody),
         (status = 422, description = "Bad query parameter or Last-Event-ID", body = ValidationErrorBody),
+        (status = 416, description = "`offset` or `Last-Event-ID` past the end of the sink; `detail` names the valid range", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -516,18 +518,14 @@ pub async fn sink_records_stream(
                     Some(last) => format!("the sink's last record is {last}"),
                     None => "the sink has no record yet".to_owned(),
                 };
-                return Err(ApiError::Validation(vec![Violation::new(
-                    &id_loc,
-                    "offset_out_of_range",
-                    format!(
-                        "Last-Event-ID {id} is out of range: {written}; resume after an offset \
-                         below {}, or without Last-Event-ID",
-                        range.1
-                    ),
-                )]));
+                return Err(ApiError::OutOfRange(format!(
+                    "Last-Event-ID {id} is out of range: {written}; resume after an offset \
+                     below {}, or without Last-Event-ID",
+                    range.1
+                )));
             }
         },
-        (None, Some(offset)) => check_offset(&Loc::query("offset"), offset, range)?,
+        (None, Some(offset)) => check_offset(offset, range)?,
         (None, None) => range.1,
     };
     let tail = Tail { log, topic, next: from, watch, pending: VecDeque::new(), ended: false };
@@ -697,20 +695,16 @@ async fn retained(log: &dyn StreamLog, topic: &str) -> Result<Option<(u64, u64)>
 }
 
 /// `offset` when it is at most `high` (an offset below the first retained one reads from
-/// the first retained record); otherwise a 422 at `loc` naming the valid range, as Kafka
-/// answers an offset out of range.
-fn check_offset(loc: &Loc, offset: u64, (low, high): (u64, u64)) -> Result<u64, ApiError> {
+/// the first retained record); otherwise a 416 naming the valid range, as Kafka answers an
+/// offset out of range.
+fn check_offset(offset: u64, (low, high): (u64, u64)) -> Result<u64, ApiError> {
     if offset <= high {
         return Ok(offset);
     }
-    Err(ApiError::Validation(vec![Violation::new(
-        loc,
-        "offset_out_of_range",
-        format!(
-            "offset {offset} is out of range: the valid range is [{low}, {high}] ({high} is the \
-             offset the next record will get)"
-        ),
-    )]))
+    Err(ApiError::OutOfRange(format!(
+        "offset {offset} is out of range: the valid range is [{low}, {high}] ({high} is the \
+         offset the next record will get)"
+    )))
 }
 
 /// A record's append time (Unix ms) as RFC 3339.

@@ -41,6 +41,9 @@ pub enum ApiError {
     Validation(Vec<Violation>),
     #[error("store error: {0}")]
     Store(#[from] StoreError),
+    /// An offset outside what a topic holds (Kafka's "offset out of range").
+    #[error("{0}")]
+    OutOfRange(String),
     #[error("{0}")]
     Unavailable(String),
     /// A failure of ours the client cannot fix; logged with this detail, answered as 500.
@@ -58,6 +61,7 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Store(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::OutOfRange(_) => StatusCode::RANGE_NOT_SATISFIABLE,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }

@@ -13,6 +13,7 @@ pub mod datasets;
 pub mod deployments;
 pub mod error;
 pub mod filter_values;
+pub mod openapi_rules;
 pub mod ops;
 pub mod params;
 pub mod pipelines;
@@ -91,8 +92,9 @@ impl AppState {
         clock: Arc<dyn Clock>,
         limits: Limits,
     ) -> Self {
-        let openapi = routes_with_doc(&limits).split_for_parts().1;
-        let openapi_json = openapi.to_pretty_json().expect("the OpenAPI document serializes");
+        let openapi = openapi_for(&catalog);
+        let openapi_json =
+            serde_json::to_vec_pretty(&openapi).expect("the OpenAPI document serializes");
         Self {
             store,
             catalog: Arc::new(catalog),
@@ -250,9 +252,17 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(stats::prometheus))
 }
 
-/// The OpenAPI document of every route.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    routes_with_doc(&Limits::default()).split_for_parts().1
+/// The OpenAPI document of every route, for the default catalog.
+pub fn openapi() -> serde_json::Value {
+    openapi_for(&Catalog::default())
+}
+
+/// The OpenAPI document of every route, with the chains and entities of `catalog`.
+fn openapi_for(catalog: &Catalog) -> serde_json::Value {
+    let openapi = routes_with_doc(&Limits::default()).split_for_parts().1;
+    let mut doc = serde_json::to_value(&openapi).expect("the OpenAPI document serializes");
+    openapi_rules::tighten(&mut doc, catalog);
+    doc
 }
 
 /// The complete HTTP service: every route, the body limit, request tracing, and trailing

@@ -83,6 +83,17 @@ pub async fn put_permissions(
     let config_id = path.get("config_id").to_owned();
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
     let body = body.object()?;
+    // A list may be left out (it is then empty), but not sent as null.
+    let nulls: Vec<Violation> = ["editors", "readers", "viewer_teams"]
+        .into_iter()
+        .filter(|field| body.get(*field).is_some_and(serde_json::Value::is_null))
+        .map(|field| {
+            Violation::new(&Loc::body().at(field), "list_type", "Input should be a valid list")
+        })
+        .collect();
+    if !nulls.is_empty() {
+        return Err(ApiError::Validation(nulls));
+    }
     let grants = validate_grants_body(&body, &pipeline.owner_org_team_user_id)?;
     let users: Vec<String> = grants.editors.iter().chain(&grants.readers).cloned().collect();
     let unknown = state

@@ -121,6 +121,13 @@ fn parse_ndjson(entity: &str, body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
             )),
         }
     }
+    if records.is_empty() && violations.is_empty() {
+        violations.push(Violation::new(
+            &Loc::body(),
+            "missing",
+            "the body holds no record: send one JSON object per line",
+        ));
+    }
     if violations.is_empty() { Ok(records) } else { Err(ApiError::Validation(violations)) }
 }
 

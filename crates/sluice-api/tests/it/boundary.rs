@@ -141,3 +141,36 @@ async fn invalid_utf8_in_a_path_or_query_is_a_json_422() {
     let (status, body) = h.call(Method::GET, "/api/v1/beam/%FF", None, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
 }
+
+#[tokio::test]
+async fn null_permission_lists_are_422_not_an_empty_list() {
+    let h = Harness::new().await;
+    let ann = h.user("acme", "data", "ann").await;
+    let id = h.create(&ann, pipeline_body("p")).await["id"].as_str().unwrap().to_owned();
+    let path = format!("/api/v1/beam/{id}/permissions");
+    let (status, body) =
+        h.put(&path, &ann, json!({"editors": [], "readers": null, "viewer_teams": []})).await;
+    let violation = only_violation(status, &body);
+    assert_eq!(violation["loc"], json!(["body", "readers"]));
+    assert_eq!(violation["type"], "list_type");
+    // Left out, a list is empty.
+    let (status, body) = h.put(&path, &ann, json!({"editors": []})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+#[tokio::test]
+async fn an_ingest_body_without_a_record_is_a_422() {
+    let h = Harness::new().await;
+    let identity = h.store.ensure_identity("sluice", "ops", "root", true).await.unwrap();
+    let key = sluice_api::auth::issue_key(h.store.as_ref(), &identity.user.id, None)
+        .await
+        .unwrap()
+        .unwrap();
+    for body in ["", "\n  \n"] {
+        let raw = Value::String(body.to_owned());
+        let (status, answer) = h.call(Method::POST, INGEST, Some(&key), Some(raw)).await;
+        let violation = only_violation(status, &answer);
+        assert_eq!(violation["loc"], json!(["body"]), "{answer}");
+        assert_eq!(violation["type"], "missing", "{answer}");
+    }
+}

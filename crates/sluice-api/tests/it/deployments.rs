@@ -892,7 +892,7 @@ async fn tail_error(
 }
 
 #[tokio::test]
-async fn an_offset_past_the_end_of_a_sink_is_a_422_naming_the_valid_range() {
+async fn an_offset_past_the_end_of_a_sink_is_a_416_naming_the_valid_range() {
     let stack = Stack::new().await;
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
@@ -910,23 +910,22 @@ async fn an_offset_past_the_end_of_a_sink_is_a_422_naming_the_valid_range() {
     for offset in ["3", "1000"] {
         let path = format!("{records}?offset={offset}");
         let (status, body) = stack.call(Method::GET, &path, &stack.owner, None).await;
-        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-        let violation = &body["detail"][0];
-        assert_eq!(violation["loc"], json!(["query", "offset"]), "{body}");
-        assert_eq!(violation["type"], "offset_out_of_range", "{body}");
-        assert!(violation["msg"].as_str().unwrap().contains("[0, 2]"), "{body}");
+        assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE, "{body}");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(detail.contains(&format!("offset {offset} is out of range")), "{body}");
+        assert!(detail.contains("[0, 2]"), "{body}");
     }
 
     // The live tail too.
     let (status, body) = tail_error(&stack, &id, "?offset=3", None).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-    assert_eq!(body["detail"][0]["loc"], json!(["query", "offset"]));
+    assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("[0, 2]"), "{body}");
     let (status, _) = tail_error(&stack, &id, "?offset=2", None).await;
     assert_eq!(status, StatusCode::OK);
 }
 
 #[tokio::test]
-async fn a_last_event_id_past_the_end_is_a_422_and_never_replays_the_sink() {
+async fn a_last_event_id_past_the_end_is_a_416_and_never_replays_the_sink() {
     let stack = Stack::new().await;
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
@@ -935,13 +934,13 @@ async fn a_last_event_id_past_the_end_is_a_422_and_never_replays_the_sink() {
 
     for last in ["18446744073709551615", "2", "99"] {
         let (status, body) = tail_error(&stack, &id, "", Some(last)).await;
-        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{last}: {body}");
-        let violation = &body["detail"][0];
-        assert_eq!(violation["loc"], json!(["header", "Last-Event-ID"]), "{body}");
-        assert!(violation["msg"].as_str().unwrap().contains("last record is 1"), "{body}");
+        assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE, "{last}: {body}");
+        assert!(body["detail"].as_str().unwrap().contains("last record is 1"), "{body}");
     }
+    // Not an offset at all: a 422.
     let (status, body) = tail_error(&stack, &id, "", Some("18446744073709551616")).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["detail"][0]["loc"], json!(["header", "Last-Event-ID"]));
 
     // Resuming after the last record waits for the next one.
     let mut resumed = EventStream::open(&stack, &id, "", Some("1")).await;
