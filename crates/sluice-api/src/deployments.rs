@@ -450,6 +450,19 @@ pub struct TailQuery {
     pub offset: Option<u64>,
 }
 
+/// One Server-Sent Event of a live tail.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TailEvent {
+    /// `record`, or `end` once the sink is torn down.
+    #[schema(pattern = "^(record|end)$")]
+    pub event: String,
+    /// The record's offset (`record` events).
+    #[schema(required = false)]
+    pub id: String,
+    /// `record`: the record as `GET …/records` returns it; `end`: `{"detail": reason}`.
+    pub data: String,
+}
+
 /// How long a tail waits for records before it checks that the sink still exists.
 const TAIL_IDLE_CHECK: Duration = Duration::from_secs(5);
 /// Records read from the log per step of a tail.
@@ -468,7 +481,7 @@ const TAIL_READ_BATCH: usize = 500;
         TailQuery,
     ),
     responses(
-        (status = 200, description = "`text/event-stream` of `record` events", content_type = "text/event-stream", body = String),
+        (status = 200, description = "`text/event-stream` of `record` events", content_type = "text/event-stream", body = TailEvent),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such pipeline or sink, or not deployed", body = ErrorBody),
         (status = 422, description = "Bad query parameter or Last-Event-ID", body = ValidationErrorBody),

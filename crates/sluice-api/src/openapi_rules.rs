@@ -79,6 +79,54 @@ fn body(doc: &mut Value, method: &str, path: &str, schema: Value) {
     }
 }
 
+/// Request-body schemas whose optional fields the validators take `null` for (as absent).
+const NULL_AS_ABSENT: [&str; 6] =
+    ["PipelineSpec", "PipelineConfig", "Source", "Sink", "Transform", "CreateDatasetRequest"];
+
+/// Lets every optional property of the object `schema` (and of its `oneOf` variants) be
+/// `null`: the body validators read an optional field sent as `null` as absent.
+fn null_as_absent(schema: &mut Value) {
+    if let Some(variants) = schema.get_mut("oneOf").and_then(Value::as_array_mut) {
+        variants.iter_mut().for_each(null_as_absent);
+    }
+    let required: Vec<String> = schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (name, prop) in props.iter_mut() {
+        if required.contains(name) {
+            continue;
+        }
+        let already = match &prop["type"] {
+            Value::Array(types) => types.contains(&json!("null")),
+            other => *other == json!("null"),
+        };
+        if already {
+            continue;
+        }
+        if let Some(kind) = prop.get("type").and_then(Value::as_str).map(str::to_owned) {
+            prop["type"] = json!([kind, "null"]);
+            if let Some(values) = prop.get_mut("enum").and_then(Value::as_array_mut) {
+                values.push(Value::Null);
+            }
+        } else {
+            let inner = prop.take();
+            let description = inner.get("description").cloned();
+            let mut plain = inner;
+            if let Some(object) = plain.as_object_mut() {
+                object.remove("description");
+            }
+            *prop = json!({"oneOf": [plain, {"type": "null"}]});
+            if let Some(description) = description {
+                prop["description"] = description;
+            }
+        }
+    }
+}
+
 /// Applies every constraint to the serialized document `doc`.
 pub fn tighten(doc: &mut Value, catalog: &Catalog) {
     let mut chains: Vec<&str> = catalog.entries().iter().map(|e| e.chain.as_str()).collect();
@@ -161,6 +209,12 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
     property(doc, "Sink", "type", json!({"enum": SINK_TYPES}));
     property(doc, "Sink", "name", json!({"minLength": 1, "maxLength": MAX_SINK_NAME_LEN}));
     property(doc, "PipelineConfig", "sinks", json!({"minItems": 1, "maxItems": 1}));
+
+    for name in NULL_AS_ABSENT {
+        if let Some(schema) = doc.pointer_mut(&format!("/components/schemas/{name}")) {
+            null_as_absent(schema);
+        }
+    }
 
     // Token prices.
     property(doc, "TokenAddress", "chain", json!({"pattern": NOT_BLANK}));

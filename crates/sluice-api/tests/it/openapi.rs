@@ -192,6 +192,12 @@ async fn the_document_states_the_limits_and_enums_the_server_enforces() {
     assert_eq!(schemas["PermissionsRequest"]["properties"]["editors"]["type"], "array");
     assert_eq!(schemas["PermissionsRequest"]["additionalProperties"], false);
     assert_eq!(schemas["Source"]["properties"]["chain"]["enum"], json!(chains));
+    // The validators read an optional field sent as null as absent, and the document says so.
+    let kind = &schemas["CreateDatasetRequest"]["properties"]["type"];
+    assert_eq!(kind["type"], json!(["string", "null"]));
+    assert_eq!(kind["enum"], json!(["postgres", null]));
+    let stream = "/api/v1/beam/{config_id}/sinks/{sink_uid}/records/stream";
+    assert_eq!(param_schema(&doc, "get", stream, "Last-Event-ID")["type"], "integer");
     let entries = &doc["paths"]["/api/v1/beam/datasets/{dataset_id}/entries"]["post"]["requestBody"]
         ["content"]["application/json"]["schema"]["properties"]["values"];
     assert_eq!(
