@@ -27,7 +27,7 @@ accepts beyond its defaults, each with the reason (see docs/api.md, "Fuzzing"):
     filter expressions that must name a field of the source entity's records, chain and
     entity that must be a catalog pair, user and team ids that must exist, NDJSON lines
     with the entity's key and time fields, price ranges whose start must precede the end
-    and lie within retention, values of at most 1,024 bytes of UTF-8.
+    and lie within retention.
 """
 
 import json
@@ -122,12 +122,6 @@ SEMANTIC_422 = [
     ("PUT", "/api/v1/beam/{config_id}/permissions"),
     ("POST", "/api/v1/streams/{chain}/{entity}/records"),
     ("POST", "/api/v1/developer/prices/history"),
-    ("POST", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
-    ("PUT", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
-    ("DELETE", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
-    ("POST", "/api/v1/beam/datasets/{dataset_id}/entries"),
-    ("DELETE", "/api/v1/beam/datasets/{dataset_id}/entries"),
-    ("POST", "/api/v1/beam/datasets/entries"),
 ]
 OUT_OF_RANGE_416 = [
     ("GET", "/api/v1/beam/{config_id}/sinks/{sink_uid}/records"),
