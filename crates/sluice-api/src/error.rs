@@ -94,3 +94,20 @@ impl IntoResponse for ApiError {
         }
     }
 }
+
+/// Gives an error the router answers by itself (404 for an unknown path, 405 for a method a
+/// path does not serve), which has no body, the `{"detail": "..."}` shape of every other
+/// error. Headers (such as a 405's `Allow`) are kept.
+pub async fn json_for_bare_errors(response: Response) -> Response {
+    let status = response.status();
+    let bare = !response.headers().contains_key(axum::http::header::CONTENT_TYPE);
+    if !(bare && (status.is_client_error() || status.is_server_error())) {
+        return response;
+    }
+    let detail = status.canonical_reason().unwrap_or("Error").to_owned();
+    let (mut parts, _) = response.into_parts();
+    let body = Json(ErrorBody { detail }).into_response();
+    let (body_parts, body) = body.into_parts();
+    parts.headers.extend(body_parts.headers);
+    Response::from_parts(parts, body)
+}

@@ -272,6 +272,7 @@ pub fn app(state: AppState) -> NormalizePath<Router> {
     let (router, _) = routes_with_doc(&state.limits).split_for_parts();
     let router = router
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::map_response(error::json_for_bare_errors))
         .layer(TraceLayer::new_for_http())
         .with_state(state);
     NormalizePath::trim_trailing_slash(router)

@@ -174,3 +174,15 @@ async fn an_ingest_body_without_a_record_is_a_422() {
         assert_eq!(violation["type"], "missing", "{answer}");
     }
 }
+
+#[tokio::test]
+async fn unknown_paths_and_methods_answer_json_too() {
+    let h = Harness::new().await;
+    let ann = h.user("acme", "data", "ann").await;
+    let (status, body) = h.get("/api/v1/nowhere", &ann).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body, json!({"detail": "Not Found"}));
+    let (status, body) = h.call(Method::PATCH, "/api/v1/beam/datasets", Some(&ann.key), None).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(body, json!({"detail": "Method Not Allowed"}));
+}
