@@ -55,6 +55,20 @@ pub struct SinkConnection {
     pub consumer_snippets: Value,
 }
 
+impl From<sluice_runtime::sinks::SinkConnection> for SinkConnection {
+    fn from(sink: sluice_runtime::sinks::SinkConnection) -> Self {
+        Self {
+            uid: sink.uid,
+            name: sink.name,
+            sink_type: sink.sink_type.to_owned(),
+            topic: sink.topic,
+            records_url: sink.records_url,
+            connection: sink.connection,
+            consumer_snippets: sink.consumer_snippets,
+        }
+    }
+}
+
 /// The answer to a deploy.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeployBody {
@@ -79,6 +93,7 @@ impl From<RuntimeError> for ApiError {
                 ApiError::NotFound(format!("no chain stream {topic}"))
             }
             RuntimeError::Bus(bus) => ApiError::Internal(format!("stream log: {bus}")),
+            RuntimeError::Sink(sink) => ApiError::Internal(sink.to_string()),
             RuntimeError::Replay(reason) => ApiError::Internal(reason),
         }
     }
@@ -111,49 +126,7 @@ pub async fn deploy(
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let runtime = state.runtime()?;
     let deployed = runtime.deploy(&pipeline).await?;
-    let sinks = pipeline
-        .pipeline_config
-        .sinks
-        .iter()
-        .filter_map(|sink| {
-            let topic = deployed.sink_topics.iter().find(|(uid, _)| *uid == sink.uid)?.1.clone();
-            let records_url = format!("/api/v1/beam/{config_id}/sinks/{}/records", sink.uid);
-            Some(SinkConnection {
-                uid: sink.uid.clone(),
-                name: sink.name.clone(),
-                sink_type: sink.sink_type.clone(),
-                connection: json!({
-                    "transport": "http",
-                    "records_url": records_url,
-                    "stream_url": format!("{records_url}/stream"),
-                    "auth_header": "X-API-Key",
-                    "topic": topic,
-                    "partitions": sluice_runtime::SINK_PARTITIONS,
-                }),
-                consumer_snippets: json!({
-                    "curl": format!(
-                        "curl -s \"$SLUICE_URL{records_url}?offset=0&limit=500&wait_ms=5000\" -H \"X-API-Key: $SLUICE_API_KEY\""
-                    ),
-                    "curl_live": format!(
-                        "curl -sN \"$SLUICE_URL{records_url}/stream\" -H \"X-API-Key: $SLUICE_API_KEY\""
-                    ),
-                    "python": format!(
-                        "import os, requests\n\
-                         url = os.environ['SLUICE_URL'] + '{records_url}'\n\
-                         headers = {{'X-API-Key': os.environ['SLUICE_API_KEY']}}\n\
-                         offset = 0\n\
-                         while True:\n    \
-                             page = requests.get(url, params={{'offset': offset, 'limit': 500, 'wait_ms': 5000}}, headers=headers).json()\n    \
-                             for record in page['records']:\n        \
-                                 print(record['key'], record['value'])\n    \
-                             offset = page['next_offset']\n"
-                    ),
-                }),
-                topic,
-                records_url,
-            })
-        })
-        .collect();
+    let sinks = deployed.sinks.into_iter().map(SinkConnection::from).collect();
     Ok(Json(DeployBody {
         message: format!("Pipeline {config_id} successfully deployed"),
         status: "deployed".to_owned(),

@@ -117,6 +117,13 @@ impl std::fmt::Debug for EmbeddedLog {
     }
 }
 
+/// redb's failures are I/O or storage trouble: worth a retry, never the caller's mistake.
+impl From<redb::Error> for BusError {
+    fn from(error: redb::Error) -> Self {
+        Self::Backend { source: Box::new(error), transient: true }
+    }
+}
+
 impl EmbeddedLog {
     /// Opens (creating it when missing) the log database at `path`; append times come from
     /// `clock`.
@@ -134,7 +141,7 @@ impl EmbeddedLog {
         let writer = std::thread::Builder::new()
             .name("sluice-log-writer".to_owned())
             .spawn(move || run_writer(&thread_db, writer, &receiver, &thread_watches))
-            .map_err(|error| BusError::Storage(redb::Error::Io(error)))?;
+            .map_err(|error| BusError::from(redb::Error::Io(error)))?;
         Ok(Self { db, requests, watches, writer })
     }
 
@@ -157,7 +164,7 @@ impl EmbeddedLog {
         let (reply, answer) = oneshot::channel::<Result<T>>();
         let job: Job = Box::new(move |writer, txn| {
             let result = apply(writer, txn);
-            let storage_failed = matches!(result, Err(BusError::Storage(_)));
+            let storage_failed = matches!(result, Err(BusError::Backend { .. }));
             let completion: Completion = Box::new(move |commit_failure| {
                 let _ = reply.send(match commit_failure {
                     None => result,

@@ -31,8 +31,14 @@ pub enum BusError {
     InvalidTopicName { name: String, reason: &'static str },
     #[error("invalid topic configuration: {0}")]
     InvalidConfig(&'static str),
-    #[error("stream log storage failed: {0}")]
-    Storage(#[from] redb::Error),
+    /// The backend (the embedded database, a broker client) failed; its own error is the
+    /// source, and whether a retry can help is decided where that error is understood.
+    #[error("stream log storage failed: {source}")]
+    Backend {
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+        transient: bool,
+    },
     #[error("stored log data is corrupt: {0}")]
     Corrupt(String),
     #[error("stream log write not committed: {0}")]
@@ -47,10 +53,15 @@ impl BusError {
     /// Whether trying again later can succeed (storage hiccups, shutdown in progress), as
     /// opposed to a caller mistake.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            Self::Storage(_) | Self::CommitFailed(_) | Self::WriteNotApplied | Self::Closed
-        )
+        match self {
+            Self::Backend { transient, .. } => *transient,
+            Self::CommitFailed(_) | Self::WriteNotApplied | Self::Closed => true,
+            Self::UnknownTopic(_)
+            | Self::UnknownPartition { .. }
+            | Self::InvalidTopicName { .. }
+            | Self::InvalidConfig(_)
+            | Self::Corrupt(_) => false,
+        }
     }
 }
 

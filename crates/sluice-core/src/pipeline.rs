@@ -133,17 +133,48 @@ impl Transform {
     }
 }
 
-/// Where processed records go.
+/// Where processed records go: one sink type, tagged by `type` as in the API. Checked by
+/// [`SinkConfig::validate`]; the runtime builds the running sink from it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct Sink {
-    /// `kafka`: a managed topic.
-    #[serde(rename = "type")]
-    pub sink_type: String,
-    /// Name of the sink; for `kafka` it names the topic.
+#[serde(tag = "type")]
+#[schema(as = Sink)]
+pub enum SinkConfig {
+    /// `kafka`: a managed topic that Sluice keeps and serves to the pipeline's readers.
+    #[serde(rename = "kafka")]
+    Kafka(ManagedSinkConfig),
+}
+
+/// The fields of a managed (`kafka`) sink.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ManagedSinkConfig {
+    /// Name of the sink; it names the managed topic.
     pub name: String,
     /// Generated when omitted.
     #[schema(required = false)]
     pub uid: String,
+}
+
+impl SinkConfig {
+    /// The sink's uid.
+    pub fn uid(&self) -> &str {
+        match self {
+            Self::Kafka(sink) => &sink.uid,
+        }
+    }
+
+    /// The sink's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Kafka(sink) => &sink.name,
+        }
+    }
+
+    /// The `type` the API shows.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::Kafka(_) => "kafka",
+        }
+    }
 }
 
 /// `source -> transforms[] -> sinks[]`.
@@ -152,7 +183,7 @@ pub struct PipelineConfig {
     pub source: Source,
     pub transforms: Vec<Transform>,
     /// Exactly one sink.
-    pub sinks: Vec<Sink>,
+    pub sinks: Vec<SinkConfig>,
 }
 
 /// The editable fields of a pipeline: what a create or update body carries.

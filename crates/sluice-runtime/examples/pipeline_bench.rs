@@ -28,8 +28,8 @@ use sluice_bus::{EmbeddedLog, NewRecord, StreamLog, topics};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::{Clock, SystemClock};
 use sluice_core::pipeline::{
-    DeliveryGuarantee, Pipeline, PipelineConfig, PipelineSpec, PodSize, Sink, Source, SourceType,
-    Transform,
+    DeliveryGuarantee, ManagedSinkConfig, Pipeline, PipelineConfig, PipelineSpec, PodSize,
+    SinkConfig, Source, SourceType, Transform,
 };
 use sluice_runtime::{Counters, Runtime, RuntimeSettings};
 use sluice_store::{MetadataStore, SqliteStore};
@@ -230,11 +230,10 @@ fn bench_spec() -> PipelineSpec {
                 uid: TRANSFORM_UID.to_owned(),
                 filter_expr: "root = this.token_address".to_owned(),
             }],
-            sinks: vec![Sink {
-                sink_type: "kafka".to_owned(),
+            sinks: vec![SinkConfig::Kafka(ManagedSinkConfig {
                 name: SINK_NAME.to_owned(),
                 uid: "sk-bench".to_owned(),
-            }],
+            })],
         },
     }
 }

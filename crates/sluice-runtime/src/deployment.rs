@@ -50,9 +50,28 @@ pub(crate) struct Running {
     stop: watch::Sender<bool>,
     /// The supervisor task of each worker.
     workers: Vec<JoinHandle<()>>,
+    view: RunningView,
+}
+
+/// What readers (health, stats, `/metrics`) see of a running deployment: shared handles
+/// the workers update, read without waiting on the deployment's lifecycle lock.
+#[derive(Clone)]
+pub(crate) struct RunningView {
     health: Vec<Arc<WorkerHealth>>,
     clock: Arc<dyn Clock>,
     counters: Arc<Counters>,
+}
+
+impl RunningView {
+    /// The health of each worker, in worker order.
+    pub(crate) fn health(&self) -> Vec<WorkerStatus> {
+        let now = self.clock.now();
+        self.health.iter().map(|health| health.status(now)).collect()
+    }
+
+    pub(crate) fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
 }
 
 impl Running {
@@ -98,13 +117,17 @@ impl Running {
                 tokio::spawn(supervise(worker))
             })
             .collect();
-        Self { plan: plan_tx, stop: stop_tx, workers: handles, health, clock, counters }
+        Self {
+            plan: plan_tx,
+            stop: stop_tx,
+            workers: handles,
+            view: RunningView { health, clock, counters },
+        }
     }
 
-    /// The health of each worker, in worker order.
-    pub(crate) fn health(&self) -> Vec<WorkerStatus> {
-        let now = self.clock.now();
-        self.health.iter().map(|health| health.status(now)).collect()
+    /// What readers see of this deployment.
+    pub(crate) fn view(&self) -> RunningView {
+        self.view.clone()
     }
 
     pub(crate) fn workers(&self) -> usize {
@@ -124,10 +147,6 @@ impl Running {
     /// The configuration the workers run.
     pub(crate) fn plan(&self) -> Arc<BoundPlan> {
         self.plan.borrow().clone()
-    }
-
-    pub(crate) fn counters(&self) -> Arc<Counters> {
-        self.counters.clone()
     }
 
     /// Asks every worker to stop after its current batch and waits for them.

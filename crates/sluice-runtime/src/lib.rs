@@ -8,15 +8,17 @@
 //! crate must not depend on the API.
 
 pub mod datasets;
+pub mod delivery;
 mod deployment;
 pub mod health;
 pub mod metrics;
 pub mod plan;
 pub mod sets;
+pub mod sinks;
 mod worker;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use sluice_bus::{BusError, NewRecord, OffsetRange, Retention, StreamLog, TopicConfig, topics};
@@ -26,14 +28,14 @@ use sluice_core::datasets::{DatasetLookup, NoDatasets};
 use sluice_core::deployment::{DeploymentRecord, DeploymentState};
 use sluice_core::pipeline::Pipeline;
 use sluice_store::{MetadataStore, StoreError};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 pub use deployment::Counters;
-use deployment::Running;
+use deployment::{Running, RunningView};
 pub use health::WorkerStatus;
 use metrics::MetricsHub;
 pub use plan::PlanError;
-use sets::SetIndexes;
+use sets::{SetIndexes, SetSource, StoreSetSource};
 
 /// Partitions of every chain-stream topic: enough for the largest pod size (XL, 8 workers)
 /// to give each worker its own.
@@ -55,6 +57,9 @@ pub enum RuntimeError {
     /// The stream log failed.
     #[error("stream log: {0}")]
     Bus(#[from] BusError),
+    /// A sink did not take a batch.
+    #[error(transparent)]
+    Sink(#[from] sinks::SinkError),
     /// A chain stream that the catalog does not list.
     #[error("no chain stream {0}")]
     UnknownStream(String),
@@ -92,10 +97,10 @@ impl Default for RuntimeSettings {
 }
 
 /// What a deploy did, for the response.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Deployed {
-    /// The managed topic of each sink, by sink uid.
-    pub sink_topics: Vec<(String, String)>,
+    /// How a consumer reaches each sink, in the pipeline's order.
+    pub sinks: Vec<sinks::SinkConnection>,
     /// Whether the pipeline was running before this deploy (a zero-downtime redeploy).
     pub was_running: bool,
 }
@@ -121,8 +126,15 @@ pub struct Runtime {
     settings: RuntimeSettings,
     /// What the workers measured, by pipeline.
     metrics: Arc<MetricsHub>,
-    /// Running deployments by pipeline id. Lifecycle calls on one pipeline serialize here.
-    running: Mutex<HashMap<String, Running>>,
+    /// One lifecycle lock per pipeline, holding its running workers (`None`: not running).
+    /// Lifecycle calls of one pipeline serialise on its lock and never wait for another
+    /// pipeline's; the map's own lock is held only to find or add an entry, never across an
+    /// await. Entries stay for the life of the process (one small lock per pipeline ever
+    /// touched), so two calls can never hold different locks for one pipeline.
+    lifecycles: std::sync::Mutex<HashMap<String, Arc<Mutex<Option<Running>>>>>,
+    /// What health, stats and `/metrics` read of each running deployment, updated by the
+    /// lifecycle call that starts or stops its workers while it holds that pipeline's lock.
+    views: RwLock<HashMap<String, RunningView>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -144,7 +156,23 @@ impl Runtime {
         clock: Arc<dyn Clock>,
         settings: RuntimeSettings,
     ) -> Result<Arc<Self>> {
-        let sets = Arc::new(SetIndexes::new(store.clone()));
+        let sets = Arc::new(StoreSetSource(store.clone()));
+        Self::start_with_set_source(store, log, catalog, clock, settings, sets).await
+    }
+
+    /// [`Runtime::start`], with set-filter indexes loading their values from `sets`.
+    ///
+    /// # Errors
+    /// As [`Runtime::start`].
+    pub async fn start_with_set_source(
+        store: Arc<dyn MetadataStore>,
+        log: Arc<dyn StreamLog>,
+        catalog: Arc<Catalog>,
+        clock: Arc<dyn Clock>,
+        settings: RuntimeSettings,
+        sets: Arc<dyn SetSource>,
+    ) -> Result<Arc<Self>> {
+        let sets = Arc::new(SetIndexes::new(sets));
         let metrics = Arc::new(MetricsHub::new(store.clone(), clock.clone()));
         tokio::spawn(MetricsHub::run_jobs(Arc::downgrade(&metrics)));
         let runtime = Arc::new(Self {
@@ -156,22 +184,24 @@ impl Runtime {
             datasets: Arc::new(DatasetSlot(std::sync::RwLock::new(Arc::new(NoDatasets)))),
             settings,
             metrics,
-            running: Mutex::new(HashMap::new()),
+            lifecycles: std::sync::Mutex::default(),
+            views: RwLock::default(),
         });
         runtime.create_chain_topics().await?;
         for record in runtime.store.list_deployments().await? {
             if record.state == DeploymentState::Deployed {
-                let mut running = runtime.running.lock().await;
+                let mut running = runtime.lifecycle(&record.pipeline_id).await;
                 let started = async {
                     let plan = plan::Plan::compile(&record.pipeline)?;
                     // Deployed by an older version, it may lack a topic this one writes.
                     runtime.create_pipeline_topics(&plan).await?;
                     runtime.pin_start_offsets(&plan).await?;
-                    runtime.start_workers(&record.pipeline, plan).await
+                    let bound = runtime.bind(plan).await?;
+                    Ok::<_, RuntimeError>(runtime.start_workers(&record.pipeline, bound))
                 };
                 match started.await {
                     Ok(workers) => {
-                        running.insert(record.pipeline_id.clone(), workers);
+                        runtime.set_running(&record.pipeline_id, &mut running, Some(workers));
                         tracing::info!(config_id = %record.pipeline_id, "resumed deployed pipeline");
                     }
                     Err(error) => {
@@ -229,18 +259,19 @@ impl Runtime {
     /// # Errors
     /// A store or log failure.
     pub async fn replay_dead_letters(&self, pipeline_id: &str) -> Result<Option<Replayed>> {
-        // Lifecycle calls wait: a teardown must not remove the topics under the replay.
-        let running = self.running.lock().await;
+        // This pipeline's lifecycle calls wait: a teardown must not remove the topics under
+        // the replay. Other pipelines' calls do not.
+        let running = self.lifecycle(pipeline_id).await;
         let Some(record) = self.store.deployment(pipeline_id).await? else { return Ok(None) };
-        let plan = match running.get(pipeline_id) {
+        let plan = match running.as_ref() {
             Some(current) => current.plan(),
             None => self.bind(plan::Plan::compile(&record.pipeline)?).await?,
         };
-        let Some((_, sink)) = plan.plan.sink_topics.first().cloned() else {
+        let Some(sink) = plan.plan.sinks.first().cloned() else {
             return Ok(Some(Replayed::default()));
         };
-        let (dead_topic, logs_topic) =
-            (topics::dead_letter_topic(pipeline_id), topics::logs_topic(pipeline_id));
+        let side = delivery::SideTopics::new(pipeline_id);
+        let dead_topic = side.dead_letters.clone();
         let group = topics::replay_group(pipeline_id);
         let end = match self.log.offsets(&dead_topic).await {
             Ok(ranges) => ranges.first().map_or(0, |range| range.end),
@@ -274,20 +305,13 @@ impl Runtime {
             .await
             .map_err(|error| RuntimeError::Replay(error.to_string()))?;
             engines = back;
-            let now = self.clock.now();
-            let out: Vec<NewRecord> = outcome
-                .out
-                .into_iter()
-                .map(|item| NewRecord { key: item.key, value: item.value })
-                .collect();
-            let dead: Vec<NewRecord> =
-                outcome.failed.into_iter().map(|f| worker::dead_letter(f, now)).collect();
-            let logs: Vec<NewRecord> = engines.take_logs().iter().map(worker::log_record).collect();
-            let appends: [(&str, &[NewRecord]); 3] =
-                [(&sink, &out), (&dead_topic, &dead), (&logs_topic, &logs)];
-            self.log.append_and_commit(&appends, &group, &dead_topic, &[(0, last + 1)]).await?;
-            report.delivered += out.len() as u64;
-            report.dead_lettered += dead.len() as u64;
+            let delivery = delivery::Delivery::of(outcome, &engines, self.clock.now());
+            // The replay group's offset on the dead-letter topic is the replay cursor.
+            let settle =
+                sinks::Settle { group: &group, source: &dead_topic, offsets: &[(0, last + 1)] };
+            sink.deliver(&self.log, &delivery, &side, settle).await?;
+            report.delivered += delivery.out.len() as u64;
+            report.dead_lettered += delivery.dead.len() as u64;
             report.next_offset = last + 1;
         }
         tracing::info!(config_id = %pipeline_id, ?report, "dead letters replayed");
@@ -366,7 +390,7 @@ impl Runtime {
     /// A configuration the runtime cannot run, or a store or log failure.
     pub async fn deploy(&self, pipeline: &Pipeline) -> Result<Deployed> {
         let plan = plan::Plan::compile(pipeline)?;
-        let mut running = self.running.lock().await;
+        let mut running = self.lifecycle(&pipeline.id).await;
         let now = self.clock.now();
         let existing = self.store.deployment(&pipeline.id).await?;
         // Sink topics and source offsets exist before the answer, so records that arrive
@@ -381,30 +405,31 @@ impl Runtime {
             updated_at: now,
         };
         self.store.put_deployment(&record).await?;
-        let sink_topics = plan.sink_topics.clone();
-        let was_running = match running.get_mut(&pipeline.id) {
+        let sinks = plan.sinks.iter().map(|sink| sink.connection(&pipeline.id)).collect();
+        let source = plan.source.clone();
+        let bound = self.bind(plan).await?;
+        let was_running = match running.as_ref() {
             Some(current)
                 if current.workers() == pipeline.pod_size.workers()
-                    && current.source() == plan.source =>
+                    && current.source() == source =>
             {
-                current.replace_plan(self.bind(plan).await?);
+                current.replace_plan(bound);
                 true
             }
             Some(_) => {
-                if let Some(current) = running.remove(&pipeline.id) {
-                    current.stop().await;
-                    self.metrics.flush(Some(&pipeline.id), None).await;
-                }
-                running.insert(pipeline.id.clone(), self.start_workers(pipeline, plan).await?);
+                self.stop_running(&pipeline.id, &mut running).await;
+                let started = self.start_workers(pipeline, bound);
+                self.set_running(&pipeline.id, &mut running, Some(started));
                 true
             }
             None => {
-                running.insert(pipeline.id.clone(), self.start_workers(pipeline, plan).await?);
+                let started = self.start_workers(pipeline, bound);
+                self.set_running(&pipeline.id, &mut running, Some(started));
                 false
             }
         };
         tracing::info!(config_id = %pipeline.id, was_running, "pipeline deployed");
-        Ok(Deployed { sink_topics, was_running })
+        Ok(Deployed { sinks, was_running })
     }
 
     /// Pauses a deployed pipeline: its workers finish their batch and stop; offsets, sinks
@@ -413,17 +438,14 @@ impl Runtime {
     /// # Errors
     /// A store failure.
     pub async fn pause(&self, pipeline_id: &str) -> Result<Paused> {
-        let mut running = self.running.lock().await;
+        let mut running = self.lifecycle(pipeline_id).await;
         let Some(mut record) = self.store.deployment(pipeline_id).await? else {
             return Ok(Paused::NotDeployed);
         };
         if record.state == DeploymentState::Paused {
             return Ok(Paused::AlreadyPaused);
         }
-        if let Some(current) = running.remove(pipeline_id) {
-            current.stop().await;
-            self.metrics.flush(Some(pipeline_id), None).await;
-        }
+        self.stop_running(pipeline_id, &mut running).await;
         record.state = DeploymentState::Paused;
         record.updated_at = self.clock.now();
         self.store.put_deployment(&record).await?;
@@ -438,16 +460,13 @@ impl Runtime {
     /// # Errors
     /// A store or log failure.
     pub async fn teardown(&self, pipeline_id: &str) -> Result<bool> {
-        let mut running = self.running.lock().await;
-        if let Some(current) = running.remove(pipeline_id) {
-            current.stop().await;
-            self.metrics.flush(Some(pipeline_id), None).await;
-        }
+        let mut running = self.lifecycle(pipeline_id).await;
+        self.stop_running(pipeline_id, &mut running).await;
         let Some(record) = self.store.deployment(pipeline_id).await? else {
             return Ok(false);
         };
         if let Ok(plan) = plan::Plan::compile(&record.pipeline) {
-            for (_, topic) in &plan.sink_topics {
+            for (_, topic) in &plan.sink_topics() {
                 self.log.delete_topic(topic).await?;
             }
         }
@@ -476,41 +495,94 @@ impl Runtime {
     pub async fn sink_topic(&self, pipeline_id: &str, sink_uid: &str) -> Result<Option<String>> {
         let Some(record) = self.store.deployment(pipeline_id).await? else { return Ok(None) };
         let plan = plan::Plan::compile(&record.pipeline)?;
-        Ok(plan.sink_topics.into_iter().find(|(uid, _)| uid == sink_uid).map(|(_, topic)| topic))
+        Ok(plan.sink_topics().into_iter().find(|(uid, _)| uid == sink_uid).map(|(_, topic)| topic))
     }
 
-    /// The counters of a running deployment.
+    /// The counters of a running deployment. Never waits on a lifecycle call.
     pub async fn counters(&self, pipeline_id: &str) -> Option<Arc<Counters>> {
-        self.running.lock().await.get(pipeline_id).map(Running::counters)
+        self.views().get(pipeline_id).map(RunningView::counters)
     }
 
     /// Stops every worker (each finishes and commits its batch); deployments stay stored as
     /// they are, so the next start runs them again.
     pub async fn shutdown(&self) {
-        let mut running = self.running.lock().await;
-        for (_, deployment) in running.drain() {
-            deployment.stop().await;
+        let lifecycles: Vec<(String, Arc<Mutex<Option<Running>>>)> = self
+            .lifecycles
+            .lock()
+            .expect("lifecycle map lock is never poisoned")
+            .iter()
+            .map(|(id, lifecycle)| (id.clone(), lifecycle.clone()))
+            .collect();
+        for (id, lifecycle) in lifecycles {
+            let mut running = lifecycle.lock_owned().await;
+            if let Some(deployment) = running.take() {
+                self.views_mut().remove(&id);
+                deployment.stop().await;
+            }
         }
         self.metrics.flush(None, None).await;
     }
 
     /// The health of each worker of a running deployment, in worker order; empty when the
-    /// pipeline is not deployed or paused (it has no workers).
+    /// pipeline is not deployed or paused (it has no workers). Never waits on a lifecycle
+    /// call.
     pub async fn worker_health(&self, pipeline_id: &str) -> Vec<WorkerStatus> {
-        self.running.lock().await.get(pipeline_id).map(Running::health).unwrap_or_default()
+        self.views().get(pipeline_id).map(RunningView::health).unwrap_or_default()
     }
 
-    /// The health of the workers of every running deployment, by pipeline id.
+    /// The health of the workers of every running deployment, by pipeline id. Never waits
+    /// on a lifecycle call.
     pub async fn all_worker_health(&self) -> Vec<(String, Vec<WorkerStatus>)> {
-        let mut all: Vec<(String, Vec<WorkerStatus>)> = self
-            .running
-            .lock()
-            .await
-            .iter()
-            .map(|(id, running)| (id.clone(), running.health()))
-            .collect();
+        let mut all: Vec<(String, Vec<WorkerStatus>)> =
+            self.views().iter().map(|(id, view)| (id.clone(), view.health())).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
+    }
+
+    /// Takes the lifecycle lock of one pipeline: lifecycle calls of that pipeline run one at
+    /// a time; other pipelines are not affected.
+    async fn lifecycle(&self, pipeline_id: &str) -> OwnedMutexGuard<Option<Running>> {
+        let lifecycle = self
+            .lifecycles
+            .lock()
+            .expect("lifecycle map lock is never poisoned")
+            .entry(pipeline_id.to_owned())
+            .or_default()
+            .clone();
+        lifecycle.lock_owned().await
+    }
+
+    /// Records `started` as the pipeline's running workers (in its lifecycle slot and in
+    /// what readers see); the caller holds the pipeline's lifecycle lock.
+    fn set_running(
+        &self,
+        pipeline_id: &str,
+        slot: &mut OwnedMutexGuard<Option<Running>>,
+        started: Option<Running>,
+    ) {
+        match &started {
+            Some(running) => self.views_mut().insert(pipeline_id.to_owned(), running.view()),
+            None => self.views_mut().remove(pipeline_id),
+        };
+        **slot = started;
+    }
+
+    /// Stops the pipeline's workers, if any run, and flushes their metrics; the caller holds
+    /// the pipeline's lifecycle lock.
+    async fn stop_running(&self, pipeline_id: &str, slot: &mut OwnedMutexGuard<Option<Running>>) {
+        if let Some(current) = slot.take() {
+            self.views_mut().remove(pipeline_id);
+            current.stop().await;
+            self.metrics.flush(Some(pipeline_id), None).await;
+        }
+    }
+
+    fn views(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, RunningView>> {
+        self.views.read().expect("deployment views lock is never poisoned")
+    }
+
+    fn views_mut(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, RunningView>> {
+        self.views.write().expect("deployment views lock is never poisoned")
     }
 
     /// The metrics the workers recorded, of every pipeline.
@@ -540,7 +612,7 @@ impl Runtime {
     /// (one partition each, kept 2 days). Idempotent.
     async fn create_pipeline_topics(&self, plan: &plan::Plan) -> Result<()> {
         let config = TopicConfig { partitions: SINK_PARTITIONS, retention: Retention::default() };
-        for (_, topic) in &plan.sink_topics {
+        for (_, topic) in &plan.sink_topics() {
             self.log.create_topic(topic, config).await?;
         }
         self.log.create_topic(&topics::dead_letter_topic(&plan.pipeline_id), config).await?;
@@ -556,11 +628,10 @@ impl Runtime {
         Ok(Arc::new(plan.bind(sets, self.datasets.clone(), self.clock.clone())))
     }
 
-    /// Starts the workers of `plan`, compiled from `pipeline`; its start offsets must be
+    /// Starts the workers of `bound`, compiled from `pipeline`; its start offsets must be
     /// pinned already.
-    async fn start_workers(&self, pipeline: &Pipeline, plan: plan::Plan) -> Result<Running> {
-        let bound = self.bind(plan).await?;
-        Ok(Running::start(
+    fn start_workers(&self, pipeline: &Pipeline, bound: Arc<plan::BoundPlan>) -> Running {
+        Running::start(
             bound,
             pipeline.pod_size.workers(),
             pipeline.delivery_guarantee,
@@ -569,7 +640,7 @@ impl Runtime {
             self.settings,
             Arc::from(pipeline.pipeline_config.source.entity.as_str()),
             self.metrics.pipeline(&pipeline.id),
-        ))
+        )
     }
 }
 

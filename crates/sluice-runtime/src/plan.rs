@@ -1,5 +1,5 @@
 //! A pipeline compiled for the workers: the source topic, the transform stages in order and
-//! the sink topics. [`Plan`] is checked and pure; [`BoundPlan`] holds the live set indexes
+//! the sink. [`Plan`] is checked and pure; [`BoundPlan`] holds the live set indexes
 //! its set filters test against and the dataset lookup its scripts call, and runs a batch
 //! through every stage ([`BoundPlan::run`]).
 
@@ -15,6 +15,7 @@ use sluice_filter::SetFilter;
 use sluice_js::{LogLevel, LogSink, ScriptEngine};
 
 use crate::sets::SetHandle;
+use crate::sinks::{self, Sink};
 
 /// Calls of `transform` a record gets before it is dead-lettered: the first and two retries
 /// (on a fresh engine when the runtime ran out of memory).
@@ -27,10 +28,6 @@ pub enum PlanError {
     BadScript { uid: String, reason: String },
     #[error("transform {uid}: {reason}")]
     BadFilterExpr { uid: String, reason: String },
-    #[error(
-        "sink {uid} has type {sink_type:?}; this build delivers only to `kafka` (managed) sinks"
-    )]
-    UnsupportedSink { uid: String, sink_type: String },
     #[error("the pipeline has {0} sinks; exactly one is required")]
     SinkCount(usize),
 }
@@ -53,8 +50,8 @@ pub struct Plan {
     /// The chain-stream topic the pipeline reads.
     pub source: String,
     pub stages: Vec<Stage>,
-    /// `(sink uid, managed topic)`.
-    pub sink_topics: Vec<(String, String)>,
+    /// Where the records go (exactly one).
+    pub sinks: Vec<Arc<dyn Sink>>,
 }
 
 impl Plan {
@@ -92,28 +89,25 @@ impl Plan {
         if config.sinks.len() != 1 {
             return Err(PlanError::SinkCount(config.sinks.len()));
         }
-        let sink_topics = config
-            .sinks
-            .iter()
-            .map(|sink| {
-                if sink.sink_type == "kafka" {
-                    Ok((sink.uid.clone(), topics::sink_topic(&pipeline.id, &sink.name)))
-                } else {
-                    Err(PlanError::UnsupportedSink {
-                        uid: sink.uid.clone(),
-                        sink_type: sink.sink_type.clone(),
-                    })
-                }
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let sinks = config.sinks.iter().map(|sink| sinks::build(&pipeline.id, sink)).collect();
         Ok(Self {
             pipeline_id: pipeline.id.clone(),
             owner_user_id: pipeline.owner_org_team_user_id.clone(),
             pod_size: pipeline.pod_size,
             source,
             stages,
-            sink_topics,
+            sinks,
         })
+    }
+
+    /// `(sink uid, managed topic)` of each sink whose records Sluice keeps.
+    pub fn sink_topics(&self) -> Vec<(String, String)> {
+        self.sinks
+            .iter()
+            .filter_map(|sink| {
+                Some((sink.config().uid().to_owned(), sink.managed_topic()?.to_owned()))
+            })
+            .collect()
     }
 
     /// Uids of the set filters, in stage order.

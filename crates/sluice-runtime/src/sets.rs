@@ -12,9 +12,38 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use sluice_core::filter_values::{FilterValuesChange, FilterValuesListener};
 use sluice_filter::ValueSet;
-use sluice_store::MetadataStore;
+use sluice_store::{MetadataStore, StoreError};
 
 use crate::Result;
+
+/// Where an index reads a set's values when it loads: the metadata store
+/// ([`StoreSetSource`]) in one process; the seam a shared set store plugs into.
+#[async_trait::async_trait]
+pub trait SetSource: Send + Sync + 'static {
+    /// Every value of one set filter's set.
+    ///
+    /// # Errors
+    /// When the values cannot be read.
+    async fn load_set(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+    ) -> Result<ValueSet, StoreError>;
+}
+
+/// Sets read from the metadata store.
+pub struct StoreSetSource(pub Arc<dyn MetadataStore>);
+
+#[async_trait::async_trait]
+impl SetSource for StoreSetSource {
+    async fn load_set(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+    ) -> Result<ValueSet, StoreError> {
+        self.0.filter_value_set(pipeline_id, transform_uid).await
+    }
+}
 
 /// A change, owned, queued while an index loads.
 #[derive(Debug, Clone)]
@@ -70,7 +99,7 @@ impl SetHandle {
 
 /// Every loaded index, by `(pipeline id, transform uid)`.
 pub struct SetIndexes {
-    store: Arc<dyn MetadataStore>,
+    source: Arc<dyn SetSource>,
     handles: Mutex<HashMap<(String, String), Arc<SetHandle>>>,
 }
 
@@ -81,8 +110,8 @@ impl std::fmt::Debug for SetIndexes {
 }
 
 impl SetIndexes {
-    pub fn new(store: Arc<dyn MetadataStore>) -> Self {
-        Self { store, handles: Mutex::new(HashMap::new()) }
+    pub fn new(source: Arc<dyn SetSource>) -> Self {
+        Self { source, handles: Mutex::new(HashMap::new()) }
     }
 
     /// The index of one set filter, loading it from the store the first time.
@@ -113,7 +142,7 @@ impl SetIndexes {
     }
 
     async fn load(&self, handle: &SetHandle, pipeline_id: &str, uid: &str) -> Result<()> {
-        let mut set = self.store.filter_value_set(pipeline_id, uid).await?;
+        let mut set = self.source.load_set(pipeline_id, uid).await?;
         // Replay what changed during the load, then let changes apply directly; both under
         // the pending lock so no change slips between the two.
         let mut pending = handle.pending.lock().expect("pending-changes lock is never poisoned");

@@ -16,16 +16,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_bus::{NewRecord, Record, StreamLog, topics};
+use sluice_bus::{Record, StreamLog, topics};
 use sluice_core::clock::Clock;
 use sluice_core::pipeline::DeliveryGuarantee;
 use tokio::sync::watch;
 
 use crate::RuntimeSettings;
+use crate::delivery::{Delivery, SideTopics};
 use crate::deployment::Counters;
 use crate::health::WorkerHealth;
 use crate::metrics::{BatchMetrics, PipelineMetrics};
-use crate::plan::{BoundPlan, Engines, Failed, Item};
+use crate::plan::{BoundPlan, Engines, Item};
+use crate::sinks::Settle;
 
 #[derive(Clone)]
 pub(crate) struct Worker {
@@ -51,10 +53,6 @@ impl Worker {
         let group = topics::deployment_group(&plan.plan.pipeline_id);
         let Some(mut next) = self.start_offsets(&source, &group).await else { return };
         let mut watch = self.log.watch(&source);
-        let side_topics = SideTopics {
-            dead_letters: topics::dead_letter_topic(&plan.plan.pipeline_id),
-            logs: topics::logs_topic(&plan.plan.pipeline_id),
-        };
         // This worker's script runtimes; they move into the blocking task that runs a batch
         // and come back with its outcome.
         let mut engines = Engines::default();
@@ -97,8 +95,7 @@ impl Worker {
                 plan = self.plan.borrow_and_update().clone();
                 engines.keep_only(&plan);
             }
-            let settled =
-                self.process(&plan, batch, &mut engines, &group, &side_topics, &offsets).await;
+            let settled = self.process(&plan, batch, &mut engines, &group, &offsets).await;
             if !settled {
                 // Stopped while the sink kept failing: offsets stay for the next start.
                 return;
@@ -148,16 +145,14 @@ impl Worker {
     }
 
     /// Runs one batch through the plan, delivers it with its dead letters and commits its
-    /// source `offsets` (in one step of the log when it can:
-    /// [`StreamLog::append_and_commit`]). False when the worker was stopped before the batch
-    /// was settled (its offsets must not be committed).
+    /// source `offsets` ([`crate::sinks::Sink::deliver`]). False when the worker was stopped
+    /// before the batch was settled (its offsets must not be committed).
     async fn process(
         &self,
         plan: &Arc<BoundPlan>,
         records: Vec<Record>,
         engines: &mut Engines,
         group: &str,
-        side_topics: &SideTopics,
         offsets: &[(u32, u64)],
     ) -> bool {
         Counters::add(&self.counters.received, records.len() as u64);
@@ -213,25 +208,18 @@ impl Worker {
                 "script runtime ran out of memory; killed and restarted".to_owned(),
             );
         }
-        let out: Vec<NewRecord> = outcome
-            .out
-            .into_iter()
-            .map(|item| NewRecord { key: item.key, value: item.value })
-            .collect();
-        let now = self.clock.now();
-        let dead: Vec<NewRecord> =
-            outcome.failed.into_iter().map(|failed| dead_letter(failed, now)).collect();
-        let logs: Vec<NewRecord> = engines.take_logs().iter().map(log_record).collect();
+        let delivery = Delivery::of(outcome, engines, self.clock.now());
+        let out = &delivery.out;
         // What was read and processed counts now; what is delivered counts when it is.
         self.metrics.record(std::mem::take(&mut metrics));
-        let Some((_, sink)) = plan.plan.sink_topics.first() else { return true };
-        let sink = sink.as_str();
+        let Some(sink) = plan.plan.sinks.first() else { return true };
+        let sink_uid = sink.config().uid();
+        let side = SideTopics::new(&plan.plan.pipeline_id);
         let source = plan.plan.source.as_str();
+        let settle = Settle { group, source, offsets };
         let mut backoff = self.settings.initial_backoff;
         loop {
-            let appends: [(&str, &[NewRecord]); 3] =
-                [(sink, &out), (&side_topics.dead_letters, &dead), (&side_topics.logs, &logs)];
-            let written = self.log.append_and_commit(&appends, group, source, offsets).await;
+            let written = sink.deliver(&self.log, &delivery, &side, settle).await;
             match written {
                 Ok(_) => {
                     metrics.sink_writes = 1;
@@ -249,7 +237,7 @@ impl Worker {
                 Err(error) => {
                     Counters::add(&self.counters.output_errors, 1);
                     if self.guarantee == DeliveryGuarantee::BestEffort {
-                        tracing::warn!(%error, %sink, records = out.len(), "sink write failed; batch dropped (best_effort)");
+                        tracing::warn!(%error, sink_uid, records = out.len(), "sink write failed; batch dropped (best_effort)");
                         Counters::add(&self.counters.dropped, out.len() as u64);
                         self.metrics.record(BatchMetrics {
                             output_errors: 1,
@@ -262,7 +250,15 @@ impl Worker {
                         }
                         return true;
                     }
-                    tracing::warn!(%error, %sink, ?backoff, "sink write failed; retrying (at_least_once)");
+                    if error.is_retryable() {
+                        tracing::warn!(%error, sink_uid, ?backoff, "sink write failed; retrying (at_least_once)");
+                    } else {
+                        // Waiting will not fix it, but nothing may be lost: the source stays
+                        // held, tried again at the longest backoff until an operator acts
+                        // (a redeploy, a teardown).
+                        backoff = self.settings.max_backoff;
+                        tracing::error!(%error, sink_uid, ?backoff, "sink rejects the batch; the source is held (at_least_once)");
+                    }
                     self.metrics.record(BatchMetrics {
                         output_errors: 1,
                         sink_writes: 1,
@@ -306,39 +302,5 @@ impl Worker {
             () = tokio::time::sleep(length) => true,
             _ = stop.changed() => false,
         }
-    }
-}
-
-/// The dead-letter record of a record a transform failed on: the same key, and a JSON object
-/// with the transform, the error, the attempts, when, and the record itself.
-pub(crate) fn dead_letter(failed: Failed, now: chrono::DateTime<chrono::Utc>) -> NewRecord {
-    let Failed { item, transform_uid, error, attempts } = failed;
-    let record = serde_json::from_slice::<serde_json::Value>(&item.value).unwrap_or_else(|_| {
-        serde_json::Value::String(String::from_utf8_lossy(&item.value).into_owned())
-    });
-    let value = serde_json::json!({
-        "transform_uid": transform_uid,
-        "error": error,
-        "attempts": attempts,
-        "failed_at": sluice_core::time::format(now),
-        "record": record,
-    });
-    NewRecord {
-        key: item.key,
-        value: serde_json::to_vec(&value).expect("a dead letter serializes"),
-    }
-}
-
-/// The topics a batch writes besides its sink.
-pub(crate) struct SideTopics {
-    pub dead_letters: String,
-    pub logs: String,
-}
-
-/// A script log line as a record of the logs topic (keyed by its transform).
-pub(crate) fn log_record(line: &crate::plan::LogLine) -> NewRecord {
-    NewRecord {
-        key: line.transform_uid.as_bytes().to_vec(),
-        value: serde_json::to_vec(line).expect("a log line serializes"),
     }
 }

@@ -2,7 +2,10 @@
 
 use serde_json::{Map, Value};
 
-use super::{DeliveryGuarantee, PipelineConfig, PipelineSpec, PodSize, Sink, Source, Transform};
+use super::{
+    DeliveryGuarantee, ManagedSinkConfig, PipelineConfig, PipelineSpec, PodSize, SinkConfig,
+    Source, Transform,
+};
 use crate::catalog::Catalog;
 use crate::filter_expr::FilterExpr;
 use crate::ids;
@@ -132,12 +135,12 @@ fn validate_config(
                 format!("exactly one sink is allowed per pipeline; got {}", items.len()),
             ));
         }
-        let sinks: Vec<Option<Sink>> = items
+        let sinks: Vec<Option<SinkConfig>> = items
             .iter()
             .enumerate()
-            .map(|(index, item)| validate_sink(item, sinks_loc.at(index), errors))
+            .map(|(index, item)| SinkConfig::validate(item, sinks_loc.at(index), errors))
             .collect();
-        sinks.into_iter().collect::<Option<Vec<Sink>>>().filter(|sinks| sinks.len() == 1)
+        sinks.into_iter().collect::<Option<Vec<SinkConfig>>>().filter(|sinks| sinks.len() == 1)
     });
     fields.finish(errors, |_| None);
 
@@ -300,25 +303,32 @@ pub fn validate_transform(
     validated
 }
 
-/// Validates one sink object; generates its uid when omitted.
-pub fn validate_sink(value: &Value, loc: Loc, errors: &mut Violations) -> Option<Sink> {
-    let mut fields = Fields::of(value, loc, errors)?;
-    let sink_type = fields.required_str("type", errors);
-    if let Some(sink_type) = sink_type.filter(|t| !SINK_TYPES.contains(t)) {
-        errors.push(Violation::value(
-            &fields.loc("type"),
-            format!("unsupported sink type '{sink_type}'; supported: {}", one_of(&SINK_TYPES)),
-        ));
+impl SinkConfig {
+    /// Checks one sink object of a request and gives the typed sink, generating its uid when
+    /// omitted; every problem found is pushed on `errors` (then `None`). Pure: no I/O.
+    pub fn validate(value: &Value, loc: Loc, errors: &mut Violations) -> Option<Self> {
+        let mut fields = Fields::of(value, loc, errors)?;
+        let sink_type = fields.required_str("type", errors);
+        if let Some(sink_type) = sink_type.filter(|t| !SINK_TYPES.contains(t)) {
+            errors.push(Violation::value(
+                &fields.loc("type"),
+                format!("unsupported sink type '{sink_type}'; supported: {}", one_of(&SINK_TYPES)),
+            ));
+        }
+        let name = fields.required_str("name", errors);
+        if let Some(Err(msg)) = name.map(check_topic_name) {
+            errors.push(Violation::value(&fields.loc("name"), msg));
+        }
+        let uid = validate_uid(&mut fields, errors);
+        fields.finish(errors, |_| None);
+        let sink_type = sink_type.filter(|t| SINK_TYPES.contains(t))?;
+        let name = name.filter(|name| check_topic_name(name).is_ok())?;
+        let uid = uid.ok()?;
+        match sink_type {
+            "kafka" => Some(Self::Kafka(ManagedSinkConfig { name: name.to_owned(), uid })),
+            _ => None,
+        }
     }
-    let name = fields.required_str("name", errors);
-    if let Some(Err(msg)) = name.map(check_topic_name) {
-        errors.push(Violation::value(&fields.loc("name"), msg));
-    }
-    let uid = validate_uid(&mut fields, errors);
-    fields.finish(errors, |_| None);
-    let sink_type = sink_type.filter(|t| SINK_TYPES.contains(t))?;
-    let name = name.filter(|name| check_topic_name(name).is_ok())?;
-    Some(Sink { sink_type: sink_type.to_owned(), name: name.to_owned(), uid: uid.ok()? })
 }
 
 fn validate_uid(fields: &mut Fields<'_>, errors: &mut Violations) -> Result<String, Recorded> {

@@ -34,7 +34,7 @@ fn minimal_body_gets_defaults_catalog_type_and_generated_uids() {
     assert_eq!(spec.pipeline_config.source.source_type, crate::pipeline::SourceType::Pubsub);
     assert!(!spec.pipeline_config.source.is_zerolag);
     assert!(spec.pipeline_config.transforms[0].uid().starts_with("tf-"));
-    assert!(spec.pipeline_config.sinks[0].uid.starts_with("sk-"));
+    assert!(spec.pipeline_config.sinks[0].uid().starts_with("sk-"));
     assert!(valid.initial_filter_values.is_empty());
 }
 
@@ -48,7 +48,7 @@ fn given_uids_are_kept_and_client_source_type_is_overridden() {
     let spec = check(&value, BodyMode::Update).unwrap().spec;
     assert_eq!(spec.pipeline_config.source.source_type, crate::pipeline::SourceType::Kafka);
     assert_eq!(spec.pipeline_config.transforms[0].uid(), "tf-001");
-    assert_eq!(spec.pipeline_config.sinks[0].uid, "sk-001");
+    assert_eq!(spec.pipeline_config.sinks[0].uid(), "sk-001");
 }
 
 #[test]
@@ -203,4 +203,25 @@ fn transform_type_defaults_to_v8() {
     let spec = check(&value, BodyMode::Create).unwrap().spec;
     assert!(matches!(spec.pipeline_config.transforms[0], Transform::Script { .. }));
     let _ = LocItem::from(0usize);
+}
+
+#[test]
+fn a_sink_config_is_typed_by_its_type_and_stored_in_the_api_shape() {
+    let sink = json!({"type": "kafka", "name": "out", "uid": "sk-1"});
+    let mut errors = crate::validation::Violations::default();
+    let config = SinkConfig::validate(&sink, crate::validation::Loc::body(), &mut errors).unwrap();
+    assert!(errors.is_empty());
+    assert_eq!(
+        config,
+        SinkConfig::Kafka(ManagedSinkConfig { name: "out".to_owned(), uid: "sk-1".to_owned() })
+    );
+    assert_eq!((config.type_name(), config.name(), config.uid()), ("kafka", "out", "sk-1"));
+    // Pipelines stored before the enum read back unchanged, and are written the same way.
+    assert_eq!(serde_json::to_value(&config).unwrap(), sink);
+    assert_eq!(serde_json::from_value::<SinkConfig>(sink).unwrap(), config);
+
+    let mut errors = crate::validation::Violations::default();
+    let webhook = json!({"type": "webhook", "name": "out"});
+    assert!(SinkConfig::validate(&webhook, crate::validation::Loc::body(), &mut errors).is_none());
+    assert_eq!(locs(&errors.finish(()).unwrap_err()), vec![json!(["body", "type"])]);
 }

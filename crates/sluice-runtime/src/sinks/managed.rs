@@ -1,0 +1,163 @@
+//! The managed sink (`kafka`): a topic of the stream log that Sluice keeps, read by the
+//! pipeline's consumers over the API (records page and live tail). Its records, the batch's
+//! dead letters and logs, and the source offsets are written in one step of the log
+//! ([`StreamLog::append_and_commit`]): one durable transaction on the embedded log.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use sluice_bus::{NewRecord, StreamLog, topics};
+use sluice_core::pipeline::SinkConfig;
+
+use super::{Settle, Sink, SinkConnection, SinkError};
+use crate::delivery::{Delivery, SideTopics};
+
+/// A managed topic.
+#[derive(Debug, Clone)]
+pub struct ManagedSink {
+    config: SinkConfig,
+    topic: String,
+}
+
+impl ManagedSink {
+    pub fn new(pipeline_id: &str, config: SinkConfig) -> Self {
+        let topic = topics::sink_topic(pipeline_id, config.name());
+        Self { config, topic }
+    }
+}
+
+#[async_trait::async_trait]
+impl Sink for ManagedSink {
+    fn config(&self) -> &SinkConfig {
+        &self.config
+    }
+
+    fn managed_topic(&self) -> Option<&str> {
+        Some(&self.topic)
+    }
+
+    async fn deliver(
+        &self,
+        log: &Arc<dyn StreamLog>,
+        delivery: &Delivery,
+        side: &SideTopics,
+        settle: Settle<'_>,
+    ) -> Result<(), SinkError> {
+        let appends: [(&str, &[NewRecord]); 3] = [
+            (&self.topic, &delivery.out),
+            (&side.dead_letters, &delivery.dead),
+            (&side.logs, &delivery.logs),
+        ];
+        log.append_and_commit(&appends, settle.group, settle.source, settle.offsets)
+            .await
+            .map(|_| ())
+            .map_err(|error| SinkError {
+                uid: self.config.uid().to_owned(),
+                retryable: error.is_transient(),
+                source: Box::new(error),
+            })
+    }
+
+    fn connection(&self, pipeline_id: &str) -> SinkConnection {
+        let records_url = format!("/api/v1/beam/{pipeline_id}/sinks/{}/records", self.config.uid());
+        SinkConnection {
+            uid: self.config.uid().to_owned(),
+            name: self.config.name().to_owned(),
+            sink_type: self.config.type_name(),
+            topic: self.topic.clone(),
+            connection: json!({
+                "transport": "http",
+                "records_url": records_url,
+                "stream_url": format!("{records_url}/stream"),
+                "auth_header": "X-API-Key",
+                "topic": self.topic,
+                "partitions": crate::SINK_PARTITIONS,
+            }),
+            consumer_snippets: json!({
+                "curl": format!(
+                    "curl -s \"$SLUICE_URL{records_url}?offset=0&limit=500&wait_ms=5000\" -H \"X-API-Key: $SLUICE_API_KEY\""
+                ),
+                "curl_live": format!(
+                    "curl -sN \"$SLUICE_URL{records_url}/stream\" -H \"X-API-Key: $SLUICE_API_KEY\""
+                ),
+                "python": format!(
+                    "import os, requests\n\
+                     url = os.environ['SLUICE_URL'] + '{records_url}'\n\
+                     headers = {{'X-API-Key': os.environ['SLUICE_API_KEY']}}\n\
+                     offset = 0\n\
+                     while True:\n    \
+                         page = requests.get(url, params={{'offset': offset, 'limit': 500, 'wait_ms': 5000}}, headers=headers).json()\n    \
+                         for record in page['records']:\n        \
+                             print(record['key'], record['value'])\n    \
+                         offset = page['next_offset']\n"
+                ),
+            }),
+            records_url,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_bus::{EmbeddedLog, Retention, TopicConfig};
+    use sluice_core::clock::SystemClock;
+    use sluice_core::pipeline::ManagedSinkConfig;
+
+    use super::*;
+
+    fn record(key: &str) -> NewRecord {
+        NewRecord { key: key.as_bytes().to_vec(), value: b"{}".to_vec() }
+    }
+
+    #[tokio::test]
+    async fn a_delivery_writes_records_dead_letters_logs_and_offsets_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<dyn StreamLog> = Arc::new(
+            EmbeddedLog::open(&dir.path().join("log.redb"), Arc::new(SystemClock)).unwrap(),
+        );
+        let config =
+            SinkConfig::Kafka(ManagedSinkConfig { name: "out".to_owned(), uid: "sk-1".to_owned() });
+        let sink = ManagedSink::new("p1", config);
+        let side = SideTopics::new("p1");
+        let one = TopicConfig { partitions: 1, retention: Retention::default() };
+        for topic in [sink.managed_topic().unwrap(), &side.dead_letters, &side.logs, "source"] {
+            log.create_topic(topic, one).await.unwrap();
+        }
+        let delivery = Delivery {
+            out: vec![record("a"), record("b")],
+            dead: vec![record("c")],
+            logs: vec![record("d")],
+        };
+        let settle = Settle { group: "g", source: "source", offsets: &[(0, 7)] };
+        sink.deliver(&log, &delivery, &side, settle).await.unwrap();
+        let ends = |topic: String| {
+            let log = log.clone();
+            async move { log.offsets(&topic).await.unwrap()[0].end }
+        };
+        assert_eq!(ends(topics::sink_topic("p1", "out")).await, 2);
+        assert_eq!(ends(side.dead_letters.clone()).await, 1);
+        assert_eq!(ends(side.logs.clone()).await, 1);
+        assert_eq!(log.committed("g", "source").await.unwrap().get(&0), Some(&7));
+
+        // A topic gone (torn down under the worker) is not worth retrying.
+        log.delete_topic(sink.managed_topic().unwrap()).await.unwrap();
+        let error = sink.deliver(&log, &delivery, &side, settle).await.unwrap_err();
+        assert!(!error.is_retryable());
+        assert_eq!(error.uid, "sk-1");
+    }
+
+    #[test]
+    fn the_connection_names_the_topic_and_the_records_url_of_the_sink_uid() {
+        let config =
+            SinkConfig::Kafka(ManagedSinkConfig { name: "out".to_owned(), uid: "sk-1".to_owned() });
+        let connection = ManagedSink::new("p1", config).connection("p1");
+        assert_eq!(connection.sink_type, "kafka");
+        assert_eq!(connection.topic, topics::sink_topic("p1", "out"));
+        assert_eq!(connection.records_url, "/api/v1/beam/p1/sinks/sk-1/records");
+        assert_eq!(
+            connection.connection["stream_url"],
+            "/api/v1/beam/p1/sinks/sk-1/records/stream"
+        );
+        assert!(connection.consumer_snippets["python"].as_str().unwrap().contains("sk-1/records"));
+    }
+}
