@@ -19,7 +19,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use sluice_core::datasets::{Dataset, DatasetChange, DatasetRef};
+use sluice_core::datasets::Dataset;
 use sluice_core::filter_values::normalize;
 use sluice_core::validation::{Fields, Loc, Violation, Violations, parse_object, str_array};
 use utoipa::ToSchema;
@@ -30,6 +30,7 @@ use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::filter_values::{MAX_VALUE_BYTES, normalize_in_place};
 use crate::params::{PathParams, Query};
+use crate::services::{self, EntriesOp, dataset_not_found as not_found};
 
 /// Most values one request may add or delete (REFERENCE §7).
 pub const MAX_VALUES_PER_REQUEST: usize = 250_000;
@@ -125,23 +126,9 @@ pub struct EntryPageBody {
     pub total_count: u64,
 }
 
-fn not_found(id: &str) -> ApiError {
-    ApiError::NotFound(format!("Dataset {id} not found"))
-}
-
 /// The caller's dataset `id`, or 404.
 async fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<Dataset, ApiError> {
     state.store.dataset(&caller.0.user_id, id).await?.ok_or_else(|| not_found(id))
-}
-
-/// Runs a store write and the listener call that follows it in a task of their own, so that
-/// dropping the request (a client hanging up) cannot stop between the two.
-async fn committed<T: Send + 'static>(
-    write: impl Future<Output = Result<T, ApiError>> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::spawn(write)
-        .await
-        .map_err(|error| ApiError::Internal(format!("dataset change task failed: {error}")))?
 }
 
 /// The values of an entry change body, lowercased, with the `name` when `named`.
@@ -272,18 +259,7 @@ pub async fn create_dataset(
     let name = errors.finish(name)?.unwrap_or_default().to_owned();
 
     let owner = caller.0.user_id.clone();
-    let at = state.clock.now();
-    let dataset = committed({
-        let state = state.clone();
-        async move {
-            let created = state.store.create_dataset(&owner, &name, at).await?;
-            let dataset = created
-                .ok_or_else(|| ApiError::Conflict(format!("Dataset {name} already exists")))?;
-            state.dataset_listener.changed(DatasetRef::of(&dataset), DatasetChange::Created);
-            Ok(dataset)
-        }
-    })
-    .await?;
+    let dataset = services::create_dataset(&state, owner, name, state.clock.now()).await?;
     tracing::info!(dataset_id = %dataset.id, name = %dataset.name, owner = %dataset.owner_user_id, "dataset created");
     Ok(Json(DatasetBody::from(&dataset)))
 }
@@ -336,26 +312,9 @@ pub async fn delete_dataset(
     let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
     let owner = caller.0.user_id.clone();
-    let id = dataset_id;
-    let dataset = committed({
-        let state = state.clone();
-        async move {
-            let deleted = state.store.delete_dataset(&owner, &id).await?;
-            let dataset = deleted.ok_or_else(|| not_found(&id))?;
-            state.dataset_listener.changed(DatasetRef::of(&dataset), DatasetChange::Dropped);
-            Ok(dataset)
-        }
-    })
-    .await?;
+    let dataset = services::delete_dataset(&state, owner, dataset_id).await?;
     tracing::info!(dataset_id = %dataset.id, entries = dataset.entry_count, "dataset deleted");
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// Whether a change adds or removes entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EntriesOp {
-    Add,
-    Remove,
 }
 
 /// Adds `values` to (or removes them from) the caller's `dataset`, tells the listener, and
@@ -366,29 +325,10 @@ async fn change_entries(
     values: Vec<String>,
     op: EntriesOp,
 ) -> Result<Json<CountBody>, ApiError> {
-    let at = state.clock.now();
     let given = values.len();
-    let (dataset_id, count) = committed({
-        let state = state.clone();
-        async move {
-            let (owner, id) = (&dataset.owner_user_id, &dataset.id);
-            let change = match op {
-                EntriesOp::Add => state.store.add_dataset_entries(owner, id, &values, at).await?,
-                EntriesOp::Remove => {
-                    state.store.remove_dataset_entries(owner, id, &values, at).await?
-                }
-            };
-            let change = change.ok_or_else(|| not_found(id))?;
-            let (version, values) = (change.version, values.as_slice());
-            let heard = match op {
-                EntriesOp::Add => DatasetChange::Added { version, values },
-                EntriesOp::Remove => DatasetChange::Removed { version, values },
-            };
-            state.dataset_listener.changed(DatasetRef::of(&dataset), heard);
-            Ok((dataset.id, change.count))
-        }
-    })
-    .await?;
+    let dataset_id = dataset.id.clone();
+    let count =
+        services::change_dataset_entries(state, dataset, values, op, state.clock.now()).await?;
     match op {
         EntriesOp::Add => {
             tracing::info!(%dataset_id, given, added = count, "dataset entries added")

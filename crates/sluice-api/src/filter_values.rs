@@ -18,7 +18,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use serde::{Deserialize, Serialize};
-use sluice_core::filter_values::{FilterValuesChange, normalize};
+use sluice_core::filter_values::normalize;
 use sluice_core::permission::Permission;
 use sluice_core::pipeline::Transform;
 use sluice_core::validation::{Fields, Loc, Violation, Violations, parse_object, str_array};
@@ -28,6 +28,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
+use crate::services::{self, ValuesChange};
 
 /// Largest page of `GET …/filter-values` (SPEC "Limits").
 pub const MAX_PAGE_SIZE: i64 = 10_000;
@@ -257,10 +258,16 @@ pub async fn add_filter_values(
     let transform_uid = path.get("transform_uid").to_owned();
     check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Edit).await?;
     let values = read_values(&state, body, true)?;
-    let (id, uid) = (&config_id, &transform_uid);
-    let added = state.store.add_filter_values(id, uid, &values).await?;
-    state.filter_listener.changed(id, uid, FilterValuesChange::Added(&values));
-    tracing::info!(config_id = %id, transform_uid = %uid, given = values.len(), added, "filter values added");
+    let given = values.len();
+    let added = services::change_filter_values(
+        &state,
+        config_id.clone(),
+        transform_uid.clone(),
+        values,
+        ValuesChange::Add,
+    )
+    .await?;
+    tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, given, added, "filter values added");
     Ok(Json(AddedBody { added }))
 }
 
@@ -293,10 +300,15 @@ pub async fn replace_filter_values(
     let transform_uid = path.get("transform_uid").to_owned();
     check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Edit).await?;
     let values = read_values(&state, body, false)?;
-    let (id, uid) = (&config_id, &transform_uid);
-    let count = state.store.replace_filter_values(id, uid, &values).await?;
-    state.filter_listener.changed(id, uid, FilterValuesChange::Replaced(&values));
-    tracing::info!(config_id = %id, transform_uid = %uid, count, "filter values replaced");
+    let count = services::change_filter_values(
+        &state,
+        config_id.clone(),
+        transform_uid.clone(),
+        values,
+        ValuesChange::Replace,
+    )
+    .await?;
+    tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, count, "filter values replaced");
     Ok(Json(CountBody { count }))
 }
 
@@ -329,10 +341,16 @@ pub async fn remove_filter_values(
     let transform_uid = path.get("transform_uid").to_owned();
     check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Edit).await?;
     let values = read_values(&state, body, true)?;
-    let (id, uid) = (&config_id, &transform_uid);
-    let removed = state.store.remove_filter_values(id, uid, &values).await?;
-    state.filter_listener.changed(id, uid, FilterValuesChange::Removed(&values));
-    tracing::info!(config_id = %id, transform_uid = %uid, given = values.len(), removed, "filter values removed");
+    let given = values.len();
+    let removed = services::change_filter_values(
+        &state,
+        config_id.clone(),
+        transform_uid.clone(),
+        values,
+        ValuesChange::Remove,
+    )
+    .await?;
+    tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, given, removed, "filter values removed");
     Ok(Json(RemovedBody { removed }))
 }
 

@@ -19,6 +19,7 @@ pub mod params;
 pub mod pipelines;
 pub mod prices;
 pub mod scripts;
+pub mod services;
 pub mod sharing;
 pub mod sources;
 pub mod stats;
@@ -78,7 +79,7 @@ pub struct AppState {
     /// deployment and ingest endpoints answer 503).
     pub runtime: Option<Arc<Runtime>>,
     /// Serialises the read-change-store(-redeploy) edits of one pipeline in this process.
-    pub edit_locks: Arc<transforms::EditLocks>,
+    pub edit_locks: Arc<services::EditLocks>,
     /// Token prices; `None` in a process that serves none. The price endpoints answer 503
     /// while the slot is empty (the service is still loading) or holds the reason it failed.
     pub prices: Option<PriceSlot>,

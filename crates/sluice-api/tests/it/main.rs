@@ -13,6 +13,7 @@ mod pipeline_stack;
 mod pipelines;
 mod prices;
 mod scripts;
+mod services;
 mod stats;
 mod transforms;
 mod validation;
