@@ -15,22 +15,22 @@
 
 use axum::Json;
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use sluice_core::datasets::{Dataset, DatasetChange, DatasetRef};
+use sluice_core::datasets::Dataset;
 use sluice_core::filter_values::normalize;
 use sluice_core::validation::{Fields, Loc, Violation, Violations, parse_object, str_array};
 use utoipa::ToSchema;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::body::JsonObject;
+use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
-use crate::filter_values::{
-    MAX_VALUE_BYTES, QueryPairs, int_param, normalize_in_place, query_pairs, query_param,
-};
+use crate::filter_values::{MAX_VALUE_BYTES, normalize_in_place};
+use crate::params::{PathParams, Query};
+use crate::services::{self, EntriesOp, dataset_not_found as not_found};
 
 /// Most values one request may add or delete (REFERENCE §7).
 pub const MAX_VALUES_PER_REQUEST: usize = 250_000;
@@ -126,29 +126,9 @@ pub struct EntryPageBody {
     pub total_count: u64,
 }
 
-/// Path of the routes of one dataset.
-#[derive(Debug, Deserialize)]
-pub struct DatasetPath {
-    dataset_id: String,
-}
-
-fn not_found(id: &str) -> ApiError {
-    ApiError::NotFound(format!("Dataset {id} not found"))
-}
-
 /// The caller's dataset `id`, or 404.
 async fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<Dataset, ApiError> {
     state.store.dataset(&caller.0.user_id, id).await?.ok_or_else(|| not_found(id))
-}
-
-/// Runs a store write and the listener call that follows it in a task of their own, so that
-/// dropping the request (a client hanging up) cannot stop between the two.
-async fn committed<T: Send + 'static>(
-    write: impl Future<Output = Result<T, ApiError>> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::spawn(write)
-        .await
-        .map_err(|error| ApiError::Internal(format!("dataset change task failed: {error}")))?
 }
 
 /// The values of an entry change body, lowercased, with the `name` when `named`.
@@ -255,9 +235,10 @@ fn parse_entries(
 pub async fn create_dataset(
     State(state): State<AppState>,
     caller: Caller,
-    JsonObject(body): JsonObject,
+    body: JsonBody,
 ) -> Result<Json<DatasetBody>, ApiError> {
     caller.require_pipelines()?;
+    let body = body.object()?;
     let mut errors = Violations::default();
     let mut fields = Fields::new(&body, Loc::body());
     let name = fields.required_str("name", &mut errors);
@@ -278,18 +259,7 @@ pub async fn create_dataset(
     let name = errors.finish(name)?.unwrap_or_default().to_owned();
 
     let owner = caller.0.user_id.clone();
-    let at = state.clock.now();
-    let dataset = committed({
-        let state = state.clone();
-        async move {
-            let created = state.store.create_dataset(&owner, &name, at).await?;
-            let dataset = created
-                .ok_or_else(|| ApiError::Conflict(format!("Dataset {name} already exists")))?;
-            state.dataset_listener.changed(DatasetRef::of(&dataset), DatasetChange::Created);
-            Ok(dataset)
-        }
-    })
-    .await?;
+    let dataset = services::create_dataset(&state, owner, name, state.clock.now()).await?;
     tracing::info!(dataset_id = %dataset.id, name = ?dataset.name, owner = %dataset.owner_user_id, "dataset created");
     Ok(Json(DatasetBody::from(&dataset)))
 }
@@ -312,12 +282,11 @@ pub async fn create_dataset(
 pub async fn list_datasets(
     State(state): State<AppState>,
     caller: Caller,
-    query: QueryPairs,
+    query: Query,
 ) -> Result<Json<Vec<DatasetBody>>, ApiError> {
     caller.require_pipelines()?;
-    let pairs = query_pairs(query)?;
-    let names: Vec<String> =
-        pairs.into_iter().filter(|(key, _)| key == "names").map(|(_, name)| name).collect();
+    let params = query.parse()?;
+    let names: Vec<String> = params.all("names").into_iter().map(str::to_owned).collect();
     let datasets = state.store.list_datasets(&caller.0.user_id, &names).await?;
     Ok(Json(datasets.iter().map(DatasetBody::from).collect()))
 }
@@ -338,30 +307,14 @@ pub async fn list_datasets(
 pub async fn delete_dataset(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<DatasetPath>,
+    path: PathParams,
 ) -> Result<StatusCode, ApiError> {
+    let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
     let owner = caller.0.user_id.clone();
-    let id = path.dataset_id;
-    let dataset = committed({
-        let state = state.clone();
-        async move {
-            let deleted = state.store.delete_dataset(&owner, &id).await?;
-            let dataset = deleted.ok_or_else(|| not_found(&id))?;
-            state.dataset_listener.changed(DatasetRef::of(&dataset), DatasetChange::Dropped);
-            Ok(dataset)
-        }
-    })
-    .await?;
+    let dataset = services::delete_dataset(&state, owner, dataset_id).await?;
     tracing::info!(dataset_id = %dataset.id, entries = dataset.entry_count, "dataset deleted");
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// Whether a change adds or removes entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EntriesOp {
-    Add,
-    Remove,
 }
 
 /// Adds `values` to (or removes them from) the caller's `dataset`, tells the listener, and
@@ -372,29 +325,10 @@ async fn change_entries(
     values: Vec<String>,
     op: EntriesOp,
 ) -> Result<Json<CountBody>, ApiError> {
-    let at = state.clock.now();
     let given = values.len();
-    let (dataset_id, count) = committed({
-        let state = state.clone();
-        async move {
-            let (owner, id) = (&dataset.owner_user_id, &dataset.id);
-            let change = match op {
-                EntriesOp::Add => state.store.add_dataset_entries(owner, id, &values, at).await?,
-                EntriesOp::Remove => {
-                    state.store.remove_dataset_entries(owner, id, &values, at).await?
-                }
-            };
-            let change = change.ok_or_else(|| not_found(id))?;
-            let (version, values) = (change.version, values.as_slice());
-            let heard = match op {
-                EntriesOp::Add => DatasetChange::Added { version, values },
-                EntriesOp::Remove => DatasetChange::Removed { version, values },
-            };
-            state.dataset_listener.changed(DatasetRef::of(&dataset), heard);
-            Ok((dataset.id, change.count))
-        }
-    })
-    .await?;
+    let dataset_id = dataset.id.clone();
+    let count =
+        services::change_dataset_entries(state, dataset, values, op, state.clock.now()).await?;
     match op {
         EntriesOp::Add => {
             tracing::info!(%dataset_id, given, added = count, "dataset entries added")
@@ -425,11 +359,12 @@ async fn change_entries(
 pub async fn add_entries_by_id(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<DatasetPath>,
+    path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CountBody>, ApiError> {
+    let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
-    let dataset = owned(&state, &caller, &path.dataset_id).await?;
+    let dataset = owned(&state, &caller, &dataset_id).await?;
     let (_, values) = read_entries(&state, body, false)?;
     change_entries(&state, dataset, values, EntriesOp::Add).await
 }
@@ -482,11 +417,12 @@ pub async fn add_entries_by_name(
 pub async fn delete_entries(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<DatasetPath>,
+    path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CountBody>, ApiError> {
+    let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
-    let dataset = owned(&state, &caller, &path.dataset_id).await?;
+    let dataset = owned(&state, &caller, &dataset_id).await?;
     let (_, values) = read_entries(&state, body, false)?;
     change_entries(&state, dataset, values, EntriesOp::Remove).await
 }
@@ -514,21 +450,22 @@ pub async fn delete_entries(
 pub async fn list_entries(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<DatasetPath>,
-    query: QueryPairs,
+    path: PathParams,
+    query: Query,
 ) -> Result<Json<EntryPageBody>, ApiError> {
+    let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
-    let pairs = query_pairs(query)?;
-    let mut errors = Violations::default();
-    let limit = int_param(&pairs, "limit", 1, MAX_PAGE_SIZE, &mut errors);
-    errors.finish(())?;
+    let mut params = query.parse()?;
+    let limit = params.int("limit", 1, MAX_PAGE_SIZE);
+    params.finish()?;
     let limit = u32::try_from(limit.unwrap_or(DEFAULT_PAGE_SIZE)).unwrap_or(u32::MAX);
-    let cursor = query_param(&pairs, "cursor");
+    // An empty cursor asks for the first page, as no cursor does.
+    let cursor = params.raw("cursor").filter(|c| !c.is_empty());
     let page = state
         .store
-        .list_dataset_entries(&caller.0.user_id, &path.dataset_id, cursor, limit)
+        .list_dataset_entries(&caller.0.user_id, &dataset_id, cursor, limit)
         .await?
-        .ok_or_else(|| not_found(&path.dataset_id))?;
+        .ok_or_else(|| not_found(&dataset_id))?;
     Ok(Json(EntryPageBody {
         values: page.values,
         cursor: page.next,
@@ -556,25 +493,25 @@ pub async fn list_entries(
 pub async fn check_entry(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<DatasetPath>,
-    query: QueryPairs,
+    path: PathParams,
+    query: Query,
 ) -> Result<Json<ExistsBody>, ApiError> {
+    let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
-    let pairs = query_pairs(query)?;
-    let Some(value) = query_param(&pairs, "value") else {
-        return Err(ApiError::Validation(vec![Violation::missing(&Loc::query("value"))]));
-    };
-    let value = normalize(value);
+    let mut params = query.parse()?;
+    let value = params.required_string("value", 0);
+    params.finish()?;
+    let value = normalize(&value.unwrap_or_default());
     let owner = &caller.0.user_id;
     let exists = if value.len() > MAX_VALUE_BYTES {
         // Too long to be stored, so not an entry; the dataset must still be the caller's.
-        owned(&state, &caller, &path.dataset_id).await.map(|_| false)?
+        owned(&state, &caller, &dataset_id).await.map(|_| false)?
     } else {
         state
             .store
-            .has_dataset_entry(owner, &path.dataset_id, &value)
+            .has_dataset_entry(owner, &dataset_id, &value)
             .await?
-            .ok_or_else(|| not_found(&path.dataset_id))?
+            .ok_or_else(|| not_found(&dataset_id))?
     };
     Ok(Json(ExistsBody { exists }))
 }

@@ -6,20 +6,35 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sluice_bus::StreamLog;
 use sluice_core::permission::Permission;
+use sluice_core::validation::{Loc, Violation};
 use sluice_runtime::{Paused, RuntimeError};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::params::{PathParams, Query};
 use crate::pipelines::MessageBody;
+
+/// Largest page of `GET …/records` and `GET …/dead-letters`.
+pub const MAX_RECORDS_PAGE: i64 = 10_000;
+/// Page size of `GET …/records` and `GET …/dead-letters` when `limit` is not given.
+pub const DEFAULT_RECORDS_PAGE: i64 = 500;
+/// Longest long-poll of `GET …/records` and `GET …/dead-letters`, in milliseconds.
+pub const MAX_WAIT_MS: i64 = 30_000;
+/// Largest offset a query may name (offsets are stored as signed 64-bit integers).
+pub const MAX_OFFSET: u64 = i64::MAX as u64;
+/// Most log lines of `GET …/logs`.
+pub const MAX_LOG_LINES: i64 = 1_000;
+/// Log lines of `GET …/logs` when `limit` is not given.
+pub const DEFAULT_LOG_LINES: i64 = 100;
 
 /// Connection details of one sink, returned by deploy.
 #[derive(Debug, Serialize, ToSchema)]
@@ -104,8 +119,9 @@ impl From<RuntimeError> for ApiError {
 pub async fn deploy(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
+    path: PathParams,
 ) -> Result<Json<DeployBody>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     // Serialized with transform edits, whose automatic redeploy must not undo this call.
     let _edit = state.edit_locks.lock(&config_id).await;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
@@ -136,8 +152,9 @@ pub async fn deploy(
 pub async fn pause(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
+    path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     let _edit = state.edit_locks.lock(&config_id).await;
     caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let message = match state.runtime()?.pause(&config_id).await? {
@@ -165,8 +182,9 @@ pub async fn pause(
 pub async fn teardown(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
+    path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     let _edit = state.edit_locks.lock(&config_id).await;
     caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let message = if state.runtime()?.teardown(&config_id).await? {
@@ -224,22 +242,30 @@ pub struct RecordsBody {
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such pipeline or sink, or not deployed", body = ErrorBody),
         (status = 422, description = "Bad query parameter", body = ValidationErrorBody),
+        (status = 416, description = "`offset` past the end of the sink; `detail` names the valid range", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
 pub async fn sink_records(
     State(state): State<AppState>,
     caller: Caller,
-    Path((config_id, sink_uid)): Path<(String, String)>,
-    query: Result<Query<RecordsQuery>, axum::extract::rejection::QueryRejection>,
+    path: PathParams,
+    query: Query,
 ) -> Result<Json<RecordsBody>, ApiError> {
-    let page = PageQuery::from_query(query)?;
+    let config_id = path.get("config_id").to_owned();
+    let sink_uid = path.get("sink_uid").to_owned();
     caller.pipeline(&state, &config_id, Permission::Read).await?;
+    let page = PageQuery::from_query(&query)?;
     let runtime = state.runtime()?;
     let not_found =
         || ApiError::NotFound(format!("Sink {sink_uid} of pipeline {config_id} is not deployed"));
     let topic = runtime.sink_topic(&config_id, &sink_uid).await?.ok_or_else(not_found)?;
-    let records = page.read(runtime.log().as_ref(), &topic).await?.ok_or_else(not_found)?;
+    let log = runtime.log().as_ref();
+    let Some(range) = retained(log, &topic).await? else { return Err(not_found()) };
+    if let Some(offset) = page.asked_offset {
+        check_offset(offset, range)?;
+    }
+    let records = page.read(log, &topic).await?.ok_or_else(not_found)?;
     let next_offset = records.last().map_or(page.from, |r| r.offset + 1);
     let records = records.into_iter().map(SinkRecord::from).collect();
     Ok(Json(RecordsBody { records, next_offset }))
@@ -255,33 +281,17 @@ struct PageQuery {
 }
 
 impl PageQuery {
-    fn from_query(
-        query: Result<Query<RecordsQuery>, axum::extract::rejection::QueryRejection>,
-    ) -> Result<Self, ApiError> {
-        let Query(query) = query.map_err(|rejection| bad_query("offset", &rejection))?;
-        let limit = query.limit.unwrap_or(500);
-        let wait_ms = query.wait_ms.unwrap_or(0);
-        let mut violations = Vec::new();
-        if !(1..=10_000).contains(&limit) {
-            violations.push(sluice_core::validation::Violation::value(
-                &sluice_core::validation::Loc::query("limit"),
-                "limit must be between 1 and 10000",
-            ));
-        }
-        if wait_ms > 30_000 {
-            violations.push(sluice_core::validation::Violation::value(
-                &sluice_core::validation::Loc::query("wait_ms"),
-                "wait_ms must be between 0 and 30000",
-            ));
-        }
-        if !violations.is_empty() {
-            return Err(ApiError::Validation(violations));
-        }
+    fn from_query(query: &Query) -> Result<Self, ApiError> {
+        let mut params = query.parse()?;
+        let offset = params.uint("offset", MAX_OFFSET);
+        let limit = params.int("limit", 1, MAX_RECORDS_PAGE).unwrap_or(DEFAULT_RECORDS_PAGE);
+        let wait_ms = params.int("wait_ms", 0, MAX_WAIT_MS).unwrap_or(0);
+        params.finish()?;
         Ok(Self {
-            from: query.offset.unwrap_or(0),
-            asked_offset: query.offset,
-            limit: limit as usize,
-            wait: Duration::from_millis(wait_ms),
+            from: offset.unwrap_or(0),
+            asked_offset: offset,
+            limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            wait: Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0)),
         })
     }
 
@@ -353,11 +363,12 @@ pub struct DeadLettersBody {
 pub async fn dead_letters(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
-    query: Result<Query<RecordsQuery>, axum::extract::rejection::QueryRejection>,
+    path: PathParams,
+    query: Query,
 ) -> Result<Json<DeadLettersBody>, ApiError> {
-    let mut page = PageQuery::from_query(query)?;
+    let config_id = path.get("config_id").to_owned();
     caller.pipeline(&state, &config_id, Permission::Read).await?;
+    let mut page = PageQuery::from_query(&query)?;
     let runtime = state.runtime()?;
     let not_found = || ApiError::NotFound(format!("Pipeline {config_id} is not deployed"));
     let topic = runtime.dead_letter_topic(&config_id).await?.ok_or_else(not_found)?;
@@ -413,6 +424,19 @@ pub struct TailQuery {
     pub offset: Option<u64>,
 }
 
+/// One Server-Sent Event of a live tail.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TailEvent {
+    /// `record`, or `end` once the sink is torn down.
+    #[schema(pattern = "^(record|end)$")]
+    pub event: String,
+    /// The record's offset (`record` events).
+    #[schema(required = false)]
+    pub id: String,
+    /// `record`: the record as `GET …/records` returns it; `end`: `{"detail": reason}`.
+    pub data: String,
+}
+
 /// How long a tail waits for records before it checks that the sink still exists.
 const TAIL_IDLE_CHECK: Duration = Duration::from_secs(5);
 /// Records read from the log per step of a tail.
@@ -431,45 +455,66 @@ const TAIL_READ_BATCH: usize = 500;
         TailQuery,
     ),
     responses(
-        (status = 200, description = "`text/event-stream` of `record` events", content_type = "text/event-stream", body = String),
+        (status = 200, description = "`text/event-stream` of `record` events", content_type = "text/event-stream", body = TailEvent),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such pipeline or sink, or not deployed", body = ErrorBody),
         (status = 422, description = "Bad query parameter or Last-Event-ID", body = ValidationErrorBody),
+        (status = 416, description = "`offset` or `Last-Event-ID` past the end of the sink; `detail` names the valid range", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
 pub async fn sink_records_stream(
     State(state): State<AppState>,
     caller: Caller,
-    Path((config_id, sink_uid)): Path<(String, String)>,
+    path: PathParams,
     headers: axum::http::HeaderMap,
-    query: Result<Query<TailQuery>, axum::extract::rejection::QueryRejection>,
+    query: Query,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let Query(query) = query.map_err(|rejection| bad_query("offset", &rejection))?;
+    let config_id = path.get("config_id").to_owned();
+    let sink_uid = path.get("sink_uid").to_owned();
+    caller.pipeline(&state, &config_id, Permission::Read).await?;
+    let mut params = query.parse()?;
+    let offset = params.uint("offset", MAX_OFFSET);
+    params.finish()?;
+    let id_loc = Loc::header("Last-Event-ID");
     let last_event_id = match headers.get("last-event-id") {
         None => None,
         Some(value) => Some(
             value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).ok_or_else(|| {
-                ApiError::Validation(vec![sluice_core::validation::Violation::value(
-                    &sluice_core::validation::Loc::header("Last-Event-ID"),
+                ApiError::Validation(vec![Violation::new(
+                    &id_loc,
+                    "int_parsing",
                     "Last-Event-ID must be a record offset (a non-negative integer)",
                 )])
             })?,
         ),
     };
-    caller.pipeline(&state, &config_id, Permission::Read).await?;
     let runtime = state.runtime()?;
     let not_found =
         || ApiError::NotFound(format!("Sink {sink_uid} of pipeline {config_id} is not deployed"));
     let topic = runtime.sink_topic(&config_id, &sink_uid).await?.ok_or_else(not_found)?;
     let log = runtime.log().clone();
     let watch = log.watch(&topic);
-    let end = match log.offsets(&topic).await {
-        Ok(ranges) => ranges.first().map_or(0, |range| range.end),
-        Err(sluice_bus::BusError::UnknownTopic(_)) => return Err(not_found()),
-        Err(other) => return Err(ApiError::Internal(format!("stream log: {other}"))),
+    let Some(range) = retained(log.as_ref(), &topic).await? else { return Err(not_found()) };
+    let from = match (last_event_id, offset) {
+        // The id is the offset of the last record the client has: it resumes after it.
+        (Some(id), _) => match id.checked_add(1).filter(|next| *next <= range.1) {
+            Some(next) => next,
+            None => {
+                let written = match range.1.checked_sub(1) {
+                    Some(last) => format!("the sink's last record is {last}"),
+                    None => "the sink has no record yet".to_owned(),
+                };
+                return Err(ApiError::OutOfRange(format!(
+                    "Last-Event-ID {id} is out of range: {written}; resume after an offset \
+                     below {}, or without Last-Event-ID",
+                    range.1
+                )));
+            }
+        },
+        (None, Some(offset)) => check_offset(offset, range)?,
+        (None, None) => range.1,
     };
-    let from = last_event_id.map(|id| id + 1).or(query.offset).unwrap_or(end);
     let tail = Tail { log, topic, next: from, watch, pending: VecDeque::new(), ended: false };
     let events = futures_util::stream::unfold(tail, |mut tail| async move {
         let event = tail.next_event().await?;
@@ -562,8 +607,9 @@ pub struct ReplayBody {
 pub async fn replay_dead_letters(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
+    path: PathParams,
 ) -> Result<Json<ReplayBody>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     let _edit = state.edit_locks.lock(&config_id).await;
     caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let report = state
@@ -612,30 +658,40 @@ pub struct LogsBody {
 pub async fn pipeline_logs(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
-    query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
+    path: PathParams,
+    query: Query,
 ) -> Result<Json<LogsBody>, ApiError> {
-    let limit_loc = sluice_core::validation::Loc::query("limit");
-    let Query(query) = query.map_err(|rejection| bad_query("limit", &rejection))?;
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::Validation(vec![sluice_core::validation::Violation::value(
-            &limit_loc,
-            "limit must be between 1 and 1000",
-        )]));
-    }
+    let config_id = path.get("config_id").to_owned();
     caller.pipeline(&state, &config_id, Permission::Read).await?;
-    let logs = state.runtime()?.script_logs(&config_id, limit as usize).await?;
+    let mut params = query.parse()?;
+    let limit = params.int("limit", 1, MAX_LOG_LINES).unwrap_or(DEFAULT_LOG_LINES);
+    params.finish()?;
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let logs = state.runtime()?.script_logs(&config_id, limit).await?;
     Ok(Json(LogsBody { logs }))
 }
 
-/// A query string that does not parse, as a 422 on `param`.
-fn bad_query(param: &str, rejection: &axum::extract::rejection::QueryRejection) -> ApiError {
-    ApiError::Validation(vec![sluice_core::validation::Violation::new(
-        &sluice_core::validation::Loc::query(param),
-        "query",
-        rejection.body_text(),
-    )])
+/// The retained offsets of partition 0 of `topic` as `(first, end)`, `end` being the offset
+/// the next record will get; `None` when the topic does not exist.
+async fn retained(log: &dyn StreamLog, topic: &str) -> Result<Option<(u64, u64)>, ApiError> {
+    match log.offsets(topic).await {
+        Ok(ranges) => Ok(Some(ranges.first().map_or((0, 0), |range| (range.start, range.end)))),
+        Err(sluice_bus::BusError::UnknownTopic(_)) => Ok(None),
+        Err(other) => Err(ApiError::Internal(format!("stream log: {other}"))),
+    }
+}
+
+/// `offset` when it is at most `high` (an offset below the first retained one reads from
+/// the first retained record); otherwise a 416 naming the valid range, as Kafka answers an
+/// offset out of range.
+fn check_offset(offset: u64, (low, high): (u64, u64)) -> Result<u64, ApiError> {
+    if offset <= high {
+        return Ok(offset);
+    }
+    Err(ApiError::OutOfRange(format!(
+        "offset {offset} is out of range: the valid range is [{low}, {high}] ({high} is the \
+         offset the next record will get)"
+    )))
 }
 
 /// A record's append time (Unix ms) as RFC 3339.

@@ -41,6 +41,9 @@ pub enum ApiError {
     Validation(Vec<Violation>),
     #[error("store error: {0}")]
     Store(#[from] StoreError),
+    /// An offset outside what a topic holds (Kafka's "offset out of range").
+    #[error("{0}")]
+    OutOfRange(String),
     #[error("{0}")]
     Unavailable(String),
     /// A failure of ours the client cannot fix; logged with this detail, answered as 500.
@@ -58,6 +61,7 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Store(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::OutOfRange(_) => StatusCode::RANGE_NOT_SATISFIABLE,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -89,4 +93,21 @@ impl IntoResponse for ApiError {
             other => (status, Json(ErrorBody { detail: other.to_string() })).into_response(),
         }
     }
+}
+
+/// Gives an error the router answers by itself (404 for an unknown path, 405 for a method a
+/// path does not serve), which has no body, the `{"detail": "..."}` shape of every other
+/// error. Headers (such as a 405's `Allow`) are kept.
+pub async fn json_for_bare_errors(response: Response) -> Response {
+    let status = response.status();
+    let bare = !response.headers().contains_key(axum::http::header::CONTENT_TYPE);
+    if !(bare && (status.is_client_error() || status.is_server_error())) {
+        return response;
+    }
+    let detail = status.canonical_reason().unwrap_or("Error").to_owned();
+    let (mut parts, _) = response.into_parts();
+    let body = Json(ErrorBody { detail }).into_response();
+    let (body_parts, body) = body.into_parts();
+    parts.headers.extend(body_parts.headers);
+    Response::from_parts(parts, body)
 }

@@ -15,10 +15,10 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use serde::{Deserialize, Serialize};
-use sluice_core::filter_values::{FilterValuesChange, normalize};
+use sluice_core::filter_values::normalize;
 use sluice_core::permission::Permission;
 use sluice_core::pipeline::Transform;
 use sluice_core::validation::{Fields, Loc, Violation, Violations, parse_object, str_array};
@@ -27,6 +27,8 @@ use utoipa::ToSchema;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::params::{PathParams, Query};
+use crate::services::{self, ValuesChange};
 
 /// Largest page of `GET …/filter-values` (SPEC "Limits").
 pub const MAX_PAGE_SIZE: i64 = 10_000;
@@ -83,30 +85,20 @@ pub struct MembershipBody {
     pub is_member: bool,
 }
 
-/// Path of every filter-values route.
-#[derive(Debug, Deserialize)]
-pub struct FilterValuesPath {
-    config_id: String,
-    transform_uid: String,
-}
-
-pub(crate) type QueryPairs = Result<Query<Vec<(String, String)>>, QueryRejection>;
-
 /// Loads the pipeline (404 unless the caller reads it, 403 without `needed`) and checks that
 /// `uid` is one of its set filters (404 when absent, 422 when a script).
 async fn check_set_filter(
     state: &AppState,
     caller: &Caller,
-    path: &FilterValuesPath,
+    config_id: &str,
+    uid: &str,
     needed: Permission,
 ) -> Result<(), ApiError> {
-    let (pipeline, _) = caller.pipeline(state, &path.config_id, needed).await?;
-    let uid = &path.transform_uid;
+    let (pipeline, _) = caller.pipeline(state, config_id, needed).await?;
     match pipeline.pipeline_config.transforms.iter().find(|t| t.uid() == uid) {
-        None => Err(ApiError::NotFound(format!(
-            "Transform {uid} not found in pipeline {}",
-            path.config_id
-        ))),
+        None => {
+            Err(ApiError::NotFound(format!("Transform {uid} not found in pipeline {config_id}")))
+        }
         Some(Transform::Script { .. }) => Err(ApiError::Validation(vec![Violation::value(
             &Loc::default().at("path").at("transform_uid"),
             format!(
@@ -114,58 +106,6 @@ async fn check_set_filter(
             ),
         )])),
         Some(Transform::SetFilter { .. }) => Ok(()),
-    }
-}
-
-/// The last value of query parameter `name`.
-pub(crate) fn query_param<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    pairs.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
-}
-
-pub(crate) fn query_pairs(query: QueryPairs) -> Result<Vec<(String, String)>, ApiError> {
-    query.map(|Query(pairs)| pairs).map_err(|rejection| {
-        ApiError::Validation(vec![Violation::new(
-            &Loc::default().at("query"),
-            "query_invalid",
-            rejection.body_text(),
-        )])
-    })
-}
-
-/// An optional integer query parameter within `min..=max`, pydantic-style violations.
-pub(crate) fn int_param(
-    pairs: &[(String, String)],
-    name: &str,
-    min: i64,
-    max: i64,
-    errors: &mut Violations,
-) -> Option<i64> {
-    let text = query_param(pairs, name)?;
-    let loc = Loc::query(name);
-    let Ok(number) = text.trim().parse::<i64>() else {
-        errors.push(Violation::new(
-            &loc,
-            "int_parsing",
-            "Input should be a valid integer, unable to parse string as an integer",
-        ));
-        return None;
-    };
-    if number < min {
-        errors.push(Violation::new(
-            &loc,
-            "greater_than_equal",
-            format!("Input should be greater than or equal to {min}"),
-        ));
-        None
-    } else if number > max {
-        errors.push(Violation::new(
-            &loc,
-            "less_than_equal",
-            format!("Input should be less than or equal to {max}"),
-        ));
-        None
-    } else {
-        Some(number)
     }
 }
 
@@ -272,17 +212,18 @@ fn parse_values(bytes: &[u8]) -> Result<Vec<String>, Vec<Violation>> {
 pub async fn list_filter_values(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<FilterValuesPath>,
-    query: QueryPairs,
+    path: PathParams,
+    query: Query,
 ) -> Result<Json<ValuePage>, ApiError> {
-    check_set_filter(&state, &caller, &path, Permission::Read).await?;
-    let pairs = query_pairs(query)?;
-    let mut errors = Violations::default();
-    let cursor = int_param(&pairs, "cursor", 0, i64::MAX, &mut errors);
-    let count = int_param(&pairs, "count", 1, MAX_PAGE_SIZE, &mut errors);
-    errors.finish(())?;
+    let config_id = path.get("config_id").to_owned();
+    let transform_uid = path.get("transform_uid").to_owned();
+    check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Read).await?;
+    let mut params = query.parse()?;
+    let cursor = params.int("cursor", 0, i64::MAX);
+    let count = params.int("count", 1, MAX_PAGE_SIZE);
+    params.finish()?;
     let limit = u32::try_from(count.unwrap_or(DEFAULT_PAGE_SIZE)).unwrap_or(u32::MAX);
-    let (id, uid) = (&path.config_id, &path.transform_uid);
+    let (id, uid) = (&config_id, &transform_uid);
     let page = state.store.list_filter_values(id, uid, cursor, limit).await?;
     let total_count = state.store.filter_value_count(id, uid).await?;
     Ok(Json(ValuePage { values: page.values, cursor: page.next, total_count }))
@@ -310,15 +251,23 @@ pub async fn list_filter_values(
 pub async fn add_filter_values(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<FilterValuesPath>,
+    path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AddedBody>, ApiError> {
-    check_set_filter(&state, &caller, &path, Permission::Edit).await?;
+    let config_id = path.get("config_id").to_owned();
+    let transform_uid = path.get("transform_uid").to_owned();
+    check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Edit).await?;
     let values = read_values(&state, body, true)?;
-    let (id, uid) = (&path.config_id, &path.transform_uid);
-    let added = state.store.add_filter_values(id, uid, &values).await?;
-    state.filter_listener.changed(id, uid, FilterValuesChange::Added(&values));
-    tracing::info!(config_id = %id, transform_uid = ?uid, given = values.len(), added, "filter values added");
+    let given = values.len();
+    let added = services::change_filter_values(
+        &state,
+        config_id.clone(),
+        transform_uid.clone(),
+        values,
+        ValuesChange::Add,
+    )
+    .await?;
+    tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, given, added, "filter values added");
     Ok(Json(AddedBody { added }))
 }
 
@@ -344,15 +293,22 @@ pub async fn add_filter_values(
 pub async fn replace_filter_values(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<FilterValuesPath>,
+    path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CountBody>, ApiError> {
-    check_set_filter(&state, &caller, &path, Permission::Edit).await?;
+    let config_id = path.get("config_id").to_owned();
+    let transform_uid = path.get("transform_uid").to_owned();
+    check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Edit).await?;
     let values = read_values(&state, body, false)?;
-    let (id, uid) = (&path.config_id, &path.transform_uid);
-    let count = state.store.replace_filter_values(id, uid, &values).await?;
-    state.filter_listener.changed(id, uid, FilterValuesChange::Replaced(&values));
-    tracing::info!(config_id = %id, transform_uid = ?uid, count, "filter values replaced");
+    let count = services::change_filter_values(
+        &state,
+        config_id.clone(),
+        transform_uid.clone(),
+        values,
+        ValuesChange::Replace,
+    )
+    .await?;
+    tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, count, "filter values replaced");
     Ok(Json(CountBody { count }))
 }
 
@@ -378,15 +334,23 @@ pub async fn replace_filter_values(
 pub async fn remove_filter_values(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<FilterValuesPath>,
+    path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<RemovedBody>, ApiError> {
-    check_set_filter(&state, &caller, &path, Permission::Edit).await?;
+    let config_id = path.get("config_id").to_owned();
+    let transform_uid = path.get("transform_uid").to_owned();
+    check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Edit).await?;
     let values = read_values(&state, body, true)?;
-    let (id, uid) = (&path.config_id, &path.transform_uid);
-    let removed = state.store.remove_filter_values(id, uid, &values).await?;
-    state.filter_listener.changed(id, uid, FilterValuesChange::Removed(&values));
-    tracing::info!(config_id = %id, transform_uid = ?uid, given = values.len(), removed, "filter values removed");
+    let given = values.len();
+    let removed = services::change_filter_values(
+        &state,
+        config_id.clone(),
+        transform_uid.clone(),
+        values,
+        ValuesChange::Remove,
+    )
+    .await?;
+    tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, given, removed, "filter values removed");
     Ok(Json(RemovedBody { removed }))
 }
 
@@ -412,18 +376,19 @@ pub async fn remove_filter_values(
 pub async fn check_filter_value(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<FilterValuesPath>,
-    query: QueryPairs,
+    path: PathParams,
+    query: Query,
 ) -> Result<Json<MembershipBody>, ApiError> {
-    check_set_filter(&state, &caller, &path, Permission::Read).await?;
-    let pairs = query_pairs(query)?;
-    let Some(value) = query_param(&pairs, "value") else {
-        return Err(ApiError::Validation(vec![Violation::missing(&Loc::query("value"))]));
-    };
-    let value = normalize(value);
+    let config_id = path.get("config_id").to_owned();
+    let transform_uid = path.get("transform_uid").to_owned();
+    check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Read).await?;
+    let mut params = query.parse()?;
+    let value = params.required_string("value", 0);
+    params.finish()?;
+    let value = normalize(&value.unwrap_or_default());
     // A value too long to be stored cannot be a member.
     let is_member = value.len() <= MAX_VALUE_BYTES
-        && state.store.has_filter_value(&path.config_id, &path.transform_uid, &value).await?;
+        && state.store.has_filter_value(&config_id, &transform_uid, &value).await?;
     Ok(Json(MembershipBody { value, is_member }))
 }
 
@@ -447,10 +412,12 @@ pub async fn check_filter_value(
 pub async fn count_filter_values(
     State(state): State<AppState>,
     caller: Caller,
-    Path(path): Path<FilterValuesPath>,
+    path: PathParams,
 ) -> Result<Json<CountBody>, ApiError> {
-    check_set_filter(&state, &caller, &path, Permission::Read).await?;
-    let count = state.store.filter_value_count(&path.config_id, &path.transform_uid).await?;
+    let config_id = path.get("config_id").to_owned();
+    let transform_uid = path.get("transform_uid").to_owned();
+    check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Read).await?;
+    let count = state.store.filter_value_count(&config_id, &transform_uid).await?;
     Ok(Json(CountBody { count }))
 }
 

@@ -13,10 +13,13 @@ pub mod datasets;
 pub mod deployments;
 pub mod error;
 pub mod filter_values;
+pub mod openapi_rules;
 pub mod ops;
+pub mod params;
 pub mod pipelines;
 pub mod prices;
 pub mod scripts;
+pub mod services;
 pub mod sharing;
 pub mod sources;
 pub mod stats;
@@ -76,7 +79,7 @@ pub struct AppState {
     /// deployment and ingest endpoints answer 503).
     pub runtime: Option<Arc<Runtime>>,
     /// Serialises the read-change-store(-redeploy) edits of one pipeline in this process.
-    pub edit_locks: Arc<transforms::EditLocks>,
+    pub edit_locks: Arc<services::EditLocks>,
     /// Token prices; `None` in a process that serves none. The price endpoints answer 503
     /// while the slot is empty (the service is still loading) or holds the reason it failed.
     pub prices: Option<PriceSlot>,
@@ -93,8 +96,9 @@ impl AppState {
         clock: Arc<dyn Clock>,
         limits: Limits,
     ) -> Self {
-        let openapi = routes_with_doc(&limits).split_for_parts().1;
-        let openapi_json = openapi.to_pretty_json().expect("the OpenAPI document serializes");
+        let openapi = openapi_for(&catalog);
+        let openapi_json =
+            serde_json::to_vec_pretty(&openapi).expect("the OpenAPI document serializes");
         Self {
             store,
             catalog: Arc::new(catalog),
@@ -269,9 +273,17 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(stats::prometheus))
 }
 
-/// The OpenAPI document of every route.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    routes_with_doc(&Limits::default()).split_for_parts().1
+/// The OpenAPI document of every route, for the default catalog.
+pub fn openapi() -> serde_json::Value {
+    openapi_for(&Catalog::default())
+}
+
+/// The OpenAPI document of every route, with the chains and entities of `catalog`.
+fn openapi_for(catalog: &Catalog) -> serde_json::Value {
+    let openapi = routes_with_doc(&Limits::default()).split_for_parts().1;
+    let mut doc = serde_json::to_value(&openapi).expect("the OpenAPI document serializes");
+    openapi_rules::tighten(&mut doc, catalog);
+    doc
 }
 
 /// The operator-only metrics listener (`--metrics-listen`): `GET /metrics` of every
@@ -296,6 +308,7 @@ pub fn app(state: AppState) -> NormalizePath<Router> {
     let (router, _) = routes_with_doc(&state.limits).split_for_parts();
     let router = router
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::map_response(error::json_for_bare_errors))
         .layer(TraceLayer::new_for_http())
         .with_state(state);
     NormalizePath::trim_trailing_slash(router)

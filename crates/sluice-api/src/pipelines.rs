@@ -1,9 +1,8 @@
 //! Pipeline configuration endpoints: create, list, read, update, delete.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::Serialize;
-use sluice_core::filter_values::FilterValuesChange;
 use sluice_core::permission::Permission;
 use sluice_core::pipeline::validate::{BodyMode, validate_pipeline_body};
 use sluice_core::pipeline::{Pipeline, PipelineSpec};
@@ -12,9 +11,11 @@ use utoipa::ToSchema;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::body::JsonObject;
+use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::params::PathParams;
 use crate::scripts::check_transform_list;
+use crate::services::{self, Redeploy};
 
 /// `{"message": "..."}`: the answer to an action.
 #[derive(Debug, Serialize, ToSchema)]
@@ -49,9 +50,10 @@ fn transforms_loc() -> Loc {
 pub async fn create_pipeline(
     State(state): State<AppState>,
     caller: Caller,
-    JsonObject(body): JsonObject,
+    body: JsonBody,
 ) -> Result<Json<Pipeline>, ApiError> {
     caller.require_pipelines()?;
+    let body = body.object()?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Create)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
     check_transform_list(&valid.spec.pipeline_config.transforms, &transforms_loc()).await?;
@@ -63,14 +65,9 @@ pub async fn create_pipeline(
         principal.org_id,
         state.clock.now(),
     );
-    state
-        .store
-        .insert_pipeline(&pipeline, &principal.team_id, &valid.initial_filter_values)
-        .await?;
-    for (uid, values) in &valid.initial_filter_values {
-        state.filter_listener.changed(&pipeline.id, uid, FilterValuesChange::Added(values));
-    }
-    tracing::info!(config_id = %pipeline.id, "pipeline created");
+    let pipeline =
+        services::create_pipeline(&state, pipeline, principal.team_id, valid.initial_filter_values)
+            .await?;
     Ok(Json(pipeline))
 }
 
@@ -108,8 +105,9 @@ pub async fn list_pipelines(
 pub async fn get_pipeline(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
+    path: PathParams,
 ) -> Result<Json<Pipeline>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Read).await?;
     Ok(Json(pipeline))
 }
@@ -135,26 +133,21 @@ pub async fn get_pipeline(
 pub async fn update_pipeline(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
-    JsonObject(body): JsonObject,
+    path: PathParams,
+    body: JsonBody,
 ) -> Result<Json<Pipeline>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     // A concurrent transform change must not be undone by this read-change-write.
-    let _edit = state.edit_locks.lock(&config_id).await;
-    let (mut pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    let edit = state.edit_locks.lock(&config_id).await;
+    let (previous, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    let body = body.object()?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Update)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
     check_transform_list(&valid.spec.pipeline_config.transforms, &transforms_loc()).await?;
-    let old_set_filters: Vec<String> = pipeline.set_filter_uids().map(str::to_owned).collect();
-    pipeline.apply(valid.spec, state.clock.now());
-    if !state.store.update_pipeline(&pipeline).await? {
-        return Err(ApiError::NotFound(format!("Pipeline {config_id} not found")));
-    }
-    // The store deleted the values of set filters the new config no longer has.
-    for uid in old_set_filters.iter().filter(|uid| !pipeline.set_filter_uids().any(|n| n == *uid)) {
-        state.filter_listener.changed(&config_id, uid, FilterValuesChange::Dropped);
-    }
-    tracing::info!(config_id = %pipeline.id, "pipeline updated");
-    Ok(Json(pipeline))
+    let mut updated = previous.clone();
+    updated.apply(valid.spec, state.clock.now());
+    let updated = services::update_pipeline(&state, edit, &previous, updated, Redeploy::No).await?;
+    Ok(Json(updated))
 }
 
 /// Delete a pipeline with its filter values and sharing (manage permission).
@@ -172,25 +165,12 @@ pub async fn update_pipeline(
 pub async fn delete_pipeline(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
+    path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
+    let edit = state.edit_locks.lock(&config_id).await;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
     // SPEC: deleting tears any deployment down first (workers, topics, offsets).
-    if let Some(runtime) = &state.runtime {
-        runtime.teardown(&config_id).await?;
-    }
-    if !state.store.delete_pipeline(&config_id).await? {
-        return Err(ApiError::NotFound(format!("Pipeline {config_id} not found")));
-    }
-    for uid in pipeline.set_filter_uids() {
-        state.filter_listener.changed(&config_id, uid, FilterValuesChange::Dropped);
-    }
-    // Its metrics go with it (the retention job would remove them within 8 days anyway).
-    if let Some(runtime) = &state.runtime {
-        if let Err(error) = runtime.metrics().forget(&config_id).await {
-            tracing::warn!(%error, %config_id, "cannot delete the metrics of a deleted pipeline");
-        }
-    }
-    tracing::info!(%config_id, "pipeline deleted");
+    services::delete_pipeline(&state, edit, pipeline).await?;
     Ok(Json(MessageBody { message: format!("Pipeline {config_id} successfully deleted") }))
 }

@@ -8,8 +8,8 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Query, State};
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -21,6 +21,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::params::Query;
 
 /// Most tokens of one latest-prices request (SPEC "Limits").
 pub const MAX_LATEST_TOKENS: usize = 200;
@@ -153,22 +154,6 @@ fn service(state: &AppState) -> Result<&PriceService, ApiError> {
     }
 }
 
-fn query_pairs(
-    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
-) -> Result<Vec<(String, String)>, ApiError> {
-    query.map(|Query(pairs)| pairs).map_err(|rejection| {
-        ApiError::Validation(vec![Violation::new(
-            &Loc::default().at("query"),
-            "query_invalid",
-            rejection.body_text(),
-        )])
-    })
-}
-
-fn query_param<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    pairs.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
-}
-
 fn body_json(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
     let bytes =
         body.map_err(|rejection| crate::body::read_error(&rejection, state.limits.max_body_bytes))?;
@@ -226,26 +211,13 @@ fn token(chain: &str, address: &str, loc: &Loc, errors: &mut Violations) -> Toke
 pub async fn latest_prices(
     State(state): State<AppState>,
     _caller: Caller,
-    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+    query: Query,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<LatestPricesBody>, ApiError> {
-    let pairs = query_pairs(query)?;
+    let mut params = query.parse()?;
+    let with_liquidity = params.bool("with_liquidity_info").unwrap_or(false);
+    params.finish()?;
     let mut errors = Violations::default();
-    let with_liquidity = match query_param(&pairs, "with_liquidity_info") {
-        None => false,
-        Some(text) => match text.to_ascii_lowercase().as_str() {
-            "true" | "1" | "yes" | "on" => true,
-            "false" | "0" | "no" | "off" => false,
-            _ => {
-                errors.push(Violation::new(
-                    &Loc::query("with_liquidity_info"),
-                    "bool_parsing",
-                    "Input should be a valid boolean, unable to interpret input",
-                ));
-                false
-            }
-        },
-    };
     let body = body_json(&state, body)?;
     let tokens = token_list(&body, &Loc::body(), MAX_LATEST_TOKENS, &mut errors);
     errors.finish(())?;
@@ -408,19 +380,15 @@ fn history_query(
 pub async fn price_history(
     State(state): State<AppState>,
     _caller: Caller,
-    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+    query: Query,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<HistoryBody>, ApiError> {
-    let pairs = query_pairs(query)?;
-    let cursor = query_param(&pairs, "cursor").filter(|c| !c.is_empty());
-    let body = body_json(&state, body)?;
-    let Value::Object(body) = body else {
-        return Err(ApiError::Validation(vec![Violation::new(
-            &Loc::body(),
-            "dict_type",
-            "Input should be a valid dictionary",
-        )]));
-    };
+    let params = query.parse()?;
+    // An empty cursor asks for the first page, as no cursor does.
+    let cursor = params.raw("cursor").filter(|c| !c.is_empty());
+    let bytes =
+        body.map_err(|rejection| crate::body::read_error(&rejection, state.limits.max_body_bytes))?;
+    let body = sluice_core::validation::parse_object(&bytes)?;
     let service = service(&state)?;
     let (query, legacy) = history_query(&body, |g| service.earliest_start(g))?;
     let page = match service.history(&query, cursor).await {

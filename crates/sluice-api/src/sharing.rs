@@ -5,7 +5,7 @@
 //! replaces all three lists. Only users and teams of the pipeline's organization qualify.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::Serialize;
 use sluice_core::permission::{Grants, Permission, validate_grants_body};
 use sluice_core::validation::{Loc, Violation};
@@ -13,8 +13,9 @@ use utoipa::ToSchema;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::body::JsonObject;
+use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::params::PathParams;
 
 /// The owner and the grants of a pipeline.
 #[derive(Debug, Serialize, ToSchema)]
@@ -51,8 +52,9 @@ pub struct PermissionsRequest {
 pub async fn get_permissions(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
+    path: PathParams,
 ) -> Result<Json<PermissionsBody>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
     let grants = state.store.pipeline_grants(&config_id).await?;
     Ok(Json(PermissionsBody { owner: pipeline.owner_org_team_user_id, grants }))
@@ -75,10 +77,23 @@ pub async fn get_permissions(
 pub async fn put_permissions(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
-    JsonObject(body): JsonObject,
+    path: PathParams,
+    body: JsonBody,
 ) -> Result<Json<PermissionsBody>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
+    let body = body.object()?;
+    // A list may be left out (it is then empty), but not sent as null.
+    let nulls: Vec<Violation> = ["editors", "readers", "viewer_teams"]
+        .into_iter()
+        .filter(|field| body.get(*field).is_some_and(serde_json::Value::is_null))
+        .map(|field| {
+            Violation::new(&Loc::body().at(field), "list_type", "Input should be a valid list")
+        })
+        .collect();
+    if !nulls.is_empty() {
+        return Err(ApiError::Validation(nulls));
+    }
     let grants = validate_grants_body(&body, &pipeline.owner_org_team_user_id)?;
     let users: Vec<String> = grants.editors.iter().chain(&grants.readers).cloned().collect();
     let unknown = state

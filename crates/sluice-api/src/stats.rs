@@ -5,13 +5,13 @@ use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use sluice_core::permission::Permission;
-use sluice_core::validation::{Loc, Violation};
+
 use sluice_runtime::WorkerStatus;
 use sluice_store::MetricSample;
 use sluice_store::metrics::{Histogram, LATENCY_BOUNDS_MS};
@@ -20,6 +20,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::AppState;
 use crate::auth::{self, Caller};
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::params::{PathParams, Query};
 
 /// One worker of a deployment.
 #[derive(Debug, Serialize, ToSchema)]
@@ -110,8 +111,9 @@ impl WorkersHealth {
 pub async fn deploy_stats(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
+    path: PathParams,
 ) -> Result<Json<StatsBody>, ApiError> {
+    let config_id = path.get("config_id").to_owned();
     caller.pipeline(&state, &config_id, Permission::Read).await?;
     let runtime = state.runtime()?;
     let statuses = runtime.worker_health(&config_id).await;
@@ -128,6 +130,9 @@ pub const METRIC_TYPES: [&str; 7] = [
     "output_error",
     "data_age",
 ];
+
+/// The time ranges of the metrics endpoint.
+pub const TIME_RANGES: [&str; 3] = ["1h", "1d", "1w"];
 
 /// Query of `GET …/deploy/metrics`.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -182,53 +187,34 @@ struct Checked {
     metrics: Vec<&'static str>,
 }
 
-fn check(query: MetricsQuery) -> Result<Checked, ApiError> {
-    let mut violations = Vec::new();
-    let range = match query.time_range.as_deref() {
-        None => Range::parse("1h"),
-        Some(text) => Range::parse(text),
-    };
-    if range.is_none() {
-        violations.push(Violation::value(
-            &Loc::query("time_range"),
-            "time_range must be one of 1h, 1d, 1w",
-        ));
-    }
-    let aggregated = match query.aggregated.as_deref() {
-        None | Some("false") => Some(false),
-        Some("true") => Some(true),
-        Some(_) => None,
-    };
-    if aggregated.is_none() {
-        violations.push(Violation::new(
-            &Loc::query("aggregated"),
-            "bool_parsing",
-            "aggregated must be true or false",
-        ));
-    }
+fn check(query: &Query) -> Result<Checked, ApiError> {
+    let mut params = query.parse()?;
+    let range = params.one_of("time_range", &TIME_RANGES).unwrap_or("1h");
+    let aggregated = params.bool("aggregated").unwrap_or(false);
     let mut metrics = Vec::new();
-    match query.metrics.as_deref() {
+    match params.raw("metrics").map(str::to_owned) {
         None => metrics.extend(METRIC_TYPES),
         Some(list) => {
             for name in list.split(',').map(str::trim) {
                 match METRIC_TYPES.iter().find(|known| **known == name) {
                     Some(known) if !metrics.contains(known) => metrics.push(*known),
                     Some(_) => {}
-                    None => violations.push(Violation::value(
-                        &Loc::query("metrics"),
+                    None => params.reject(
+                        "metrics",
+                        "enum",
                         format!(
                             "unknown metric type '{name}'; expected a comma-separated list of {}",
                             METRIC_TYPES.join(", ")
                         ),
-                    )),
+                    ),
                 }
             }
         }
     }
-    match (range, aggregated, violations.is_empty()) {
-        (Some(range), Some(aggregated), true) => Ok(Checked { range, aggregated, metrics }),
-        _ => Err(ApiError::Validation(violations)),
-    }
+    params.finish()?;
+    let range = Range::parse(range)
+        .ok_or_else(|| ApiError::Internal(format!("time range {range} has no definition")))?;
+    Ok(Checked { range, aggregated, metrics })
 }
 
 /// One point of a series.
@@ -345,18 +331,12 @@ pub enum MetricsResponse {
 pub async fn deploy_metrics(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
-    query: Result<Query<MetricsQuery>, axum::extract::rejection::QueryRejection>,
+    path: PathParams,
+    query: Query,
 ) -> Result<Json<MetricsResponse>, ApiError> {
-    let Query(query) = query.map_err(|rejection| {
-        ApiError::Validation(vec![Violation::new(
-            &Loc::query("time_range"),
-            "query",
-            rejection.body_text(),
-        )])
-    })?;
-    let checked = check(query)?;
+    let config_id = path.get("config_id").to_owned();
     caller.pipeline(&state, &config_id, Permission::Read).await?;
+    let checked = check(&query)?;
     let runtime = state.runtime()?;
     let (from, until) = checked.range.bounds(state.clock.now());
     let samples = runtime.metrics().samples(&config_id, from, until).await?;

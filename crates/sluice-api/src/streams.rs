@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use sluice_core::streams::{InvalidRecord, StreamRecord};
 use sluice_core::validation::{Loc, Violation};
@@ -11,6 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::params::{PathParams, Query};
 
 /// Which variant of the stream to append to.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -52,26 +53,31 @@ pub struct IngestBody {
 pub async fn ingest(
     State(state): State<AppState>,
     caller: Caller,
-    Path((chain, entity)): Path<(String, String)>,
-    Query(query): Query<IngestQuery>,
+    path: PathParams,
+    query: Query,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<IngestBody>, ApiError> {
+    let chain = path.get("chain").to_owned();
+    let entity = path.get("entity").to_owned();
     if !caller.0.is_operator {
         return Err(ApiError::Forbidden("stream ingest needs an operator key".to_owned()));
     }
+    let mut params = query.parse()?;
+    let zerolag = params.bool("zerolag").unwrap_or(false);
+    params.finish()?;
     let body =
         body.map_err(|rejection| crate::body::read_error(&rejection, state.limits.max_body_bytes))?;
     let Some(entry) = state.catalog.find(&chain, &entity) else {
         return Err(ApiError::NotFound(format!("no chain stream {chain}.{entity} in the catalog")));
     };
-    if query.zerolag && !entry.zerolag {
+    if zerolag && !entry.zerolag {
         return Err(ApiError::Validation(vec![Violation::value(
             &Loc::query("zerolag"),
             format!("{chain}.{entity} has no zerolag stream"),
         )]));
     }
     let records = parse_ndjson(&entity, &body)?;
-    let accepted = state.runtime()?.ingest(&chain, &entity, query.zerolag, records).await?;
+    let accepted = state.runtime()?.ingest(&chain, &entity, zerolag, records).await?;
     Ok(Json(IngestBody { accepted }))
 }
 
@@ -102,6 +108,13 @@ fn parse_ndjson(entity: &str, body: &[u8]) -> Result<Vec<StreamRecord>, ApiError
                 ));
             }
         }
+    }
+    if records.is_empty() && violations.is_empty() {
+        violations.push(Violation::new(
+            &Loc::body(),
+            "missing",
+            "the body holds no record: send one JSON object per line",
+        ));
     }
     if violations.is_empty() { Ok(records) } else { Err(ApiError::Validation(violations)) }
 }

@@ -12,73 +12,23 @@
 //! concurrent changes cannot both read the same configuration and the later write silently
 //! undo the earlier one, and so that the runtime ends up running the last stored list.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Weak};
-
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::{FromRequest, Path, Request, State};
+use axum::extract::State;
 use serde_json::Value;
-use sluice_core::deployment::DeploymentState;
-use sluice_core::filter_values::FilterValuesChange;
 use sluice_core::permission::Permission;
 use sluice_core::pipeline::validate::{
     BodyMode, check_filter_path, validate_transform, validate_transform_list,
 };
 use sluice_core::pipeline::{Pipeline, Transform};
 use sluice_core::validation::{Loc, Violation, Violations};
-use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::body::{JsonObject, read_error};
+use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::params::PathParams;
 use crate::scripts::{check_transform, check_transform_list};
-
-/// One lock per pipeline id, held while a handler reads, changes, stores and redeploys its
-/// configuration. Entries live only while someone holds or waits for them.
-#[derive(Debug, Default)]
-pub struct EditLocks(std::sync::Mutex<HashMap<String, Weak<Mutex<()>>>>);
-
-impl EditLocks {
-    /// Waits until no other edit of `pipeline_id` runs in this process.
-    pub async fn lock(&self, pipeline_id: &str) -> OwnedMutexGuard<()> {
-        let lock = {
-            let mut locks = self.0.lock().expect("edit-lock map lock is never poisoned");
-            locks.retain(|_, lock| lock.strong_count() > 0);
-            if let Some(lock) = locks.get(pipeline_id).and_then(Weak::upgrade) {
-                lock
-            } else {
-                let lock = Arc::new(Mutex::new(()));
-                locks.insert(pipeline_id.to_owned(), Arc::downgrade(&lock));
-                lock
-            }
-        };
-        lock.lock_owned().await
-    }
-}
-
-/// A request body that is one JSON array.
-#[derive(Debug)]
-pub struct JsonArray(pub Vec<Value>);
-
-impl FromRequest<AppState> for JsonArray {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|rejection| read_error(&rejection, state.limits.max_body_bytes))?;
-        match sluice_core::validation::parse_value(&bytes)? {
-            Value::Array(items) => Ok(Self(items)),
-            _ => Err(ApiError::Validation(vec![Violation::new(
-                &Loc::body(),
-                "list_type",
-                "Input should be a valid list",
-            )])),
-        }
-    }
-}
+use crate::services::{self, EditGuard, Redeploy};
 
 /// Change one transform of a pipeline (edit permission) and redeploy it when it is deployed.
 ///
@@ -108,11 +58,14 @@ impl FromRequest<AppState> for JsonArray {
 pub async fn patch_transform(
     State(state): State<AppState>,
     caller: Caller,
-    Path((config_id, transform_uid)): Path<(String, String)>,
-    JsonObject(mut body): JsonObject,
+    path: PathParams,
+    body: JsonBody,
 ) -> Result<Json<Transform>, ApiError> {
-    let _edit = state.edit_locks.lock(&config_id).await;
+    let config_id = path.get("config_id").to_owned();
+    let transform_uid = path.get("transform_uid").to_owned();
+    let edit = state.edit_locks.lock(&config_id).await;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    let mut body = body.object()?;
     let Some(index) =
         pipeline.pipeline_config.transforms.iter().position(|t| t.uid() == transform_uid)
     else {
@@ -156,8 +109,8 @@ pub async fn patch_transform(
     check_transform(&transform, &Loc::body()).await?;
     let mut transforms = pipeline.pipeline_config.transforms.clone();
     transforms[index] = transform.clone();
-    store_and_redeploy(&state, &caller, pipeline, transforms).await?;
-    tracing::info!(%config_id, ?transform_uid, "transform updated");
+    store_and_redeploy(&state, edit, &caller, pipeline, transforms).await?;
+    tracing::info!(%config_id, transform_uid = ?transform_uid, "transform updated");
     Ok(Json(transform))
 }
 
@@ -186,11 +139,13 @@ pub async fn patch_transform(
 pub async fn replace_transforms(
     State(state): State<AppState>,
     caller: Caller,
-    Path(config_id): Path<String>,
-    JsonArray(items): JsonArray,
+    path: PathParams,
+    body: JsonBody,
 ) -> Result<Json<Vec<Transform>>, ApiError> {
-    let _edit = state.edit_locks.lock(&config_id).await;
+    let config_id = path.get("config_id").to_owned();
+    let edit = state.edit_locks.lock(&config_id).await;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    let items = body.array()?;
     if items.is_empty() {
         return Err(ApiError::Validation(vec![Violation::new(
             &Loc::body(),
@@ -215,7 +170,7 @@ pub async fn replace_transforms(
     }
     errors.finish(())?;
     check_transform_list(&transforms, &Loc::body()).await?;
-    store_and_redeploy(&state, &caller, pipeline, transforms.clone()).await?;
+    store_and_redeploy(&state, edit, &caller, pipeline, transforms.clone()).await?;
     tracing::info!(%config_id, transforms = transforms.len(), "transforms replaced");
     Ok(Json(transforms))
 }
@@ -229,50 +184,18 @@ fn with_uid(transform: Transform, new_uid: &str) -> Transform {
     }
 }
 
-/// Stores `pipeline` with `transforms`, drops the set indexes of set filters that are gone,
-/// and redeploys the pipeline when it is deployed.
+/// Stores `previous` with `transforms` in place of its own and redeploys it when it is
+/// deployed ([`services::update_pipeline`]), once the caller may use them.
 async fn store_and_redeploy(
     state: &AppState,
+    edit: EditGuard,
     caller: &Caller,
-    mut pipeline: Pipeline,
+    previous: Pipeline,
     transforms: Vec<Transform>,
 ) -> Result<Pipeline, ApiError> {
-    let config_id = pipeline.id.clone();
-    let old_set_filters: Vec<String> = pipeline.set_filter_uids().map(str::to_owned).collect();
-    pipeline.pipeline_config.transforms = transforms;
-    pipeline.updated_at = state.clock.now();
-    caller.require_custom_transforms_for(&pipeline.pipeline_config)?;
-    let runtime = state.runtime.as_ref();
-    let deployed = match runtime {
-        Some(runtime) => runtime.state(&config_id).await? == Some(DeploymentState::Deployed),
-        None => false,
-    };
-    if deployed {
-        // Refuse before storing what the running pipeline could not switch to.
-        sluice_runtime::plan::Plan::compile(&pipeline).map_err(|error| {
-            ApiError::Validation(vec![Violation::new(
-                &Loc::body(),
-                "not_deployable",
-                error.to_string(),
-            )])
-        })?;
-    }
-    // One transaction: the new configuration, `updated_at`, and the deletion of the filter
-    // values of set filters the new list no longer has.
-    if !state.store.update_pipeline(&pipeline).await? {
-        return Err(ApiError::NotFound(format!("Pipeline {config_id} not found")));
-    }
-    // Running workers keep the index they hold until the redeploy below swaps their plan,
-    // so records processed before the swap are filtered exactly as before.
-    for uid in old_set_filters.iter().filter(|uid| !pipeline.set_filter_uids().any(|n| n == *uid)) {
-        state.filter_listener.changed(&config_id, uid, FilterValuesChange::Dropped);
-    }
-    if let Some(runtime) = runtime {
-        // Asked again after storing: a pause in between must not be undone by a deploy.
-        if runtime.state(&config_id).await? == Some(DeploymentState::Deployed) {
-            runtime.deploy(&pipeline).await?;
-            tracing::info!(%config_id, "redeployed after a transform change");
-        }
-    }
-    Ok(pipeline)
+    let mut updated = previous.clone();
+    updated.pipeline_config.transforms = transforms;
+    updated.updated_at = state.clock.now();
+    caller.require_custom_transforms_for(&updated.pipeline_config)?;
+    services::update_pipeline(state, edit, &previous, updated, Redeploy::IfDeployed).await
 }

@@ -1073,3 +1073,87 @@ async fn dead_letters_replay_through_the_fixed_script_and_console_lines_are_read
     let (_, again) = stack.post(&replay, &stack.owner, json!({})).await;
     assert_eq!((again["replayed"].as_u64(), again["next_offset"].as_u64()), (Some(0), Some(2)));
 }
+
+/// Status and JSON body of a tail request that is expected to fail before streaming.
+async fn tail_error(
+    stack: &Stack,
+    id: &str,
+    query: &str,
+    last_event_id: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut request = Request::builder()
+        .uri(format!("/api/v1/beam/{id}/sinks/sk-out/records/stream{query}"))
+        .header("X-API-Key", &stack.owner);
+    if let Some(last) = last_event_id {
+        request = request.header("Last-Event-ID", last);
+    }
+    let response = sluice_api::app(stack.state.clone())
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    if status == StatusCode::OK {
+        return (status, Value::Null);
+    }
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+#[tokio::test]
+async fn an_offset_past_the_end_of_a_sink_is_a_416_naming_the_valid_range() {
+    let stack = Stack::new().await;
+    let id = stack.create(&[USDC], json!({})).await;
+    stack.action(&id, "deploy").await;
+    stack.ingest(&[(1, USDC), (2, USDC)]).await;
+    assert_eq!(stack.delivered(&id, 2).await, vec![1, 2]);
+    let records = format!("/api/v1/beam/{id}/sinks/sk-out/records");
+
+    // At the end: the next record is not written yet, so an empty page to poll.
+    let (status, page) =
+        stack.call(Method::GET, &format!("{records}?offset=2"), &stack.owner, None).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["records"], json!([]));
+    assert_eq!(page["next_offset"], 2);
+
+    for offset in ["3", "1000"] {
+        let path = format!("{records}?offset={offset}");
+        let (status, body) = stack.call(Method::GET, &path, &stack.owner, None).await;
+        assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE, "{body}");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(detail.contains(&format!("offset {offset} is out of range")), "{body}");
+        assert!(detail.contains("[0, 2]"), "{body}");
+    }
+
+    // The live tail too.
+    let (status, body) = tail_error(&stack, &id, "?offset=3", None).await;
+    assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("[0, 2]"), "{body}");
+    let (status, _) = tail_error(&stack, &id, "?offset=2", None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_last_event_id_past_the_end_is_a_416_and_never_replays_the_sink() {
+    let stack = Stack::new().await;
+    let id = stack.create(&[USDC], json!({})).await;
+    stack.action(&id, "deploy").await;
+    stack.ingest(&[(1, USDC), (2, USDC)]).await;
+    assert_eq!(stack.delivered(&id, 2).await, vec![1, 2]);
+
+    for last in ["18446744073709551615", "2", "99"] {
+        let (status, body) = tail_error(&stack, &id, "", Some(last)).await;
+        assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE, "{last}: {body}");
+        assert!(body["detail"].as_str().unwrap().contains("last record is 1"), "{body}");
+    }
+    // Not an offset at all: a 422.
+    let (status, body) = tail_error(&stack, &id, "", Some("18446744073709551616")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["detail"][0]["loc"], json!(["header", "Last-Event-ID"]));
+
+    // Resuming after the last record waits for the next one.
+    let mut resumed = EventStream::open(&stack, &id, "", Some("1")).await;
+    stack.ingest(&[(3, USDC)]).await;
+    let (event, event_id, data) = resumed.next().await;
+    assert_eq!((event.as_str(), event_id.as_str()), ("record", "2"));
+    assert_eq!(data["value"]["n"], 3);
+}

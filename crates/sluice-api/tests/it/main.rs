@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod bad_input;
+mod boundary;
 mod datasets;
 mod deployments;
 mod filter_values;
@@ -14,6 +15,7 @@ mod pipelines;
 mod poison;
 mod prices;
 mod scripts;
+mod services;
 mod sink_outage;
 mod stats;
 mod tenancy;

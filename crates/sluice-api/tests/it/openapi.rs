@@ -1,7 +1,7 @@
 //! The OpenAPI document covers every route, and the operational endpoints answer.
 
 use axum::http::{Method, StatusCode};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::harness::Harness;
 
@@ -154,5 +154,55 @@ async fn health_readiness_and_docs_page_answer_without_a_key() {
     let page = page.as_str().unwrap();
     assert!(
         page.contains("/api/v1/openapi.json") && page.contains("<title>Sluice API docs</title>")
+    );
+}
+
+/// The schema of parameter `name` of `method path`.
+fn param_schema<'a>(doc: &'a Value, method: &str, path: &str, name: &str) -> &'a Value {
+    let params = doc["paths"][path][method]["parameters"].as_array().unwrap();
+    &params.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("{name} of {path}"))["schema"]
+}
+
+#[tokio::test]
+async fn the_document_states_the_limits_and_enums_the_server_enforces() {
+    let h = Harness::new().await;
+    let (_, doc) = h.call(Method::GET, "/api/v1/openapi.json", None, None).await;
+    let values = "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values";
+    let count = param_schema(&doc, "get", values, "count");
+    assert_eq!((count["minimum"].as_i64(), count["maximum"].as_i64()), (Some(1), Some(10_000)));
+    assert_eq!(param_schema(&doc, "get", values, "cursor")["minimum"], 0);
+    let records = "/api/v1/beam/{config_id}/sinks/{sink_uid}/records";
+    let limit = param_schema(&doc, "get", records, "limit");
+    assert_eq!((limit["minimum"].as_i64(), limit["maximum"].as_i64()), (Some(1), Some(10_000)));
+    assert_eq!(param_schema(&doc, "get", records, "wait_ms")["maximum"], 30_000);
+    let logs = param_schema(&doc, "get", "/api/v1/beam/{config_id}/logs", "limit");
+    assert_eq!((logs["minimum"].as_i64(), logs["maximum"].as_i64()), (Some(1), Some(1000)));
+    let metrics = "/api/v1/beam/{config_id}/deploy/metrics";
+    assert_eq!(param_schema(&doc, "get", metrics, "time_range")["enum"], json!(["1h", "1d", "1w"]));
+    assert_eq!(param_schema(&doc, "get", metrics, "aggregated")["type"], "boolean");
+    assert!(param_schema(&doc, "get", metrics, "metrics")["pattern"].is_string());
+    let ingest = "/api/v1/streams/{chain}/{entity}/records";
+    let chains = param_schema(&doc, "post", ingest, "chain")["enum"].as_array().unwrap();
+    assert!(chains.contains(&json!("base")) && chains.contains(&json!("solana")));
+
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(
+        schemas["HistoryRequest"]["properties"]["time_granularity"]["enum"],
+        json!(["15s", "1m", "5m", "1h", "1d"])
+    );
+    assert_eq!(schemas["PermissionsRequest"]["properties"]["editors"]["type"], "array");
+    assert_eq!(schemas["PermissionsRequest"]["additionalProperties"], false);
+    assert_eq!(schemas["Source"]["properties"]["chain"]["enum"], json!(chains));
+    // The validators read an optional field sent as null as absent, and the document says so.
+    let kind = &schemas["CreateDatasetRequest"]["properties"]["type"];
+    assert_eq!(kind["type"], json!(["string", "null"]));
+    assert_eq!(kind["enum"], json!(["postgres", null]));
+    let stream = "/api/v1/beam/{config_id}/sinks/{sink_uid}/records/stream";
+    assert_eq!(param_schema(&doc, "get", stream, "Last-Event-ID")["type"], "integer");
+    let entries = &doc["paths"]["/api/v1/beam/datasets/{dataset_id}/entries"]["post"]["requestBody"]
+        ["content"]["application/json"]["schema"]["properties"]["values"];
+    assert_eq!(
+        (entries["minItems"].as_i64(), entries["maxItems"].as_i64()),
+        (Some(1), Some(250_000))
     );
 }

@@ -559,9 +559,9 @@ async fn bad_metrics_queries_are_422_and_strangers_get_404() {
     let stack = Stack::new().await;
     let id = stack.create(usdc_filter(), "S").await;
     for (query, loc, needle) in [
-        ("time_range=2h", "time_range", "1h, 1d, 1w"),
-        ("time_range=", "time_range", "1h, 1d, 1w"),
-        ("aggregated=yes", "aggregated", "true or false"),
+        ("time_range=2h", "time_range", "'1h', '1d' or '1w'"),
+        ("time_range=", "time_range", "'1h', '1d' or '1w'"),
+        ("aggregated=yes", "aggregated", "valid boolean"),
         ("metrics=messages_sent,bogus", "metrics", "bogus"),
         ("metrics=", "metrics", "unknown metric type ''"),
         ("metrics=processor_errors", "metrics", "processor_errors"),

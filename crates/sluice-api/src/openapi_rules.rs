@@ -1,0 +1,245 @@
+//! The constraints of the OpenAPI document that the handler annotations cannot carry:
+//! query limits, enums and lengths, written from the same constants the validators use
+//! (and the chains and entities of the running catalog), so the document says exactly what
+//! the server accepts. [`tighten`] runs once, when the document is built.
+
+use serde_json::{Map, Value, json};
+use sluice_core::catalog::Catalog;
+use sluice_core::pipeline::validate::{MAX_SINK_NAME_LEN, SINK_TYPES};
+use sluice_core::prices::Granularity;
+
+use crate::{datasets, deployments, filter_values, prices, stats};
+
+/// A string with at least one character that is not white space (what "must not be empty"
+/// means to the validators, which trim).
+const NOT_BLANK: &str = r"\S";
+
+fn int(min: i128, max: i128) -> Value {
+    json!({"type": "integer", "format": "int64", "minimum": min, "maximum": max})
+}
+
+fn enum_of(values: &[&str]) -> Value {
+    json!({"type": "string", "enum": values})
+}
+
+/// The comma-separated list of metric types the metrics endpoint takes (spaces around a
+/// name are allowed).
+fn metric_list_pattern() -> String {
+    let one = format!("(?:{})", stats::METRIC_TYPES.join("|"));
+    format!("^ *{one} *(?:, *{one} *)*$")
+}
+
+/// Sets the schema of parameter `name` in `location` of operation `method path`.
+fn param(doc: &mut Value, method: &str, path: &str, location: &str, name: &str, schema: Value) {
+    let Some(params) = doc
+        .pointer_mut(&format!("/paths/{}/{method}/parameters", escape(path)))
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for param in params {
+        if param["name"] == name && param["in"] == location {
+            param["schema"] = schema.clone();
+        }
+    }
+}
+
+/// JSON Pointer escaping of one key.
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+/// The properties of component schema `name`.
+fn properties<'a>(doc: &'a mut Value, name: &str) -> Option<&'a mut Map<String, Value>> {
+    doc.pointer_mut(&format!("/components/schemas/{name}/properties"))?.as_object_mut()
+}
+
+/// Merges `extra` into property `field` of component schema `name`.
+fn property(doc: &mut Value, name: &str, field: &str, extra: Value) {
+    if let (Some(props), Value::Object(extra)) = (properties(doc, name), extra) {
+        if let Some(Value::Object(schema)) = props.get_mut(field) {
+            schema.extend(extra);
+        }
+    }
+}
+
+/// Forbids fields the body does not define (the validators answer `extra_forbidden`).
+fn closed(doc: &mut Value, name: &str) {
+    if let Some(schema) = doc.pointer_mut(&format!("/components/schemas/{name}")) {
+        schema["additionalProperties"] = Value::Bool(false);
+    }
+}
+
+/// Sets the request body schema of `method path` (JSON).
+fn body(doc: &mut Value, method: &str, path: &str, schema: Value) {
+    let pointer =
+        format!("/paths/{}/{method}/requestBody/content/application~1json/schema", escape(path));
+    if let Some(slot) = doc.pointer_mut(&pointer) {
+        *slot = schema;
+    }
+}
+
+/// Request-body schemas whose optional fields the validators take `null` for (as absent).
+const NULL_AS_ABSENT: [&str; 6] =
+    ["PipelineSpec", "PipelineConfig", "Source", "Sink", "Transform", "CreateDatasetRequest"];
+
+/// Lets every optional property of the object `schema` (and of its `oneOf` variants) be
+/// `null`: the body validators read an optional field sent as `null` as absent.
+fn null_as_absent(schema: &mut Value) {
+    if let Some(variants) = schema.get_mut("oneOf").and_then(Value::as_array_mut) {
+        variants.iter_mut().for_each(null_as_absent);
+    }
+    let required: Vec<String> = schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (name, prop) in props.iter_mut() {
+        if required.contains(name) {
+            continue;
+        }
+        let already = match &prop["type"] {
+            Value::Array(types) => types.contains(&json!("null")),
+            other => *other == json!("null"),
+        };
+        if already {
+            continue;
+        }
+        if let Some(kind) = prop.get("type").and_then(Value::as_str).map(str::to_owned) {
+            prop["type"] = json!([kind, "null"]);
+            if let Some(values) = prop.get_mut("enum").and_then(Value::as_array_mut) {
+                values.push(Value::Null);
+            }
+        } else {
+            let inner = prop.take();
+            let description = inner.get("description").cloned();
+            let mut plain = inner;
+            if let Some(object) = plain.as_object_mut() {
+                object.remove("description");
+            }
+            *prop = json!({"oneOf": [plain, {"type": "null"}]});
+            if let Some(description) = description {
+                prop["description"] = description;
+            }
+        }
+    }
+}
+
+/// Applies every constraint to the serialized document `doc`.
+pub fn tighten(doc: &mut Value, catalog: &Catalog) {
+    let mut chains: Vec<&str> = catalog.entries().iter().map(|e| e.chain.as_str()).collect();
+    chains.sort_unstable();
+    chains.dedup();
+    let mut entities: Vec<&str> = catalog.entries().iter().map(|e| e.entity.as_str()).collect();
+    entities.sort_unstable();
+    entities.dedup();
+    let max_offset = i128::from(deployments::MAX_OFFSET);
+
+    // Reading a sink and the dead letters.
+    for path in [
+        "/api/v1/beam/{config_id}/sinks/{sink_uid}/records",
+        "/api/v1/beam/{config_id}/dead-letters",
+    ] {
+        param(doc, "get", path, "query", "offset", int(0, max_offset));
+        let limit = int(1, deployments::MAX_RECORDS_PAGE.into());
+        param(doc, "get", path, "query", "limit", limit);
+        param(doc, "get", path, "query", "wait_ms", int(0, deployments::MAX_WAIT_MS.into()));
+    }
+    let stream = "/api/v1/beam/{config_id}/sinks/{sink_uid}/records/stream";
+    param(doc, "get", stream, "query", "offset", int(0, max_offset));
+    param(doc, "get", stream, "header", "Last-Event-ID", int(0, u64::MAX.into()));
+    let logs = "/api/v1/beam/{config_id}/logs";
+    param(doc, "get", logs, "query", "limit", int(1, deployments::MAX_LOG_LINES.into()));
+
+    // Deployment metrics.
+    let metrics = "/api/v1/beam/{config_id}/deploy/metrics";
+    param(doc, "get", metrics, "query", "time_range", enum_of(&stats::TIME_RANGES));
+    param(doc, "get", metrics, "query", "aggregated", json!({"type": "boolean"}));
+    let list = json!({"type": "string", "pattern": metric_list_pattern()});
+    param(doc, "get", metrics, "query", "metrics", list);
+
+    // Filter values and dataset entries.
+    let values = "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values";
+    param(doc, "get", values, "query", "cursor", int(0, i64::MAX.into()));
+    param(doc, "get", values, "query", "count", int(1, filter_values::MAX_PAGE_SIZE.into()));
+    let at_least_one = |max: Option<usize>| {
+        let mut values = json!({"type": "array", "items": {"type": "string"}, "minItems": 1});
+        if let Some(max) = max {
+            values["maxItems"] = json!(max);
+        }
+        json!({"type": "object", "required": ["values"], "additionalProperties": false,
+               "properties": {"values": values}})
+    };
+    body(doc, "post", values, at_least_one(None));
+    body(doc, "delete", values, at_least_one(None));
+    let entries = "/api/v1/beam/datasets/{dataset_id}/entries";
+    param(doc, "get", entries, "query", "limit", int(1, datasets::MAX_PAGE_SIZE.into()));
+    let most = Some(datasets::MAX_VALUES_PER_REQUEST);
+    body(doc, "post", entries, at_least_one(most));
+    body(doc, "delete", entries, at_least_one(most));
+    let named = at_least_one(most);
+    let mut named_props = named["properties"].clone();
+    named_props["name"] = json!({"type": "string"});
+    let named = json!({"type": "object", "required": ["name", "values"],
+                       "additionalProperties": false, "properties": named_props});
+    body(doc, "post", "/api/v1/beam/datasets/entries", named);
+    let name = json!({"minLength": 1, "maxLength": datasets::MAX_NAME_CHARS});
+    property(doc, "CreateDatasetRequest", "name", name);
+    let kind = json!({"type": "string", "enum": [datasets::DATASET_TYPE]});
+    if let Some(props) = properties(doc, "CreateDatasetRequest") {
+        props.insert("type".to_owned(), kind);
+    }
+    closed(doc, "CreateDatasetRequest");
+
+    // Stream ingest.
+    let ingest = "/api/v1/streams/{chain}/{entity}/records";
+    param(doc, "post", ingest, "path", "chain", enum_of(&chains));
+    param(doc, "post", ingest, "path", "entity", enum_of(&entities));
+    param(doc, "post", ingest, "query", "zerolag", json!({"type": "boolean"}));
+
+    // Sharing: each list, when given, is a list (never null).
+    closed(doc, "PermissionsRequest");
+
+    // Pipelines.
+    property(doc, "PipelineSpec", "name", json!({"pattern": NOT_BLANK}));
+    property(doc, "Source", "chain", json!({"enum": chains}));
+    property(doc, "Source", "entity", json!({"enum": entities}));
+    property(doc, "Sink", "type", json!({"enum": SINK_TYPES}));
+    property(doc, "Sink", "name", json!({"minLength": 1, "maxLength": MAX_SINK_NAME_LEN}));
+    property(doc, "PipelineConfig", "sinks", json!({"minItems": 1, "maxItems": 1}));
+
+    for name in NULL_AS_ABSENT {
+        if let Some(schema) = doc.pointer_mut(&format!("/components/schemas/{name}")) {
+            null_as_absent(schema);
+        }
+    }
+
+    // Token prices.
+    property(doc, "TokenAddress", "chain", json!({"pattern": NOT_BLANK}));
+    property(doc, "TokenAddress", "token_address", json!({"pattern": NOT_BLANK}));
+    closed(doc, "TokenAddress");
+    body(
+        doc,
+        "post",
+        "/api/v1/developer/prices",
+        json!({"type": "array", "maxItems": prices::MAX_LATEST_TOKENS,
+               "items": {"$ref": "#/components/schemas/TokenAddress"}}),
+    );
+    property(doc, "HistoryRequest", "addresses", json!({"maxItems": prices::MAX_HISTORY_TOKENS}));
+    property(doc, "HistoryRequest", "time_granularity", json!({"enum": Granularity::NAMES}));
+    closed(doc, "HistoryRequest");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metric_list_pattern_takes_what_the_endpoint_takes() {
+        let pattern = metric_list_pattern();
+        assert!(pattern.starts_with("^ *(?:messages_received|"));
+        assert!(pattern.ends_with(" *)*$"));
+    }
+}

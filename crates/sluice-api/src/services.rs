@@ -1,0 +1,322 @@
+//! Application services: what a change does once its handler has parsed the request and
+//! checked the caller's permission — commit it to the store, tell the in-memory copies that
+//! follow the store (the runtime's set indexes, the dataset index behind `beam.contains`),
+//! and redeploy a running pipeline when its transforms changed.
+//!
+//! Each service runs in a task of its own ([`detached`]): a client that hangs up drops its
+//! handler, but never between a commit and the notification that must follow it, so the
+//! in-memory copies can never miss a committed change. Handlers parse, call one service
+//! function, and render its answer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use chrono::{DateTime, Utc};
+use sluice_core::datasets::{Dataset, DatasetChange, DatasetRef};
+use sluice_core::deployment::DeploymentState;
+use sluice_core::filter_values::FilterValuesChange;
+use sluice_core::pipeline::Pipeline;
+use sluice_core::validation::{Loc, Violation};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use crate::AppState;
+use crate::error::ApiError;
+
+/// Runs `change` (a commit and what must follow it) in a task of its own and waits for it:
+/// dropping the caller does not stop it half way.
+///
+/// # Errors
+/// The change's own error, or [`ApiError::Internal`] when its task panicked.
+pub async fn detached<T: Send + 'static>(
+    change: impl Future<Output = Result<T, ApiError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::spawn(change)
+        .await
+        .map_err(|error| ApiError::Internal(format!("a change task failed: {error}")))?
+}
+
+/// One lock per pipeline id, held while a pipeline is read, changed, stored and redeployed
+/// (and by lifecycle calls, whose deploy a transform edit's redeploy must not undo).
+/// Entries live only while someone holds or waits for them.
+#[derive(Debug, Default)]
+pub struct EditLocks(std::sync::Mutex<HashMap<String, Weak<Mutex<()>>>>);
+
+/// A held edit lock; pass it to the service that finishes the edit, so it stays held until
+/// the change is stored even when the request is dropped.
+pub type EditGuard = OwnedMutexGuard<()>;
+
+impl EditLocks {
+    /// Waits until no other edit of `pipeline_id` runs in this process.
+    pub async fn lock(&self, pipeline_id: &str) -> EditGuard {
+        let lock = {
+            let mut locks = self.0.lock().expect("edit-lock map lock is never poisoned");
+            locks.retain(|_, lock| lock.strong_count() > 0);
+            if let Some(lock) = locks.get(pipeline_id).and_then(Weak::upgrade) {
+                lock
+            } else {
+                let lock = Arc::new(Mutex::new(()));
+                locks.insert(pipeline_id.to_owned(), Arc::downgrade(&lock));
+                lock
+            }
+        };
+        lock.lock_owned().await
+    }
+}
+
+/// Stores a new pipeline with the initial values of its set filters, and tells the set
+/// indexes about the values.
+///
+/// # Errors
+/// A store failure; then nothing is stored.
+pub async fn create_pipeline(
+    state: &AppState,
+    pipeline: Pipeline,
+    team_id: String,
+    initial_values: Vec<(String, Vec<String>)>,
+) -> Result<Pipeline, ApiError> {
+    let state = state.clone();
+    detached(async move {
+        state.store.insert_pipeline(&pipeline, &team_id, &initial_values).await?;
+        for (uid, values) in &initial_values {
+            state.filter_listener.changed(&pipeline.id, uid, FilterValuesChange::Added(values));
+        }
+        tracing::info!(config_id = %pipeline.id, "pipeline created");
+        Ok(pipeline)
+    })
+    .await
+}
+
+/// Whether a stored change of a pipeline's configuration also reaches its running workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redeploy {
+    /// `PUT {base_url}/{id}`: the change applies at the next deploy.
+    No,
+    /// Transform edits: a deployed pipeline redeploys by itself.
+    IfDeployed,
+}
+
+/// Stores `updated` in place of `previous` (the store deletes the filter values of set
+/// filters the new configuration no longer has), drops their set indexes, and redeploys a
+/// deployed pipeline when `redeploy` says so. `_edit` is the pipeline's edit lock, held
+/// until all of it is done.
+///
+/// # Errors
+/// 404 when the pipeline is gone; 422 when a deployed pipeline could not run `updated`
+/// (nothing is stored then); a store or runtime failure.
+pub async fn update_pipeline(
+    state: &AppState,
+    _edit: EditGuard,
+    previous: &Pipeline,
+    updated: Pipeline,
+    redeploy: Redeploy,
+) -> Result<Pipeline, ApiError> {
+    let state = state.clone();
+    let dropped: Vec<String> = previous
+        .set_filter_uids()
+        .filter(|uid| !updated.set_filter_uids().any(|new| new == *uid))
+        .map(str::to_owned)
+        .collect();
+    detached(async move {
+        let _edit = _edit;
+        let config_id = updated.id.clone();
+        let runtime = state.runtime.as_ref().filter(|_| redeploy == Redeploy::IfDeployed);
+        if let Some(runtime) = runtime {
+            if runtime.state(&config_id).await? == Some(DeploymentState::Deployed) {
+                // Refuse before storing what the running pipeline could not switch to.
+                sluice_runtime::plan::Plan::compile(&updated).map_err(|error| {
+                    ApiError::Validation(vec![Violation::new(
+                        &Loc::body(),
+                        "not_deployable",
+                        error.to_string(),
+                    )])
+                })?;
+            }
+        }
+        // One transaction: the new configuration, `updated_at`, and the deletion of the
+        // filter values of set filters the new configuration no longer has.
+        if !state.store.update_pipeline(&updated).await? {
+            return Err(ApiError::NotFound(format!("Pipeline {config_id} not found")));
+        }
+        // Running workers keep the index they hold until a redeploy swaps their plan, so
+        // records processed before the swap are filtered exactly as before.
+        for uid in &dropped {
+            state.filter_listener.changed(&config_id, uid, FilterValuesChange::Dropped);
+        }
+        if let Some(runtime) = runtime {
+            // Asked again after storing: a pause in between must not be undone by a deploy.
+            if runtime.state(&config_id).await? == Some(DeploymentState::Deployed) {
+                runtime.deploy(&updated).await?;
+                tracing::info!(%config_id, "redeployed after a transform change");
+            }
+        }
+        tracing::info!(%config_id, "pipeline updated");
+        Ok(updated)
+    })
+    .await
+}
+
+/// Deletes a pipeline: tears its deployment down first (SPEC), then deletes the
+/// configuration with its filter values and sharing, drops its set indexes and its metrics.
+///
+/// # Errors
+/// 404 when the pipeline is gone; a store or runtime failure.
+pub async fn delete_pipeline(
+    state: &AppState,
+    _edit: EditGuard,
+    pipeline: Pipeline,
+) -> Result<(), ApiError> {
+    let state = state.clone();
+    detached(async move {
+        let _edit = _edit;
+        let config_id = pipeline.id.as_str();
+        if let Some(runtime) = &state.runtime {
+            runtime.teardown(config_id).await?;
+        }
+        if !state.store.delete_pipeline(config_id).await? {
+            return Err(ApiError::NotFound(format!("Pipeline {config_id} not found")));
+        }
+        for uid in pipeline.set_filter_uids() {
+            state.filter_listener.changed(config_id, uid, FilterValuesChange::Dropped);
+        }
+        // Its metrics go with it (the retention job would remove them within 8 days anyway).
+        if let Some(runtime) = &state.runtime {
+            if let Err(error) = runtime.metrics().forget(config_id).await {
+                tracing::warn!(%error, config_id, "cannot delete the metrics of a deleted pipeline");
+            }
+        }
+        tracing::info!(config_id, "pipeline deleted");
+        Ok(())
+    })
+    .await
+}
+
+/// A change of a set filter's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValuesChange {
+    /// `POST`: add; answers how many were new.
+    Add,
+    /// `PUT`: replace every value; answers the new count.
+    Replace,
+    /// `DELETE`: remove; answers how many were there.
+    Remove,
+}
+
+/// Applies `change` with `values` (normalised) to the set of transform `uid` of pipeline
+/// `pipeline_id`, then tells the set indexes, so running workers filter with it at their
+/// next batch.
+///
+/// # Errors
+/// A store failure; then nothing changed and nothing is told.
+pub async fn change_filter_values(
+    state: &AppState,
+    pipeline_id: String,
+    uid: String,
+    values: Vec<String>,
+    change: ValuesChange,
+) -> Result<u64, ApiError> {
+    let state = state.clone();
+    detached(async move {
+        let (id, uid) = (pipeline_id.as_str(), uid.as_str());
+        let store = &state.store;
+        let (count, heard) = match change {
+            ValuesChange::Add => (
+                store.add_filter_values(id, uid, &values).await?,
+                FilterValuesChange::Added(&values),
+            ),
+            ValuesChange::Replace => (
+                store.replace_filter_values(id, uid, &values).await?,
+                FilterValuesChange::Replaced(&values),
+            ),
+            ValuesChange::Remove => (
+                store.remove_filter_values(id, uid, &values).await?,
+                FilterValuesChange::Removed(&values),
+            ),
+        };
+        state.filter_listener.changed(id, uid, heard);
+        Ok(count)
+    })
+    .await
+}
+
+/// Creates the dataset `name` of `owner` and tells the dataset index.
+///
+/// # Errors
+/// 409 when the owner has a dataset of that name; a store failure.
+pub async fn create_dataset(
+    state: &AppState,
+    owner: String,
+    name: String,
+    at: DateTime<Utc>,
+) -> Result<Dataset, ApiError> {
+    let state = state.clone();
+    detached(async move {
+        let created = state.store.create_dataset(&owner, &name, at).await?;
+        let dataset =
+            created.ok_or_else(|| ApiError::Conflict(format!("Dataset {name} already exists")))?;
+        state.dataset_listener.changed(DatasetRef::of(&dataset), DatasetChange::Created);
+        Ok(dataset)
+    })
+    .await
+}
+
+/// Deletes `owner`'s dataset `id` with every entry and tells the dataset index.
+///
+/// # Errors
+/// 404 when the owner has no such dataset; a store failure.
+pub async fn delete_dataset(
+    state: &AppState,
+    owner: String,
+    id: String,
+) -> Result<Dataset, ApiError> {
+    let state = state.clone();
+    detached(async move {
+        let deleted = state.store.delete_dataset(&owner, &id).await?;
+        let dataset = deleted.ok_or_else(|| dataset_not_found(&id))?;
+        state.dataset_listener.changed(DatasetRef::of(&dataset), DatasetChange::Dropped);
+        Ok(dataset)
+    })
+    .await
+}
+
+/// Whether a change adds or removes dataset entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntriesOp {
+    Add,
+    Remove,
+}
+
+/// Adds `values` to (or removes them from) `dataset` and tells the dataset index; answers
+/// how many entries changed.
+///
+/// # Errors
+/// 404 when the dataset is gone; a store failure.
+pub async fn change_dataset_entries(
+    state: &AppState,
+    dataset: Dataset,
+    values: Vec<String>,
+    op: EntriesOp,
+    at: DateTime<Utc>,
+) -> Result<u64, ApiError> {
+    let state = state.clone();
+    detached(async move {
+        let (owner, id) = (&dataset.owner_user_id, &dataset.id);
+        let stored = match op {
+            EntriesOp::Add => state.store.add_dataset_entries(owner, id, &values, at).await?,
+            EntriesOp::Remove => state.store.remove_dataset_entries(owner, id, &values, at).await?,
+        };
+        let stored = stored.ok_or_else(|| dataset_not_found(id))?;
+        let (version, values) = (stored.version, values.as_slice());
+        let heard = match op {
+            EntriesOp::Add => DatasetChange::Added { version, values },
+            EntriesOp::Remove => DatasetChange::Removed { version, values },
+        };
+        state.dataset_listener.changed(DatasetRef::of(&dataset), heard);
+        Ok(stored.count)
+    })
+    .await
+}
+
+/// The 404 of a dataset the caller does not have.
+pub fn dataset_not_found(id: &str) -> ApiError {
+    ApiError::NotFound(format!("Dataset {id} not found"))
+}
