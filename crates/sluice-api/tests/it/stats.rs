@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -12,119 +12,20 @@ use chrono::{TimeZone, Utc};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use sluice_api::{AppState, Limits};
-use sluice_bus::{
-    AppendWatch, EmbeddedLog, NewRecord, OffsetRange, Position, Record, StreamLog, TopicConfig,
-};
+use sluice_bus::EmbeddedLog;
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::ManualClock;
 use sluice_runtime::Runtime;
 use sluice_store::{MetadataStore, SqliteStore};
 use tower::ServiceExt;
 
-use crate::pipeline_stack::{OTHER, SOURCE, USDC, key_for, settings, settle, transfer};
-
-/// The embedded log, whose reads of the source panic while `panics` is above zero (each
-/// panic takes one): a worker that crashes; and whose sink writes fail while `failures` is
-/// above zero: a sink that is down.
-struct PanickyLog {
-    inner: Arc<EmbeddedLog>,
-    panics: AtomicU32,
-    failures: AtomicU32,
-}
-
-#[async_trait::async_trait]
-impl StreamLog for PanickyLog {
-    async fn create_topic(
-        &self,
-        topic: &str,
-        config: TopicConfig,
-    ) -> sluice_bus::Result<TopicConfig> {
-        self.inner.create_topic(topic, config).await
-    }
-    async fn delete_topic(&self, topic: &str) -> sluice_bus::Result<bool> {
-        self.inner.delete_topic(topic).await
-    }
-    async fn topic(&self, topic: &str) -> sluice_bus::Result<Option<TopicConfig>> {
-        self.inner.topic(topic).await
-    }
-    async fn append(
-        &self,
-        topic: &str,
-        records: Vec<NewRecord>,
-    ) -> sluice_bus::Result<Vec<Position>> {
-        self.inner.append(topic, records).await
-    }
-    async fn append_and_commit(
-        &self,
-        appends: &[(&str, &[NewRecord])],
-        group: &str,
-        source: &str,
-        offsets: &[(u32, u64)],
-    ) -> sluice_bus::Result<()> {
-        if self
-            .failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(sluice_bus::BusError::CommitFailed("injected sink failure".to_owned()));
-        }
-        self.inner.append_and_commit(appends, group, source, offsets).await
-    }
-    async fn read(
-        &self,
-        topic: &str,
-        partition: u32,
-        from: u64,
-        max: usize,
-    ) -> sluice_bus::Result<Vec<Record>> {
-        if topic == SOURCE
-            && self
-                .panics
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-        {
-            panic!("injected read failure");
-        }
-        self.inner.read(topic, partition, from, max).await
-    }
-    async fn offsets(&self, topic: &str) -> sluice_bus::Result<Vec<OffsetRange>> {
-        self.inner.offsets(topic).await
-    }
-    async fn offset_for_time(
-        &self,
-        topic: &str,
-        partition: u32,
-        at: i64,
-    ) -> sluice_bus::Result<u64> {
-        self.inner.offset_for_time(topic, partition, at).await
-    }
-    async fn commit(
-        &self,
-        group: &str,
-        topic: &str,
-        offsets: &[(u32, u64)],
-    ) -> sluice_bus::Result<()> {
-        self.inner.commit(group, topic, offsets).await
-    }
-    async fn committed(&self, group: &str, topic: &str) -> sluice_bus::Result<BTreeMap<u32, u64>> {
-        self.inner.committed(group, topic).await
-    }
-    async fn delete_group(&self, group: &str) -> sluice_bus::Result<()> {
-        self.inner.delete_group(group).await
-    }
-    async fn enforce_retention(&self) -> sluice_bus::Result<u64> {
-        self.inner.enforce_retention().await
-    }
-    fn watch(&self, topic: &str) -> AppendWatch {
-        self.inner.watch(topic)
-    }
-}
+use crate::pipeline_stack::{FaultyLog, OTHER, USDC, key_for, settings, settle, transfer};
 
 struct Stack {
     _dir: tempfile::TempDir,
     clock: Arc<ManualClock>,
     store: Arc<dyn MetadataStore>,
-    log: Arc<PanickyLog>,
+    log: Arc<FaultyLog>,
     runtime: Arc<Runtime>,
     state: AppState,
     operator: String,
@@ -141,8 +42,7 @@ impl Stack {
         let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
         let inner =
             Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
-        let log =
-            Arc::new(PanickyLog { inner, panics: AtomicU32::new(0), failures: AtomicU32::new(0) });
+        let log = Arc::new(FaultyLog::new(inner));
         let operator = key_for(store.as_ref(), "sluice", "ops", "admin", true).await;
         let owner = key_for(store.as_ref(), "acme", "data", "ann", false).await;
         let stranger = key_for(store.as_ref(), "other", "team", "eve", false).await;
@@ -153,7 +53,7 @@ impl Stack {
 
     async fn serve(
         store: &Arc<dyn MetadataStore>,
-        log: &Arc<PanickyLog>,
+        log: &Arc<FaultyLog>,
         clock: &Arc<ManualClock>,
     ) -> (Arc<Runtime>, AppState) {
         let catalog = Arc::new(Catalog::default());
