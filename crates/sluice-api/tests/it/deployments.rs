@@ -120,6 +120,24 @@ impl Stack {
         created["id"].as_str().unwrap().to_owned()
     }
 
+    /// Creates a pipeline of `transforms` over Base transfers into the managed sink `sk-out`,
+    /// deploys it, and answers its id.
+    async fn deploy_with(&self, transforms: Value) -> String {
+        let body = json!({
+            "name": "scripted", "description": "a deployed pipeline of a test",
+            "pipeline_config": {
+                "source": {"chain": "base", "entity": "erc20_token_transfer"},
+                "transforms": transforms,
+                "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
+            }
+        });
+        let (status, created) = self.post("/api/v1/beam", &self.owner, body).await;
+        assert_eq!(status, StatusCode::OK, "{created}");
+        let id = created["id"].as_str().unwrap().to_owned();
+        self.action(&id, "deploy").await;
+        id
+    }
+
     async fn action(&self, id: &str, action: &str) -> Value {
         let (status, body) =
             self.post(&format!("/api/v1/beam/{id}/{action}"), &self.owner, json!({})).await;
@@ -385,18 +403,7 @@ async fn a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused()
 async fn a_deployment_from_before_dead_letters_gets_its_topics_at_restart() {
     let mut stack = Stack::new().await;
     let script = "function transform(r) {\n  console.log('n', r.n);\n  if (r.n === 2) throw new Error('two');\n  return r;\n}";
-    let body = json!({
-        "name": "old", "description": "deployed by an older version",
-        "pipeline_config": {
-            "source": {"chain": "base", "entity": "erc20_token_transfer"},
-            "transforms": [{"type": "v8", "uid": "tf-s", "script": script}],
-            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
-        }
-    });
-    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
-    assert_eq!(status, StatusCode::OK, "{created}");
-    let id = created["id"].as_str().unwrap().to_owned();
-    stack.action(&id, "deploy").await;
+    let id = stack.deploy_with(json!([{"type": "v8", "uid": "tf-s", "script": script}])).await;
     // An older version deployed it: no dead-letter or logs topic.
     stack.runtime.shutdown().await;
     {
@@ -701,23 +708,13 @@ function transform(r) {
   if (r.n === 7) return [{n: 7, part: 1}, {n: 7, part: 2}];
   return {n: r.n, token: r.token_address.toUpperCase()};
 }"#;
-    let body = json!({
-        "name": "scripted",
-        "description": "shaped USDC transfers",
-        "pipeline_config": {
-            "source": {"chain": "base", "entity": "erc20_token_transfer"},
-            "transforms": [
-                {"type": "redis_set_filter", "uid": "tf-usdc",
-                 "filter_expr": "root = this.token_address", "set_values": [USDC]},
-                {"type": "v8", "uid": "tf-shape", "script": script}
-            ],
-            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
-        }
-    });
-    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
-    assert_eq!(status, StatusCode::OK, "{created}");
-    let id = created["id"].as_str().unwrap().to_owned();
-    stack.action(&id, "deploy").await;
+    let id = stack
+        .deploy_with(json!([
+            {"type": "redis_set_filter", "uid": "tf-usdc",
+             "filter_expr": "root = this.token_address", "set_values": [USDC]},
+            {"type": "v8", "uid": "tf-shape", "script": script}
+        ]))
+        .await;
 
     let mut transfers: Vec<(u64, &str)> = (1..=24).map(|n| (n, USDC)).collect();
     transfers.push((25, OTHER)); // the set filter drops it before the script sees it
@@ -783,19 +780,7 @@ function transform(r) {
   if (r.n === 4) return new Array(10).fill({n: r.n});
   return r;
 }"#;
-    let body = json!({
-        "name": "capped",
-        "description": "fan-out and size caps",
-        "pipeline_config": {
-            "source": {"chain": "base", "entity": "erc20_token_transfer"},
-            "transforms": [{"type": "v8", "uid": "tf-big", "script": script}],
-            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
-        }
-    });
-    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
-    assert_eq!(status, StatusCode::OK, "{created}");
-    let id = created["id"].as_str().unwrap().to_owned();
-    stack.action(&id, "deploy").await;
+    let id = stack.deploy_with(json!([{"type": "v8", "uid": "tf-big", "script": script}])).await;
     stack.ingest(&[(1, USDC), (2, USDC), (3, USDC), (4, USDC), (5, USDC)]).await;
     stack.settle(&id).await;
 
@@ -843,18 +828,7 @@ async fn a_script_sees_dataset_entries_added_after_deploy() {
     assert_eq!(status, StatusCode::OK, "{dataset}");
     let dataset_id = dataset["id"].as_str().unwrap().to_owned();
     let script = "function transform(r) {\n  return beam.contains('watched', [r.from_address, r.to_address]) ? r : null;\n}";
-    let body = json!({
-        "name": "watch", "description": "transfers touching watched wallets",
-        "pipeline_config": {
-            "source": {"chain": "base", "entity": "erc20_token_transfer"},
-            "transforms": [{"type": "v8", "uid": "tf-watch", "script": script}],
-            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
-        }
-    });
-    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
-    assert_eq!(status, StatusCode::OK, "{created}");
-    let id = created["id"].as_str().unwrap().to_owned();
-    stack.action(&id, "deploy").await;
+    let id = stack.deploy_with(json!([{"type": "v8", "uid": "tf-watch", "script": script}])).await;
 
     stack.ingest(&[(1, USDC), (2, WETH)]).await;
     stack.settle(&id).await;
@@ -898,18 +872,7 @@ async fn a_batch_whose_script_output_passes_the_budget_is_finished_in_the_next_b
     // About 4 MB per record (under the per-call caps): the 20 records read as one batch
     // pass the S budget of 64 MiB after 17 of them.
     let script = "const s = 'x'.repeat(999000);\nfunction transform(r) { return [{n: r.n, s}, {n: r.n, s}, {n: r.n, s}, {n: r.n, s}]; }";
-    let body = json!({
-        "name": "large", "description": "large outputs",
-        "pipeline_config": {
-            "source": {"chain": "base", "entity": "erc20_token_transfer"},
-            "transforms": [{"type": "v8", "uid": "tf-s", "script": script}],
-            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
-        }
-    });
-    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
-    assert_eq!(status, StatusCode::OK, "{created}");
-    let id = created["id"].as_str().unwrap().to_owned();
-    stack.action(&id, "deploy").await;
+    let id = stack.deploy_with(json!([{"type": "v8", "uid": "tf-s", "script": script}])).await;
     let transfers: Vec<(u64, &str)> = (1..=20).map(|n| (n, USDC)).collect();
     stack.ingest(&transfers).await;
     stack.settle(&id).await;
@@ -951,18 +914,7 @@ function transform(r) {
   console.log('record ' + r.n);
   return r;
 }"#;
-    let body = json!({
-        "name": "retried", "description": "flaky then fine",
-        "pipeline_config": {
-            "source": {"chain": "base", "entity": "erc20_token_transfer"},
-            "transforms": [{"type": "v8", "uid": "tf-s", "script": script}],
-            "sinks": [{"type": "kafka", "uid": "sk-out", "name": "transfers"}]
-        }
-    });
-    let (status, created) = stack.post("/api/v1/beam", &stack.owner, body).await;
-    assert_eq!(status, StatusCode::OK, "{created}");
-    let id = created["id"].as_str().unwrap().to_owned();
-    stack.action(&id, "deploy").await;
+    let id = stack.deploy_with(json!([{"type": "v8", "uid": "tf-s", "script": script}])).await;
     stack.ingest(&[(1, USDC), (2, USDC), (3, USDC), (4, USDC)]).await;
     stack.settle(&id).await;
     assert_eq!(stack.sink_now(&id).await, vec![1, 2, 4], "2 succeeded on its third call");
