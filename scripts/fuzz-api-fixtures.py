@@ -21,8 +21,8 @@ Resources (all owned by the bootstrap operator):
 
 Besides the ids, the config sets, per operation, the statuses the positive-data check
 accepts beyond its defaults, each with the reason (see docs/api.md, "Fuzzing"):
-  * 416 on the sink reads: an offset or Last-Event-ID past the end of the sink is well
-    formed, and whether it is in range depends on what the sink holds;
+  * 416 on the sink and dead-letter reads: an offset or Last-Event-ID past the end of the
+    topic is well formed, and whether it is in range depends on what the topic holds;
   * 422 where the server checks what JSON Schema cannot say: scripts that must compile,
     filter expressions that must name a field of the source entity's records, chain and
     entity that must be a catalog pair, user and team ids that must exist, NDJSON lines
@@ -124,6 +124,7 @@ SEMANTIC_422 = [
     ("POST", "/api/v1/developer/prices/history"),
 ]
 OUT_OF_RANGE_416 = [
+    ("GET", "/api/v1/beam/{config_id}/dead-letters"),
     ("GET", "/api/v1/beam/{config_id}/sinks/{sink_uid}/records"),
     ("GET", "/api/v1/beam/{config_id}/sinks/{sink_uid}/records/stream"),
 ]

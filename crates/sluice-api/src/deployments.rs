@@ -357,6 +357,7 @@ pub struct DeadLettersBody {
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such pipeline, or not deployed", body = ErrorBody),
         (status = 422, description = "Bad query parameter", body = ValidationErrorBody),
+        (status = 416, description = "`offset` past the end of the dead letters; `detail` names the valid range", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -376,8 +377,14 @@ pub async fn dead_letters(
         // By default the dead letters still waiting: those after the last replay.
         page.from = runtime.dead_letter_cursor(&config_id).await?;
     }
+    let log = runtime.log().as_ref();
+    // An offset past the end is a 416, as on a sink: a consumer would otherwise poll an
+    // empty page forever.
+    if let (Some(offset), Some(range)) = (page.asked_offset, retained(log, &topic).await?) {
+        check_offset(offset, range)?;
+    }
     // A deployment from before dead letters existed has no topic yet: nothing failed there.
-    let records = page.read(runtime.log().as_ref(), &topic).await?.unwrap_or_default();
+    let records = page.read(log, &topic).await?.unwrap_or_default();
     let next_offset = records.last().map_or(page.from, |r| r.offset + 1);
     let dead_letters = records
         .into_iter()

@@ -1076,6 +1076,16 @@ async fn an_offset_past_the_end_of_a_sink_is_a_416_naming_the_valid_range() {
         assert!(detail.contains("[0, 2]"), "{body}");
     }
 
+    // The dead letters too: none yet, so only offset 0 is in range.
+    let dead = format!("/api/v1/beam/{id}/dead-letters");
+    let (status, page) =
+        stack.call(Method::GET, &format!("{dead}?offset=0"), &stack.owner, None).await;
+    assert_eq!((status, page["dead_letters"].clone()), (StatusCode::OK, json!([])), "{page}");
+    let (status, body) =
+        stack.call(Method::GET, &format!("{dead}?offset=1"), &stack.owner, None).await;
+    assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("[0, 0]"), "{body}");
+
     // The live tail too.
     let (status, body) = tail_error(&stack, &id, "?offset=3", None).await;
     assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE, "{body}");
