@@ -3,8 +3,11 @@
 //!
 //! Start at [`app`], which assembles every route; each handler module documents its
 //! endpoints with `#[utoipa::path]`, and registering a route through `utoipa_axum::routes!`
-//! puts it in the OpenAPI document, so the document cannot miss a route. Errors go through
-//! [`error::ApiError`]. This crate may depend on every other Sluice crate.
+//! puts it in the OpenAPI document, so the document cannot miss a route. Handlers parse with
+//! the one path, query and body extractor of each kind ([`params`], [`body`]), call one
+//! function of [`services`] for a change (it commits, tells the in-memory copies and
+//! redeploys), and render. Errors go through [`error::ApiError`]. This crate may depend on
+//! every other Sluice crate.
 
 pub mod account;
 pub mod auth;

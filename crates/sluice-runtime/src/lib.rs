@@ -3,9 +3,13 @@
 //! to the sink under the pipeline's delivery guarantee, the in-memory set-filter indexes that
 //! follow filter-value changes live, and the chain-stream topics records are ingested into.
 //!
-//! Start at [`Runtime`]: `deploy`, `pause`, `teardown`, `ingest`. Workers live in
-//! [`worker`], set indexes in [`sets`], the compiled form of a pipeline in [`plan`]. This
-//! crate must not depend on the API.
+//! Start at [`Runtime`]: `deploy`, `pause`, `teardown`, `ingest`. Each deployment has its
+//! own lifecycle lock, so one pipeline's slow call never holds another's; health and counters
+//! are read from snapshots. Workers live in `worker`, set indexes in [`sets`] (loading through
+//! the [`sets::SetSource`] seam), the compiled form of a pipeline in [`plan`], and where the
+//! records go in [`sinks`] (the [`sinks::Sink`] trait and one module per sink type), fed by
+//! [`delivery`] for workers and dead-letter replay alike. This crate must not depend on the
+//! API.
 
 pub mod datasets;
 pub mod delivery;
