@@ -8,7 +8,7 @@
 //! at a batch boundary, so no record is skipped or processed twice by the change. A paused
 //! pipeline is only stored; it runs the new list when it is next deployed.
 //!
-//! Edits of one pipeline are serialised in this process ([`EditLocks`]) so that two
+//! Edits of one pipeline are serialised in this process ([`crate::services::EditLocks`]) so that two
 //! concurrent changes cannot both read the same configuration and the later write silently
 //! undo the earlier one, and so that the runtime ends up running the last stored list.
 
