@@ -166,13 +166,22 @@ impl Worker {
         let newest_block_ms = self.newest_block_time_ms(&records, cutoff);
         let started = std::time::Instant::now();
         // The records move through the stages and into the sink batch: nothing is copied.
-        let kept: Vec<Record> = records.into_iter().filter(|r| r.timestamp_ms >= cutoff).collect();
-        let positions: Vec<(u32, u64)> = kept.iter().map(|r| (r.partition, r.offset)).collect();
-        let items: Vec<Item> = kept
+        // Only script stages can leave records for the next batch, so only then are the
+        // records' positions kept, to commit up to the first one left.
+        let track_positions = plan.plan.has_scripts();
+        let mut positions: Vec<(u32, u64)> = Vec::new();
+        let items: Vec<Item> = records
             .into_iter()
+            .filter(|r| r.timestamp_ms >= cutoff)
             .enumerate()
-            .map(|(origin, r)| Item { key: r.key, value: r.value, origin })
+            .map(|(origin, r)| {
+                if track_positions {
+                    positions.push((r.partition, r.offset));
+                }
+                Item { key: r.key, value: r.value, origin }
+            })
             .collect();
+        let kept = items.len();
         if items.len() < read {
             Counters::add(&self.counters.skipped_expired, (read - items.len()) as u64);
         }
@@ -217,7 +226,7 @@ impl Worker {
         };
         let offsets = offsets.as_slice();
         // Deferred records are read again, and counted then.
-        let deferred = outcome.deferred_from.map_or(0, |from| positions.len().saturating_sub(from));
+        let deferred = outcome.deferred_from.map_or(0, |from| kept.saturating_sub(from));
         let received = (read - deferred) as u64;
         Counters::add(&self.counters.received, received);
         metrics.received = received;
