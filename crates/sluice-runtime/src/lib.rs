@@ -295,32 +295,35 @@ impl Runtime {
             let want =
                 usize::try_from(end - report.next_offset).unwrap_or(usize::MAX).min(REPLAY_CHUNK);
             let letters = self.log.read(&dead_topic, 0, report.next_offset, want).await?;
-            let Some(last) = letters.last().map(|r| r.offset) else { break };
-            let items: Vec<(usize, plan::Item)> =
-                letters.into_iter().filter_map(|letter| replay_item(&plan, letter)).collect();
-            report.replayed += items.len() as u64;
+            let Some(read_to) = letters.last().map(|r| r.offset + 1) else { break };
+            // Letters that cannot be read back are passed over (with the cursor).
+            let (offsets, items): (Vec<u64>, Vec<(usize, plan::Item)>) = letters
+                .into_iter()
+                .filter_map(|letter| {
+                    let offset = letter.offset;
+                    replay_item(&plan, letter).map(|item| (offset, item))
+                })
+                .unzip();
             let moved_plan = plan.clone();
-            let (outcome, back) = tokio::task::spawn_blocking(move || {
-                let mut all = plan::Outcome::default();
-                for (first, item) in items {
-                    let outcome = moved_plan.run_from(first, vec![item], &mut engines);
-                    all.out.extend(outcome.out);
-                    all.failed.extend(outcome.failed);
-                    all.oom_restarts += outcome.oom_restarts;
-                }
-                (all, engines)
+            let budget = plan::batch_output_budget(plan.plan.pod_size);
+            let (outcome, run, back) = tokio::task::spawn_blocking(move || {
+                let (outcome, run) = moved_plan.replay_within(items, &mut engines, budget);
+                (outcome, run, engines)
             })
             .await
             .map_err(|error| RuntimeError::Replay(error.to_string()))?;
             engines = back;
+            report.replayed += run as u64;
+            // Up to the first letter not run yet; all read when every one was run.
+            let next = offsets.get(run).copied().unwrap_or(read_to);
             let delivery = delivery::Delivery::of(outcome, &engines, self.clock.now());
             // The replay group's offset on the dead-letter topic is the replay cursor.
             let settle =
-                sinks::Settle { group: &group, source: &dead_topic, offsets: &[(0, last + 1)] };
+                sinks::Settle { group: &group, source: &dead_topic, offsets: &[(0, next)] };
             sink.deliver(&self.log, &delivery, &side, settle).await?;
             report.delivered += delivery.out.len() as u64;
             report.dead_lettered += delivery.dead.len() as u64;
-            report.next_offset = last + 1;
+            report.next_offset = next;
         }
         tracing::info!(config_id = %pipeline_id, ?report, "dead letters replayed");
         Ok(Some(report))

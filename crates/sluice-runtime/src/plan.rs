@@ -340,6 +340,35 @@ impl BoundPlan {
         })
     }
 
+    /// Replays dead letters, each `(first stage, record)` from its stage, in order, until
+    /// what they produced reaches `budget` bytes (sink records and records failed again):
+    /// memory stays bounded by the budget plus one call's output however much the fixed
+    /// scripts return. Answers the outcome and how many of `letters` were run; the rest are
+    /// for the next step.
+    pub fn replay_within(
+        &self,
+        letters: Vec<(usize, Item)>,
+        engines: &mut Engines,
+        budget: usize,
+    ) -> (Outcome, usize) {
+        let mut all = Outcome::default();
+        let mut bytes = 0;
+        let mut run = 0;
+        for (first, item) in letters {
+            let outcome = self.run_from(first, vec![item], engines);
+            bytes += outcome.out.iter().map(|item| item.value.len()).sum::<usize>();
+            bytes += outcome.failed.iter().map(|failed| failed.item.value.len()).sum::<usize>();
+            all.out.extend(outcome.out);
+            all.failed.extend(outcome.failed);
+            all.oom_restarts += outcome.oom_restarts;
+            run += 1;
+            if bytes >= budget {
+                break;
+            }
+        }
+        (all, run)
+    }
+
     /// As [`BoundPlan::run`], starting at stage `first` (replaying a dead letter from the
     /// transform that failed on it).
     pub fn run_from(&self, first: usize, items: Vec<Item>, engines: &mut Engines) -> Outcome {
@@ -539,6 +568,20 @@ mod tests {
                 origin,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_replay_step_stops_at_the_output_budget_and_leaves_the_rest_for_the_next() {
+        // About 1 MB per replayed record: a 2.5 MB budget takes three, then stops.
+        let plan = scripted(
+            "const s = 'x'.repeat(1000000);\nfunction transform(r) { return {n: r.n, s}; }",
+        );
+        let letters: Vec<(usize, Item)> = items(10).into_iter().map(|item| (0, item)).collect();
+        let mut engines = Engines::default();
+        let (outcome, run) = plan.replay_within(letters.clone(), &mut engines, 2_500_000);
+        assert_eq!((run, outcome.out.len()), (3, 3));
+        let (outcome, run) = plan.replay_within(letters, &mut engines, usize::MAX);
+        assert_eq!((run, outcome.out.len()), (10, 10));
     }
 
     #[test]
