@@ -97,7 +97,7 @@ pub enum Redeploy {
 
 /// Stores `updated` in place of `previous` (the store deletes the filter values of set
 /// filters the new configuration no longer has), drops their set indexes, and redeploys a
-/// deployed pipeline when `redeploy` says so. `_edit` is the pipeline's edit lock, held
+/// deployed pipeline when `redeploy` says so. `edit` is the pipeline's edit lock, held
 /// until all of it is done.
 ///
 /// # Errors
@@ -105,7 +105,7 @@ pub enum Redeploy {
 /// (nothing is stored then); a store or runtime failure.
 pub async fn update_pipeline(
     state: &AppState,
-    _edit: EditGuard,
+    edit: EditGuard,
     previous: &Pipeline,
     updated: Pipeline,
     redeploy: Redeploy,
@@ -117,7 +117,7 @@ pub async fn update_pipeline(
         .map(str::to_owned)
         .collect();
     detached(async move {
-        let _edit = _edit;
+        let _edit = edit;
         let config_id = updated.id.clone();
         let runtime = state.runtime.as_ref().filter(|_| redeploy == Redeploy::IfDeployed);
         if let Some(runtime) = runtime {
@@ -162,12 +162,12 @@ pub async fn update_pipeline(
 /// 404 when the pipeline is gone; a store or runtime failure.
 pub async fn delete_pipeline(
     state: &AppState,
-    _edit: EditGuard,
+    edit: EditGuard,
     pipeline: Pipeline,
 ) -> Result<(), ApiError> {
     let state = state.clone();
     detached(async move {
-        let _edit = _edit;
+        let _edit = edit;
         let config_id = pipeline.id.as_str();
         if let Some(runtime) = &state.runtime {
             runtime.teardown(config_id).await?;

@@ -209,7 +209,7 @@ impl Runtime {
                 };
                 match started.await {
                     Ok(workers) => {
-                        runtime.set_running(&record.pipeline_id, &mut running, Some(workers));
+                        runtime.set_running(&record.pipeline_id, &mut running, workers);
                         tracing::info!(config_id = %record.pipeline_id, "resumed deployed pipeline");
                     }
                     Err(error) => {
@@ -446,12 +446,12 @@ impl Runtime {
             Some(_) => {
                 self.stop_running(&pipeline.id, &mut running).await;
                 let started = self.start_workers(pipeline, bound);
-                self.set_running(&pipeline.id, &mut running, Some(started));
+                self.set_running(&pipeline.id, &mut running, started);
                 true
             }
             None => {
                 let started = self.start_workers(pipeline, bound);
-                self.set_running(&pipeline.id, &mut running, Some(started));
+                self.set_running(&pipeline.id, &mut running, started);
                 false
             }
         };
@@ -585,13 +585,10 @@ impl Runtime {
         &self,
         pipeline_id: &str,
         slot: &mut OwnedMutexGuard<Option<Running>>,
-        started: Option<Running>,
+        started: Running,
     ) {
-        match &started {
-            Some(running) => self.views_mut().insert(pipeline_id.to_owned(), running.view()),
-            None => self.views_mut().remove(pipeline_id),
-        };
-        **slot = started;
+        self.views_mut().insert(pipeline_id.to_owned(), started.view());
+        **slot = Some(started);
     }
 
     /// Stops the pipeline's workers, if any run, and flushes their metrics; the caller holds

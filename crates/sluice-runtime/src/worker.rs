@@ -51,6 +51,7 @@ impl Worker {
         let mut plan = self.plan.borrow_and_update().clone();
         let source = plan.plan.source.clone();
         let group = topics::deployment_group(&plan.plan.pipeline_id);
+        let side = SideTopics::new(&plan.plan.pipeline_id);
         let Some(mut next) = self.start_offsets(&source, &group).await else { return };
         let mut watch = self.log.watch(&source);
         // This worker's script runtimes; they move into the blocking task that runs a batch
@@ -95,7 +96,7 @@ impl Worker {
                 plan = self.plan.borrow_and_update().clone();
                 engines.keep_only(&plan);
             }
-            let settled = self.process(&plan, batch, &mut engines, &group, &offsets).await;
+            let settled = self.process(&plan, batch, &mut engines, &group, &side, &offsets).await;
             let Some(committed) = settled else {
                 // Stopped while the sink kept failing: offsets stay for the next start.
                 return;
@@ -155,6 +156,7 @@ impl Worker {
         records: Vec<Record>,
         engines: &mut Engines,
         group: &str,
+        side: &SideTopics,
         read_to: &[(u32, u64)],
     ) -> Option<Vec<(u32, u64)>> {
         let mut metrics = BatchMetrics::default();
@@ -246,12 +248,11 @@ impl Worker {
         self.metrics.record(std::mem::take(&mut metrics));
         let Some(sink) = plan.plan.sinks.first() else { return Some(offsets.to_vec()) };
         let sink_uid = sink.config().uid();
-        let side = SideTopics::new(&plan.plan.pipeline_id);
         let source = plan.plan.source.as_str();
         let settle = Settle { group, source, offsets };
         let mut backoff = self.settings.initial_backoff;
         loop {
-            let written = sink.deliver(&self.log, &delivery, &side, settle).await;
+            let written = sink.deliver(&self.log, &delivery, side, settle).await;
             match written {
                 Ok(_) => {
                     metrics.sink_writes = 1;
