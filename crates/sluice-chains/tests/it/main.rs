@@ -1,0 +1,8 @@
+//! Integration tests of the EVM ingester against a real Anvil node (`SLUICE_TEST_ANVIL_BIN`,
+//! which `scripts/test` sets; the tests fail without it) with the contracts of
+//! `tests/contracts`.
+
+mod anvil;
+mod faults;
+mod ingest;
+mod reorg;
