@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// or token (keep it off the public network).
     #[arg(long, env = "SLUICE_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Ingest an EVM chain of the catalog from a JSON-RPC URL (repeatable); more settings per
+    /// chain in the config file's `[[chains]]` (see docs/chains.md).
+    #[arg(long = "chain", value_name = "NAME=URL")]
+    pub chains: Vec<String>,
 }
 
 /// The config file: every setting, all optional.
@@ -69,6 +73,8 @@ struct FileSettings {
     max_filter_values_body_bytes: Option<usize>,
     metrics_token: Option<String>,
     metrics_listen: Option<SocketAddr>,
+    #[serde(default)]
+    chains: Vec<crate::chains::ChainFileSettings>,
 }
 
 /// Resolved settings.
@@ -82,6 +88,8 @@ pub struct Settings {
     pub max_filter_values_body_bytes: usize,
     pub metrics_token: Option<String>,
     pub metrics_listen: Option<SocketAddr>,
+    /// Chains to ingest (file `[[chains]]` with `--chain` flags applied).
+    pub chains: Vec<crate::chains::ChainFileSettings>,
 }
 
 /// Shortest metrics token accepted: a guessable token would expose every tenant's metrics.
@@ -144,6 +152,7 @@ impl Settings {
             max_filter_values_body_bytes,
             metrics_token,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
+            chains: crate::chains::merge(file.chains, &args.chains)?,
         })
     }
 
