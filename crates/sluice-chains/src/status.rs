@@ -9,6 +9,9 @@ use serde::Serialize;
 
 use crate::rpc::RpcCounters;
 
+/// Reads one series' value from a snapshot.
+type Pick = fn(&StatusSnapshot) -> Option<f64>;
+
 /// One chain's live status.
 #[derive(Debug)]
 pub struct ChainStatus {
@@ -130,7 +133,7 @@ impl ChainStatus {
     /// Prometheus text of every chain's status.
     pub fn metrics_text(statuses: &[Arc<ChainStatus>]) -> String {
         let mut out = String::new();
-        let series: [(&str, &str, fn(&StatusSnapshot) -> Option<f64>); 8] = [
+        let series: [(&str, &str, Pick); 8] = [
             ("sluice_chain_head_block", "gauge", |s| s.head.map(|v| v as f64)),
             ("sluice_chain_finalized_block", "gauge", |s| s.finalized.map(|v| v as f64)),
             ("sluice_chain_ingested_block", "gauge", |s| s.ingested.map(|v| v as f64)),

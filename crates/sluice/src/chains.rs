@@ -229,16 +229,20 @@ impl ChainStatusSource for Statuses {
     }
 }
 
-/// Starts one ingester task per chain; the status source is `None` without chains.
+/// The running ingesters.
+pub struct Started {
+    pub tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// `None` without chains.
+    pub status: Option<Arc<dyn ChainStatusSource>>,
+}
+
+/// Starts one ingester task per chain.
 ///
 /// # Errors
 /// An RPC client that cannot be built.
-pub fn start(
-    configs: Vec<ChainConfig>,
-    runtime: &Arc<Runtime>,
-) -> anyhow::Result<(Vec<tokio::task::JoinHandle<()>>, Option<Arc<dyn ChainStatusSource>>)> {
+pub fn start(configs: Vec<ChainConfig>, runtime: &Arc<Runtime>) -> anyhow::Result<Started> {
     if configs.is_empty() {
-        return Ok((Vec::new(), None));
+        return Ok(Started { tasks: Vec::new(), status: None });
     }
     let sink: Arc<dyn ChainSink> = Arc::new(RuntimeSink {
         runtime: runtime.clone(),
@@ -254,7 +258,7 @@ pub fn start(
         statuses.push(status);
         tasks.push(tokio::spawn(ingester.run()));
     }
-    Ok((tasks, Some(Arc::new(Statuses(statuses)))))
+    Ok(Started { tasks, status: Some(Arc::new(Statuses(statuses))) })
 }
 
 #[cfg(test)]

@@ -53,8 +53,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .context("starting the pipeline runtime")?;
     let mut background = background_tasks(&runtime, &catalog, args.demo);
     let chain_configs = crate::chains::configs(&settings.chains, &catalog)?;
-    let (chain_tasks, chain_status) = crate::chains::start(chain_configs, &runtime)?;
-    background.extend(chain_tasks);
+    let chains = crate::chains::start(chain_configs, &runtime)?;
+    background.extend(chains.tasks);
     // The same store serves prices (one pool); loading the service (recent candles, latest
     // minutes) happens while the API serves.
     let price_store = store.clone().into_prices();
@@ -85,7 +85,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .with_runtime(runtime.clone())
     .with_dataset_listener(datasets)
     .with_price_slot(prices);
-    let state = match chain_status {
+    let state = match chains.status {
         Some(chains) => state.with_chains(chains),
         None => state,
     };

@@ -2,6 +2,8 @@
 //! which `scripts/test` sets; the tests fail without it) with the contracts of
 //! `tests/contracts`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod anvil;
 mod faults;
 mod ingest;
