@@ -60,6 +60,8 @@ pub struct ChainConfig {
     pub poll_interval: Duration,
     /// Largest `eth_getLogs` block range tried.
     pub max_block_range: u64,
+    /// Consecutive ranges read at once when behind the head.
+    pub parallel_ranges: usize,
     /// Entities to write and whether each has a `.zerolag` twin (from the catalog).
     pub entities: Vec<(String, bool)>,
     /// Token addresses worth one US dollar per token, for `dex_trade` USD values (lowercase).
@@ -78,6 +80,7 @@ impl ChainConfig {
             finality: Finality::Depth(default_confirmations(name)),
             poll_interval: Duration::from_secs(1),
             max_block_range: 2000,
+            parallel_ranges: 4,
             entities: crate::records::ENTITIES.iter().map(|e| ((*e).to_owned(), true)).collect(),
             stablecoins: default_stablecoins(name).iter().map(|s| (*s).to_owned()).collect(),
             rpc: RpcSettings::default(),

@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 use crate::ChainError;
 use crate::rpc::{Call, RpcClient};
 
-/// Logs per range the adaptive sizing aims under: more and the range stops growing.
-const CHEAP_LOGS: usize = 2_000;
+/// Logs per range the adaptive sizing aims at: under half of it the range grows, over twice
+/// it shrinks (providers commonly cap one answer at 10,000 logs).
+const CHEAP_LOGS: usize = 10_000;
 
 /// What a block contributes: its header, its logs and the senders/recipients of the
 /// transactions that emitted them.
@@ -51,7 +52,7 @@ pub struct RawLog {
 }
 
 /// The adaptive `eth_getLogs` range.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RangeSizer {
     current: u64,
     max: u64,
@@ -129,8 +130,63 @@ pub async fn headers(rpc: &RpcClient, numbers: &[u64]) -> Result<Vec<Option<Head
         .collect()
 }
 
+/// Up to `parallel` consecutive ranges from `from` (each of the sizer's current size, none
+/// past `to`), read concurrently, as one checked run of blocks. A range that came back
+/// shorter (its size halved on a provider's error) ends the run there; the sizer keeps the
+/// smallest size any range used.
+///
+/// # Errors
+/// As [`blocks`].
+pub async fn ranges(
+    rpc: &RpcClient,
+    sizer: &mut RangeSizer,
+    from: u64,
+    to: u64,
+    parallel: usize,
+    with_transactions: bool,
+) -> Result<Vec<FetchedBlock>, ChainError> {
+    let size = sizer.current();
+    let mut starts = Vec::new();
+    let mut start = from;
+    while start <= to && starts.len() < parallel.max(1) {
+        starts.push(start);
+        start = start.saturating_add(size);
+    }
+    let mut sizers: Vec<RangeSizer> = starts.iter().map(|_| sizer.clone()).collect();
+    let reads = starts.iter().zip(sizers.iter_mut()).map(|(start, sizer)| {
+        let end = to.min(start.saturating_add(size - 1));
+        blocks(rpc, sizer, *start, end, with_transactions)
+    });
+    let results = futures_util::future::join_all(reads).await;
+    let mut run: Vec<FetchedBlock> = Vec::new();
+    for (result, start) in results.into_iter().zip(&starts) {
+        let Ok(chunk) = result else {
+            if run.is_empty() {
+                return result;
+            }
+            break;
+        };
+        let expected = run.last().map_or(from, |b| b.header.number + 1);
+        if *start != expected {
+            break;
+        }
+        if let (Some(last), Some(first)) = (run.last(), chunk.first()) {
+            if first.header.parent_hash != last.header.hash {
+                return Err(ChainError::Inconsistent { from, to });
+            }
+        }
+        run.extend(chunk);
+    }
+    if let Some(smallest) = sizers.into_iter().min_by_key(RangeSizer::current) {
+        *sizer = smallest;
+    }
+    Ok(run)
+}
+
 /// Blocks `from..=` up to `to` (fewer when the range sizer says so), checked consistent:
-/// every log's block hash is its block's, and each block's parent is the previous one.
+/// every log's block hash is its block's, and each block's parent is the previous one. With
+/// `with_transactions`, blocks that have logs are read with their transactions (for `log`'s
+/// sender and recipient).
 ///
 /// # Errors
 /// RPC failures; [`ChainError::Inconsistent`] when the node's chain changed under the reads.
@@ -139,6 +195,7 @@ pub async fn blocks(
     sizer: &mut RangeSizer,
     from: u64,
     to: u64,
+    with_transactions: bool,
 ) -> Result<Vec<FetchedBlock>, ChainError> {
     let (to, logs) = loop {
         let end = to.min(from + sizer.current() - 1);
@@ -167,7 +224,7 @@ pub async fn blocks(
     }
     let calls = (from..=to)
         .map(|n| {
-            let full = by_block.contains_key(&n);
+            let full = with_transactions && by_block.contains_key(&n);
             Call::new("eth_getBlockByNumber", json!([hex_quantity(n), full]))
         })
         .collect();
@@ -300,7 +357,7 @@ mod tests {
         assert_eq!(sizer.current(), 200);
         sizer.observe(50, 10);
         assert_eq!(sizer.current(), 200, "a short range at the head says nothing");
-        sizer.observe(200, 10_000);
+        sizer.observe(200, 30_000);
         assert_eq!(sizer.current(), 100);
         assert!(sizer.shrink());
         assert_eq!(sizer.current(), 50);

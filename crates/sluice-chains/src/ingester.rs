@@ -134,8 +134,17 @@ impl Ingester {
         let mut progressed = false;
         let tip = self.tip().clone();
         if tip.number < head {
-            let to = head.min(tip.number + self.config.max_block_range);
-            let blocks = match fetch::blocks(&self.rpc, &mut self.sizer, tip.number + 1, to).await {
+            let with_transactions = self.with_transactions();
+            let blocks = match fetch::ranges(
+                &self.rpc,
+                &mut self.sizer,
+                tip.number + 1,
+                head,
+                self.config.parallel_ranges,
+                with_transactions,
+            )
+            .await
+            {
                 Err(ChainError::Inconsistent { .. }) => return Ok(false),
                 other => other?,
             };
@@ -146,15 +155,11 @@ impl Ingester {
             }
             let (tokens, pools) = records::contracts(&blocks);
             self.tokens.load(&self.rpc, tokens, pools).await?;
-            let mut built = Vec::with_capacity(blocks.len());
-            for block in &blocks {
-                built.push(records::build(
-                    &self.config.name,
-                    block,
-                    &self.tokens,
-                    &self.config.stablecoins,
-                )?);
-            }
+            let context = self.context();
+            let built = blocks
+                .iter()
+                .map(|block| records::build(context, block))
+                .collect::<Result<Vec<_>, _>>()?;
             self.append_zerolag(&built).await?;
             if let Some(last) = blocks.last() {
                 self.status.head(
@@ -176,6 +181,20 @@ impl Ingester {
             self.save().await?;
         }
         Ok(progressed)
+    }
+
+    fn context(&self) -> records::Context<'_> {
+        records::Context {
+            chain: &self.config.name,
+            tokens: &self.tokens,
+            stablecoins: &self.config.stablecoins,
+            entities: &self.config.entities,
+        }
+    }
+
+    /// Only `log` and `decoded_log` need the transactions (their sender and recipient).
+    fn with_transactions(&self) -> bool {
+        self.config.entities.iter().any(|(e, _)| e == "log" || e == "decoded_log")
     }
 
     fn tip(&self) -> &Header {
@@ -364,7 +383,9 @@ impl Ingester {
         let mut fetched = Vec::new();
         let mut next = from;
         while next <= to {
-            let blocks = fetch::blocks(&self.rpc, &mut self.sizer, next, to).await?;
+            let with_transactions = self.with_transactions();
+            let blocks =
+                fetch::blocks(&self.rpc, &mut self.sizer, next, to, with_transactions).await?;
             next = blocks.last().map_or(to, |b| b.header.number) + 1;
             fetched.extend(blocks);
         }
@@ -375,12 +396,13 @@ impl Ingester {
                 return Err(ChainError::Inconsistent { from, to });
             }
             if pending.records.is_none() {
-                pending.records = Some(records::build(
-                    &self.config.name,
-                    block,
-                    &self.tokens,
-                    &self.config.stablecoins,
-                )?);
+                let context = records::Context {
+                    chain: &self.config.name,
+                    tokens: &self.tokens,
+                    stablecoins: &self.config.stablecoins,
+                    entities: &self.config.entities,
+                };
+                pending.records = Some(records::build(context, block)?);
             }
         }
         Ok(())

@@ -59,22 +59,36 @@ pub fn contracts(blocks: &[FetchedBlock]) -> (Vec<String>, Vec<String>) {
     (tokens.into_iter().collect(), pools.into_iter().collect())
 }
 
-/// The records of one block.
+/// What records are built from: the chain, the token cache, the stablecoins and the
+/// entities wanted (no record is built for the others).
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub chain: &'a str,
+    pub tokens: &'a Tokens,
+    pub stablecoins: &'a [String],
+    pub entities: &'a [(String, bool)],
+}
+
+/// The records of one block, of the entities `context` wants.
 ///
 /// # Errors
 /// [`ChainError::Malformed`] when a record fails the stream's checks (a node answer that
 /// lacks what a key needs).
-pub fn build(
-    chain: &str,
-    block: &FetchedBlock,
-    tokens: &Tokens,
-    stablecoins: &[String],
-) -> Result<BlockRecords, ChainError> {
-    let mut out = Builder { chain, block, tokens, stablecoins, by_entity: HashMap::new() };
+pub fn build(context: Context<'_>, block: &FetchedBlock) -> Result<BlockRecords, ChainError> {
+    let mut out = Builder {
+        chain: context.chain,
+        block,
+        tokens: context.tokens,
+        stablecoins: context.stablecoins,
+        entities: context.entities,
+        by_entity: HashMap::new(),
+    };
     for log in &block.logs {
         out.log(log)?;
     }
-    out.dex_trades()?;
+    if out.wants("dex_trade") {
+        out.dex_trades()?;
+    }
     Ok(BlockRecords { header: block.header.clone(), by_entity: out.by_entity })
 }
 
@@ -105,10 +119,15 @@ struct Builder<'a> {
     block: &'a FetchedBlock,
     tokens: &'a Tokens,
     stablecoins: &'a [String],
+    entities: &'a [(String, bool)],
     by_entity: HashMap<&'static str, Vec<StreamRecord>>,
 }
 
 impl Builder<'_> {
+    fn wants(&self, entity: &str) -> bool {
+        self.entities.iter().any(|(e, _)| e == entity)
+    }
+
     fn push(
         &mut self,
         entity: &'static str,
@@ -132,6 +151,41 @@ impl Builder<'_> {
     }
 
     fn log(&mut self, log: &RawLog) -> Result<(), ChainError> {
+        let (wants_log, wants_decoded) = (self.wants("log"), self.wants("decoded_log"));
+        let raw = (wants_log || wants_decoded).then(|| self.raw(log));
+        if let (true, Some(raw)) = (wants_log, &raw) {
+            self.push("log", raw)?;
+        }
+        let Some(known) = events::lookup(&log.topics) else { return Ok(()) };
+        let transfer_entity = match known.signature.as_str() {
+            TRANSFER if known.topics == 3 => "erc20_token_transfer",
+            TRANSFER => "erc721_token_transfer",
+            TRANSFER_SINGLE | TRANSFER_BATCH => "erc1155_token_transfer",
+            _ => "",
+        };
+        let wants_transfer = !transfer_entity.is_empty() && self.wants(transfer_entity);
+        if !wants_decoded && !wants_transfer {
+            return Ok(());
+        }
+        let Some(params) = events::decode(known, &log.topics, &log.data) else { return Ok(()) };
+        if let (true, Some(mut decoded)) = (wants_decoded, raw) {
+            decoded.insert("name".into(), json!(known.event.name));
+            decoded.insert("signature".into(), json!(known.signature));
+            decoded.insert("params".into(), events::params_json(&params));
+            self.push("decoded_log", &decoded)?;
+        }
+        if !wants_transfer {
+            return Ok(());
+        }
+        match transfer_entity {
+            "erc20_token_transfer" => self.erc20(log, &params),
+            "erc721_token_transfer" => self.erc721(log, &params),
+            _ => self.erc1155(log, &known.event.name, &params),
+        }
+    }
+
+    /// A `log` record (the start of a `decoded_log` one).
+    fn raw(&self, log: &RawLog) -> Map<String, Value> {
         let mut raw = self.position(log);
         raw.insert("address".into(), json!(log.address));
         raw.insert("data".into(), json!(format!("0x{}", alloy_primitives::hex::encode(&log.data))));
@@ -147,20 +201,7 @@ impl Builder<'_> {
         };
         raw.insert("from_address".into(), from);
         raw.insert("to_address".into(), to);
-        self.push("log", &raw)?;
-        let Some(known) = events::lookup(&log.topics) else { return Ok(()) };
-        let Some(params) = events::decode(known, &log.topics, &log.data) else { return Ok(()) };
-        let mut decoded = raw;
-        decoded.insert("name".into(), json!(known.event.name));
-        decoded.insert("signature".into(), json!(known.signature));
-        decoded.insert("params".into(), events::params_json(&params));
-        self.push("decoded_log", &decoded)?;
-        match known.signature.as_str() {
-            TRANSFER if known.topics == 3 => self.erc20(log, &params),
-            TRANSFER => self.erc721(log, &params),
-            TRANSFER_SINGLE | TRANSFER_BATCH => self.erc1155(log, &known.event.name, &params),
-            _ => Ok(()),
-        }
+        raw
     }
 
     fn token_fields(&self, record: &mut Map<String, Value>, address: &str) -> Option<u8> {

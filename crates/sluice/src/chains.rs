@@ -31,6 +31,7 @@ pub struct ChainFileSettings {
     pub max_concurrency: Option<usize>,
     pub max_batch: Option<usize>,
     pub max_block_range: Option<u64>,
+    pub parallel_ranges: Option<usize>,
     pub poll_interval_ms: Option<u64>,
     /// Token addresses worth one dollar (replaces the chain's default list).
     pub stablecoins: Option<Vec<String>>,
@@ -55,6 +56,7 @@ impl ChainFileSettings {
             max_concurrency: None,
             max_batch: None,
             max_block_range: None,
+            parallel_ranges: None,
             poll_interval_ms: None,
             stablecoins: None,
         }
@@ -148,6 +150,9 @@ pub fn configs(
         }
         if let Some(n) = chain.max_block_range {
             config.max_block_range = n.max(1);
+        }
+        if let Some(n) = chain.parallel_ranges {
+            config.parallel_ranges = n.max(1);
         }
         if let Some(ms) = chain.poll_interval_ms {
             config.poll_interval = Duration::from_millis(ms.max(1));

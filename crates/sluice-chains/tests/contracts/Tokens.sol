@@ -24,6 +24,14 @@ contract TestToken {
         emit Transfer(address(0), to, value);
     }
 
+    /// One Transfer per recipient (the ingest benchmark makes many transfers with few transactions).
+    function mintMany(address[] calldata to, uint256 value) external {
+        for (uint256 i = 0; i < to.length; i++) {
+            balanceOf[to[i]] += value;
+            emit Transfer(address(0), to[i], value);
+        }
+    }
+
     function transfer(address to, uint256 value) external returns (bool) {
         balanceOf[msg.sender] -= value;
         balanceOf[to] += value;

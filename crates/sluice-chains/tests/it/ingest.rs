@@ -231,3 +231,25 @@ async fn transfers_swaps_and_decoded_logs_arrive_with_exact_fields() {
     assert_eq!(zerolag.len(), erc20.len());
     assert!(erc20.iter().all(|r| r["block_number"].as_u64().unwrap() <= swap_block));
 }
+
+#[tokio::test]
+async fn only_the_entities_the_catalog_lists_are_written() {
+    let anvil = Anvil::start().await;
+    let usdc = anvil.deploy("TestToken", vec![text("USD Coin"), text("USDC"), uint(6)]).await;
+    anvil.invoke(ALICE, &usdc, "mint(address,uint256)", vec![address(BOB), uint(5)]).await;
+    anvil.mine(2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = stream_log(dir.path(), "base").await;
+    let mut config = config(&anvil.url, 1);
+    // As the default catalog has `abstract`: transfers without a zerolag twin, and no logs.
+    config.entities = vec![("erc20_token_transfer".to_owned(), false)];
+    let status = Ingester::status_for(&config);
+    let mut ingester = Ingester::new(config, positions(&log), status.clone()).unwrap();
+    ingest_until(&mut ingester, &status, anvil.head().await - 1).await;
+    assert_eq!(records(&log, "base.erc20_token_transfer").await.len(), 1);
+    for topic in
+        ["base.erc20_token_transfer.zerolag", "base.log", "base.log.zerolag", "base.decoded_log"]
+    {
+        assert!(records(&log, topic).await.is_empty(), "{topic}");
+    }
+}
