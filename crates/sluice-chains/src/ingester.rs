@@ -20,7 +20,7 @@ use sluice_core::streams::StreamRecord;
 
 use crate::ChainError;
 use crate::config::{ChainConfig, Finality, StartBlock};
-use crate::fetch::{self, Header, RangeSizer};
+use crate::fetch::{self, FetchedBlock, Header, RangeSizer};
 use crate::records::{self, BlockRecords};
 use crate::rpc::RpcClient;
 use crate::sink::{ChainSink, Checkpoint};
@@ -38,6 +38,9 @@ struct Pending {
     records: Option<BlockRecords>,
 }
 
+/// A read of ranges running in its own task, with the range sizer it ends with.
+type Prefetch = tokio::task::JoinHandle<Result<(Vec<FetchedBlock>, RangeSizer), ChainError>>;
+
 /// One chain's ingester.
 pub struct Ingester {
     config: ChainConfig,
@@ -46,11 +49,22 @@ pub struct Ingester {
     status: Arc<ChainStatus>,
     tokens: Tokens,
     sizer: RangeSizer,
+    /// The read of the ranges after the ones being written, started before writing them
+    /// while the ingester is behind the head: `(first block, task)`.
+    prefetch: Option<(u64, Prefetch)>,
     finalized: Option<Header>,
     unfinalized: VecDeque<Pending>,
     /// Per finalized stream, the highest block it already holds: blocks up to it are not
     /// appended to it again (the streams may be ahead of the checkpoint after a crash).
     stream_tails: HashMap<String, u64>,
+}
+
+impl Drop for Ingester {
+    fn drop(&mut self) {
+        if let Some((_, task)) = self.prefetch.take() {
+            task.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for Ingester {
@@ -71,6 +85,7 @@ impl Ingester {
         status.set_rpc(rpc.counters().clone());
         Ok(Self {
             sizer: RangeSizer::new(config.max_block_range),
+            prefetch: None,
             config,
             rpc,
             sink,
@@ -134,20 +149,14 @@ impl Ingester {
         let mut progressed = false;
         let tip = self.tip().clone();
         if tip.number < head {
-            let with_transactions = self.with_transactions();
-            let blocks = match fetch::ranges(
-                &self.rpc,
-                &mut self.sizer,
-                tip.number + 1,
-                head,
-                self.config.parallel_ranges,
-                with_transactions,
-            )
-            .await
-            {
+            let blocks = match self.read_from(tip.number + 1, head).await {
                 Err(ChainError::Inconsistent { .. }) => return Ok(false),
                 other => other?,
             };
+            // Behind the head: read the next ranges while these are written.
+            if let Some(last) = blocks.last().map(|b| b.header.number).filter(|n| *n < head) {
+                self.start_prefetch(last + 1, head);
+            }
             let first = blocks.first().expect("a range has a block");
             if first.header.parent_hash != tip.hash {
                 self.reorg().await?;
@@ -181,6 +190,42 @@ impl Ingester {
             self.save().await?;
         }
         Ok(progressed)
+    }
+
+    /// The blocks from `from` on (up to `head`): the prefetched ones when they start there.
+    async fn read_from(&mut self, from: u64, head: u64) -> Result<Vec<FetchedBlock>, ChainError> {
+        if let Some((start, task)) = self.prefetch.take() {
+            if start == from {
+                if let Ok(result) = task.await {
+                    let (blocks, sizer) = result?;
+                    self.sizer = sizer;
+                    return Ok(blocks);
+                }
+            } else {
+                task.abort();
+            }
+        }
+        let with_transactions = self.with_transactions();
+        fetch::ranges(
+            &self.rpc,
+            &mut self.sizer,
+            from,
+            head,
+            self.config.parallel_ranges,
+            with_transactions,
+        )
+        .await
+    }
+
+    fn start_prefetch(&mut self, from: u64, head: u64) {
+        let (rpc, mut sizer) = (self.rpc.clone(), self.sizer.clone());
+        let (parallel, with_transactions) = (self.config.parallel_ranges, self.with_transactions());
+        let task = tokio::spawn(async move {
+            let blocks =
+                fetch::ranges(&rpc, &mut sizer, from, head, parallel, with_transactions).await?;
+            Ok((blocks, sizer))
+        });
+        self.prefetch = Some((from, task));
     }
 
     fn context(&self) -> records::Context<'_> {
@@ -278,6 +323,9 @@ impl Ingester {
 
     /// A reorg was seen: drop the zerolag blocks the node no longer has, marking each.
     async fn reorg(&mut self) -> Result<(), ChainError> {
+        if let Some((_, task)) = self.prefetch.take() {
+            task.abort();
+        }
         let numbers: Vec<u64> = self.unfinalized.iter().map(|p| p.header.number).collect();
         let canonical = fetch::headers(&self.rpc, &numbers).await?;
         let keep = self
