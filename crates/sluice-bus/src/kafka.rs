@@ -40,8 +40,8 @@ use self::readers::{Cursor, Readers};
 use self::tails::Tails;
 use crate::topics::check_name;
 use crate::{
-    AppendWatch, BusError, NewRecord, OffsetRange, Position, Record, Result, Retention, StreamLog,
-    TopicConfig, partition_for_key,
+    AppendWatch, BusError, ClientAccess, NewRecord, OffsetRange, Position, Record, Result,
+    Retention, StreamLog, TopicConfig, partition_for_key,
 };
 
 /// How long a metadata, offset or admin request may take before it fails.
@@ -311,10 +311,11 @@ impl StreamLog for KafkaLog {
 
     async fn delete_topic(&self, topic: &str) -> Result<bool> {
         let name = self.name(topic);
+        // Readers of the topic close first: none is left fetching a topic that is gone.
+        self.inner.readers.forget(topic);
         let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
         let results = self.inner.admin.delete_topics(&[&name], &options).await.map_err(backend)?;
         self.inner.topics.lock().expect("topic cache mutex").remove(topic);
-        self.inner.readers.forget(topic);
         let mut deleted = true;
         for result in results {
             match result {
@@ -503,6 +504,19 @@ impl StreamLog for KafkaLog {
                 Ok(_) => tracing::debug!(topic = %name, "watch of a topic not yet known: local appends only"),
                 Err(error) => tracing::warn!(%error, "cannot follow a topic; local appends only"),
             }
+        })
+    }
+
+    fn client_access(&self, topic: &str) -> Option<ClientAccess> {
+        let settings = &self.inner.settings;
+        Some(ClientAccess {
+            bootstrap_servers: settings.bootstrap_servers.clone(),
+            topic: self.name(topic),
+            group_id: self.name(&format!("consumer.{topic}")),
+            security_protocol: settings.security_protocol().to_owned(),
+            sasl_mechanism: settings.client_setting("sasl.mechanism").map(str::to_owned),
+            username: settings.consumer_username.clone(),
+            password: settings.consumer_password.clone(),
         })
     }
 

@@ -204,6 +204,28 @@ pub trait StreamLog: Send + Sync + 'static {
     async fn ready(&self) -> Result<()> {
         Ok(())
     }
+
+    /// How a Kafka client reaches `topic` of this log, when one can (a Kafka cluster); `None`
+    /// for the embedded log, whose topics are read over Sluice's HTTP API.
+    fn client_access(&self, topic: &str) -> Option<ClientAccess> {
+        let _ = topic;
+        None
+    }
+}
+
+/// What a Kafka client needs to read a topic of the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAccess {
+    pub bootstrap_servers: String,
+    /// The topic's name on the cluster.
+    pub topic: String,
+    /// A consumer-group id (or prefix) for the reader's own consumers.
+    pub group_id: String,
+    pub security_protocol: String,
+    pub sasl_mechanism: Option<String>,
+    /// The consumer credentials the operator configured for readers, if any.
+    pub username: Option<String>,
+    pub password: Option<String>,
 }
 
 /// Wakes a reader when a topic receives records.

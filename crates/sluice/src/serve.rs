@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sluice_api::{AppState, Limits};
-use sluice_bus::EmbeddedLog;
+use sluice_bus::{EmbeddedLog, KafkaLog};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::{Clock, SystemClock};
 use sluice_runtime::datasets::DatasetIndex;
 use sluice_runtime::{Runtime, RuntimeSettings};
 use sluice_store::MetadataStore;
 
-use crate::settings::{ServeArgs, Settings};
+use crate::settings::{Bus, ServeArgs, Settings};
 
 /// Names of the identity created on first start.
 const BOOTSTRAP_ORG: &str = "sluice";
@@ -35,13 +35,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     bootstrap(store.as_ref()).await?;
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    // The stream log is embedded in the data directory whichever database holds metadata.
     settings.prepare_data_dir()?;
-    let log_path = settings.data_dir.join("log.redb");
-    let log = Arc::new(
-        EmbeddedLog::open(&log_path, clock.clone())
-            .with_context(|| format!("opening the stream log {}", log_path.display()))?,
-    );
+    let log = open_log(&settings, &clock).await?;
     let runtime = Runtime::start(
         store.clone(),
         log.clone(),
@@ -112,6 +107,27 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.shutdown().await;
     tracing::info!("sluice stopped");
     Ok(())
+}
+
+/// The stream log: embedded in the data directory (whichever database holds metadata), or
+/// on a Kafka cluster.
+async fn open_log(
+    settings: &Settings,
+    clock: &Arc<dyn Clock>,
+) -> anyhow::Result<Arc<dyn sluice_bus::StreamLog>> {
+    match &settings.bus {
+        Bus::Embedded => {
+            let path = settings.data_dir.join("log.redb");
+            let log = EmbeddedLog::open(&path, clock.clone())
+                .with_context(|| format!("opening the stream log {}", path.display()))?;
+            Ok(Arc::new(log))
+        }
+        Bus::Kafka(kafka) => {
+            let log = KafkaLog::connect(kafka.clone(), clock.clone()).await?;
+            tracing::info!(bus = %kafka.redacted(), "stream log on Kafka");
+            Ok(Arc::new(log))
+        }
+    }
 }
 
 /// How often records past their topic's retention are removed.

@@ -10,7 +10,7 @@ use chrono::{TimeZone, Utc};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use sluice_api::{AppState, Limits};
-use sluice_bus::EmbeddedLog;
+use sluice_bus::{EmbeddedLog, KafkaLog, KafkaSettings, StreamLog};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::ManualClock;
 use sluice_runtime::Runtime;
@@ -24,7 +24,7 @@ struct Stack {
     dir: tempfile::TempDir,
     clock: Arc<ManualClock>,
     store: Arc<dyn MetadataStore>,
-    log: Arc<EmbeddedLog>,
+    log: Arc<dyn StreamLog>,
     runtime: Arc<Runtime>,
     state: AppState,
     operator: String,
@@ -33,13 +33,30 @@ struct Stack {
 }
 
 impl Stack {
+    /// A stack on the embedded log.
     async fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let clock =
-            Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()));
+        let clock = Self::clock();
+        let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+        Self::on(dir, clock, log).await
+    }
+
+    /// A stack on the Kafka-API broker `scripts/test` starts (`SLUICE_TEST_KAFKA_URL`; the
+    /// test fails without it), under a topic prefix of its own.
+    async fn kafka() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Self::clock();
+        let log = Arc::new(KafkaLog::connect(kafka_settings(), clock.clone()).await.unwrap());
+        Self::on(dir, clock, log).await
+    }
+
+    fn clock() -> Arc<ManualClock> {
+        Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()))
+    }
+
+    async fn on(dir: tempfile::TempDir, clock: Arc<ManualClock>, log: Arc<dyn StreamLog>) -> Self {
         let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
         let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
-        let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
         let operator = key_for(store.as_ref(), "sluice", "ops", "admin", true).await;
         let owner = key_for(store.as_ref(), "acme", "data", "ann", false).await;
         let reader = key_for(store.as_ref(), "acme", "data2", "bob", false).await;
@@ -49,7 +66,7 @@ impl Stack {
 
     async fn serve(
         store: &Arc<dyn MetadataStore>,
-        log: &Arc<EmbeddedLog>,
+        log: &Arc<dyn StreamLog>,
         clock: &Arc<ManualClock>,
     ) -> (Arc<Runtime>, AppState) {
         let catalog = Arc::new(Catalog::default());
@@ -196,9 +213,7 @@ impl Stack {
     }
 }
 
-#[tokio::test]
-async fn deploy_delivers_only_matching_records_in_order_from_the_end_of_the_stream() {
-    let stack = Stack::new().await;
+async fn deploy_delivers_only_matching_records_in_order_from_the_end_of_the_stream(stack: Stack) {
     stack.ingest(&[(1, USDC)]).await; // before the deploy: never delivered
     let id = stack.create(&[&USDC.to_uppercase().replace("0X", "0x")], json!({})).await;
     let deployed = stack.action(&id, "deploy").await;
@@ -273,9 +288,7 @@ async fn a_value_added_after_deploy_lets_its_records_through_without_a_redeploy(
     assert_eq!(stack.delivered(&id, 3).await, vec![2, 3, 6]);
 }
 
-#[tokio::test]
-async fn pause_holds_records_and_resume_skips_those_older_than_two_days() {
-    let stack = Stack::new().await;
+async fn pause_holds_records_and_resume_skips_those_older_than_two_days(stack: Stack) {
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     stack.ingest(&[(1, USDC)]).await;
@@ -310,9 +323,7 @@ async fn pause_of_a_pipeline_that_is_not_deployed_has_no_effect() {
     assert!(body["message"].as_str().unwrap().contains("not deployed"), "{body}");
 }
 
-#[tokio::test]
-async fn teardown_then_deploy_never_delivers_what_arrived_in_between() {
-    let stack = Stack::new().await;
+async fn teardown_then_deploy_never_delivers_what_arrived_in_between(stack: Stack) {
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     stack.ingest(&[(1, USDC)]).await;
@@ -336,9 +347,8 @@ async fn teardown_then_deploy_never_delivers_what_arrived_in_between() {
     assert_eq!(status, StatusCode::OK);
 }
 
-#[tokio::test]
-async fn redeploying_under_load_with_changing_worker_counts_loses_nothing() {
-    let stack = Arc::new(Stack::new().await);
+async fn redeploying_under_load_with_changing_worker_counts_loses_nothing(stack: Stack) {
+    let stack = Arc::new(stack);
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     let feeder = {
@@ -377,9 +387,7 @@ async fn redeploying_under_load_with_changing_worker_counts_loses_nothing() {
     assert_eq!(got, expected);
 }
 
-#[tokio::test]
-async fn a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused() {
-    let mut stack = Stack::new().await;
+async fn a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused(mut stack: Stack) {
     let running = stack.create(&[USDC], json!({})).await;
     let paused = stack.create(&[USDC], json!({})).await;
     stack.action(&running, "deploy").await;
@@ -407,7 +415,6 @@ async fn a_deployment_from_before_dead_letters_gets_its_topics_at_restart() {
     // An older version deployed it: no dead-letter or logs topic.
     stack.runtime.shutdown().await;
     {
-        use sluice_bus::StreamLog as _;
         assert!(stack.log.delete_topic(&sluice_bus::topics::dead_letter_topic(&id)).await.unwrap());
         assert!(stack.log.delete_topic(&sluice_bus::topics::logs_topic(&id)).await.unwrap());
     }
@@ -431,7 +438,6 @@ async fn deleting_a_deployed_pipeline_tears_it_down() {
         stack.call(Method::DELETE, &format!("/api/v1/beam/{id}"), &stack.owner, None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(stack.runtime.state(&id).await.unwrap(), None);
-    use sluice_bus::StreamLog as _;
     assert_eq!(stack.log.topic(&format!("sink.{id}.transfers")).await.unwrap(), None);
 }
 
@@ -496,7 +502,6 @@ async fn ingest_takes_every_line_or_none_and_names_the_bad_lines() {
     let locs: Vec<Value> =
         errors["detail"].as_array().unwrap().iter().map(|d| d["loc"].clone()).collect();
     assert_eq!(locs, vec![json!(["body", 3]), json!(["body", 4]), json!(["body", 5])]);
-    use sluice_bus::StreamLog as _;
     let ends: u64 =
         stack.log.offsets("base.erc20_token_transfer").await.unwrap().iter().map(|r| r.end).sum();
     assert_eq!(ends, 0, "a rejected request appends nothing");
@@ -632,7 +637,6 @@ async fn ingest_rejects_a_record_with_a_repeated_key_at_any_depth_and_appends_no
             ),
         ]
     );
-    use sluice_bus::StreamLog as _;
     let ends: u64 =
         stack.log.offsets("base.erc20_token_transfer").await.unwrap().iter().map(|r| r.end).sum();
     assert_eq!(ends, 0, "a rejected request appends nothing");
@@ -877,7 +881,6 @@ async fn a_batch_whose_script_output_passes_the_budget_is_finished_in_the_next_b
     stack.ingest(&transfers).await;
     stack.settle(&id).await;
 
-    use sluice_bus::StreamLog as _;
     let sink = sluice_bus::topics::sink_topic(&id, "transfers");
     let ends = stack.log.offsets(&sink).await.unwrap();
     let total: u64 = ends.iter().map(|r| r.end).sum();
@@ -1118,4 +1121,45 @@ async fn a_last_event_id_past_the_end_is_a_416_and_never_replays_the_sink() {
     let (event, event_id, data) = resumed.next().await;
     assert_eq!((event.as_str(), event_id.as_str()), ("record", "2"));
     assert_eq!(data["value"]["n"], 3);
+}
+
+/// The Kafka bus settings of the test broker, under a topic prefix no other test uses.
+pub fn kafka_settings() -> KafkaSettings {
+    let url = std::env::var("SLUICE_TEST_KAFKA_URL")
+        .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
+    let mut settings = KafkaSettings::parse(&url).unwrap();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    settings.topic_prefix = format!("t{nanos:x}.");
+    settings
+}
+
+/// The delivery tests that matter for a stream log, on the embedded log and on Kafka.
+mod on_both_logs {
+    use super::Stack;
+
+    macro_rules! on_both_logs {
+        ($($name:ident),* $(,)?) => {
+            mod embedded {
+                $(#[tokio::test]
+                async fn $name() {
+                    super::super::$name(super::Stack::new().await).await;
+                })*
+            }
+            mod kafka {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::super::$name(super::Stack::kafka().await).await;
+                })*
+            }
+        };
+    }
+
+    on_both_logs!(
+        deploy_delivers_only_matching_records_in_order_from_the_end_of_the_stream,
+        pause_holds_records_and_resume_skips_those_older_than_two_days,
+        teardown_then_deploy_never_delivers_what_arrived_in_between,
+        redeploying_under_load_with_changing_worker_counts_loses_nothing,
+        a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused,
+    );
 }

@@ -28,7 +28,7 @@ pub const CLIENT_SETTINGS: &[&str] = &[
 ];
 
 /// Settings whose values are never shown.
-const SECRET_SETTINGS: &[&str] = &["sasl.password", "ssl.key.password"];
+const SECRET_SETTINGS: &[&str] = &["sasl.password", "ssl.key.password", "consumer_password"];
 
 /// A Kafka cluster and how to talk to it.
 #[derive(Clone, PartialEq, Eq)]
@@ -41,6 +41,10 @@ pub struct KafkaSettings {
     pub replication_factor: i32,
     /// Client settings by librdkafka name (security, SASL, TLS).
     pub client: BTreeMap<String, String>,
+    /// SASL credentials handed to the readers of managed sinks (a read-only user the
+    /// operator made), when the cluster needs them; never Sluice's own.
+    pub consumer_username: Option<String>,
+    pub consumer_password: Option<String>,
 }
 
 impl KafkaSettings {
@@ -51,6 +55,8 @@ impl KafkaSettings {
             topic_prefix: String::new(),
             replication_factor: -1,
             client: BTreeMap::new(),
+            consumer_username: None,
+            consumer_password: None,
         }
     }
 
@@ -100,12 +106,15 @@ impl KafkaSettings {
                         .filter(|n: &i32| *n == -1 || (1..=32).contains(n))
                         .ok_or_else(|| invalid("replication_factor is -1 or 1 to 32".to_owned()))?;
                 }
+                "consumer_username" => settings.consumer_username = Some(value),
+                "consumer_password" => settings.consumer_password = Some(value),
                 _ if CLIENT_SETTINGS.contains(&name) => {
                     settings.client.insert(name.to_owned(), value);
                 }
                 _ => {
                     return Err(invalid(format!(
-                        "unknown setting {name:?}; accepted: topic_prefix, replication_factor, {}",
+                        "unknown setting {name:?}; accepted: topic_prefix, replication_factor, \
+                         consumer_username, consumer_password, {}",
                         CLIENT_SETTINGS.join(", ")
                     )));
                 }
@@ -135,6 +144,12 @@ impl KafkaSettings {
         let mut query: Vec<String> = Vec::new();
         if !self.topic_prefix.is_empty() {
             query.push(format!("topic_prefix={}", self.topic_prefix));
+        }
+        if let Some(user) = &self.consumer_username {
+            query.push(format!("consumer_username={user}"));
+        }
+        if self.consumer_password.is_some() {
+            query.push("consumer_password=***".to_owned());
         }
         for (name, value) in &self.client {
             let shown = if SECRET_SETTINGS.contains(&name.as_str()) { "***" } else { value };
