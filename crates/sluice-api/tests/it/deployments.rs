@@ -1163,3 +1163,80 @@ mod on_both_logs {
         a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused,
     );
 }
+
+/// On the Kafka bus, the deploy response is all a Kafka client needs: its Python snippet,
+/// run as given against the real broker, reads exactly the matching records, each with its
+/// stream key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_a_python_client_reads_the_sink_with_only_what_deploy_returned() {
+    let stack = Stack::kafka().await;
+    let id = stack.create(&[USDC], json!({})).await;
+    let deployed = stack.action(&id, "deploy").await;
+    let sink = &deployed["sinks"][0];
+    assert_eq!(sink["connection"]["transport"], "kafka", "{sink}");
+    assert_eq!(sink["connection"]["security_protocol"], "PLAINTEXT");
+    stack.ingest(&[(1, USDC), (2, WETH), (3, USDC), (4, OTHER), (5, USDC)]).await;
+    assert_eq!(stack.delivered(&id, 3).await, vec![1, 3, 5]);
+    let expected: Vec<(String, u64)> = stack
+        .sink_records(&id)
+        .await
+        .iter()
+        .map(|r| (r["key"].as_str().unwrap().to_owned(), r["value"]["n"].as_u64().unwrap()))
+        .collect();
+
+    let snippet = sink["consumer_snippets"]["python"].as_str().unwrap().to_owned();
+    let python = std::env::var("SLUICE_TEST_KAFKA_PYTHON").expect(
+        "SLUICE_TEST_KAFKA_PYTHON must name a Python with confluent_kafka; run scripts/test",
+    );
+    let read = tokio::task::spawn_blocking(move || read_lines(&python, &snippet, 3)).await.unwrap();
+    let mut got: Vec<(String, u64)> = read
+        .iter()
+        .map(|line| {
+            let record: Value = serde_json::from_str(line).unwrap();
+            (record["key"].as_str().unwrap().to_owned(), record["value"]["n"].as_u64().unwrap())
+        })
+        .collect();
+    got.sort();
+    let mut expected = expected;
+    expected.sort();
+    assert_eq!(got, expected);
+}
+
+/// Runs `script` with `python` until it printed `count` lines (or a generous deadline, which
+/// fails the test), then stops it.
+fn read_lines(python: &str, script: &str, count: usize) -> Vec<String> {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(python)
+        .args(["-c", script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut lines = Vec::new();
+    while lines.len() < count {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match receiver.recv_timeout(left) {
+            Ok(line) => lines.push(line),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(
+        lines.len(),
+        count,
+        "the client printed {lines:?}; its stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    lines
+}
