@@ -4,6 +4,7 @@
 
 mod crash;
 mod hardening;
+mod kafka_bus;
 mod kill_loop;
 mod postgres_runtime;
 mod process;
