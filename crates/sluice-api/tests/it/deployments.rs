@@ -261,9 +261,7 @@ async fn deploy_delivers_only_matching_records_in_order_from_the_end_of_the_stre
     assert_eq!(keyed, vec![10, 11, 12]);
 }
 
-#[tokio::test]
-async fn a_value_added_after_deploy_lets_its_records_through_without_a_redeploy() {
-    let stack = Stack::new().await;
+async fn a_value_added_after_deploy_lets_its_records_through_without_a_redeploy(stack: Stack) {
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     stack.ingest(&[(1, WETH), (2, USDC)]).await;
@@ -407,9 +405,7 @@ async fn a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused(m
     assert_eq!(stack.delivered(&paused, 1).await, vec![1]);
 }
 
-#[tokio::test]
-async fn a_deployment_from_before_dead_letters_gets_its_topics_at_restart() {
-    let mut stack = Stack::new().await;
+async fn a_deployment_from_before_dead_letters_gets_its_topics_at_restart(mut stack: Stack) {
     let script = "function transform(r) {\n  console.log('n', r.n);\n  if (r.n === 2) throw new Error('two');\n  return r;\n}";
     let id = stack.deploy_with(json!([{"type": "v8", "uid": "tf-s", "script": script}])).await;
     // An older version deployed it: no dead-letter or logs topic.
@@ -429,9 +425,7 @@ async fn a_deployment_from_before_dead_letters_gets_its_topics_at_restart() {
     assert_eq!(page["dead_letters"][0]["record"]["n"], 2);
 }
 
-#[tokio::test]
-async fn deleting_a_deployed_pipeline_tears_it_down() {
-    let stack = Stack::new().await;
+async fn deleting_a_deployed_pipeline_tears_it_down(stack: Stack) {
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     let (status, _) =
@@ -488,9 +482,7 @@ async fn lifecycle_calls_need_edit_and_hide_pipelines_from_strangers() {
     );
 }
 
-#[tokio::test]
-async fn ingest_takes_every_line_or_none_and_names_the_bad_lines() {
-    let stack = Stack::new().await;
+async fn ingest_takes_every_line_or_none_and_names_the_bad_lines(stack: Stack) {
     let path = "/api/v1/streams/base/erc20_token_transfer/records";
     let good = transfer(1, USDC).to_string();
     let mut missing_key = transfer(2, USDC);
@@ -643,9 +635,9 @@ async fn ingest_rejects_a_record_with_a_repeated_key_at_any_depth_and_appends_no
     let _ = &stack.dir;
 }
 
-#[tokio::test]
-async fn the_live_tail_streams_new_records_resumes_after_last_event_id_and_ends_at_teardown() {
-    let stack = Stack::new().await;
+async fn the_live_tail_streams_new_records_resumes_after_last_event_id_and_ends_at_teardown(
+    stack: Stack,
+) {
     let id = stack.create(&[USDC], json!({})).await;
     let deployed = stack.action(&id, "deploy").await;
     let stream_url = format!("/api/v1/beam/{id}/sinks/sk-out/records/stream");
@@ -700,9 +692,7 @@ async fn the_live_tail_streams_new_records_resumes_after_last_event_id_and_ends_
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
-#[tokio::test]
-async fn scripts_reshape_drop_and_fan_out_and_failing_records_become_dead_letters() {
-    let stack = Stack::new().await;
+async fn scripts_reshape_drop_and_fan_out_and_failing_records_become_dead_letters(stack: Stack) {
     let script = r#"
 function transform(r) {
   if (r.n === 13) throw new Error("unlucky " + r.n);
@@ -937,9 +927,7 @@ function transform(r) {
     stack.action(&id, "teardown").await;
 }
 
-#[tokio::test]
-async fn dead_letters_replay_through_the_fixed_script_and_console_lines_are_readable() {
-    let stack = Stack::new().await;
+async fn dead_letters_replay_through_the_fixed_script_and_console_lines_are_readable(stack: Stack) {
     let body = |script: &str| {
         json!({
             "name": "replayed", "description": "fails on 13 until fixed",
@@ -1054,9 +1042,7 @@ async fn tail_error(
     (status, serde_json::from_slice(&bytes).unwrap())
 }
 
-#[tokio::test]
-async fn an_offset_past_the_end_of_a_sink_is_a_416_naming_the_valid_range() {
-    let stack = Stack::new().await;
+async fn an_offset_past_the_end_of_a_sink_is_a_416_naming_the_valid_range(stack: Stack) {
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     stack.ingest(&[(1, USDC), (2, USDC)]).await;
@@ -1097,9 +1083,7 @@ async fn an_offset_past_the_end_of_a_sink_is_a_416_naming_the_valid_range() {
     assert_eq!(status, StatusCode::OK);
 }
 
-#[tokio::test]
-async fn a_last_event_id_past_the_end_is_a_416_and_never_replays_the_sink() {
-    let stack = Stack::new().await;
+async fn a_last_event_id_past_the_end_is_a_416_and_never_replays_the_sink(stack: Stack) {
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     stack.ingest(&[(1, USDC), (2, USDC)]).await;
@@ -1161,6 +1145,15 @@ mod on_both_logs {
         teardown_then_deploy_never_delivers_what_arrived_in_between,
         redeploying_under_load_with_changing_worker_counts_loses_nothing,
         a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused,
+        a_value_added_after_deploy_lets_its_records_through_without_a_redeploy,
+        a_deployment_from_before_dead_letters_gets_its_topics_at_restart,
+        deleting_a_deployed_pipeline_tears_it_down,
+        ingest_takes_every_line_or_none_and_names_the_bad_lines,
+        the_live_tail_streams_new_records_resumes_after_last_event_id_and_ends_at_teardown,
+        scripts_reshape_drop_and_fan_out_and_failing_records_become_dead_letters,
+        dead_letters_replay_through_the_fixed_script_and_console_lines_are_readable,
+        an_offset_past_the_end_of_a_sink_is_a_416_naming_the_valid_range,
+        a_last_event_id_past_the_end_is_a_416_and_never_replays_the_sink,
     );
 }
 

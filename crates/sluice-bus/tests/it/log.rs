@@ -61,7 +61,8 @@ impl Fixture {
         drop(log);
         match backend {
             Backend::Embedded { dir, log } => {
-                Arc::try_unwrap(log).ok().expect("no other handle").close();
+                let Ok(log) = Arc::try_unwrap(log) else { panic!("another handle is open") };
+                log.close();
                 let log = Arc::new(
                     EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap(),
                 );
