@@ -311,8 +311,14 @@ impl StreamLog for KafkaLog {
 
     async fn delete_topic(&self, topic: &str) -> Result<bool> {
         let name = self.name(topic);
-        // Readers of the topic close first: none is left fetching a topic that is gone.
+        // Readers and the tail of the topic close first: none is left fetching a topic
+        // that is gone (librdkafka 2.12.1 crashed on tansu when one was).
         self.inner.readers.forget(topic);
+        let tails = self.inner.tails.clone();
+        let tail_name = name.clone();
+        tokio::task::spawn_blocking(move || tails.stop(&tail_name))
+            .await
+            .map_err(|_| BusError::Closed)?;
         let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
         let results = self.inner.admin.delete_topics(&[&name], &options).await.map_err(backend)?;
         self.inner.topics.lock().expect("topic cache mutex").remove(topic);
@@ -489,20 +495,22 @@ impl StreamLog for KafkaLog {
 
     fn watch(&self, topic: &str) -> AppendWatch {
         let name = self.name(topic);
-        let partitions = self.cached(topic).map_or(0, |config| config.partitions);
+        let partitions = self.cached(topic).map(|config| config.partitions);
         let settings = self.inner.settings.clone();
         let (tails, readers) = (self.inner.tails.clone(), self.inner.readers.clone());
-        self.inner.tails.watch(&name, |sender| {
+        self.inner.tails.watch(&name, |sender, stop| {
             let consumer = consumer_config(&settings, None)
                 .set("fetch.wait.max.ms", "250")
                 .set("queued.max.messages.kbytes", "1024")
                 .create_with_context(Context);
             match consumer {
-                Ok(consumer) if partitions > 0 => {
-                    tails::spawn(consumer, name.clone(), partitions, sender, tails, readers);
+                Ok(consumer) => {
+                    tails::spawn(consumer, name.clone(), partitions, sender, stop, tails, readers)
                 }
-                Ok(_) => tracing::debug!(topic = %name, "watch of a topic not yet known: local appends only"),
-                Err(error) => tracing::warn!(%error, "cannot follow a topic; local appends only"),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot follow a topic; local appends only");
+                    None
+                }
             }
         })
     }

@@ -22,8 +22,10 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::Context;
 use crate::{Record, Result};
 
-/// Longest wait for records a read knows are there (appended, not yet fetched).
-const FETCH_WAIT: Duration = Duration::from_secs(5);
+/// Longest wait for records a read knows are there (appended, not yet fetched), or for a new
+/// cursor's first fetch: generous, because a new cursor connects first, and a loaded machine
+/// or broker can take seconds for that.
+const FETCH_WAIT: Duration = Duration::from_secs(30);
 /// A cursor unused this long is closed.
 const IDLE_CLOSE: Duration = Duration::from_secs(120);
 /// A cursor unused this long may be moved to serve another reader.
@@ -60,8 +62,10 @@ impl Cursor {
         }
     }
 
-    /// Up to `max` records from `from` on; blocks while it waits for a fetch, so run it on a
-    /// blocking thread. `known_end` is the partition's end as last learnt elsewhere.
+    /// Up to `max` records from `from` on: every record below `known_end` (the partition's
+    /// end as last learnt elsewhere) up to `max`, and whatever else is already fetched.
+    /// Blocks while it waits for a fetch (at most [`FETCH_WAIT`]), so run it on a blocking
+    /// thread.
     pub(super) fn read(&mut self, from: u64, max: usize, known_end: u64) -> Result<Vec<Record>> {
         if !self.placed || self.next != from {
             let mut list = TopicPartitionList::new();
@@ -76,9 +80,9 @@ impl Cursor {
         let mut records = Vec::new();
         let started = Instant::now();
         while records.len() < max {
-            // Wait only while nothing is in hand and records are known to be there (or the
-            // cursor has not fetched yet); otherwise take what is already fetched.
-            let waiting = records.is_empty() && (!self.at_end || known_end > self.next);
+            // Wait while records known to be there are not in hand yet, or while the cursor
+            // has not fetched at all; otherwise take only what is already fetched.
+            let waiting = self.next < known_end || (records.is_empty() && !self.at_end);
             let timeout =
                 if waiting { FETCH_WAIT.saturating_sub(started.elapsed()) } else { Duration::ZERO };
             if waiting && timeout.is_zero() {
@@ -111,7 +115,7 @@ impl Cursor {
                 Some(Err(KafkaError::PartitionEOF(_))) => {
                     self.at_end = true;
                     // Done, unless records known to be there are still being fetched.
-                    if !records.is_empty() || known_end <= self.next {
+                    if self.next >= known_end {
                         break;
                     }
                 }
