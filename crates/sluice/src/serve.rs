@@ -36,6 +36,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     settings.prepare_data_dir()?;
+    // Large filter-value sets are snapshotted beside the store, so they are ready soon after
+    // a restart (the deployments started below read them first).
+    store.keep_set_snapshots(settings.data_dir.join("sets"));
     let log = open_log(&settings, &clock).await?;
     let runtime = Runtime::start(
         store.clone(),
@@ -47,6 +50,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await
     .context("starting the pipeline runtime")?;
     let mut background = background_tasks(&runtime, &catalog, args.demo);
+    background.push(tokio::spawn(snapshot_sets(store.clone())));
     // The same store serves prices (one pool); loading the service (recent candles, latest
     // minutes) happens while the API serves.
     let price_store = store.clone().into_prices();
@@ -65,6 +69,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Arc::new(DatasetIndex::load(store.as_ref()).await.context("loading the dataset index")?);
     runtime.use_datasets(datasets.clone());
 
+    let snapshot_store = store.clone();
     let state = AppState::new(
         store,
         catalog,
@@ -105,6 +110,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     // Workers finish and commit their batch; deployments stay stored for the next start.
     runtime.shutdown().await;
+    match snapshot_store.save_set_snapshots().await {
+        Ok(0) => {}
+        Ok(written) => tracing::info!(written, "filter-value set snapshots written"),
+        Err(error) => tracing::warn!(%error, "filter-value set snapshots not written"),
+    }
     tracing::info!("sluice stopped");
     Ok(())
 }
@@ -126,6 +136,23 @@ async fn open_log(
             let log = KafkaLog::connect(kafka.clone(), clock.clone()).await?;
             tracing::info!(bus = %kafka.redacted(), "stream log on Kafka");
             Ok(Arc::new(log))
+        }
+    }
+}
+
+/// How often snapshots of large filter-value sets that changed are written.
+const SET_SNAPSHOT_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Writes the snapshots of changed large filter-value sets every minute.
+async fn snapshot_sets(store: Arc<dyn MetadataStore>) {
+    let mut tick = tokio::time::interval(SET_SNAPSHOT_INTERVAL);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        match store.save_set_snapshots().await {
+            Ok(0) => {}
+            Ok(written) => tracing::info!(written, "filter-value set snapshots written"),
+            Err(error) => tracing::warn!(%error, "filter-value set snapshots not written"),
         }
     }
 }
