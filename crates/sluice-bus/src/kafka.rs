@@ -223,7 +223,7 @@ impl KafkaLog {
         }
         let consumer: BaseConsumer<Context> = consumer_config(&self.inner.settings, None)
             .set("enable.partition.eof", "true")
-            .set("fetch.wait.max.ms", "100")
+            .set("fetch.wait.max.ms", self.inner.settings.fetch_wait_ms.to_string())
             .set("queued.max.messages.kbytes", "16384")
             .create_with_context(Context)
             .map_err(backend)?;
@@ -500,7 +500,7 @@ impl StreamLog for KafkaLog {
         let (tails, readers) = (self.inner.tails.clone(), self.inner.readers.clone());
         self.inner.tails.watch(&name, |sender, stop| {
             let consumer = consumer_config(&settings, None)
-                .set("fetch.wait.max.ms", "250")
+                .set("fetch.wait.max.ms", settings.fetch_wait_ms.to_string())
                 .set("queued.max.messages.kbytes", "1024")
                 .create_with_context(Context);
             match consumer {

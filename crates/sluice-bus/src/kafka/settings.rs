@@ -27,6 +27,9 @@ pub const CLIENT_SETTINGS: &[&str] = &[
     "client.id",
 ];
 
+/// `fetch_wait_ms` unless the URL sets it.
+pub const DEFAULT_FETCH_WAIT_MS: u32 = 100;
+
 /// Settings whose values are never shown.
 const SECRET_SETTINGS: &[&str] = &["sasl.password", "ssl.key.password", "consumer_password"];
 
@@ -45,6 +48,11 @@ pub struct KafkaSettings {
     /// operator made), when the cluster needs them; never Sluice's own.
     pub consumer_username: Option<String>,
     pub consumer_password: Option<String>,
+    /// How long a broker may hold a reader's fetch when nothing is new (librdkafka's
+    /// `fetch.wait.max.ms`). Kafka answers as soon as records arrive, so this only bounds
+    /// idle requests; a broker that waits out the time instead (tansu) adds up to it to
+    /// every hop's latency.
+    pub fetch_wait_ms: u32,
 }
 
 impl KafkaSettings {
@@ -57,6 +65,7 @@ impl KafkaSettings {
             client: BTreeMap::new(),
             consumer_username: None,
             consumer_password: None,
+            fetch_wait_ms: DEFAULT_FETCH_WAIT_MS,
         }
     }
 
@@ -106,6 +115,13 @@ impl KafkaSettings {
                         .filter(|n: &i32| *n == -1 || (1..=32).contains(n))
                         .ok_or_else(|| invalid("replication_factor is -1 or 1 to 32".to_owned()))?;
                 }
+                "fetch_wait_ms" => {
+                    settings.fetch_wait_ms = value
+                        .parse()
+                        .ok()
+                        .filter(|ms| (1..=10_000).contains(ms))
+                        .ok_or_else(|| invalid("fetch_wait_ms is 1 to 10000".to_owned()))?;
+                }
                 "consumer_username" => settings.consumer_username = Some(value),
                 "consumer_password" => settings.consumer_password = Some(value),
                 _ if CLIENT_SETTINGS.contains(&name) => {
@@ -114,7 +130,7 @@ impl KafkaSettings {
                 _ => {
                     return Err(invalid(format!(
                         "unknown setting {name:?}; accepted: topic_prefix, replication_factor, \
-                         consumer_username, consumer_password, {}",
+                         fetch_wait_ms, consumer_username, consumer_password, {}",
                         CLIENT_SETTINGS.join(", ")
                     )));
                 }
@@ -144,6 +160,9 @@ impl KafkaSettings {
         let mut query: Vec<String> = Vec::new();
         if !self.topic_prefix.is_empty() {
             query.push(format!("topic_prefix={}", self.topic_prefix));
+        }
+        if self.fetch_wait_ms != DEFAULT_FETCH_WAIT_MS {
+            query.push(format!("fetch_wait_ms={}", self.fetch_wait_ms));
         }
         if let Some(user) = &self.consumer_username {
             query.push(format!("consumer_username={user}"));
@@ -237,6 +256,7 @@ mod tests {
             ("kafka://b1:9092?acks=0", "unknown setting"),
             ("kafka://b1:9092?topic_prefix=a%20b", "topic_prefix"),
             ("kafka://b1:9092?replication_factor=0", "replication_factor"),
+            ("kafka://b1:9092?fetch_wait_ms=0", "fetch_wait_ms"),
             ("kafka://b1?sasl.password=hunter2", "is not host:port"),
         ] {
             let error = KafkaSettings::parse(url).unwrap_err().to_string();
