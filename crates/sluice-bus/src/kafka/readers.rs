@@ -167,6 +167,11 @@ impl Readers {
             self.learn_end(topic, cursor.partition, end);
         }
         let mut idle = self.idle.lock().expect("reader pool mutex is never poisoned");
+        // Cursors nobody used for a while close, whatever partition they read.
+        for cursors in idle.values_mut() {
+            cursors.retain(|c| c.last_used.elapsed() < IDLE_CLOSE);
+        }
+        idle.retain(|_, cursors| !cursors.is_empty());
         let cursors = idle.entry((topic.to_owned(), cursor.partition)).or_default();
         if cursors.len() < MAX_PER_PARTITION {
             cursors.push(cursor);
