@@ -12,6 +12,7 @@
 pub mod account;
 pub mod auth;
 pub mod body;
+pub mod chains;
 pub mod datasets;
 pub mod deployments;
 pub mod error;
@@ -89,6 +90,8 @@ pub struct AppState {
     /// The bearer token that reads every pipeline's `/metrics` without an API key (for
     /// Prometheus); `None`: `/metrics` needs a key like every other endpoint.
     pub metrics_token: Option<Arc<str>>,
+    /// The chain ingesters' status; `None` in a process that runs none.
+    pub chains: Option<Arc<dyn chains::ChainStatusSource>>,
     openapi_json: axum::body::Bytes,
 }
 
@@ -113,6 +116,7 @@ impl AppState {
             edit_locks: Arc::default(),
             prices: None,
             metrics_token: None,
+            chains: None,
             openapi_json: openapi_json.into(),
         }
     }
@@ -122,6 +126,13 @@ impl AppState {
     pub fn with_runtime(mut self, runtime: Arc<Runtime>) -> Self {
         self.filter_listener = runtime.set_indexes();
         self.runtime = Some(runtime);
+        self
+    }
+
+    /// Shows the chain ingesters' status at `GET /api/v1/chains` and in `/metrics`.
+    #[must_use]
+    pub fn with_chains(mut self, chains: Arc<dyn chains::ChainStatusSource>) -> Self {
+        self.chains = Some(chains);
         self
     }
 
@@ -274,6 +285,7 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(stats::deploy_stats))
         .routes(routes!(stats::deploy_metrics))
         .routes(routes!(stats::prometheus))
+        .routes(routes!(chains::list_chains))
 }
 
 /// The OpenAPI document of every route, for the default catalog.

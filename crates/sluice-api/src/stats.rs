@@ -585,6 +585,10 @@ pub async fn exposition(state: &AppState, visible: Option<&HashSet<String>>) -> 
             );
         }
     }
+    // Chain ingesters are the server's, not a tenant's: every caller sees them.
+    if let Some(chains) = state.chains.as_ref() {
+        out.push_str(&chains.metrics_text());
+    }
     out
 }
 

@@ -3,6 +3,7 @@
 
 mod admin;
 mod bench;
+mod chains;
 mod feed;
 mod logging;
 mod serve;

@@ -51,6 +51,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .context("starting the pipeline runtime")?;
     let mut background = background_tasks(&runtime, &catalog, args.demo);
     background.push(tokio::spawn(snapshot_sets(store.clone())));
+    let chain_configs = crate::chains::configs(&settings.chains, &catalog)?;
+    let chains = crate::chains::start(chain_configs, &runtime)?;
+    background.extend(chains.tasks);
     // The same store serves prices (one pool); loading the service (recent candles, latest
     // minutes) happens while the API serves.
     let price_store = store.clone().into_prices();
@@ -82,6 +85,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .with_runtime(runtime.clone())
     .with_dataset_listener(datasets)
     .with_price_slot(prices);
+    let state = match chains.status {
+        Some(chains) => state.with_chains(chains),
+        None => state,
+    };
     let state = match &settings.metrics_token {
         Some(token) => state.with_metrics_token(token.as_str()),
         None => state,

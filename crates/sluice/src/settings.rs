@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// can share a cluster.
     #[arg(long, env = "SLUICE_BUS_TOPIC_PREFIX", value_name = "PREFIX")]
     pub bus_topic_prefix: Option<String>,
+    /// Ingest an EVM chain of the catalog from a JSON-RPC URL (repeatable); more settings per
+    /// chain in the config file's `[[chains]]` (see docs/chains.md).
+    #[arg(long = "chain", value_name = "NAME=URL")]
+    pub chains: Vec<String>,
 }
 
 /// The config file: every setting, all optional.
@@ -79,6 +83,8 @@ struct FileSettings {
     metrics_listen: Option<SocketAddr>,
     bus: Option<String>,
     bus_topic_prefix: Option<String>,
+    #[serde(default)]
+    chains: Vec<crate::chains::ChainFileSettings>,
 }
 
 /// Where the stream log lives.
@@ -103,6 +109,8 @@ pub struct Settings {
     pub metrics_token: Option<String>,
     pub metrics_listen: Option<SocketAddr>,
     pub bus: Bus,
+    /// Chains to ingest (file `[[chains]]` with `--chain` flags applied).
+    pub chains: Vec<crate::chains::ChainFileSettings>,
 }
 
 /// Shortest metrics token accepted: a guessable token would expose every tenant's metrics.
@@ -170,6 +178,7 @@ impl Settings {
             max_filter_values_body_bytes,
             metrics_token,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
+            chains: crate::chains::merge(file.chains, &args.chains)?,
         })
     }
 

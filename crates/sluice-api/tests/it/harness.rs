@@ -67,6 +67,13 @@ impl Harness {
         harness
     }
 
+    /// A harness whose `GET /api/v1/chains` and `/metrics` show `chains`.
+    pub async fn with_chains(chains: Arc<dyn sluice_api::chains::ChainStatusSource>) -> Self {
+        let mut harness = Self::new().await;
+        harness.state = harness.state.with_chains(chains);
+        harness
+    }
+
     /// A harness whose dataset changes go to `listener`.
     pub async fn with_dataset_listener(
         listener: Arc<dyn sluice_core::datasets::DatasetListener>,

@@ -4,6 +4,7 @@
 
 mod bad_input;
 mod boundary;
+mod chains;
 mod datasets;
 mod deployments;
 mod filter_values;

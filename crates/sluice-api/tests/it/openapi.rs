@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 43] = [
+const ROUTES: [(&str, &str); 44] = [
     ("post", "/api/v1/beam"),
     ("get", "/api/v1/beam"),
     ("get", "/api/v1/beam/sources"),
@@ -50,6 +50,7 @@ const ROUTES: [(&str, &str); 43] = [
     ("get", "/api/v1/beam/{config_id}/deploy/stats"),
     ("get", "/api/v1/beam/{config_id}/deploy/metrics"),
     ("get", "/metrics"),
+    ("get", "/api/v1/chains"),
 ];
 
 #[tokio::test]
@@ -119,6 +120,7 @@ async fn every_schema_reference_resolves_and_authenticated_routes_declare_the_ke
                 || path.starts_with("/api/v1/streams")
                 || path.starts_with("/api/v1/developer/prices")
                 || path == "/api/v1/me"
+                || path == "/api/v1/chains"
                 || path == "/metrics";
             assert_eq!(secured, needs_key, "{method} {path}");
         }

@@ -385,6 +385,8 @@ pub fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<P
             ("?value=alpha-entry-1", None, NotFound)
         }
         ("get", "/api/v1/me") => ("", None, Status(StatusCode::OK)),
+        // The server's chain ingesters (none here) belong to no tenant.
+        ("get", "/api/v1/chains") => ("", None, Status(StatusCode::OK)),
         ("post", "/api/v1/developer/prices") => {
             let tokens = json!([{"chain": "base", "token_address": USDC}]);
             ("", Some(tokens.to_string()), Status(StatusCode::OK))

@@ -1,0 +1,481 @@
+//! One chain's ingester: follows the node's head, writes every block's records to the
+//! zerolag streams at the tip and to the finalized streams once final, detects reorgs by
+//! parent hash, and resumes exactly after a crash (see [`crate::sink`] for how).
+//!
+//! State: `finalized` is the last block in the finalized streams; `unfinalized` the blocks
+//! after it, in the zerolag streams (with their records, kept for when they become final).
+//! Each step reads the next range after the newest known block, checks its first block's
+//! parent against that block, appends it to the zerolag streams, then moves every block the
+//! finality rule now covers to the finalized streams, after checking the newest of them is
+//! still the node's block at that height. A mismatch is a reorg: the ingester finds the
+//! newest block it has that the node still has, writes a reorg marker to every zerolag
+//! stream for each block after it, drops them and reads on from there.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_core::streams::StreamRecord;
+
+use crate::ChainError;
+use crate::config::{ChainConfig, Finality, StartBlock};
+use crate::fetch::{self, FetchedBlock, Header, RangeSizer};
+use crate::records::{self, BlockRecords};
+use crate::rpc::RpcClient;
+use crate::sink::{ChainSink, Checkpoint};
+use crate::status::ChainStatus;
+use crate::tokens::Tokens;
+
+/// Longest wait between attempts after errors.
+const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(30);
+
+/// A block in the zerolag streams and not yet final; `records` is `None` for blocks known
+/// only from the checkpoint after a restart (they are read again when they become final).
+#[derive(Debug)]
+struct Pending {
+    header: Header,
+    records: Option<BlockRecords>,
+}
+
+/// A read of ranges running in its own task, with the range sizer it ends with.
+type Prefetch = tokio::task::JoinHandle<Result<(Vec<FetchedBlock>, RangeSizer), ChainError>>;
+
+/// One chain's ingester.
+pub struct Ingester {
+    config: ChainConfig,
+    rpc: RpcClient,
+    sink: Arc<dyn ChainSink>,
+    status: Arc<ChainStatus>,
+    tokens: Tokens,
+    sizer: RangeSizer,
+    /// The read of the ranges after the ones being written, started before writing them
+    /// while the ingester is behind the head: `(first block, task)`.
+    prefetch: Option<(u64, Prefetch)>,
+    finalized: Option<Header>,
+    unfinalized: VecDeque<Pending>,
+    /// Per finalized stream, the highest block it already holds: blocks up to it are not
+    /// appended to it again (the streams may be ahead of the checkpoint after a crash).
+    stream_tails: HashMap<String, u64>,
+}
+
+impl Drop for Ingester {
+    fn drop(&mut self) {
+        if let Some((_, task)) = self.prefetch.take() {
+            task.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for Ingester {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ingester").field("chain", &self.config.name).finish_non_exhaustive()
+    }
+}
+
+impl Ingester {
+    /// # Errors
+    /// [`ChainError::Config`] when the RPC client cannot be built.
+    pub fn new(
+        config: ChainConfig,
+        sink: Arc<dyn ChainSink>,
+        status: Arc<ChainStatus>,
+    ) -> Result<Self, ChainError> {
+        let rpc = RpcClient::new(&config.rpc_url, config.rpc.clone())?;
+        status.set_rpc(rpc.counters().clone());
+        Ok(Self {
+            sizer: RangeSizer::new(config.max_block_range),
+            prefetch: None,
+            config,
+            rpc,
+            sink,
+            status,
+            tokens: Tokens::default(),
+            finalized: None,
+            unfinalized: VecDeque::new(),
+            stream_tails: HashMap::new(),
+        })
+    }
+
+    /// A new status for `config` (the URL redacted), for the API to read.
+    pub fn status_for(config: &ChainConfig) -> Arc<ChainStatus> {
+        Arc::new(ChainStatus::new(&config.name, &crate::rpc::redact_url(&config.rpc_url)))
+    }
+
+    /// Runs until the task is dropped: errors are logged, shown in the status and retried
+    /// with backoff.
+    pub async fn run(mut self) {
+        let chain = self.config.name.clone();
+        tracing::info!(%chain, rpc = %self.rpc.display_url(), "chain ingester starting");
+        let mut failures = 0u32;
+        loop {
+            match self.step().await {
+                Ok(progressed) => {
+                    if failures > 0 {
+                        self.status.error(None);
+                    }
+                    failures = 0;
+                    if !progressed {
+                        tokio::time::sleep(self.config.poll_interval).await;
+                    }
+                }
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    tracing::warn!(%chain, %error, failures, "chain ingester step failed; retrying");
+                    self.status.error(Some(error.to_string()));
+                    let delay = self
+                        .config
+                        .poll_interval
+                        .saturating_mul(1 << failures.min(5))
+                        .min(MAX_ERROR_BACKOFF);
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// One round: start (or resume) if needed, read the next range, finalize what is final.
+    /// True when it did something (so the next round starts without waiting).
+    ///
+    /// # Errors
+    /// RPC and sink failures, a deep reorg.
+    pub async fn step(&mut self) -> Result<bool, ChainError> {
+        let head = fetch::block_number(&self.rpc).await?;
+        let target = self.final_target(head).await?;
+        self.status.head(head, None, target);
+        if self.finalized.is_none() {
+            self.start(target).await?;
+        }
+        let mut progressed = false;
+        let tip = self.tip().clone();
+        if tip.number < head {
+            let blocks = match self.read_from(tip.number + 1, head).await {
+                Err(ChainError::Inconsistent { .. }) => return Ok(false),
+                other => other?,
+            };
+            // Behind the head: read the next ranges while these are written.
+            if let Some(last) = blocks.last().map(|b| b.header.number).filter(|n| *n < head) {
+                self.start_prefetch(last + 1, head);
+            }
+            let first = blocks.first().expect("a range has a block");
+            if first.header.parent_hash != tip.hash {
+                self.reorg().await?;
+                return Ok(true);
+            }
+            let (tokens, pools) = records::contracts(&blocks);
+            self.tokens.load(&self.rpc, tokens, pools).await?;
+            let context = self.context();
+            let built = blocks
+                .iter()
+                .map(|block| records::build(context, block))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.append_zerolag(&built).await?;
+            if let Some(last) = blocks.last() {
+                self.status.head(
+                    head,
+                    Some(last.header.timestamp).filter(|_| last.header.number == head),
+                    target,
+                );
+                self.status.zerolag(last.header.number);
+            }
+            self.unfinalized.extend(
+                built.into_iter().map(|r| Pending { header: r.header.clone(), records: Some(r) }),
+            );
+            progressed = true;
+        }
+        if self.finalize(target).await? {
+            progressed = true;
+        }
+        if progressed {
+            self.save().await?;
+        }
+        Ok(progressed)
+    }
+
+    /// The blocks from `from` on (up to `head`): the prefetched ones when they start there.
+    async fn read_from(&mut self, from: u64, head: u64) -> Result<Vec<FetchedBlock>, ChainError> {
+        if let Some((start, task)) = self.prefetch.take() {
+            if start == from {
+                if let Ok(result) = task.await {
+                    let (blocks, sizer) = result?;
+                    self.sizer = sizer;
+                    return Ok(blocks);
+                }
+            } else {
+                task.abort();
+            }
+        }
+        let with_transactions = self.with_transactions();
+        fetch::ranges(
+            &self.rpc,
+            &mut self.sizer,
+            from,
+            head,
+            self.config.parallel_ranges,
+            with_transactions,
+        )
+        .await
+    }
+
+    fn start_prefetch(&mut self, from: u64, head: u64) {
+        let (rpc, mut sizer) = (self.rpc.clone(), self.sizer.clone());
+        let (parallel, with_transactions) = (self.config.parallel_ranges, self.with_transactions());
+        let task = tokio::spawn(async move {
+            let blocks =
+                fetch::ranges(&rpc, &mut sizer, from, head, parallel, with_transactions).await?;
+            Ok((blocks, sizer))
+        });
+        self.prefetch = Some((from, task));
+    }
+
+    fn context(&self) -> records::Context<'_> {
+        records::Context {
+            chain: &self.config.name,
+            tokens: &self.tokens,
+            stablecoins: &self.config.stablecoins,
+            entities: &self.config.entities,
+        }
+    }
+
+    /// Only `log` and `decoded_log` need the transactions (their sender and recipient).
+    fn with_transactions(&self) -> bool {
+        self.config.entities.iter().any(|(e, _)| e == "log" || e == "decoded_log")
+    }
+
+    fn tip(&self) -> &Header {
+        self.unfinalized
+            .back()
+            .map(|p| &p.header)
+            .or(self.finalized.as_ref())
+            .expect("started before reading")
+    }
+
+    async fn final_target(&self, head: u64) -> Result<u64, ChainError> {
+        match self.config.finality {
+            Finality::Depth(confirmations) => Ok(head.saturating_sub(confirmations)),
+            Finality::Tag => Ok(fetch::header(&self.rpc, json!("finalized"))
+                .await?
+                .map_or(0, |h| h.number)
+                .min(head)),
+        }
+    }
+
+    /// Loads the checkpoint (or starts at `start_block`) and the streams' tails; zerolag
+    /// blocks of the checkpoint the node no longer has get reorg markers.
+    async fn start(&mut self, target: u64) -> Result<(), ChainError> {
+        let chain = self.config.name.clone();
+        for (entity, _) in &self.config.entities {
+            if let Some(last) = self.sink.last_block(&chain, entity).await? {
+                self.stream_tails.insert(entity.clone(), last);
+            }
+        }
+        match self.sink.load_checkpoint(&chain).await? {
+            Some(checkpoint) => {
+                tracing::info!(%chain, finalized = checkpoint.finalized.number, unfinalized = checkpoint.unfinalized.len(), "resuming from the stored position");
+                self.finalized = Some(checkpoint.finalized);
+                self.unfinalized = checkpoint
+                    .unfinalized
+                    .into_iter()
+                    .map(|header| Pending { header, records: None })
+                    .collect();
+                self.check_unfinalized().await?;
+            }
+            None => {
+                // Genesis has no logs and no parent to check against: block 1 is the earliest.
+                let first = match self.config.start_block {
+                    StartBlock::Number(n) => n.max(1),
+                    StartBlock::Latest => target + 1,
+                };
+                // The block before the first is the position: its hash anchors the parent check.
+                let anchor = fetch::header(&self.rpc, json!(fetch::hex_quantity(first - 1)))
+                    .await?
+                    .ok_or_else(|| {
+                        ChainError::Config(format!("start_block {first} is past the node's head"))
+                    })?;
+                tracing::info!(%chain, first, "starting without a stored position");
+                self.finalized = Some(anchor);
+            }
+        }
+        if let Some(finalized) = &self.finalized {
+            self.status.ingested(finalized.number, finalized.timestamp);
+        }
+        Ok(())
+    }
+
+    /// After a restart: the checkpoint's zerolag blocks the node no longer has are orphans.
+    async fn check_unfinalized(&mut self) -> Result<(), ChainError> {
+        if self.unfinalized.is_empty() {
+            return Ok(());
+        }
+        let numbers: Vec<u64> = self.unfinalized.iter().map(|p| p.header.number).collect();
+        let canonical = fetch::headers(&self.rpc, &numbers).await?;
+        let first_bad = self
+            .unfinalized
+            .iter()
+            .zip(&canonical)
+            .position(|(p, c)| c.as_ref().map(|c| &c.hash) != Some(&p.header.hash));
+        if let Some(index) = first_bad {
+            let orphans: Vec<Header> = self.unfinalized.drain(index..).map(|p| p.header).collect();
+            self.mark_orphans(&orphans).await?;
+        }
+        Ok(())
+    }
+
+    /// A reorg was seen: drop the zerolag blocks the node no longer has, marking each.
+    async fn reorg(&mut self) -> Result<(), ChainError> {
+        if let Some((_, task)) = self.prefetch.take() {
+            task.abort();
+        }
+        let numbers: Vec<u64> = self.unfinalized.iter().map(|p| p.header.number).collect();
+        let canonical = fetch::headers(&self.rpc, &numbers).await?;
+        let keep = self
+            .unfinalized
+            .iter()
+            .zip(&canonical)
+            .take_while(|(p, c)| c.as_ref().map(|c| &c.hash) == Some(&p.header.hash))
+            .count();
+        if keep == 0 {
+            self.check_finalized_anchor().await?;
+        }
+        let orphans: Vec<Header> = self.unfinalized.drain(keep..).map(|p| p.header).collect();
+        if orphans.is_empty() {
+            // The node's view moved between two reads; the next step reads again.
+            return Ok(());
+        }
+        tracing::warn!(chain = %self.config.name, orphans = orphans.len(), from = orphans.first().map(|h| h.number), "reorg: dropping blocks the node no longer has");
+        self.status.reorg();
+        self.mark_orphans(&orphans).await?;
+        self.save().await
+    }
+
+    /// The finalized anchor must still be the node's; otherwise the reorg went deeper than
+    /// the finality rule and nothing written can be taken back.
+    async fn check_finalized_anchor(&self) -> Result<(), ChainError> {
+        let Some(finalized) = &self.finalized else { return Ok(()) };
+        let theirs = fetch::header(&self.rpc, json!(fetch::hex_quantity(finalized.number))).await?;
+        match theirs {
+            Some(theirs) if theirs.hash == finalized.hash => Ok(()),
+            theirs => Err(ChainError::DeepReorg {
+                number: finalized.number,
+                ours: finalized.hash.clone(),
+                theirs: theirs.map_or_else(|| "no block".to_owned(), |h| h.hash),
+            }),
+        }
+    }
+
+    async fn mark_orphans(&self, orphans: &[Header]) -> Result<(), ChainError> {
+        if orphans.is_empty() {
+            return Ok(());
+        }
+        for (entity, zerolag) in &self.config.entities {
+            if !zerolag {
+                continue;
+            }
+            let markers = orphans
+                .iter()
+                .map(|orphan| records::reorg_marker(&self.config.name, entity, orphan))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.sink.append(&self.config.name, entity, true, markers).await?;
+        }
+        Ok(())
+    }
+
+    async fn append_zerolag(&self, blocks: &[BlockRecords]) -> Result<(), ChainError> {
+        for (entity, zerolag) in &self.config.entities {
+            if !zerolag {
+                continue;
+            }
+            let records = collect(blocks.iter(), entity, 0);
+            if !records.is_empty() {
+                self.sink.append(&self.config.name, entity, true, records).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the blocks up to `target` to the finalized streams. True when it moved any.
+    async fn finalize(&mut self, target: u64) -> Result<bool, ChainError> {
+        let ready = self.unfinalized.iter().take_while(|p| p.header.number <= target).count();
+        if ready == 0 {
+            return Ok(false);
+        }
+        let newest = self.unfinalized[ready - 1].header.clone();
+        let theirs = fetch::header(&self.rpc, json!(fetch::hex_quantity(newest.number))).await?;
+        if theirs.as_ref().map(|h| &h.hash) != Some(&newest.hash) {
+            self.reorg().await?;
+            return Ok(true);
+        }
+        // Blocks known only from the checkpoint are read again; the parent chain links them
+        // to `newest`, which the node just confirmed.
+        if self.unfinalized.iter().take(ready).any(|p| p.records.is_none()) {
+            self.reload(ready).await?;
+        }
+        let blocks: Vec<BlockRecords> =
+            self.unfinalized.drain(..ready).map(|p| p.records.expect("reloaded above")).collect();
+        for (entity, _) in &self.config.entities {
+            let after = self.stream_tails.get(entity).copied().map_or(0, |t| t + 1);
+            let records = collect(blocks.iter(), entity, after);
+            if !records.is_empty() {
+                self.sink.append(&self.config.name, entity, false, records).await?;
+            }
+        }
+        self.status.ingested(newest.number, newest.timestamp);
+        self.finalized = Some(newest);
+        Ok(true)
+    }
+
+    /// Reads the records of the first `count` unfinalized blocks that lack them.
+    async fn reload(&mut self, count: usize) -> Result<(), ChainError> {
+        let from = self.unfinalized[0].header.number;
+        let to = self.unfinalized[count - 1].header.number;
+        let mut fetched = Vec::new();
+        let mut next = from;
+        while next <= to {
+            let with_transactions = self.with_transactions();
+            let blocks =
+                fetch::blocks(&self.rpc, &mut self.sizer, next, to, with_transactions).await?;
+            next = blocks.last().map_or(to, |b| b.header.number) + 1;
+            fetched.extend(blocks);
+        }
+        let (tokens, pools) = records::contracts(&fetched);
+        self.tokens.load(&self.rpc, tokens, pools).await?;
+        for (pending, block) in self.unfinalized.iter_mut().zip(&fetched) {
+            if pending.header.hash != block.header.hash {
+                return Err(ChainError::Inconsistent { from, to });
+            }
+            if pending.records.is_none() {
+                let context = records::Context {
+                    chain: &self.config.name,
+                    tokens: &self.tokens,
+                    stablecoins: &self.config.stablecoins,
+                    entities: &self.config.entities,
+                };
+                pending.records = Some(records::build(context, block)?);
+            }
+        }
+        Ok(())
+    }
+
+    async fn save(&self) -> Result<(), ChainError> {
+        let Some(finalized) = &self.finalized else { return Ok(()) };
+        let checkpoint = Checkpoint {
+            finalized: finalized.clone(),
+            unfinalized: self.unfinalized.iter().map(|p| p.header.clone()).collect(),
+        };
+        self.sink.save_checkpoint(&self.config.name, &checkpoint).await?;
+        Ok(())
+    }
+}
+
+/// The records of `entity` of `blocks` numbered `after` or later, in block order.
+fn collect<'a>(
+    blocks: impl Iterator<Item = &'a BlockRecords>,
+    entity: &str,
+    after: u64,
+) -> Vec<StreamRecord> {
+    blocks
+        .filter(|b| b.header.number >= after)
+        .filter_map(|b| b.by_entity.get(entity))
+        .flat_map(|records| records.iter().cloned())
+        .collect()
+}

@@ -1,0 +1,458 @@
+//! A fetched block's logs turned into stream records of every EVM entity, in the shapes of
+//! `docs/streams.md` (checked by [`StreamRecord::from_object`], as the ingest endpoint checks
+//! them).
+
+use std::collections::{HashMap, HashSet};
+
+use alloy_dyn_abi::DynSolValue;
+use alloy_primitives::{B256, U256};
+use chrono::{DateTime, SecondsFormat};
+use serde_json::{Map, Value, json};
+use sluice_core::streams::StreamRecord;
+
+use crate::ChainError;
+use crate::events;
+use crate::fetch::{FetchedBlock, Header, RawLog};
+use crate::tokens::Tokens;
+
+/// Every entity an EVM ingester writes.
+pub const ENTITIES: [&str; 6] = [
+    "log",
+    "decoded_log",
+    "erc20_token_transfer",
+    "erc721_token_transfer",
+    "erc1155_token_transfer",
+    "dex_trade",
+];
+
+const TRANSFER: &str = "Transfer(address,address,uint256)";
+const TRANSFER_SINGLE: &str = "TransferSingle(address,address,address,uint256,uint256)";
+const TRANSFER_BATCH: &str = "TransferBatch(address,address,address,uint256[],uint256[])";
+const SWAP_V2: &str = "Swap(address,uint256,uint256,uint256,uint256,address)";
+const SWAP_V3: &str = "Swap(address,address,int256,int256,uint160,uint128,int24)";
+const SYNC: &str = "Sync(uint112,uint112)";
+
+/// One block's records, by entity.
+#[derive(Debug)]
+pub struct BlockRecords {
+    pub header: Header,
+    pub by_entity: HashMap<&'static str, Vec<StreamRecord>>,
+}
+
+/// Token contracts (of transfers) and pools (of swaps) in `blocks`, whose metadata the
+/// records need.
+pub fn contracts(blocks: &[FetchedBlock]) -> (Vec<String>, Vec<String>) {
+    let transfer = [
+        events::selector(TRANSFER),
+        events::selector(TRANSFER_SINGLE),
+        events::selector(TRANSFER_BATCH),
+    ];
+    let swaps = [events::selector(SWAP_V2), events::selector(SWAP_V3)];
+    let (mut tokens, mut pools) = (HashSet::new(), HashSet::new());
+    for log in blocks.iter().flat_map(|b| &b.logs) {
+        match log.topics.first() {
+            Some(t) if transfer.contains(t) => tokens.insert(log.address.clone()),
+            Some(t) if swaps.contains(t) => pools.insert(log.address.clone()),
+            _ => false,
+        };
+    }
+    (tokens.into_iter().collect(), pools.into_iter().collect())
+}
+
+/// What records are built from: the chain, the token cache, the stablecoins and the
+/// entities wanted (no record is built for the others).
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub chain: &'a str,
+    pub tokens: &'a Tokens,
+    pub stablecoins: &'a [String],
+    pub entities: &'a [(String, bool)],
+}
+
+/// The records of one block, of the entities `context` wants.
+///
+/// # Errors
+/// [`ChainError::Malformed`] when a record fails the stream's checks (a node answer that
+/// lacks what a key needs).
+pub fn build(context: Context<'_>, block: &FetchedBlock) -> Result<BlockRecords, ChainError> {
+    let mut out = Builder {
+        chain: context.chain,
+        block,
+        tokens: context.tokens,
+        stablecoins: context.stablecoins,
+        entities: context.entities,
+        by_entity: HashMap::new(),
+    };
+    for log in &block.logs {
+        out.log(log)?;
+    }
+    if out.wants("dex_trade") {
+        out.dex_trades()?;
+    }
+    Ok(BlockRecords { header: block.header.clone(), by_entity: out.by_entity })
+}
+
+/// The record that tells a zerolag consumer a block was reorged away: every record it got
+/// with this `block_hash` is void. Keyed by the orphaned block's hash (as
+/// `transaction_hash`) and `log_index` -1, so it never collides with a log's key.
+pub fn reorg_marker(
+    chain: &str,
+    entity: &str,
+    orphan: &Header,
+) -> Result<StreamRecord, ChainError> {
+    let mut record = Map::new();
+    record.insert("reorg".into(), json!(true));
+    record.insert("chain".into(), json!(chain));
+    record.insert("block_number".into(), json!(orphan.number));
+    record.insert("block_hash".into(), json!(orphan.hash));
+    record.insert("block_timestamp".into(), json!(timestamp(orphan.timestamp)));
+    record.insert("transaction_hash".into(), json!(orphan.hash));
+    record.insert("log_index".into(), json!(-1));
+    if entity == "erc1155_token_transfer" {
+        record.insert("token_id".into(), json!("reorg"));
+    }
+    checked(entity, &record)
+}
+
+struct Builder<'a> {
+    chain: &'a str,
+    block: &'a FetchedBlock,
+    tokens: &'a Tokens,
+    stablecoins: &'a [String],
+    entities: &'a [(String, bool)],
+    by_entity: HashMap<&'static str, Vec<StreamRecord>>,
+}
+
+impl Builder<'_> {
+    fn wants(&self, entity: &str) -> bool {
+        self.entities.iter().any(|(e, _)| e == entity)
+    }
+
+    fn push(
+        &mut self,
+        entity: &'static str,
+        record: &Map<String, Value>,
+    ) -> Result<(), ChainError> {
+        let record = checked(entity, record)?;
+        self.by_entity.entry(entity).or_default().push(record);
+        Ok(())
+    }
+
+    /// The fields every log-derived record starts with.
+    fn position(&self, log: &RawLog) -> Map<String, Value> {
+        let mut record = Map::new();
+        record.insert("transaction_hash".into(), json!(log.transaction_hash));
+        record.insert("transaction_index".into(), json!(log.transaction_index));
+        record.insert("log_index".into(), json!(log.log_index));
+        record.insert("block_number".into(), json!(log.block_number));
+        record.insert("block_timestamp".into(), json!(timestamp(self.block.header.timestamp)));
+        record.insert("block_hash".into(), json!(log.block_hash));
+        record
+    }
+
+    fn log(&mut self, log: &RawLog) -> Result<(), ChainError> {
+        let (wants_log, wants_decoded) = (self.wants("log"), self.wants("decoded_log"));
+        let raw = (wants_log || wants_decoded).then(|| self.raw(log));
+        if let (true, Some(raw)) = (wants_log, &raw) {
+            self.push("log", raw)?;
+        }
+        let Some(known) = events::lookup(&log.topics) else { return Ok(()) };
+        let transfer_entity = match known.signature.as_str() {
+            TRANSFER if known.topics == 3 => "erc20_token_transfer",
+            TRANSFER => "erc721_token_transfer",
+            TRANSFER_SINGLE | TRANSFER_BATCH => "erc1155_token_transfer",
+            _ => "",
+        };
+        let wants_transfer = !transfer_entity.is_empty() && self.wants(transfer_entity);
+        if !wants_decoded && !wants_transfer {
+            return Ok(());
+        }
+        let Some(params) = events::decode(known, &log.topics, &log.data) else { return Ok(()) };
+        if let (true, Some(mut decoded)) = (wants_decoded, raw) {
+            decoded.insert("name".into(), json!(known.event.name));
+            decoded.insert("signature".into(), json!(known.signature));
+            decoded.insert("params".into(), events::params_json(&params));
+            self.push("decoded_log", &decoded)?;
+        }
+        if !wants_transfer {
+            return Ok(());
+        }
+        match transfer_entity {
+            "erc20_token_transfer" => self.erc20(log, &params),
+            "erc721_token_transfer" => self.erc721(log, &params),
+            _ => self.erc1155(log, &known.event.name, &params),
+        }
+    }
+
+    /// A `log` record (the start of a `decoded_log` one).
+    fn raw(&self, log: &RawLog) -> Map<String, Value> {
+        let mut raw = self.position(log);
+        raw.insert("address".into(), json!(log.address));
+        raw.insert("data".into(), json!(format!("0x{}", alloy_primitives::hex::encode(&log.data))));
+        for (index, name) in ["topic0", "topic1", "topic2", "topic3"].into_iter().enumerate() {
+            raw.insert(
+                name.into(),
+                log.topics.get(index).map_or(Value::Null, |t| json!(format!("{t:#x}"))),
+            );
+        }
+        let (from, to) = match self.block.transactions.get(&log.transaction_hash) {
+            Some((from, to)) => (json!(from), json!(to)),
+            None => (Value::Null, Value::Null),
+        };
+        raw.insert("from_address".into(), from);
+        raw.insert("to_address".into(), to);
+        raw
+    }
+
+    fn token_fields(&self, record: &mut Map<String, Value>, address: &str) -> Option<u8> {
+        let info = self.tokens.token(address);
+        record.insert("token_address".into(), json!(address));
+        record.insert("token_name".into(), json!(info.and_then(|i| i.name.clone())));
+        record.insert("token_symbol".into(), json!(info.and_then(|i| i.symbol.clone())));
+        info.and_then(|i| i.decimals)
+    }
+
+    fn erc20(&mut self, log: &RawLog, params: &[(String, DynSolValue)]) -> Result<(), ChainError> {
+        let (Some(from), Some(to), Some(value)) =
+            (address(&params[0].1), address(&params[1].1), uint(&params[2].1))
+        else {
+            return Ok(());
+        };
+        let mut record = Map::new();
+        let decimals = self.token_fields(&mut record, &log.address);
+        record.insert("from_address".into(), json!(from));
+        record.insert("to_address".into(), json!(to));
+        amounts(&mut record, value, decimals);
+        record.extend(self.position(log));
+        self.push("erc20_token_transfer", &record)
+    }
+
+    fn erc721(&mut self, log: &RawLog, params: &[(String, DynSolValue)]) -> Result<(), ChainError> {
+        let (Some(from), Some(to), Some(id)) =
+            (address(&params[0].1), address(&params[1].1), uint(&params[2].1))
+        else {
+            return Ok(());
+        };
+        let mut record = Map::new();
+        self.token_fields(&mut record, &log.address);
+        record.insert("from_address".into(), json!(from));
+        record.insert("to_address".into(), json!(to));
+        record.insert("token_id".into(), json!(id.to_string()));
+        record.extend(self.position(log));
+        self.push("erc721_token_transfer", &record)
+    }
+
+    fn erc1155(
+        &mut self,
+        log: &RawLog,
+        name: &str,
+        params: &[(String, DynSolValue)],
+    ) -> Result<(), ChainError> {
+        let (Some(operator), Some(from), Some(to)) =
+            (address(&params[0].1), address(&params[1].1), address(&params[2].1))
+        else {
+            return Ok(());
+        };
+        let items: Vec<(U256, U256)> = match (&params[3].1, &params[4].1) {
+            (DynSolValue::Array(ids), DynSolValue::Array(values)) if ids.len() == values.len() => {
+                ids.iter().zip(values).filter_map(|(i, v)| Some((uint(i)?, uint(v)?))).collect()
+            }
+            (id, value) => uint(id).zip(uint(value)).into_iter().collect(),
+        };
+        for (id, value) in items {
+            let mut record = Map::new();
+            record.insert("event_type".into(), json!(name));
+            record.insert("operator".into(), json!(operator));
+            record.insert("from_address".into(), json!(from));
+            record.insert("to_address".into(), json!(to));
+            self.token_fields(&mut record, &log.address);
+            record.insert("token_id".into(), json!(id.to_string()));
+            amounts(&mut record, value, Some(0));
+            record.extend(self.position(log));
+            self.push("erc1155_token_transfer", &record)?;
+        }
+        Ok(())
+    }
+
+    /// Two records per Uniswap V2 or V3 swap, one per token. Each side's `log_index` is that
+    /// of the `Transfer` log that moved its token into or out of the pool in the swap's
+    /// transaction (so the two sides have distinct keys and real positions).
+    fn dex_trades(&mut self) -> Result<(), ChainError> {
+        let (v2, v3) = (events::selector(SWAP_V2), events::selector(SWAP_V3));
+        let mut used: HashSet<u64> = HashSet::new();
+        for swap in &self.block.logs {
+            let version = match swap.topics.first() {
+                Some(t) if *t == v2 && swap.topics.len() == 3 => 2,
+                Some(t) if *t == v3 && swap.topics.len() == 3 => 3,
+                _ => continue,
+            };
+            let Some((token0, token1)) = self.tokens.pool(&swap.address).cloned() else { continue };
+            let Some(known) = events::lookup(&swap.topics) else { continue };
+            let Some(params) = events::decode(known, &swap.topics, &swap.data) else { continue };
+            let raw: [U256; 2] = if version == 2 {
+                let n = |i: usize| uint(&params[i].1).unwrap_or_default();
+                [net(n(1), n(3)), net(n(2), n(4))]
+            } else {
+                let n = |i: usize| match &params[i].1 {
+                    DynSolValue::Int(v, _) => v.unsigned_abs(),
+                    _ => U256::ZERO,
+                };
+                [n(2), n(3)]
+            };
+            let reserves = if version == 2 { self.reserves(swap) } else { None };
+            let decimals =
+                [&token0, &token1].map(|t| self.tokens.token(t).and_then(|i| i.decimals));
+            let (Some(d0), Some(d1)) = (decimals[0], decimals[1]) else { continue };
+            let amounts = [units(raw[0], d0), units(raw[1], d1)];
+            let usd = [&token0, &token1]
+                .iter()
+                .position(|t| self.stablecoins.contains(t))
+                .map(|i| amounts[i].clone());
+            for (side, token) in [&token0, &token1].into_iter().enumerate() {
+                if raw[side].is_zero() {
+                    continue;
+                }
+                let Some(log_index) = self.side_log_index(swap, token, &mut used) else { continue };
+                let mut record = Map::new();
+                record.insert("chain".into(), json!(self.chain));
+                record.insert("token_address".into(), json!(token));
+                record.insert("token_decimals".into(), json!(decimals[side]));
+                record.insert("token_amount".into(), json!(amounts[side]));
+                record.insert("usd_amount".into(), json!(usd));
+                record.insert("pool_address".into(), json!(swap.address));
+                if let Some(reserves) = reserves {
+                    let d = if side == 0 { d0 } else { d1 };
+                    record.insert("token_reserve".into(), json!(units(reserves[side], d)));
+                }
+                record.insert("block_number".into(), json!(swap.block_number));
+                record.insert(
+                    "block_timestamp".into(),
+                    json!(timestamp(self.block.header.timestamp)),
+                );
+                record.insert("block_hash".into(), json!(swap.block_hash));
+                record.insert("transaction_hash".into(), json!(swap.transaction_hash));
+                record.insert("log_index".into(), json!(log_index));
+                self.push("dex_trade", &record)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The pool's reserves after a V2 swap: its `Sync` log just before the `Swap`.
+    fn reserves(&self, swap: &RawLog) -> Option<[U256; 2]> {
+        let sync = events::selector(SYNC);
+        let log = self.block.logs.iter().rev().find(|l| {
+            l.log_index < swap.log_index
+                && l.transaction_hash == swap.transaction_hash
+                && l.address == swap.address
+                && l.topics.first() == Some(&sync)
+        })?;
+        let params = events::decode(events::lookup(&log.topics)?, &log.topics, &log.data)?;
+        Some([uint(&params[0].1)?, uint(&params[1].1)?])
+    }
+
+    fn side_log_index(&self, swap: &RawLog, token: &str, used: &mut HashSet<u64>) -> Option<u64> {
+        let transfer = events::selector(TRANSFER);
+        let pool = address_topic(&swap.address)?;
+        let found = self.block.logs.iter().rev().find(|l| {
+            l.log_index < swap.log_index
+                && l.transaction_hash == swap.transaction_hash
+                && l.address == token
+                && l.topics.len() == 3
+                && l.topics[0] == transfer
+                && (l.topics[1] == pool || l.topics[2] == pool)
+                && !used.contains(&l.log_index)
+        })?;
+        used.insert(found.log_index);
+        Some(found.log_index)
+    }
+}
+
+fn checked(entity: &str, record: &Map<String, Value>) -> Result<StreamRecord, ChainError> {
+    StreamRecord::from_object(entity, record).map_err(|error| ChainError::Malformed {
+        method: "eth_getLogs",
+        reason: format!("a {entity} record fails the stream's checks: {error}"),
+    })
+}
+
+fn address_topic(address: &str) -> Option<B256> {
+    format!("0x{:0>64}", address.trim_start_matches("0x")).parse().ok()
+}
+
+fn net(into: U256, out: U256) -> U256 {
+    if into >= out { into - out } else { out - into }
+}
+
+fn address(value: &DynSolValue) -> Option<String> {
+    match value {
+        DynSolValue::Address(a) => Some(format!("{a:#x}")),
+        _ => None,
+    }
+}
+
+fn uint(value: &DynSolValue) -> Option<U256> {
+    match value {
+        DynSolValue::Uint(n, _) => Some(*n),
+        DynSolValue::Int(n, _) if !n.is_negative() => Some(n.into_raw()),
+        _ => None,
+    }
+}
+
+/// `raw_amount_str`, `raw_amount`, `amount_str`, `amount`; without decimals the amount
+/// stays in base units (documented for tokens without `decimals()`).
+fn amounts(record: &mut Map<String, Value>, raw: U256, decimals: Option<u8>) {
+    let raw_text = raw.to_string();
+    let amount = units(raw, decimals.unwrap_or(0));
+    record.insert("raw_amount_str".into(), json!(raw_text));
+    record.insert("raw_amount".into(), json!(raw_text.parse::<f64>().unwrap_or(f64::MAX)));
+    record.insert("amount".into(), json!(amount.parse::<f64>().unwrap_or(f64::MAX)));
+    record.insert("amount_str".into(), json!(amount));
+}
+
+/// `raw` shifted by `decimals`, exact, trailing zeros trimmed: `1234560000` with 6 decimals
+/// is `"1234.56"`.
+pub fn units(raw: U256, decimals: u8) -> String {
+    let digits = raw.to_string();
+    let decimals = usize::from(decimals);
+    if decimals == 0 {
+        return digits;
+    }
+    let padded = format!("{digits:0>width$}", width = decimals + 1);
+    let (whole, fraction) = padded.split_at(padded.len() - decimals);
+    let fraction = fraction.trim_end_matches('0');
+    if fraction.is_empty() { whole.to_owned() } else { format!("{whole}.{fraction}") }
+}
+
+pub fn timestamp(seconds: i64) -> String {
+    DateTime::from_timestamp(seconds, 0)
+        .unwrap_or_default()
+        .to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_shift_exactly_and_trim_zeros() {
+        assert_eq!(units(U256::from(1_234_560_000u64), 6), "1234.56");
+        assert_eq!(units(U256::from(5u64), 18), "0.000000000000000005");
+        assert_eq!(units(U256::from(7_000_000u64), 6), "7");
+        assert_eq!(units(U256::ZERO, 6), "0");
+        assert_eq!(units(U256::MAX, 0), U256::MAX.to_string());
+    }
+
+    #[test]
+    fn reorg_markers_pass_every_streams_checks() {
+        let orphan = Header {
+            number: 7,
+            hash: format!("0x{}", "ab".repeat(32)),
+            parent_hash: String::new(),
+            timestamp: 1_700_000_000,
+        };
+        for entity in ENTITIES {
+            let marker = reorg_marker("base", entity, &orphan).unwrap();
+            assert_eq!(marker.key().split(':').next(), Some(orphan.hash.as_str()));
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Transfers, swaps and decoded logs made on the node arrive with exact fields.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sluice_chains::{Ingester, StatusSnapshot};
+
+use crate::anvil::{
+    ALICE, Anvil, BOB, address, config, positions, records, stream_log, text, uint,
+};
+
+/// Steps `ingester` until its finalized streams reach `block`.
+pub async fn ingest_until(
+    ingester: &mut Ingester,
+    status: &sluice_chains::ChainStatus,
+    block: u64,
+) -> StatusSnapshot {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let progressed = ingester.step().await.expect("an ingest step");
+        let snapshot = status.snapshot();
+        if snapshot.ingested >= Some(block) {
+            return snapshot;
+        }
+        assert!(Instant::now() < deadline, "ingest did not reach block {block}: {snapshot:?}");
+        if !progressed {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn one<'a>(records: &'a [Value], field: &str, value: &Value) -> &'a Value {
+    let found: Vec<&Value> = records.iter().filter(|r| &r[field] == value).collect();
+    assert_eq!(found.len(), 1, "one record with {field} = {value} in {records:#?}");
+    found[0]
+}
+
+#[tokio::test]
+async fn transfers_swaps_and_decoded_logs_arrive_with_exact_fields() {
+    let anvil = Anvil::start().await;
+    let usdc = anvil.deploy("TestToken", vec![text("USD Coin"), text("USDC"), uint(6)]).await;
+    let weth = anvil.deploy("TestToken", vec![text("Wrapped Ether"), text("WETH"), uint(18)]).await;
+    let bare = anvil.deploy("BareToken", vec![]).await;
+    let nft = anvil.deploy("TestNft", vec![]).await;
+    let multi = anvil.deploy("TestMulti", vec![]).await;
+    let pair = anvil.deploy("TestPair", vec![address(&usdc), address(&weth)]).await;
+
+    let mint = anvil
+        .invoke(ALICE, &usdc, "mint(address,uint256)", vec![address(ALICE), uint(5_000_000_000)])
+        .await;
+    anvil
+        .invoke(ALICE, &weth, "mint(address,uint256)", vec![address(ALICE), uint(10u128.pow(21))])
+        .await;
+    let transfer = anvil
+        .invoke(ALICE, &usdc, "transfer(address,uint256)", vec![address(BOB), uint(1_234_560_000)])
+        .await;
+    let bare_mint =
+        anvil.invoke(ALICE, &bare, "mint(address,uint256)", vec![address(BOB), uint(42)]).await;
+    let nft_mint =
+        anvil.invoke(ALICE, &nft, "mint(address,uint256)", vec![address(ALICE), uint(7)]).await;
+    anvil
+        .invoke(
+            ALICE,
+            &multi,
+            "mint(address,uint256,uint256)",
+            vec![address(ALICE), uint(1), uint(10)],
+        )
+        .await;
+    anvil
+        .invoke(
+            ALICE,
+            &multi,
+            "mint(address,uint256,uint256)",
+            vec![address(ALICE), uint(2), uint(20)],
+        )
+        .await;
+    let batch = anvil
+        .invoke(
+            ALICE,
+            &multi,
+            "safeBatchTransferFrom(address,address,uint256[],uint256[])",
+            vec![
+                address(ALICE),
+                address(BOB),
+                alloy_dyn_abi::DynSolValue::Array(vec![uint(1), uint(2)]),
+                alloy_dyn_abi::DynSolValue::Array(vec![uint(3), uint(4)]),
+            ],
+        )
+        .await;
+    // Liquidity: 1,000 USDC and 1 WETH in the pool, then a swap of 100 USDC for 0.09 WETH.
+    anvil
+        .invoke(
+            ALICE,
+            &usdc,
+            "transfer(address,uint256)",
+            vec![address(&pair), uint(1_000_000_000)],
+        )
+        .await;
+    anvil
+        .invoke(
+            ALICE,
+            &weth,
+            "transfer(address,uint256)",
+            vec![address(&pair), uint(10u128.pow(18))],
+        )
+        .await;
+    anvil.invoke(ALICE, &pair, "sync()", vec![]).await;
+    anvil
+        .invoke(ALICE, &usdc, "approve(address,uint256)", vec![address(&pair), uint(100_000_000)])
+        .await;
+    anvil
+        .invoke(
+            ALICE,
+            &pair,
+            "swapFrom(uint256,uint256,uint256,uint256,address)",
+            vec![uint(100_000_000), uint(0), uint(0), uint(90_000_000_000_000_000), address(ALICE)],
+        )
+        .await;
+    let swap_block = anvil.head().await;
+    anvil.mine(3).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = stream_log(dir.path(), "base").await;
+    let mut config = config(&anvil.url, 3);
+    config.stablecoins = vec![usdc.clone()];
+    let status = Ingester::status_for(&config);
+    let mut ingester = Ingester::new(config, positions(&log), status.clone()).unwrap();
+    let snapshot = ingest_until(&mut ingester, &status, swap_block).await;
+    assert_eq!(snapshot.head, Some(swap_block + 3));
+    assert_eq!(snapshot.lag_blocks, Some(3));
+
+    let erc20 = records(&log, "base.erc20_token_transfer").await;
+    let tx = transfer["transactionHash"].as_str().unwrap();
+    let record = one(&erc20, "transaction_hash", &json!(tx));
+    let block_hash = transfer["blockHash"].as_str().unwrap();
+    let block_number =
+        u64::from_str_radix(transfer["blockNumber"].as_str().unwrap().trim_start_matches("0x"), 16)
+            .unwrap();
+    let header = anvil.call("eth_getBlockByNumber", json!([transfer["blockNumber"], false])).await;
+    let time =
+        i64::from_str_radix(header["timestamp"].as_str().unwrap().trim_start_matches("0x"), 16)
+            .unwrap();
+    let expected = json!({
+        "token_address": usdc, "token_name": "USD Coin", "token_symbol": "USDC",
+        "from_address": ALICE, "to_address": BOB,
+        "raw_amount_str": "1234560000", "raw_amount": 1_234_560_000.0,
+        "amount_str": "1234.56", "amount": 1234.56,
+        "transaction_hash": tx, "transaction_index": 0, "log_index": 0,
+        "block_number": block_number,
+        "block_timestamp": chrono::DateTime::from_timestamp(time, 0).unwrap().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "block_hash": block_hash,
+    });
+    assert_eq!(record, &expected);
+    let minted = one(&erc20, "transaction_hash", &mint["transactionHash"]);
+    assert_eq!(minted["from_address"], "0x0000000000000000000000000000000000000000");
+
+    // A token without name/symbol/decimals: null metadata, amount in base units.
+    let bare_record = one(&erc20, "transaction_hash", &bare_mint["transactionHash"]);
+    assert_eq!(bare_record["token_name"], Value::Null);
+    assert_eq!(bare_record["token_symbol"], Value::Null);
+    assert_eq!(bare_record["amount_str"], "42");
+    assert_eq!(bare_record["raw_amount_str"], "42");
+
+    let erc721 = records(&log, "base.erc721_token_transfer").await;
+    assert_eq!(
+        erc721.len(),
+        1,
+        "the NFT mint only (ERC-20 transfers are not ERC-721): {erc721:#?}"
+    );
+    let nft_record = one(&erc721, "transaction_hash", &nft_mint["transactionHash"]);
+    assert_eq!(nft_record["token_id"], "7");
+    assert_eq!(nft_record["token_symbol"], "KIT");
+    assert_eq!(nft_record["to_address"], ALICE);
+
+    let erc1155 = records(&log, "base.erc1155_token_transfer").await;
+    let batch_records: Vec<&Value> =
+        erc1155.iter().filter(|r| r["transaction_hash"] == batch["transactionHash"]).collect();
+    assert_eq!(batch_records.len(), 2);
+    let mut items: Vec<(String, String)> = batch_records
+        .iter()
+        .map(|r| {
+            (
+                r["token_id"].as_str().unwrap().to_owned(),
+                r["amount_str"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    items.sort();
+    assert_eq!(items, vec![("1".to_owned(), "3".to_owned()), ("2".to_owned(), "4".to_owned())]);
+    assert!(batch_records.iter().all(|r| r["event_type"] == "TransferBatch"
+        && r["operator"] == ALICE
+        && r["to_address"] == BOB));
+    assert_eq!(erc1155.len(), 4, "two mints and a batch of two");
+
+    let trades = records(&log, "base.dex_trade").await;
+    assert_eq!(trades.len(), 2, "{trades:#?}");
+    let usdc_side = one(&trades, "token_address", &json!(usdc));
+    let weth_side = one(&trades, "token_address", &json!(weth));
+    assert_eq!(usdc_side["token_amount"], "100");
+    assert_eq!(usdc_side["token_decimals"], 6);
+    assert_eq!(usdc_side["usd_amount"], "100");
+    assert_eq!(usdc_side["token_reserve"], "1100");
+    assert_eq!(usdc_side["pool_address"], json!(pair));
+    assert_eq!(usdc_side["chain"], "base");
+    assert_eq!(weth_side["token_amount"], "0.09");
+    assert_eq!(weth_side["usd_amount"], "100");
+    assert_eq!(weth_side["token_reserve"], "0.91");
+    assert_eq!(usdc_side["block_number"], swap_block);
+    assert_ne!(usdc_side["log_index"], weth_side["log_index"]);
+    assert_eq!(usdc_side["transaction_hash"], weth_side["transaction_hash"]);
+
+    let decoded = records(&log, "base.decoded_log").await;
+    let swap = decoded.iter().find(|r| r["name"] == "Swap").expect("the swap decoded");
+    assert_eq!(swap["signature"], "Swap(address,uint256,uint256,uint256,uint256,address)");
+    assert_eq!(
+        swap["params"],
+        json!({"sender": ALICE, "amount0In": "100000000", "amount1In": "0", "amount0Out": "0", "amount1Out": "90000000000000000", "to": ALICE})
+    );
+    let raw_logs = records(&log, "base.log").await;
+    assert_eq!(raw_logs.len(), decoded.len(), "every test contract event is a known one");
+    let raw = one(&raw_logs, "transaction_hash", &json!(tx));
+    assert_eq!(raw["address"], json!(usdc));
+    assert_eq!(raw["from_address"], ALICE);
+    assert_eq!(raw["to_address"], json!(usdc));
+    assert_eq!(raw["topic0"], "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef");
+    assert_eq!(raw["topic3"], Value::Null);
+    assert_eq!(raw["data"], format!("0x{:064x}", 1_234_560_000u64));
+
+    // The zerolag streams got everything too, and the finalized ones nothing past the rule.
+    let zerolag = records(&log, "base.erc20_token_transfer.zerolag").await;
+    assert_eq!(zerolag.len(), erc20.len());
+    assert!(erc20.iter().all(|r| r["block_number"].as_u64().unwrap() <= swap_block));
+}
+
+#[tokio::test]
+async fn only_the_entities_the_catalog_lists_are_written() {
+    let anvil = Anvil::start().await;
+    let usdc = anvil.deploy("TestToken", vec![text("USD Coin"), text("USDC"), uint(6)]).await;
+    anvil.invoke(ALICE, &usdc, "mint(address,uint256)", vec![address(BOB), uint(5)]).await;
+    anvil.mine(2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = stream_log(dir.path(), "base").await;
+    let mut config = config(&anvil.url, 1);
+    // As the default catalog has `abstract`: transfers without a zerolag twin, and no logs.
+    config.entities = vec![("erc20_token_transfer".to_owned(), false)];
+    let status = Ingester::status_for(&config);
+    let mut ingester = Ingester::new(config, positions(&log), status.clone()).unwrap();
+    ingest_until(&mut ingester, &status, anvil.head().await - 1).await;
+    assert_eq!(records(&log, "base.erc20_token_transfer").await.len(), 1);
+    for topic in
+        ["base.erc20_token_transfer.zerolag", "base.log", "base.log.zerolag", "base.decoded_log"]
+    {
+        assert!(records(&log, topic).await.is_empty(), "{topic}");
+    }
+}

@@ -1,0 +1,151 @@
+//! Reorgs made on the node (snapshot, then revert to it and mine other blocks) and resumes
+//! after a crash.
+
+use serde_json::{Value, json};
+use sluice_chains::sink::ChainSink;
+use sluice_chains::{Checkpoint, Ingester};
+
+use crate::anvil::{
+    ALICE, Anvil, BOB, address, config, positions, records, stream_log, text, uint,
+};
+use crate::ingest::ingest_until;
+
+async fn step_until_zerolag(
+    ingester: &mut Ingester,
+    status: &sluice_chains::ChainStatus,
+    block: u64,
+) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while status.snapshot().zerolag_ingested < Some(block) {
+        assert!(std::time::Instant::now() < deadline, "zerolag did not reach {block}");
+        ingester.step().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_reorg_puts_a_marker_and_the_replacement_in_zerolag_and_only_the_canonical_block_in_finalized()
+ {
+    let anvil = Anvil::start().await;
+    let usdc = anvil.deploy("TestToken", vec![text("USD Coin"), text("USDC"), uint(6)]).await;
+    anvil
+        .invoke(ALICE, &usdc, "mint(address,uint256)", vec![address(ALICE), uint(1_000_000)])
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = stream_log(dir.path(), "base").await;
+    let config = config(&anvil.url, 5);
+    let status = Ingester::status_for(&config);
+    let mut ingester = Ingester::new(config, positions(&log), status.clone()).unwrap();
+
+    let snapshot = anvil.call("evm_snapshot", json!([])).await;
+    let orphaned = anvil
+        .invoke(ALICE, &usdc, "transfer(address,uint256)", vec![address(BOB), uint(111)])
+        .await;
+    let reorged_height = anvil.head().await;
+    step_until_zerolag(&mut ingester, &status, reorged_height).await;
+    let zerolag = records(&log, "base.erc20_token_transfer.zerolag").await;
+    assert!(zerolag.iter().any(|r| r["transaction_hash"] == orphaned["transactionHash"]));
+
+    assert_eq!(anvil.call("evm_revert", json!([snapshot])).await, json!(true));
+    // Another block at the same height (another transaction, so another hash), then more.
+    let canonical = anvil
+        .invoke(ALICE, &usdc, "transfer(address,uint256)", vec![address(BOB), uint(222)])
+        .await;
+    assert_eq!(anvil.head().await, reorged_height);
+    assert_ne!(canonical["blockHash"], orphaned["blockHash"]);
+    anvil.mine(8).await;
+    let finalized = anvil.head().await - 5;
+    let snapshot = ingest_until(&mut ingester, &status, finalized).await;
+    assert_eq!(snapshot.reorgs, 1);
+
+    let zerolag = records(&log, "base.erc20_token_transfer.zerolag").await;
+    let markers: Vec<&Value> = zerolag.iter().filter(|r| r["reorg"] == true).collect();
+    assert_eq!(markers.len(), 1, "{zerolag:#?}");
+    assert_eq!(markers[0]["block_hash"], orphaned["blockHash"]);
+    assert_eq!(markers[0]["block_number"], reorged_height);
+    assert!(zerolag.iter().any(|r| r["transaction_hash"] == canonical["transactionHash"]));
+    // Every zerolag stream carries the marker, whether or not it had records of the block.
+    for entity in
+        ["log", "decoded_log", "erc721_token_transfer", "erc1155_token_transfer", "dex_trade"]
+    {
+        let stream = records(&log, &format!("base.{entity}.zerolag")).await;
+        assert!(
+            stream.iter().any(|r| r["reorg"] == true && r["block_hash"] == orphaned["blockHash"]),
+            "{entity}"
+        );
+    }
+
+    let finalized_records = records(&log, "base.erc20_token_transfer").await;
+    assert!(
+        finalized_records
+            .iter()
+            .all(|r| r["transaction_hash"] != orphaned["transactionHash"] && r["reorg"].is_null())
+    );
+    assert_eq!(
+        finalized_records
+            .iter()
+            .filter(|r| r["transaction_hash"] == canonical["transactionHash"])
+            .count(),
+        1
+    );
+    let raw = records(&log, "base.log").await;
+    assert!(raw.iter().all(|r| r["block_hash"] != orphaned["blockHash"]));
+}
+
+/// Count of each key (transaction hash, log index) in a finalized stream.
+fn counts(records: &[Value]) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for r in records {
+        *counts.entry(format!("{}:{}", r["transaction_hash"], r["log_index"])).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[tokio::test]
+async fn a_restart_behind_the_streams_appends_every_block_exactly_once() {
+    let anvil = Anvil::start().await;
+    let usdc = anvil.deploy("TestToken", vec![text("USD Coin"), text("USDC"), uint(6)]).await;
+    for i in 0..20u128 {
+        anvil.invoke(ALICE, &usdc, "mint(address,uint256)", vec![address(BOB), uint(i + 1)]).await;
+    }
+    anvil.mine(2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = stream_log(dir.path(), "base").await;
+    let sink = positions(&log);
+    let mut config = config(&anvil.url, 2);
+    config.max_block_range = 4;
+    let status = Ingester::status_for(&config);
+    let mut ingester = Ingester::new(config.clone(), sink.clone(), status.clone()).unwrap();
+    ingest_until(&mut ingester, &status, 12).await;
+    drop(ingester);
+    // A crash after the streams were appended but before the checkpoint was: put back an
+    // older checkpoint (block 5), as if the last ones were never written.
+    let rpc = anvil.rpc.clone();
+    let header = |n: u64| {
+        let rpc = rpc.clone();
+        async move {
+            sluice_chains::fetch::header(&rpc, json!(format!("0x{n:x}"))).await.unwrap().unwrap()
+        }
+    };
+    let old = Checkpoint {
+        finalized: header(5).await,
+        unfinalized: vec![header(6).await, header(7).await],
+    };
+    sink.save_checkpoint("base", &old).await.unwrap();
+    for i in 0..5u128 {
+        anvil
+            .invoke(ALICE, &usdc, "mint(address,uint256)", vec![address(BOB), uint(100 + i)])
+            .await;
+    }
+    anvil.mine(2).await;
+    let head = anvil.head().await;
+    let status = Ingester::status_for(&config);
+    let mut ingester = Ingester::new(config, sink, status.clone()).unwrap();
+    ingest_until(&mut ingester, &status, head - 2).await;
+
+    for entity in ["erc20_token_transfer", "log", "decoded_log"] {
+        let stream = records(&log, &format!("base.{entity}")).await;
+        let counts = counts(&stream);
+        assert_eq!(counts.len(), 25, "{entity}: 25 mints");
+        assert!(counts.values().all(|c| *c == 1), "{entity}: a record twice: {counts:?}");
+    }
+}
