@@ -23,20 +23,26 @@ pub async fn healthz() -> Json<StatusBody> {
     Json(StatusBody { status: "ok" })
 }
 
-/// Readiness: the metadata store answers.
+/// Readiness: the metadata store and the stream log answer.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready", body = StatusBody),
-        (status = 503, description = "The store does not answer", body = ErrorBody),
+        (status = 503, description = "The store or the stream log does not answer", body = ErrorBody),
     ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, ApiError> {
-    match state.store.ping().await {
-        Ok(()) => Ok(Json(StatusBody { status: "ok" })),
-        Err(error) => {
-            tracing::warn!(%error, "readiness check failed");
-            Err(ApiError::Unavailable("the metadata store is not reachable".to_owned()))
-        }
+    if let Err(error) = state.store.ping().await {
+        tracing::warn!(%error, "readiness check failed");
+        return Err(ApiError::Unavailable("the metadata store is not reachable".to_owned()));
     }
+    if let Some(runtime) = &state.runtime
+        && let Err(error) = runtime.log().ready().await
+    {
+        tracing::warn!(%error, "readiness check failed");
+        return Err(ApiError::Unavailable(
+            "the stream log is not reachable; deployments hold until it is back".to_owned(),
+        ));
+    }
+    Ok(Json(StatusBody { status: "ok" }))
 }
 
 /// This document: OpenAPI 3.1, generated from the code.

@@ -9,6 +9,7 @@
 //! runtime or the API.
 
 mod embedded;
+mod kafka;
 mod record;
 pub mod topics;
 
@@ -18,6 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use embedded::EmbeddedLog;
+pub use kafka::{KafkaLog, KafkaSettings};
 pub use record::{NewRecord, Record, partition_for_key};
 
 /// Errors of a stream log.
@@ -47,6 +49,10 @@ pub enum BusError {
     WriteNotApplied,
     #[error("the stream log has shut down")]
     Closed,
+    #[error("invalid stream log URL {url}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+    #[error("cannot reach the stream log at {url}: {reason}")]
+    Unreachable { url: String, reason: String },
 }
 
 impl BusError {
@@ -55,11 +61,15 @@ impl BusError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Backend { transient, .. } => *transient,
-            Self::CommitFailed(_) | Self::WriteNotApplied | Self::Closed => true,
+            Self::CommitFailed(_)
+            | Self::WriteNotApplied
+            | Self::Closed
+            | Self::Unreachable { .. } => true,
             Self::UnknownTopic(_)
             | Self::UnknownPartition { .. }
             | Self::InvalidTopicName { .. }
             | Self::InvalidConfig(_)
+            | Self::InvalidUrl { .. }
             | Self::Corrupt(_) => false,
         }
     }
@@ -186,6 +196,36 @@ pub trait StreamLog: Send + Sync + 'static {
 
     /// Resolves when `topic` may have new records since the last call on this watch.
     fn watch(&self, topic: &str) -> AppendWatch;
+
+    /// Whether the log can serve requests now (a cluster log: a broker answers).
+    ///
+    /// # Errors
+    /// [`BusError::Unreachable`] saying why not.
+    async fn ready(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// How a Kafka client reaches `topic` of this log, when one can (a Kafka cluster); `None`
+    /// for the embedded log, whose topics are read over Sluice's HTTP API.
+    fn client_access(&self, topic: &str) -> Option<ClientAccess> {
+        let _ = topic;
+        None
+    }
+}
+
+/// What a Kafka client needs to read a topic of the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAccess {
+    pub bootstrap_servers: String,
+    /// The topic's name on the cluster.
+    pub topic: String,
+    /// A consumer-group id (or prefix) for the reader's own consumers.
+    pub group_id: String,
+    pub security_protocol: String,
+    pub sasl_mechanism: Option<String>,
+    /// The consumer credentials the operator configured for readers, if any.
+    pub username: Option<String>,
+    pub password: Option<String>,
 }
 
 /// Wakes a reader when a topic receives records.

@@ -92,6 +92,9 @@ macro_rules! with_table {
     };
 }
 
+// After the macro, which it uses.
+mod snapshot;
+
 impl ValueSet {
     /// An empty set.
     pub fn new() -> Self {

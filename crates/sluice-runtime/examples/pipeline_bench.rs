@@ -1,7 +1,8 @@
 //! The pipeline benchmark: records through log → set filter → managed sink with one worker.
 //!
 //! `cargo run --release -p sluice-runtime --example pipeline_bench -- [--records N]
-//! [--values N] [--rate R] [--seconds S] [--match-percent P] [--phase both|throughput|latency]`
+//! [--values N] [--rate R] [--seconds S] [--match-percent P] [--phase both|throughput|latency]
+//! [--bus kafka://host:port]`
 //! (defaults: 2 000 000 records, 1 000 000 values, 10 000 records/s for 20 s, 100 % matching,
 //! both phases).
 //!
@@ -24,7 +25,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_bus::{EmbeddedLog, StreamLog, topics};
+use sluice_bus::{EmbeddedLog, KafkaLog, KafkaSettings, StreamLog, topics};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::{Clock, SystemClock};
 use sluice_core::pipeline::{
@@ -76,6 +77,10 @@ struct Args {
     seconds: f64,
     match_percent: u32,
     phase: Phase,
+    /// `kafka://…` to run on a Kafka cluster instead of the embedded log.
+    bus: Option<String>,
+    /// Share of matching records in the throughput phase (percent).
+    throughput_match_percent: u32,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -86,6 +91,8 @@ fn parse_args() -> Result<Args, String> {
         seconds: 20.0,
         match_percent: 100,
         phase: Phase::Both,
+        bus: None,
+        throughput_match_percent: (HIT_RATE_THROUGHPUT * 100.0) as u32,
     };
     let mut argv = std::env::args().skip(1);
     while let Some(flag) = argv.next() {
@@ -102,6 +109,13 @@ fn parse_args() -> Result<Args, String> {
                     return Err(bad());
                 }
             }
+            "--bus" => args.bus = Some(value),
+            "--throughput-match-percent" => {
+                args.throughput_match_percent = value.parse().map_err(|_| bad())?;
+                if args.throughput_match_percent > 100 {
+                    return Err(bad());
+                }
+            }
             "--phase" => {
                 args.phase = match value.as_str() {
                     "both" => Phase::Both,
@@ -113,7 +127,7 @@ fn parse_args() -> Result<Args, String> {
             _ => {
                 return Err(format!(
                     "unknown argument {flag}; use --records, --values, --rate, --seconds, \
-                     --match-percent, --phase"
+                     --match-percent, --phase, --bus, --throughput-match-percent"
                 ));
             }
         }
@@ -145,8 +159,18 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     let store: Arc<dyn MetadataStore> = Arc::new(
         SqliteStore::open(&format!("sqlite://{}", dir.path().join("meta.db").display())).await?,
     );
-    let log: Arc<dyn StreamLog> =
-        Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone())?);
+    let log: Arc<dyn StreamLog> = match &args.bus {
+        None => Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone())?),
+        Some(url) => {
+            // Topics of this run only: a prefix of its own.
+            let mut settings = KafkaSettings::parse(url)?;
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+            settings.topic_prefix = format!("bench{:x}.", nanos.as_nanos());
+            Arc::new(KafkaLog::connect(settings, clock.clone()).await?)
+        }
+    };
+    let kind = if args.bus.is_some() { "kafka" } else { "embedded" };
+    report(serde_json::json!({"bench": "pipeline_log", "log": kind}), &[]);
     let runtime = Runtime::start(
         store.clone(),
         log.clone(),
@@ -203,7 +227,9 @@ async fn run(args: &Args) -> Result<(), BoxError> {
 
     let mut generator = Generator { rng, sample, others, next: 0 };
     if args.phase != Phase::Latency {
-        throughput(&runtime, log.as_ref(), &pipeline, &mut generator, args.records).await?;
+        let hit_rate = f64::from(args.throughput_match_percent) / 100.0;
+        throughput(&runtime, log.as_ref(), &pipeline, &mut generator, args.records, hit_rate)
+            .await?;
     }
     if args.phase != Phase::Throughput {
         latency(&runtime, &log, &pipeline, &mut generator, args).await?;
@@ -266,6 +292,7 @@ async fn throughput(
     pipeline: &Pipeline,
     generator: &mut Generator,
     records: usize,
+    hit_rate: f64,
 ) -> Result<(), BoxError> {
     let source = topics::chain_stream(CHAIN, ENTITY, false);
     let group = topics::deployment_group(&pipeline.id);
@@ -282,7 +309,7 @@ async fn throughput(
         let size = INGEST_BATCH.min(records - appended);
         let batch: Vec<StreamRecord> = (0..size)
             .map(|_| {
-                let (record, hit) = generator.record(HIT_RATE_THROUGHPUT, None);
+                let (record, hit) = generator.record(hit_rate, None);
                 hits += usize::from(hit);
                 bytes += record.value().len();
                 record

@@ -432,7 +432,18 @@ impl Runtime {
             updated_at: now,
         };
         self.store.put_deployment(&record).await?;
-        let sinks = plan.sinks.iter().map(|sink| sink.connection(&pipeline.id)).collect();
+        let sinks = plan
+            .sinks
+            .iter()
+            .map(|sink| {
+                let mut connection = sink.connection(&pipeline.id);
+                let access = sink.managed_topic().and_then(|topic| self.log.client_access(topic));
+                if let Some(access) = access {
+                    sinks::managed::add_kafka_access(&mut connection, &access);
+                }
+                connection
+            })
+            .collect();
         let source = plan.source.clone();
         let bound = self.bind(plan).await?;
         let was_running = match running.as_ref() {

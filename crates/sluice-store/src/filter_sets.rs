@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex};
 use sluice_filter::ValueSet;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
+use crate::set_snapshots::SetSnapshots;
+
 /// Values the store keeps loaded across all sets by default: ~530 MiB of 42-character
 /// addresses. A set larger than the budget is still kept while it is the one in use.
 pub const DEFAULT_CACHED_VALUES: usize = 20_000_000;
@@ -69,6 +71,8 @@ struct Entry {
 pub(crate) struct SetCache {
     entries: Mutex<Entries>,
     budget: usize,
+    /// Snapshots of large sets beside the store, for fast restarts.
+    pub snapshots: SetSnapshots,
 }
 
 #[derive(Debug, Default)]
@@ -79,7 +83,7 @@ struct Entries {
 
 impl SetCache {
     pub(crate) fn new(budget: usize) -> Self {
-        Self { entries: Mutex::default(), budget }
+        Self { entries: Mutex::default(), budget, snapshots: SetSnapshots::default() }
     }
 
     /// A cache with the default budget, for a store to share among its clones.
@@ -145,6 +149,15 @@ impl SetCache {
                 entry.values = 0;
             }
         }
+    }
+
+    /// Every slot, with the pipeline and transform it belongs to.
+    pub(crate) fn slots(&self) -> Vec<(String, String, Arc<AsyncMutex<Slot>>)> {
+        self.entries()
+            .by_set
+            .iter()
+            .map(|((pipeline, uid), entry)| (pipeline.clone(), uid.clone(), entry.slot.clone()))
+            .collect()
     }
 
     /// Forgets the slots of pipeline `pipeline_id` (every set filter, or only `uid`) once its

@@ -7,6 +7,7 @@ use sqlx::Row as _;
 
 use crate::dialect::{Conn, Dialect, Row};
 use crate::filter_sets::Slot;
+use crate::set_snapshots::SnapshotKey;
 use crate::{Result, Store, StoreError};
 
 /// One page of a set filter's values, in the order they were added.
@@ -126,6 +127,18 @@ pub trait FilterValueStore: Send + Sync + 'static {
         transform_uid: &str,
         value: &str,
     ) -> Result<bool>;
+
+    /// Keeps snapshots of large sets in `dir` from now on: the first use of a set after a
+    /// restart reads its snapshot (when it is of the set's current version) instead of every
+    /// value from the database.
+    fn keep_set_snapshots(&self, dir: std::path::PathBuf);
+
+    /// Writes the snapshot of every loaded large set whose snapshot is behind; answers how
+    /// many were written.
+    ///
+    /// # Errors
+    /// None today (a failed write is logged and skipped); kept for backends that may fail.
+    async fn save_set_snapshots(&self) -> Result<usize>;
 }
 
 impl<D: Dialect> Store<D>
@@ -209,15 +222,18 @@ where
     /// left empty either way; the caller puts the values back after its commit. Call
     /// with the pipeline locked.
     async fn current_values(
+        &self,
         tx: &mut sqlx::Transaction<'_, D::Db>,
         slot: &mut Slot,
-        set_id: i64,
-        version: i64,
+        key: SnapshotKey,
     ) -> Result<ValueSet> {
-        match slot.take_current(set_id, version) {
-            Some(values) => Ok(values),
-            None => Self::read_set(tx, set_id).await,
+        if let Some(values) = slot.take_current(key.set_id, key.version) {
+            return Ok(values);
         }
+        if let Some(values) = self.sets.snapshots.load(&key).await {
+            return Ok(values);
+        }
+        Self::read_set(tx, key.set_id).await
     }
 
     /// Every value of stored set `set_id`, read a page of [`SCAN_PAGE`] at a time.
@@ -347,7 +363,13 @@ where
         let (set, version) = Self::set_row(&mut tx, pipeline_id, transform_uid, true)
             .await?
             .ok_or(sqlx::Error::RowNotFound)?;
-        let mut members = Self::current_values(&mut tx, &mut slot, set, version).await?;
+        let mut members = self
+            .current_values(
+                &mut tx,
+                &mut slot,
+                snapshot_key(pipeline_id, transform_uid, set, version),
+            )
+            .await?;
         // The set decides what is new, repeats within the request included, as the
         // backend draws the values; the rows are appended in request order.
         let mut new = values.iter().map(String::as_str).filter(|value| members.insert(value));
@@ -378,7 +400,13 @@ where
         else {
             return Ok(0);
         };
-        let mut members = Self::current_values(&mut tx, &mut slot, set, version).await?;
+        let mut members = self
+            .current_values(
+                &mut tx,
+                &mut slot,
+                snapshot_key(pipeline_id, transform_uid, set, version),
+            )
+            .await?;
         let present: Vec<&str> =
             values.iter().map(String::as_str).filter(|value| members.remove(value)).collect();
         let version = if present.is_empty() {
@@ -425,7 +453,13 @@ where
         let (set, version) = Self::set_row(&mut tx, pipeline_id, transform_uid, true)
             .await?
             .ok_or(sqlx::Error::RowNotFound)?;
-        let members = Self::current_values(&mut tx, &mut slot, set, version).await?;
+        let members = self
+            .current_values(
+                &mut tx,
+                &mut slot,
+                snapshot_key(pipeline_id, transform_uid, set, version),
+            )
+            .await?;
         // Only the difference is written: values in both sets keep their rows (and so
         // their cursor position), and re-sending a mostly unchanged list writes little.
         let mut wanted = ValueSet::with_capacity(values.len());
@@ -506,13 +540,47 @@ where
         }
         // Read without taking the slot: the store keeps no copy of a set nobody writes.
         let mut tx = D::begin_snapshot(&self.pool).await?;
-        let Some((set, _)) = Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
+        let Some((set, version)) =
+            Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
         else {
             return Ok(ValueSet::new());
         };
+        let key = snapshot_key(pipeline_id, transform_uid, set, version);
+        if let Some(values) = self.sets.snapshots.load(&key).await {
+            return Ok(values);
+        }
         let values = Self::read_set(&mut tx, set).await?;
         tx.commit().await?;
+        if self.sets.snapshots.due(&key, values.len()) {
+            // Written from a copy in the background: the caller (a deploy) does not wait.
+            let (sets, copy) = (self.sets.clone(), values.clone());
+            tokio::spawn(async move { sets.snapshots.save(key, copy).await });
+        }
         Ok(values)
+    }
+
+    fn keep_set_snapshots(&self, dir: std::path::PathBuf) {
+        self.sets.snapshots.keep_in(dir);
+    }
+
+    async fn save_set_snapshots(&self) -> Result<usize> {
+        let mut written = 0;
+        for (pipeline_id, uid, slot) in self.sets.slots() {
+            let mut slot = slot.lock().await;
+            let Some(loaded) = slot.loaded.take() else { continue };
+            let key = snapshot_key(&pipeline_id, &uid, loaded.set_id, loaded.version);
+            if !self.sets.snapshots.due(&key, loaded.values.len()) {
+                slot.loaded = Some(loaded);
+                continue;
+            }
+            let (set_id, version) = (loaded.set_id, loaded.version);
+            // On a panic of the writer the slot stays empty and is read again when used.
+            if let Some(values) = self.sets.snapshots.save(key, loaded.values).await {
+                slot.loaded = Some(crate::filter_sets::Loaded { set_id, version, values });
+                written += 1;
+            }
+        }
+        Ok(written)
     }
 
     async fn has_filter_value(
@@ -541,10 +609,25 @@ where
         else {
             return Ok(false);
         };
-        let members = Self::current_values(&mut tx, &mut slot, set, version).await?;
+        let members = self
+            .current_values(
+                &mut tx,
+                &mut slot,
+                snapshot_key(pipeline_id, transform_uid, set, version),
+            )
+            .await?;
         tx.commit().await?;
         let hit = members.contains(value);
         self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, members);
         Ok(hit)
+    }
+}
+
+fn snapshot_key(pipeline_id: &str, transform_uid: &str, set_id: i64, version: i64) -> SnapshotKey {
+    SnapshotKey {
+        pipeline_id: pipeline_id.to_owned(),
+        transform_uid: transform_uid.to_owned(),
+        set_id,
+        version,
     }
 }

@@ -30,6 +30,7 @@ mod migrations;
 mod pipelines;
 mod postgres;
 pub mod prices;
+mod set_snapshots;
 mod sqlite;
 mod store;
 

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sluice_api::{AppState, Limits};
-use sluice_bus::EmbeddedLog;
+use sluice_bus::{EmbeddedLog, KafkaLog};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::{Clock, SystemClock};
 use sluice_runtime::datasets::DatasetIndex;
 use sluice_runtime::{Runtime, RuntimeSettings};
 use sluice_store::MetadataStore;
 
-use crate::settings::{ServeArgs, Settings};
+use crate::settings::{Bus, ServeArgs, Settings};
 
 /// Names of the identity created on first start.
 const BOOTSTRAP_ORG: &str = "sluice";
@@ -35,13 +35,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     bootstrap(store.as_ref()).await?;
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    // The stream log is embedded in the data directory whichever database holds metadata.
     settings.prepare_data_dir()?;
-    let log_path = settings.data_dir.join("log.redb");
-    let log = Arc::new(
-        EmbeddedLog::open(&log_path, clock.clone())
-            .with_context(|| format!("opening the stream log {}", log_path.display()))?,
-    );
+    // Large filter-value sets are snapshotted beside the store, so they are ready soon after
+    // a restart (the deployments started below read them first).
+    store.keep_set_snapshots(settings.data_dir.join("sets"));
+    let log = open_log(&settings, &clock).await?;
     let runtime = Runtime::start(
         store.clone(),
         log.clone(),
@@ -52,6 +50,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await
     .context("starting the pipeline runtime")?;
     let mut background = background_tasks(&runtime, &catalog, args.demo);
+    background.push(tokio::spawn(snapshot_sets(store.clone())));
     let chain_configs = crate::chains::configs(&settings.chains, &catalog)?;
     let chains = crate::chains::start(chain_configs, &runtime)?;
     background.extend(chains.tasks);
@@ -73,6 +72,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Arc::new(DatasetIndex::load(store.as_ref()).await.context("loading the dataset index")?);
     runtime.use_datasets(datasets.clone());
 
+    let snapshot_store = store.clone();
     let state = AppState::new(
         store,
         catalog,
@@ -117,8 +117,51 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     // Workers finish and commit their batch; deployments stay stored for the next start.
     runtime.shutdown().await;
+    match snapshot_store.save_set_snapshots().await {
+        Ok(0) => {}
+        Ok(written) => tracing::info!(written, "filter-value set snapshots written"),
+        Err(error) => tracing::warn!(%error, "filter-value set snapshots not written"),
+    }
     tracing::info!("sluice stopped");
     Ok(())
+}
+
+/// The stream log: embedded in the data directory (whichever database holds metadata), or
+/// on a Kafka cluster.
+async fn open_log(
+    settings: &Settings,
+    clock: &Arc<dyn Clock>,
+) -> anyhow::Result<Arc<dyn sluice_bus::StreamLog>> {
+    match &settings.bus {
+        Bus::Embedded => {
+            let path = settings.data_dir.join("log.redb");
+            let log = EmbeddedLog::open(&path, clock.clone())
+                .with_context(|| format!("opening the stream log {}", path.display()))?;
+            Ok(Arc::new(log))
+        }
+        Bus::Kafka(kafka) => {
+            let log = KafkaLog::connect(kafka.clone(), clock.clone()).await?;
+            tracing::info!(bus = %kafka.redacted(), "stream log on Kafka");
+            Ok(Arc::new(log))
+        }
+    }
+}
+
+/// How often snapshots of large filter-value sets that changed are written.
+const SET_SNAPSHOT_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Writes the snapshots of changed large filter-value sets every minute.
+async fn snapshot_sets(store: Arc<dyn MetadataStore>) {
+    let mut tick = tokio::time::interval(SET_SNAPSHOT_INTERVAL);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        match store.save_set_snapshots().await {
+            Ok(0) => {}
+            Ok(written) => tracing::info!(written, "filter-value set snapshots written"),
+            Err(error) => tracing::warn!(%error, "filter-value set snapshots not written"),
+        }
+    }
 }
 
 /// How often records past their topic's retention are removed.

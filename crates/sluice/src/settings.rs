@@ -55,6 +55,14 @@ pub struct ServeArgs {
     /// or token (keep it off the public network).
     #[arg(long, env = "SLUICE_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// The stream log: `embedded` (in the data dir) or `kafka://host:port[,host:port…][?…]`
+    /// (see docs/operations.md) [default: embedded].
+    #[arg(long = "bus", env = "SLUICE_BUS_URL", value_name = "URL", hide_env_values = true)]
+    pub bus_url: Option<String>,
+    /// Put in front of every Kafka topic and consumer group name, so several installations
+    /// can share a cluster.
+    #[arg(long, env = "SLUICE_BUS_TOPIC_PREFIX", value_name = "PREFIX")]
+    pub bus_topic_prefix: Option<String>,
     /// Ingest an EVM chain of the catalog from a JSON-RPC URL (repeatable); more settings per
     /// chain in the config file's `[[chains]]` (see docs/chains.md).
     #[arg(long = "chain", value_name = "NAME=URL")]
@@ -73,8 +81,20 @@ struct FileSettings {
     max_filter_values_body_bytes: Option<usize>,
     metrics_token: Option<String>,
     metrics_listen: Option<SocketAddr>,
+    bus: Option<String>,
+    bus_topic_prefix: Option<String>,
     #[serde(default)]
     chains: Vec<crate::chains::ChainFileSettings>,
+}
+
+/// Where the stream log lives.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Bus {
+    /// `log.redb` in the data directory.
+    #[default]
+    Embedded,
+    /// A Kafka cluster.
+    Kafka(sluice_bus::KafkaSettings),
 }
 
 /// Resolved settings.
@@ -88,6 +108,7 @@ pub struct Settings {
     pub max_filter_values_body_bytes: usize,
     pub metrics_token: Option<String>,
     pub metrics_listen: Option<SocketAddr>,
+    pub bus: Bus,
     /// Chains to ingest (file `[[chains]]` with `--chain` flags applied).
     pub chains: Vec<crate::chains::ChainFileSettings>,
 }
@@ -140,7 +161,12 @@ impl Settings {
                  surrounding spaces"
             );
         }
+        let bus = resolve_bus(
+            args.bus_url.clone().or(file.bus),
+            args.bus_topic_prefix.clone().or(file.bus_topic_prefix),
+        )?;
         Ok(Self {
+            bus,
             data_dir,
             database_url,
             listen: args
@@ -182,6 +208,24 @@ impl Settings {
         tighten(dir)?;
         Ok(())
     }
+}
+
+/// The stream log of `url` (`embedded`, `kafka://…`), with the topic prefix of the flag (which
+/// wins over one in the URL).
+fn resolve_bus(url: Option<String>, topic_prefix: Option<String>) -> anyhow::Result<Bus> {
+    let url = url.unwrap_or_default();
+    if url.is_empty() || url == "embedded" {
+        if topic_prefix.is_some() {
+            bail!("bus_topic_prefix names Kafka topics; it needs a kafka:// bus");
+        }
+        return Ok(Bus::Embedded);
+    }
+    let mut settings = sluice_bus::KafkaSettings::parse(&url)?;
+    if let Some(prefix) = topic_prefix {
+        let url = format!("kafka://{}?topic_prefix={prefix}", settings.bootstrap_servers);
+        settings.topic_prefix = sluice_bus::KafkaSettings::parse(&url)?.topic_prefix;
+    }
+    Ok(Bus::Kafka(settings))
 }
 
 /// The files Sluice keeps in a data directory.

@@ -10,7 +10,7 @@ use chrono::{TimeZone, Utc};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use sluice_api::{AppState, Limits};
-use sluice_bus::EmbeddedLog;
+use sluice_bus::{EmbeddedLog, KafkaLog, KafkaSettings, StreamLog};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::ManualClock;
 use sluice_runtime::Runtime;
@@ -24,7 +24,7 @@ struct Stack {
     dir: tempfile::TempDir,
     clock: Arc<ManualClock>,
     store: Arc<dyn MetadataStore>,
-    log: Arc<EmbeddedLog>,
+    log: Arc<dyn StreamLog>,
     runtime: Arc<Runtime>,
     state: AppState,
     operator: String,
@@ -33,13 +33,30 @@ struct Stack {
 }
 
 impl Stack {
+    /// A stack on the embedded log.
     async fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let clock =
-            Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()));
+        let clock = Self::clock();
+        let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+        Self::on(dir, clock, log).await
+    }
+
+    /// A stack on the Kafka-API broker `scripts/test` starts (`SLUICE_TEST_KAFKA_URL`; the
+    /// test fails without it), under a topic prefix of its own.
+    async fn kafka() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Self::clock();
+        let log = Arc::new(KafkaLog::connect(kafka_settings(), clock.clone()).await.unwrap());
+        Self::on(dir, clock, log).await
+    }
+
+    fn clock() -> Arc<ManualClock> {
+        Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()))
+    }
+
+    async fn on(dir: tempfile::TempDir, clock: Arc<ManualClock>, log: Arc<dyn StreamLog>) -> Self {
         let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
         let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
-        let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
         let operator = key_for(store.as_ref(), "sluice", "ops", "admin", true).await;
         let owner = key_for(store.as_ref(), "acme", "data", "ann", false).await;
         let reader = key_for(store.as_ref(), "acme", "data2", "bob", false).await;
@@ -49,7 +66,7 @@ impl Stack {
 
     async fn serve(
         store: &Arc<dyn MetadataStore>,
-        log: &Arc<EmbeddedLog>,
+        log: &Arc<dyn StreamLog>,
         clock: &Arc<ManualClock>,
     ) -> (Arc<Runtime>, AppState) {
         let catalog = Arc::new(Catalog::default());
@@ -196,9 +213,7 @@ impl Stack {
     }
 }
 
-#[tokio::test]
-async fn deploy_delivers_only_matching_records_in_order_from_the_end_of_the_stream() {
-    let stack = Stack::new().await;
+async fn deploy_delivers_only_matching_records_in_order_from_the_end_of_the_stream(stack: Stack) {
     stack.ingest(&[(1, USDC)]).await; // before the deploy: never delivered
     let id = stack.create(&[&USDC.to_uppercase().replace("0X", "0x")], json!({})).await;
     let deployed = stack.action(&id, "deploy").await;
@@ -246,9 +261,7 @@ async fn deploy_delivers_only_matching_records_in_order_from_the_end_of_the_stre
     assert_eq!(keyed, vec![10, 11, 12]);
 }
 
-#[tokio::test]
-async fn a_value_added_after_deploy_lets_its_records_through_without_a_redeploy() {
-    let stack = Stack::new().await;
+async fn a_value_added_after_deploy_lets_its_records_through_without_a_redeploy(stack: Stack) {
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     stack.ingest(&[(1, WETH), (2, USDC)]).await;
@@ -273,9 +286,7 @@ async fn a_value_added_after_deploy_lets_its_records_through_without_a_redeploy(
     assert_eq!(stack.delivered(&id, 3).await, vec![2, 3, 6]);
 }
 
-#[tokio::test]
-async fn pause_holds_records_and_resume_skips_those_older_than_two_days() {
-    let stack = Stack::new().await;
+async fn pause_holds_records_and_resume_skips_those_older_than_two_days(stack: Stack) {
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     stack.ingest(&[(1, USDC)]).await;
@@ -310,9 +321,7 @@ async fn pause_of_a_pipeline_that_is_not_deployed_has_no_effect() {
     assert!(body["message"].as_str().unwrap().contains("not deployed"), "{body}");
 }
 
-#[tokio::test]
-async fn teardown_then_deploy_never_delivers_what_arrived_in_between() {
-    let stack = Stack::new().await;
+async fn teardown_then_deploy_never_delivers_what_arrived_in_between(stack: Stack) {
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     stack.ingest(&[(1, USDC)]).await;
@@ -336,9 +345,8 @@ async fn teardown_then_deploy_never_delivers_what_arrived_in_between() {
     assert_eq!(status, StatusCode::OK);
 }
 
-#[tokio::test]
-async fn redeploying_under_load_with_changing_worker_counts_loses_nothing() {
-    let stack = Arc::new(Stack::new().await);
+async fn redeploying_under_load_with_changing_worker_counts_loses_nothing(stack: Stack) {
+    let stack = Arc::new(stack);
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     let feeder = {
@@ -377,9 +385,7 @@ async fn redeploying_under_load_with_changing_worker_counts_loses_nothing() {
     assert_eq!(got, expected);
 }
 
-#[tokio::test]
-async fn a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused() {
-    let mut stack = Stack::new().await;
+async fn a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused(mut stack: Stack) {
     let running = stack.create(&[USDC], json!({})).await;
     let paused = stack.create(&[USDC], json!({})).await;
     stack.action(&running, "deploy").await;
@@ -399,15 +405,12 @@ async fn a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused()
     assert_eq!(stack.delivered(&paused, 1).await, vec![1]);
 }
 
-#[tokio::test]
-async fn a_deployment_from_before_dead_letters_gets_its_topics_at_restart() {
-    let mut stack = Stack::new().await;
+async fn a_deployment_from_before_dead_letters_gets_its_topics_at_restart(mut stack: Stack) {
     let script = "function transform(r) {\n  console.log('n', r.n);\n  if (r.n === 2) throw new Error('two');\n  return r;\n}";
     let id = stack.deploy_with(json!([{"type": "v8", "uid": "tf-s", "script": script}])).await;
     // An older version deployed it: no dead-letter or logs topic.
     stack.runtime.shutdown().await;
     {
-        use sluice_bus::StreamLog as _;
         assert!(stack.log.delete_topic(&sluice_bus::topics::dead_letter_topic(&id)).await.unwrap());
         assert!(stack.log.delete_topic(&sluice_bus::topics::logs_topic(&id)).await.unwrap());
     }
@@ -422,16 +425,13 @@ async fn a_deployment_from_before_dead_letters_gets_its_topics_at_restart() {
     assert_eq!(page["dead_letters"][0]["record"]["n"], 2);
 }
 
-#[tokio::test]
-async fn deleting_a_deployed_pipeline_tears_it_down() {
-    let stack = Stack::new().await;
+async fn deleting_a_deployed_pipeline_tears_it_down(stack: Stack) {
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     let (status, _) =
         stack.call(Method::DELETE, &format!("/api/v1/beam/{id}"), &stack.owner, None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(stack.runtime.state(&id).await.unwrap(), None);
-    use sluice_bus::StreamLog as _;
     assert_eq!(stack.log.topic(&format!("sink.{id}.transfers")).await.unwrap(), None);
 }
 
@@ -482,9 +482,7 @@ async fn lifecycle_calls_need_edit_and_hide_pipelines_from_strangers() {
     );
 }
 
-#[tokio::test]
-async fn ingest_takes_every_line_or_none_and_names_the_bad_lines() {
-    let stack = Stack::new().await;
+async fn ingest_takes_every_line_or_none_and_names_the_bad_lines(stack: Stack) {
     let path = "/api/v1/streams/base/erc20_token_transfer/records";
     let good = transfer(1, USDC).to_string();
     let mut missing_key = transfer(2, USDC);
@@ -496,7 +494,6 @@ async fn ingest_takes_every_line_or_none_and_names_the_bad_lines() {
     let locs: Vec<Value> =
         errors["detail"].as_array().unwrap().iter().map(|d| d["loc"].clone()).collect();
     assert_eq!(locs, vec![json!(["body", 3]), json!(["body", 4]), json!(["body", 5])]);
-    use sluice_bus::StreamLog as _;
     let ends: u64 =
         stack.log.offsets("base.erc20_token_transfer").await.unwrap().iter().map(|r| r.end).sum();
     assert_eq!(ends, 0, "a rejected request appends nothing");
@@ -632,16 +629,15 @@ async fn ingest_rejects_a_record_with_a_repeated_key_at_any_depth_and_appends_no
             ),
         ]
     );
-    use sluice_bus::StreamLog as _;
     let ends: u64 =
         stack.log.offsets("base.erc20_token_transfer").await.unwrap().iter().map(|r| r.end).sum();
     assert_eq!(ends, 0, "a rejected request appends nothing");
     let _ = &stack.dir;
 }
 
-#[tokio::test]
-async fn the_live_tail_streams_new_records_resumes_after_last_event_id_and_ends_at_teardown() {
-    let stack = Stack::new().await;
+async fn the_live_tail_streams_new_records_resumes_after_last_event_id_and_ends_at_teardown(
+    stack: Stack,
+) {
     let id = stack.create(&[USDC], json!({})).await;
     let deployed = stack.action(&id, "deploy").await;
     let stream_url = format!("/api/v1/beam/{id}/sinks/sk-out/records/stream");
@@ -696,9 +692,7 @@ async fn the_live_tail_streams_new_records_resumes_after_last_event_id_and_ends_
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
-#[tokio::test]
-async fn scripts_reshape_drop_and_fan_out_and_failing_records_become_dead_letters() {
-    let stack = Stack::new().await;
+async fn scripts_reshape_drop_and_fan_out_and_failing_records_become_dead_letters(stack: Stack) {
     let script = r#"
 function transform(r) {
   if (r.n === 13) throw new Error("unlucky " + r.n);
@@ -877,7 +871,6 @@ async fn a_batch_whose_script_output_passes_the_budget_is_finished_in_the_next_b
     stack.ingest(&transfers).await;
     stack.settle(&id).await;
 
-    use sluice_bus::StreamLog as _;
     let sink = sluice_bus::topics::sink_topic(&id, "transfers");
     let ends = stack.log.offsets(&sink).await.unwrap();
     let total: u64 = ends.iter().map(|r| r.end).sum();
@@ -934,9 +927,7 @@ function transform(r) {
     stack.action(&id, "teardown").await;
 }
 
-#[tokio::test]
-async fn dead_letters_replay_through_the_fixed_script_and_console_lines_are_readable() {
-    let stack = Stack::new().await;
+async fn dead_letters_replay_through_the_fixed_script_and_console_lines_are_readable(stack: Stack) {
     let body = |script: &str| {
         json!({
             "name": "replayed", "description": "fails on 13 until fixed",
@@ -1051,9 +1042,7 @@ async fn tail_error(
     (status, serde_json::from_slice(&bytes).unwrap())
 }
 
-#[tokio::test]
-async fn an_offset_past_the_end_of_a_sink_is_a_416_naming_the_valid_range() {
-    let stack = Stack::new().await;
+async fn an_offset_past_the_end_of_a_sink_is_a_416_naming_the_valid_range(stack: Stack) {
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     stack.ingest(&[(1, USDC), (2, USDC)]).await;
@@ -1094,9 +1083,7 @@ async fn an_offset_past_the_end_of_a_sink_is_a_416_naming_the_valid_range() {
     assert_eq!(status, StatusCode::OK);
 }
 
-#[tokio::test]
-async fn a_last_event_id_past_the_end_is_a_416_and_never_replays_the_sink() {
-    let stack = Stack::new().await;
+async fn a_last_event_id_past_the_end_is_a_416_and_never_replays_the_sink(stack: Stack) {
     let id = stack.create(&[USDC], json!({})).await;
     stack.action(&id, "deploy").await;
     stack.ingest(&[(1, USDC), (2, USDC)]).await;
@@ -1118,4 +1105,131 @@ async fn a_last_event_id_past_the_end_is_a_416_and_never_replays_the_sink() {
     let (event, event_id, data) = resumed.next().await;
     assert_eq!((event.as_str(), event_id.as_str()), ("record", "2"));
     assert_eq!(data["value"]["n"], 3);
+}
+
+/// The Kafka bus settings of the test broker, under a topic prefix no other test uses.
+pub fn kafka_settings() -> KafkaSettings {
+    let url = std::env::var("SLUICE_TEST_KAFKA_URL")
+        .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
+    let mut settings = KafkaSettings::parse(&url).unwrap();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    settings.topic_prefix = format!("t{nanos:x}.");
+    settings
+}
+
+/// The delivery tests that matter for a stream log, on the embedded log and on Kafka.
+mod on_both_logs {
+    use super::Stack;
+
+    macro_rules! on_both_logs {
+        ($($name:ident),* $(,)?) => {
+            mod embedded {
+                $(#[tokio::test]
+                async fn $name() {
+                    super::super::$name(super::Stack::new().await).await;
+                })*
+            }
+            mod kafka {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::super::$name(super::Stack::kafka().await).await;
+                })*
+            }
+        };
+    }
+
+    on_both_logs!(
+        deploy_delivers_only_matching_records_in_order_from_the_end_of_the_stream,
+        pause_holds_records_and_resume_skips_those_older_than_two_days,
+        teardown_then_deploy_never_delivers_what_arrived_in_between,
+        redeploying_under_load_with_changing_worker_counts_loses_nothing,
+        a_restart_runs_deployed_pipelines_again_and_leaves_paused_ones_paused,
+        a_value_added_after_deploy_lets_its_records_through_without_a_redeploy,
+        a_deployment_from_before_dead_letters_gets_its_topics_at_restart,
+        deleting_a_deployed_pipeline_tears_it_down,
+        ingest_takes_every_line_or_none_and_names_the_bad_lines,
+        the_live_tail_streams_new_records_resumes_after_last_event_id_and_ends_at_teardown,
+        scripts_reshape_drop_and_fan_out_and_failing_records_become_dead_letters,
+        dead_letters_replay_through_the_fixed_script_and_console_lines_are_readable,
+        an_offset_past_the_end_of_a_sink_is_a_416_naming_the_valid_range,
+        a_last_event_id_past_the_end_is_a_416_and_never_replays_the_sink,
+    );
+}
+
+/// On the Kafka bus, the deploy response is all a Kafka client needs: its Python snippet,
+/// run as given against the real broker, reads exactly the matching records, each with its
+/// stream key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_a_python_client_reads_the_sink_with_only_what_deploy_returned() {
+    let stack = Stack::kafka().await;
+    let id = stack.create(&[USDC], json!({})).await;
+    let deployed = stack.action(&id, "deploy").await;
+    let sink = &deployed["sinks"][0];
+    assert_eq!(sink["connection"]["transport"], "kafka", "{sink}");
+    assert_eq!(sink["connection"]["security_protocol"], "PLAINTEXT");
+    stack.ingest(&[(1, USDC), (2, WETH), (3, USDC), (4, OTHER), (5, USDC)]).await;
+    assert_eq!(stack.delivered(&id, 3).await, vec![1, 3, 5]);
+    let expected: Vec<(String, u64)> = stack
+        .sink_records(&id)
+        .await
+        .iter()
+        .map(|r| (r["key"].as_str().unwrap().to_owned(), r["value"]["n"].as_u64().unwrap()))
+        .collect();
+
+    let snippet = sink["consumer_snippets"]["python"].as_str().unwrap().to_owned();
+    let python = std::env::var("SLUICE_TEST_KAFKA_PYTHON").expect(
+        "SLUICE_TEST_KAFKA_PYTHON must name a Python with confluent_kafka; run scripts/test",
+    );
+    let read = tokio::task::spawn_blocking(move || read_lines(&python, &snippet, 3)).await.unwrap();
+    let mut got: Vec<(String, u64)> = read
+        .iter()
+        .map(|line| {
+            let record: Value = serde_json::from_str(line).unwrap();
+            (record["key"].as_str().unwrap().to_owned(), record["value"]["n"].as_u64().unwrap())
+        })
+        .collect();
+    got.sort();
+    let mut expected = expected;
+    expected.sort();
+    assert_eq!(got, expected);
+}
+
+/// Runs `script` with `python` until it printed `count` lines (or a generous deadline, which
+/// fails the test), then stops it.
+fn read_lines(python: &str, script: &str, count: usize) -> Vec<String> {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(python)
+        .args(["-c", script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut lines = Vec::new();
+    while lines.len() < count {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match receiver.recv_timeout(left) {
+            Ok(line) => lines.push(line),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(
+        lines.len(),
+        count,
+        "the client printed {lines:?}; its stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    lines
 }

@@ -4,7 +4,8 @@ use std::time::Duration;
 use chrono::{TimeZone, Utc};
 use proptest::prelude::*;
 use sluice_bus::{
-    EmbeddedLog, NewRecord, OffsetRange, Retention, StreamLog, TopicConfig, partition_for_key,
+    EmbeddedLog, KafkaLog, KafkaSettings, NewRecord, OffsetRange, Retention, StreamLog,
+    TopicConfig, partition_for_key,
 };
 use sluice_core::clock::ManualClock;
 
@@ -20,31 +21,72 @@ fn config(partitions: u32) -> TopicConfig {
     TopicConfig { partitions, retention: Retention::default() }
 }
 
-struct Fixture {
-    dir: tempfile::TempDir,
-    clock: Arc<ManualClock>,
-    log: EmbeddedLog,
+/// A log under test, its clock, and what reopening it needs.
+pub(crate) struct Fixture {
+    pub clock: Arc<ManualClock>,
+    pub log: Arc<dyn StreamLog>,
+    backend: Backend,
+}
+
+enum Backend {
+    Embedded { dir: tempfile::TempDir, log: Arc<EmbeddedLog> },
+    Kafka(KafkaSettings),
 }
 
 impl Fixture {
-    fn new() -> Self {
+    /// A fresh embedded log in a temporary directory.
+    pub(crate) fn embedded() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let clock = clock();
-        let log = EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap();
-        Self { dir, clock, log }
+        let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+        Self { clock, log: log.clone(), backend: Backend::Embedded { dir, log } }
     }
 
-    fn reopen(self) -> Self {
-        let Self { dir, clock, log } = self;
-        log.close();
-        let log = EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap();
-        Self { dir, clock, log }
+    /// A log on the Kafka-API broker `scripts/test` starts (`SLUICE_TEST_KAFKA_URL`; the
+    /// tests fail without it), under a topic prefix of its own so tests never meet.
+    pub(crate) async fn kafka() -> Self {
+        let url = std::env::var("SLUICE_TEST_KAFKA_URL")
+            .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
+        let mut settings = KafkaSettings::parse(&url).unwrap();
+        settings.topic_prefix = unique_prefix();
+        // Kafka brokers apply retention by these timestamps: start at the real time.
+        let clock = Arc::new(ManualClock::new(Utc::now()));
+        let log = Arc::new(KafkaLog::connect(settings.clone(), clock.clone()).await.unwrap());
+        Self { clock, log, backend: Backend::Kafka(settings) }
+    }
+
+    /// The same log closed and opened again, as after a restart.
+    pub(crate) async fn reopen(self) -> Self {
+        let Self { clock, log, backend } = self;
+        drop(log);
+        match backend {
+            Backend::Embedded { dir, log } => {
+                let Ok(log) = Arc::try_unwrap(log) else { panic!("another handle is open") };
+                log.close();
+                let log = Arc::new(
+                    EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap(),
+                );
+                Self { clock, log: log.clone(), backend: Backend::Embedded { dir, log } }
+            }
+            Backend::Kafka(settings) => {
+                let log =
+                    Arc::new(KafkaLog::connect(settings.clone(), clock.clone()).await.unwrap());
+                Self { clock, log, backend: Backend::Kafka(settings) }
+            }
+        }
     }
 }
 
-#[tokio::test]
-async fn appends_go_to_the_key_partition_in_order_and_read_back_from_any_offset() {
-    let f = Fixture::new();
+/// A topic prefix no other test uses.
+pub(crate) fn unique_prefix() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("t{nanos:x}{:x}{n}.", std::process::id())
+}
+
+async fn appends_go_to_the_key_partition_in_order_and_read_back_from_any_offset(f: Fixture) {
     f.log.create_topic("base.log", config(4)).await.unwrap();
     let records: Vec<_> = (0..40).map(|i| record(&format!("k{}", i % 5), &i.to_string())).collect();
     let positions = f.log.append("base.log", records).await.unwrap();
@@ -75,14 +117,12 @@ async fn appends_go_to_the_key_partition_in_order_and_read_back_from_any_offset(
     }
 }
 
-#[tokio::test]
-async fn acknowledged_appends_and_commits_survive_reopening() {
-    let f = Fixture::new();
+async fn acknowledged_appends_and_commits_survive_reopening(f: Fixture) {
     f.log.create_topic("t", config(2)).await.unwrap();
     f.log.append("t", vec![record("a", "1"), record("b", "2"), record("a", "3")]).await.unwrap();
     f.log.commit("g", "t", &[(0, 1), (1, 2)]).await.unwrap();
     let before = f.log.offsets("t").await.unwrap();
-    let f = f.reopen();
+    let f = f.reopen().await;
     assert_eq!(f.log.offsets("t").await.unwrap(), before);
     assert_eq!(
         f.log.committed("g", "t").await.unwrap().into_iter().collect::<Vec<_>>(),
@@ -94,9 +134,7 @@ async fn acknowledged_appends_and_commits_survive_reopening() {
     assert_eq!(next[0].offset, before[partition].end);
 }
 
-#[tokio::test]
-async fn create_is_idempotent_and_keeps_the_first_configuration() {
-    let f = Fixture::new();
+async fn create_is_idempotent_and_keeps_the_first_configuration(f: Fixture) {
     assert_eq!(f.log.create_topic("t", config(3)).await.unwrap(), config(3));
     assert_eq!(f.log.create_topic("t", config(8)).await.unwrap(), config(3));
     assert_eq!(f.log.topic("t").await.unwrap(), Some(config(3)));
@@ -105,9 +143,7 @@ async fn create_is_idempotent_and_keeps_the_first_configuration() {
     assert!(f.log.create_topic("t0", config(0)).await.is_err());
 }
 
-#[tokio::test]
-async fn unknown_topics_and_partitions_are_errors_and_change_nothing() {
-    let f = Fixture::new();
+async fn unknown_topics_and_partitions_are_errors_and_change_nothing(f: Fixture) {
     f.log.create_topic("t", config(1)).await.unwrap();
     assert!(matches!(
         f.log.append("nope", vec![record("a", "1")]).await,
@@ -128,9 +164,7 @@ async fn unknown_topics_and_partitions_are_errors_and_change_nothing() {
     assert_eq!(f.log.offsets("t").await.unwrap(), vec![OffsetRange { start: 0, end: 1 }]);
 }
 
-#[tokio::test]
-async fn deleting_a_topic_removes_its_records_and_group_offsets_only() {
-    let f = Fixture::new();
+async fn deleting_a_topic_removes_its_records_and_group_offsets_only(f: Fixture) {
     f.log.create_topic("a", config(1)).await.unwrap();
     f.log.create_topic("b", config(1)).await.unwrap();
     f.log.append("a", vec![record("k", "1")]).await.unwrap();
@@ -148,9 +182,12 @@ async fn deleting_a_topic_removes_its_records_and_group_offsets_only() {
     assert!(f.log.committed("g", "b").await.unwrap().is_empty());
 }
 
+// Embedded only: retention is applied by the log itself (a Kafka cluster applies its topics'
+// retention.ms / retention.bytes on its own schedule).
+
 #[tokio::test]
 async fn retention_removes_records_older_than_the_max_age_and_offsets_stay_dense() {
-    let f = Fixture::new();
+    let f = Fixture::embedded();
     let retention = Retention { max_age: Duration::from_secs(3600), max_bytes: None };
     f.log.create_topic("t", TopicConfig { partitions: 1, retention }).await.unwrap();
     f.log.append("t", vec![record("k", "old1"), record("k", "old2")]).await.unwrap();
@@ -168,7 +205,7 @@ async fn retention_removes_records_older_than_the_max_age_and_offsets_stay_dense
 
 #[tokio::test]
 async fn retention_by_size_drops_the_oldest_records_first() {
-    let f = Fixture::new();
+    let f = Fixture::embedded();
     let retention = Retention { max_age: Duration::from_secs(3600), max_bytes: Some(100) };
     f.log.create_topic("t", TopicConfig { partitions: 1, retention }).await.unwrap();
     let value = "x".repeat(30); // 12 header + 1 key + 30 value = 43 bytes each
@@ -177,9 +214,7 @@ async fn retention_by_size_drops_the_oldest_records_first() {
     assert_eq!(f.log.offsets("t").await.unwrap(), vec![OffsetRange { start: 3, end: 5 }]);
 }
 
-#[tokio::test]
-async fn seek_by_time_finds_the_first_record_at_or_after_the_time() {
-    let f = Fixture::new();
+async fn seek_by_time_finds_the_first_record_at_or_after_the_time(f: Fixture) {
     f.log.create_topic("t", config(1)).await.unwrap();
     let t0 = f.clock.now_ms();
     for _ in 0..5 {
@@ -193,9 +228,8 @@ async fn seek_by_time_finds_the_first_record_at_or_after_the_time() {
     assert_eq!(f.log.offset_for_time("t", 0, t0 + 1_000_000).await.unwrap(), 5);
 }
 
-#[tokio::test]
-async fn a_watch_wakes_when_its_topic_is_appended_to() {
-    let f = Arc::new(Fixture::new());
+async fn a_watch_wakes_when_its_topic_is_appended_to(f: Fixture) {
+    let f = Arc::new(f);
     f.log.create_topic("t", config(1)).await.unwrap();
     let mut watch = f.log.watch("t");
     let writer = f.clone();
@@ -230,7 +264,7 @@ proptest! {
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
-            let f = Fixture::new();
+            let f = Fixture::embedded();
             let retention = Retention { max_age: Duration::from_secs(60), max_bytes: Some(400) };
             f.log.create_topic("t", TopicConfig { partitions: 3, retention }).await.unwrap();
             let mut appended = [0u64; 3];
@@ -257,9 +291,7 @@ proptest! {
     }
 }
 
-#[tokio::test]
-async fn append_and_commit_writes_records_and_offsets_together_or_not_at_all() {
-    let f = Fixture::new();
+async fn append_and_commit_writes_records_and_offsets_together_or_not_at_all(f: Fixture) {
     f.log.create_topic("base.src", config(2)).await.unwrap();
     f.log.create_topic("sink.out", config(1)).await.unwrap();
     let out = [record("a", "1"), record("b", "2")];
@@ -290,7 +322,18 @@ async fn append_and_commit_writes_records_and_offsets_together_or_not_at_all() {
     assert_eq!(f.log.offsets("sink.out").await.unwrap()[0].end, 2);
 
     // Both survive reopening.
-    let f = f.reopen();
+    let f = f.reopen().await;
     assert_eq!(f.log.read("sink.out", 0, 0, 10).await.unwrap().len(), 2);
     assert_eq!(f.log.committed("g", "base.src").await.unwrap()[&1], 3);
 }
+
+on_both_logs!(
+    appends_go_to_the_key_partition_in_order_and_read_back_from_any_offset,
+    acknowledged_appends_and_commits_survive_reopening,
+    create_is_idempotent_and_keeps_the_first_configuration,
+    unknown_topics_and_partitions_are_errors_and_change_nothing,
+    deleting_a_topic_removes_its_records_and_group_offsets_only,
+    seek_by_time_finds_the_first_record_at_or_after_the_time,
+    a_watch_wakes_when_its_topic_is_appended_to,
+    append_and_commit_writes_records_and_offsets_together_or_not_at_all,
+);

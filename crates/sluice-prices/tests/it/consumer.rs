@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
-use sluice_bus::{EmbeddedLog, NewRecord, Retention, StreamLog, TopicConfig};
+use sluice_bus::{
+    EmbeddedLog, KafkaLog, KafkaSettings, NewRecord, Retention, StreamLog, TopicConfig,
+};
 use sluice_core::clock::ManualClock;
 use sluice_core::prices::{Granularity, TokenRef};
 use sluice_prices::{ConsumerSettings, GROUP, PriceService, PriceSettings, TradeSource};
@@ -28,11 +30,35 @@ fn record(n: u64) -> NewRecord {
     NewRecord { key: n.to_le_bytes().to_vec(), value: serde_json::to_vec(&value).unwrap() }
 }
 
+fn clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 1, 0).unwrap()))
+}
+
 #[tokio::test]
 async fn rounds_read_at_most_the_batch_size_from_all_partitions_together() {
     let dir = tempfile::tempdir().unwrap();
-    let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 1, 0).unwrap()));
+    let clock = clock();
     let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+    rounds_read_at_most_the_batch_size(dir, clock, log).await;
+}
+
+/// The same on the Kafka-API broker `scripts/test` starts (`SLUICE_TEST_KAFKA_URL`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_rounds_read_at_most_the_batch_size_from_all_partitions_together() {
+    let url = std::env::var("SLUICE_TEST_KAFKA_URL")
+        .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
+    let mut settings = KafkaSettings::parse(&url).unwrap();
+    settings.topic_prefix = format!("prices{}.", uuid::Uuid::new_v4().simple());
+    let clock = clock();
+    let log = Arc::new(KafkaLog::connect(settings, clock.clone()).await.unwrap());
+    rounds_read_at_most_the_batch_size(tempfile::tempdir().unwrap(), clock, log).await;
+}
+
+async fn rounds_read_at_most_the_batch_size(
+    dir: tempfile::TempDir,
+    clock: Arc<ManualClock>,
+    log: Arc<dyn StreamLog>,
+) {
     let topic = "base.dex_trade";
     log.create_topic(topic, TopicConfig { partitions: 4, retention: Retention::default() })
         .await

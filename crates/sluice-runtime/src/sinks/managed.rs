@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use sluice_bus::{NewRecord, StreamLog, topics};
+use sluice_bus::{ClientAccess, NewRecord, StreamLog, topics};
 use sluice_core::pipeline::SinkConfig;
 
 use super::{Settle, Sink, SinkConnection, SinkError};
@@ -97,6 +97,100 @@ impl Sink for ManagedSink {
     }
 }
 
+/// Adds what a Kafka client needs to `connection`, when the log is a Kafka cluster: the
+/// managed topic is then an ordinary Kafka topic, readable by any client.
+pub fn add_kafka_access(connection: &mut SinkConnection, access: &ClientAccess) {
+    let ClientAccess {
+        bootstrap_servers,
+        topic,
+        group_id,
+        security_protocol,
+        sasl_mechanism,
+        username,
+        password,
+    } = access;
+    if let Some(fields) = connection.connection.as_object_mut() {
+        fields.insert("transport".to_owned(), json!("kafka"));
+        fields.insert("bootstrap_servers".to_owned(), json!(bootstrap_servers));
+        fields.insert("topic".to_owned(), json!(topic));
+        fields.insert("group_id".to_owned(), json!(group_id));
+        fields.insert("security_protocol".to_owned(), json!(security_protocol));
+        fields.insert("sasl_mechanism".to_owned(), json!(sasl_mechanism));
+        fields.insert("username".to_owned(), json!(username));
+        fields.insert("password".to_owned(), json!(password));
+        fields.insert("key_format".to_owned(), json!("the record's stream key, UTF-8"));
+        fields.insert("value_format".to_owned(), json!("the record, JSON"));
+    }
+    let sasl = sasl_mechanism.as_deref().filter(|_| username.is_some());
+    let python_sasl = sasl.map_or_else(String::new, |mechanism| {
+        format!(
+            "    'sasl.mechanism': '{mechanism}',\n    \
+             'sasl.username': os.environ['SLUICE_KAFKA_USERNAME'],\n    \
+             'sasl.password': os.environ['SLUICE_KAFKA_PASSWORD'],\n"
+        )
+    });
+    let kcat_sasl = sasl.map_or_else(String::new, |mechanism| {
+        format!(
+            " -X sasl.mechanism={mechanism} -X sasl.username=\"$SLUICE_KAFKA_USERNAME\" \
+             -X sasl.password=\"$SLUICE_KAFKA_PASSWORD\""
+        )
+    });
+    let kafkajs_ssl = security_protocol.ends_with("SSL");
+    let kafkajs_sasl = sasl.map_or_else(String::new, |mechanism| {
+        format!(
+            ", sasl: {{ mechanism: '{}', username: process.env.SLUICE_KAFKA_USERNAME, \
+             password: process.env.SLUICE_KAFKA_PASSWORD }}",
+            mechanism.to_ascii_lowercase()
+        )
+    });
+    let brokers: Vec<String> =
+        bootstrap_servers.split(',').map(|broker| format!("'{broker}'")).collect();
+    if let Some(snippets) = connection.consumer_snippets.as_object_mut() {
+        snippets.insert(
+            "python".to_owned(),
+            json!(format!(
+                "import json, os\n\
+                 from confluent_kafka import Consumer\n\
+                 consumer = Consumer({{\n    \
+                     'bootstrap.servers': '{bootstrap_servers}',\n    \
+                     'group.id': '{group_id}',\n    \
+                     'auto.offset.reset': 'earliest',\n    \
+                     'session.timeout.ms': 10000,\n    \
+                     'security.protocol': '{security_protocol}',\n\
+                 {python_sasl}}})\n\
+                 consumer.subscribe(['{topic}'])\n\
+                 while True:\n    \
+                     message = consumer.poll(1.0)\n    \
+                     if message is None:\n        \
+                         continue\n    \
+                     if message.error():\n        \
+                         raise SystemExit(message.error())\n    \
+                     print(json.dumps({{'key': message.key().decode(), 'value': json.loads(message.value())}}), flush=True)\n"
+            )),
+        );
+        snippets.insert(
+            "kcat".to_owned(),
+            json!(format!(
+                "kcat -C -b {bootstrap_servers} -t {topic} -o beginning -X security.protocol={security_protocol}{kcat_sasl} -f '%k %s\\n'"
+            )),
+        );
+        snippets.insert(
+            "kafkajs".to_owned(),
+            json!(format!(
+                "const {{ Kafka }} = require('kafkajs');\n\
+                 const kafka = new Kafka({{ brokers: [{}], ssl: {kafkajs_ssl}{kafkajs_sasl} }});\n\
+                 const consumer = kafka.consumer({{ groupId: '{group_id}' }});\n\
+                 (async () => {{\n  \
+                     await consumer.connect();\n  \
+                     await consumer.subscribe({{ topic: '{topic}', fromBeginning: true }});\n  \
+                     await consumer.run({{ eachMessage: async ({{ message }}) => console.log(message.key.toString(), message.value.toString()) }});\n\
+                 }})();\n",
+                brokers.join(", ")
+            )),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use sluice_bus::{EmbeddedLog, Retention, TopicConfig};
@@ -159,5 +253,45 @@ mod tests {
             "/api/v1/beam/p1/sinks/sk-1/records/stream"
         );
         assert!(connection.consumer_snippets["python"].as_str().unwrap().contains("sk-1/records"));
+    }
+
+    #[test]
+    fn on_a_kafka_log_the_connection_carries_what_a_kafka_client_needs() {
+        let config =
+            SinkConfig::Kafka(ManagedSinkConfig { name: "out".to_owned(), uid: "sk-1".to_owned() });
+        let mut connection = ManagedSink::new("p1", config).connection("p1");
+        let access = ClientAccess {
+            bootstrap_servers: "b1:9092,b2:9092".to_owned(),
+            topic: "prod.sink.p1.out".to_owned(),
+            group_id: "prod.consumer.sink.p1.out".to_owned(),
+            security_protocol: "SASL_SSL".to_owned(),
+            sasl_mechanism: Some("SCRAM-SHA-512".to_owned()),
+            username: Some("reader".to_owned()),
+            password: Some("s3cret".to_owned()),
+        };
+        add_kafka_access(&mut connection, &access);
+        let fields = &connection.connection;
+        assert_eq!(fields["transport"], "kafka");
+        assert_eq!(fields["bootstrap_servers"], "b1:9092,b2:9092");
+        assert_eq!(fields["topic"], "prod.sink.p1.out");
+        assert_eq!(fields["group_id"], "prod.consumer.sink.p1.out");
+        assert_eq!(fields["sasl_mechanism"], "SCRAM-SHA-512");
+        assert_eq!(fields["username"], "reader");
+        // The HTTP way stays.
+        assert_eq!(fields["records_url"], "/api/v1/beam/p1/sinks/sk-1/records");
+        let python = connection.consumer_snippets["python"].as_str().unwrap();
+        assert!(python.contains("'sasl.mechanism': 'SCRAM-SHA-512'"), "{python}");
+        assert!(python.contains("consumer.subscribe(['prod.sink.p1.out'])"), "{python}");
+        // Snippets read the password from the environment, never carry it.
+        for snippet in connection.consumer_snippets.as_object().unwrap().values() {
+            assert!(!snippet.as_str().unwrap().contains("s3cret"), "{snippet}");
+        }
+        let kafkajs = connection.consumer_snippets["kafkajs"].as_str().unwrap();
+        assert!(
+            kafkajs.contains(
+                "brokers: ['b1:9092', 'b2:9092'], ssl: true, sasl: { mechanism: 'scram-sha-512'"
+            ),
+            "{kafkajs}"
+        );
     }
 }

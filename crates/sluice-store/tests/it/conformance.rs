@@ -800,3 +800,43 @@ mod migration {
         migrated_values_are_kept_and_new_ones_list_after(Arc::new(store)).await;
     }
 }
+
+/// Snapshots of large sets: a restarted process reads a set from its snapshot when the
+/// snapshot is of the set's current version, and from the database otherwise.
+mod set_snapshots {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_restart_reads_a_large_set_from_its_snapshot_only_while_it_is_current() {
+        let fixture = crate::sqlite(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
+        let (a, b) = (fixture.store, fixture.other);
+        let dir = tempfile::tempdir().unwrap();
+        a.keep_set_snapshots(dir.path().join("sets"));
+        b.keep_set_snapshots(dir.path().join("sets"));
+        let (_, p) = stored_pipeline(a.as_ref()).await;
+        let many: Vec<String> = (0..120_000).map(|i| format!("0x{i:040x}")).collect();
+        a.add_filter_values(&p.id, "f1", &many).await.unwrap();
+        a.add_filter_values(&p.id, "f2", &strings(&["0xsmall"])).await.unwrap();
+        assert_eq!(a.save_set_snapshots().await.unwrap(), 1, "only the large set");
+        assert_eq!(a.save_set_snapshots().await.unwrap(), 0, "nothing changed since");
+
+        // The rows go behind the stores' backs (the version stays): only a snapshot can
+        // still answer with the values.
+        let url = format!(
+            "sqlite://{}",
+            fixture._dir.as_ref().unwrap().path().join("sluice.db").display()
+        );
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        sqlx::query("DELETE FROM filter_values").execute(&pool).await.unwrap();
+        let set = b.filter_value_set(&p.id, "f1").await.unwrap();
+        assert_eq!(set.len(), 120_000);
+        assert!(b.has_filter_value(&p.id, "f1", &many[7]).await.unwrap());
+
+        // A write moves the version on: the snapshot is stale and the database answers.
+        a.add_filter_values(&p.id, "f1", &strings(&["0xnew"])).await.unwrap();
+        let set = b.filter_value_set(&p.id, "f1").await.unwrap();
+        assert_eq!(set.len(), 1);
+        assert!(set.contains("0xnew"));
+        pool.close().await;
+    }
+}

@@ -10,14 +10,30 @@ use crate::process::{Server, data_dir_args, free_port, sluice};
 pub const KEY: &str = "slk_crashtest00000000000000000000000000000000";
 pub const USDC: &str = "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913";
 
-fn start(dir: &std::path::Path, port: u16) -> Server {
+/// Which stream log a server runs on: `None` for the embedded one, or `(bus URL, topic
+/// prefix)`.
+type Bus = Option<(String, String)>;
+
+fn start(dir: &std::path::Path, port: u16, bus: &Bus) -> Server {
     let mut command = sluice();
     command
         .arg("serve")
         .args(data_dir_args(dir))
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .env("SLUICE_BOOTSTRAP_API_KEY", KEY);
+    if let Some((url, prefix)) = bus {
+        command.args(["--bus", url, "--bus-topic-prefix", prefix]);
+    }
     Server::start(command, port)
+}
+
+/// The Kafka-API broker `scripts/test` starts, under a topic prefix of this test's own.
+fn kafka_bus() -> Bus {
+    let url = std::env::var("SLUICE_TEST_KAFKA_URL")
+        .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    Some((url, format!("crash{nanos:x}.")))
 }
 
 pub async fn send(
@@ -61,13 +77,22 @@ pub fn batch(from: u64, count: u64) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_mid_stream_loses_no_acknowledged_matching_record() {
+    sigkill_mid_stream(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_kafka_sigkill_mid_stream_loses_no_acknowledged_matching_record() {
+    sigkill_mid_stream(kafka_bus()).await;
+}
+
+async fn sigkill_mid_stream(bus: Bus) {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
     let base = format!("http://127.0.0.1:{port}");
     let ingest = format!("{base}/api/v1/streams/base/erc20_token_transfer/records");
 
-    let mut server = start(dir.path(), port);
+    let mut server = start(dir.path(), port, &bus);
     let body = json!({
         "name": "crash", "description": "at least once",
         "pipeline_config": {
@@ -122,7 +147,7 @@ async fn sigkill_mid_stream_loses_no_acknowledged_matching_record() {
     server.child.wait().unwrap();
     drop(server);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let server = start(dir.path(), port);
+    let server = start(dir.path(), port, &bus);
     feeder.await.unwrap();
 
     let expected: BTreeSet<u64> = acked

@@ -5,6 +5,7 @@
 mod chains;
 mod crash;
 mod hardening;
+mod kafka_bus;
 mod kill_loop;
 mod postgres_runtime;
 mod process;

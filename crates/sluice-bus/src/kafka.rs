@@ -1,0 +1,683 @@
+//! The stream log on a Kafka cluster (any broker speaking the Kafka protocol), through
+//! librdkafka (`rdkafka`, its bundled build).
+//!
+//! What lives where: every Sluice topic is a Kafka topic of the same name (after the
+//! operator's `topic_prefix`), with the same partitions; a record's key is the Kafka key and
+//! its partition is chosen by Sluice ([`partition_for_key`], as on the embedded log), so a
+//! Kafka client reading a topic sees the same partitions and order. Append times are the
+//! records' Kafka timestamps (`CreateTime`, set from Sluice's clock). Consumer-group offsets
+//! are Kafka's committed offsets of the group of the same name (prefixed).
+//!
+//! - Appends go through one idempotent producer (`acks=all`); an append returns once the
+//!   brokers acknowledged every record.
+//! - Reads: [`readers`]. Watches: [`tails`].
+//! - `append_and_commit` appends, then commits (at-least-once: a crash in between delivers
+//!   the batch again); the embedded log does both in one transaction.
+//! - Retention is the topics' `retention.ms` / `retention.bytes`, applied by the brokers;
+//!   [`StreamLog::enforce_retention`] has nothing to do.
+
+mod readers;
+mod settings;
+mod tails;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::ClientContext;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use sluice_core::clock::Clock;
+
+pub use settings::KafkaSettings;
+
+use self::readers::{Cursor, Readers};
+use self::tails::Tails;
+use crate::topics::check_name;
+use crate::{
+    AppendWatch, BusError, ClientAccess, NewRecord, OffsetRange, Position, Record, Result,
+    Retention, StreamLog, TopicConfig, partition_for_key,
+};
+
+/// How long a metadata, offset or admin request may take before it fails.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long an appended record may wait for the brokers before the append fails.
+const DELIVERY_TIMEOUT_MS: &str = "30000";
+/// Largest record the producer sends (the brokers' `message.max.bytes` may be lower).
+const MAX_MESSAGE_BYTES: &str = "8388608";
+
+/// The stream log on a Kafka cluster.
+#[derive(Clone)]
+pub struct KafkaLog {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: KafkaSettings,
+    clock: Arc<dyn Clock>,
+    admin: AdminClient<Context>,
+    producer: FutureProducer<Context>,
+    /// Metadata, watermarks and time lookups.
+    meta: Arc<BaseConsumer<Context>>,
+    /// Topic configurations by Sluice name, as created or last read.
+    topics: Mutex<HashMap<String, TopicConfig>>,
+    /// One client per consumer group, to commit and read its offsets.
+    groups: Mutex<HashMap<String, Arc<BaseConsumer<Context>>>>,
+    readers: Arc<Readers>,
+    tails: Arc<Tails>,
+}
+
+impl std::fmt::Debug for KafkaLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaLog").field("settings", &self.inner.settings).finish_non_exhaustive()
+    }
+}
+
+impl KafkaLog {
+    /// Connects to the cluster and checks that a broker answers.
+    ///
+    /// # Errors
+    /// [`BusError::Unreachable`] naming the URL when no broker answers in time; a client
+    /// setting librdkafka refuses.
+    pub async fn connect(settings: KafkaSettings, clock: Arc<dyn Clock>) -> Result<Self> {
+        let base = client_config(&settings);
+        let admin: AdminClient<Context> = base.create_with_context(Context).map_err(backend)?;
+        let producer: FutureProducer<Context> = base
+            .clone()
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "2")
+            .set("message.timeout.ms", DELIVERY_TIMEOUT_MS)
+            .set("message.max.bytes", MAX_MESSAGE_BYTES)
+            .set("queue.buffering.max.messages", "1000000")
+            .create_with_context(Context)
+            .map_err(backend)?;
+        let meta: BaseConsumer<Context> =
+            consumer_config(&settings, None).create_with_context(Context).map_err(backend)?;
+        let meta = Arc::new(meta);
+        let probe = meta.clone();
+        let reached = blocking(move || probe.fetch_metadata(None, Duration::from_secs(10))).await;
+        if let Err(error) = reached {
+            return Err(BusError::Unreachable {
+                url: settings.redacted(),
+                reason: error.to_string(),
+            });
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                settings,
+                clock,
+                admin,
+                producer,
+                meta,
+                topics: Mutex::new(HashMap::new()),
+                groups: Mutex::new(HashMap::new()),
+                readers: Arc::new(Readers::default()),
+                tails: Arc::new(Tails::default()),
+            }),
+        })
+    }
+
+    /// The cluster's settings (secrets redacted when shown).
+    pub fn settings(&self) -> &KafkaSettings {
+        &self.inner.settings
+    }
+
+    /// The Kafka name of a Sluice topic or group.
+    fn name(&self, topic: &str) -> String {
+        self.inner.settings.name(topic)
+    }
+
+    /// The topic's configuration, from the cache or the cluster.
+    async fn config_of(&self, topic: &str) -> Result<Option<TopicConfig>> {
+        if let Some(config) = self.cached(topic) {
+            return Ok(Some(config));
+        }
+        let name = self.name(topic);
+        let meta = self.inner.meta.clone();
+        let lookup = name.clone();
+        let metadata = blocking(move || meta.fetch_metadata(Some(&lookup), REQUEST_TIMEOUT))
+            .await
+            .map_err(backend)?;
+        let Some(found) = metadata.topics().iter().find(|t| t.name() == name) else {
+            return Ok(None);
+        };
+        match found.error().map(RDKafkaErrorCode::from) {
+            None => {}
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(None),
+            Some(code) => return Err(backend(KafkaError::MetadataFetch(code))),
+        }
+        let partitions = u32::try_from(found.partitions().len()).unwrap_or(0);
+        if partitions == 0 {
+            return Ok(None);
+        }
+        let retention = self.retention_of(&name).await?;
+        let config = TopicConfig { partitions, retention };
+        self.inner.topics.lock().expect("topic cache mutex").insert(topic.to_owned(), config);
+        Ok(Some(config))
+    }
+
+    fn cached(&self, topic: &str) -> Option<TopicConfig> {
+        self.inner.topics.lock().expect("topic cache mutex").get(topic).copied()
+    }
+
+    async fn existing(&self, topic: &str) -> Result<TopicConfig> {
+        self.config_of(topic).await?.ok_or_else(|| BusError::UnknownTopic(topic.to_owned()))
+    }
+
+    async fn partition_of(&self, topic: &str, partition: u32) -> Result<()> {
+        if partition < self.existing(topic).await?.partitions {
+            Ok(())
+        } else {
+            Err(BusError::UnknownPartition { topic: topic.to_owned(), partition })
+        }
+    }
+
+    /// The topic's retention as the cluster has it configured.
+    async fn retention_of(&self, name: &str) -> Result<Retention> {
+        let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
+        let described = self
+            .inner
+            .admin
+            .describe_configs([&ResourceSpecifier::Topic(name)], &options)
+            .await
+            .map_err(backend)?;
+        let mut retention = Retention::default();
+        if let Some(Ok(resource)) = described.into_iter().next() {
+            let value = |key: &str| {
+                resource.get(key).and_then(|entry| entry.value.as_deref()?.parse::<i64>().ok())
+            };
+            if let Some(ms) = value("retention.ms").filter(|ms| *ms >= 0) {
+                retention.max_age = Duration::from_millis(ms.unsigned_abs());
+            }
+            retention.max_bytes =
+                value("retention.bytes").filter(|b| *b >= 0).map(i64::unsigned_abs);
+        }
+        Ok(retention)
+    }
+
+    /// The group's client, made on first use.
+    fn group(&self, group: &str) -> Result<Arc<BaseConsumer<Context>>> {
+        let mut groups = self.inner.groups.lock().expect("group map mutex");
+        if let Some(client) = groups.get(group) {
+            return Ok(client.clone());
+        }
+        let client: BaseConsumer<Context> =
+            consumer_config(&self.inner.settings, Some(&self.name(group)))
+                .create_with_context(Context)
+                .map_err(backend)?;
+        let client = Arc::new(client);
+        groups.insert(group.to_owned(), client.clone());
+        Ok(client)
+    }
+
+    /// A cursor of `partition` that will read `from` next.
+    fn cursor(&self, topic: &str, partition: u32, from: u64) -> Result<Cursor> {
+        if let Some(cursor) = self.inner.readers.take(topic, partition, from) {
+            return Ok(cursor);
+        }
+        let consumer: BaseConsumer<Context> = consumer_config(&self.inner.settings, None)
+            .set("enable.partition.eof", "true")
+            .set("fetch.wait.max.ms", self.inner.settings.fetch_wait_ms.to_string())
+            .set("queued.max.messages.kbytes", "16384")
+            .create_with_context(Context)
+            .map_err(backend)?;
+        Ok(Cursor::new(consumer, self.name(topic), partition))
+    }
+
+    /// Reads with a pooled cursor on a blocking thread.
+    async fn read_with_cursor(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<Record>> {
+        let mut cursor = self.cursor(topic, partition, from)?;
+        let known_end = self.inner.readers.known_end(topic, partition);
+        let (cursor, read) = tokio::task::spawn_blocking(move || {
+            let read = cursor.read(from, max, known_end);
+            (cursor, read)
+        })
+        .await
+        .map_err(|_| BusError::Closed)?;
+        self.inner.readers.put(topic, cursor);
+        read
+    }
+
+    /// The offsets of one partition: its earliest, and its end read from a fetch (a fetch's
+    /// high watermark is exact on every broker this was run on; tansu 0.6 answers
+    /// `ListOffsets(latest)` with the last record batch's base offset + 1).
+    async fn partition_offsets(&self, topic: &str, partition: u32) -> Result<OffsetRange> {
+        let name = self.name(topic);
+        let meta = self.inner.meta.clone();
+        let (low, high) =
+            blocking(move || meta.fetch_watermarks(&name, partition as i32, REQUEST_TIMEOUT))
+                .await
+                .map_err(backend)?;
+        let start = u64::try_from(low).unwrap_or(0);
+        let listed = u64::try_from(high).unwrap_or(0);
+        let mut end = listed.max(start);
+        if end > start {
+            let last = self.read_with_cursor(topic, partition, end - 1, usize::MAX).await?;
+            if let Some(record) = last.last() {
+                end = end.max(record.offset + 1);
+            }
+        }
+        self.inner.readers.learn_end(topic, partition, end);
+        Ok(OffsetRange { start, end })
+    }
+}
+
+#[async_trait]
+impl StreamLog for KafkaLog {
+    async fn create_topic(&self, topic: &str, config: TopicConfig) -> Result<TopicConfig> {
+        check_name(topic)?;
+        check_name(&self.name(topic))?;
+        if config.partitions == 0 || config.partitions > 1024 {
+            return Err(BusError::InvalidConfig("a topic has 1 to 1024 partitions"));
+        }
+        if let Some(existing) = self.config_of(topic).await? {
+            return Ok(existing);
+        }
+        let name = self.name(topic);
+        let retention_ms = config.retention.max_age.as_millis().to_string();
+        let retention_bytes =
+            config.retention.max_bytes.map_or_else(|| "-1".to_owned(), |b| b.to_string());
+        let partitions = i32::try_from(config.partitions).unwrap_or(1);
+        let replication = TopicReplication::Fixed(self.inner.settings.replication_factor);
+        let new_topic = NewTopic::new(&name, partitions, replication)
+            .set("retention.ms", &retention_ms)
+            .set("retention.bytes", &retention_bytes)
+            .set("message.timestamp.type", "CreateTime");
+        let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
+        let results =
+            self.inner.admin.create_topics([&new_topic], &options).await.map_err(backend)?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, code)) => return Err(backend(KafkaError::AdminOp(code))),
+            }
+        }
+        // Another node may have made it first, with its own configuration.
+        self.inner.topics.lock().expect("topic cache mutex").remove(topic);
+        Ok(self.config_of(topic).await?.unwrap_or(config))
+    }
+
+    async fn delete_topic(&self, topic: &str) -> Result<bool> {
+        let name = self.name(topic);
+        // Readers and the tail of the topic close first: none is left fetching a topic
+        // that is gone (librdkafka 2.12.1 crashed on tansu when one was).
+        self.inner.readers.forget(topic);
+        let tails = self.inner.tails.clone();
+        let tail_name = name.clone();
+        tokio::task::spawn_blocking(move || tails.stop(&tail_name))
+            .await
+            .map_err(|_| BusError::Closed)?;
+        let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
+        let results = self.inner.admin.delete_topics(&[&name], &options).await.map_err(backend)?;
+        self.inner.topics.lock().expect("topic cache mutex").remove(topic);
+        let mut deleted = true;
+        for result in results {
+            match result {
+                Ok(_) => {}
+                Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => deleted = false,
+                Err((_, code)) => return Err(backend(KafkaError::AdminOp(code))),
+            }
+        }
+        Ok(deleted)
+    }
+
+    async fn topic(&self, topic: &str) -> Result<Option<TopicConfig>> {
+        self.config_of(topic).await
+    }
+
+    async fn append(&self, topic: &str, records: Vec<NewRecord>) -> Result<Vec<Position>> {
+        self.append_slice(topic, &records).await
+    }
+
+    /// Appends, then commits: at-least-once (a crash in between delivers the batch again).
+    /// Every topic is checked first, so a missing one fails the call before anything is
+    /// written.
+    async fn append_and_commit(
+        &self,
+        appends: &[(&str, &[NewRecord])],
+        group: &str,
+        source: &str,
+        offsets: &[(u32, u64)],
+    ) -> Result<()> {
+        self.existing(source).await?;
+        for (topic, records) in appends {
+            if !records.is_empty() {
+                self.existing(topic).await?;
+            }
+        }
+        for (topic, records) in appends {
+            if !records.is_empty() {
+                self.append_slice(topic, records).await?;
+            }
+        }
+        self.commit(group, source, offsets).await
+    }
+
+    async fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<Record>> {
+        self.partition_of(topic, partition).await?;
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        self.read_with_cursor(topic, partition, from, max).await
+    }
+
+    async fn offsets(&self, topic: &str) -> Result<Vec<OffsetRange>> {
+        let config = self.existing(topic).await?;
+        let mut ranges = Vec::with_capacity(config.partitions as usize);
+        for partition in 0..config.partitions {
+            ranges.push(self.partition_offsets(topic, partition).await?);
+        }
+        Ok(ranges)
+    }
+
+    async fn offset_for_time(&self, topic: &str, partition: u32, timestamp_ms: i64) -> Result<u64> {
+        self.partition_of(topic, partition).await?;
+        let range = self.partition_offsets(topic, partition).await?;
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(
+            &self.name(topic),
+            partition as i32,
+            Offset::Offset(timestamp_ms),
+        )
+        .map_err(backend)?;
+        let meta = self.inner.meta.clone();
+        let found = blocking(move || meta.offsets_for_times(list, REQUEST_TIMEOUT))
+            .await
+            .map_err(backend)?;
+        let hint = match found.elements().first().map(|element| element.offset()) {
+            Some(Offset::Offset(at)) => {
+                u64::try_from(at).unwrap_or(0).clamp(range.start, range.end)
+            }
+            _ => range.end,
+        };
+        // The broker's answer is checked (tansu 0.6 answers the first offset for times it
+        // cannot place): right when the record there is at or after the time and the one
+        // before is earlier. Otherwise a binary search by the records' own timestamps,
+        // which never decrease within a partition (Sluice stamps them with its clock).
+        let at_or_after = |offset: u64| async move {
+            let record = self.read_with_cursor(topic, partition, offset, 1).await?;
+            Ok::<_, BusError>(record.first().is_none_or(|r| r.timestamp_ms >= timestamp_ms))
+        };
+        let hint_ok = (hint == range.end || at_or_after(hint).await?)
+            && (hint == range.start || !at_or_after(hint - 1).await?);
+        if hint_ok {
+            return Ok(hint);
+        }
+        let (mut low, mut high) = (range.start, range.end);
+        while low < high {
+            let middle = low + (high - low) / 2;
+            if at_or_after(middle).await? {
+                high = middle;
+            } else {
+                low = middle + 1;
+            }
+        }
+        Ok(low)
+    }
+
+    async fn commit(&self, group: &str, topic: &str, offsets: &[(u32, u64)]) -> Result<()> {
+        let config = self.existing(topic).await?;
+        let name = self.name(topic);
+        let mut list = TopicPartitionList::new();
+        for &(partition, offset) in offsets {
+            if partition >= config.partitions {
+                return Err(BusError::UnknownPartition { topic: topic.to_owned(), partition });
+            }
+            let offset = Offset::Offset(i64::try_from(offset).unwrap_or(i64::MAX));
+            list.add_partition_offset(&name, partition as i32, offset).map_err(backend)?;
+        }
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let client = self.group(group)?;
+        blocking(move || client.commit(&list, CommitMode::Sync)).await.map_err(backend)
+    }
+
+    async fn committed(&self, group: &str, topic: &str) -> Result<BTreeMap<u32, u64>> {
+        let Some(config) = self.config_of(topic).await? else { return Ok(BTreeMap::new()) };
+        let name = self.name(topic);
+        let mut list = TopicPartitionList::new();
+        for partition in 0..config.partitions {
+            list.add_partition(&name, partition as i32);
+        }
+        let client = self.group(group)?;
+        let found = blocking(move || client.committed_offsets(list, REQUEST_TIMEOUT))
+            .await
+            .map_err(backend)?;
+        Ok(found
+            .elements()
+            .iter()
+            .filter_map(|element| match element.offset() {
+                Offset::Offset(offset) => {
+                    Some((u32::try_from(element.partition()).ok()?, u64::try_from(offset).ok()?))
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    async fn delete_group(&self, group: &str) -> Result<()> {
+        self.inner.groups.lock().expect("group map mutex").remove(group);
+        let name = self.name(group);
+        let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
+        let results = self.inner.admin.delete_groups(&[&name], &options).await.map_err(backend)?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::GroupIdNotFound)) => {}
+                Err((_, code)) => return Err(backend(KafkaError::AdminOp(code))),
+            }
+        }
+        Ok(())
+    }
+
+    async fn enforce_retention(&self) -> Result<u64> {
+        // The brokers apply each topic's retention.ms / retention.bytes themselves.
+        Ok(0)
+    }
+
+    fn watch(&self, topic: &str) -> AppendWatch {
+        let name = self.name(topic);
+        let partitions = self.cached(topic).map(|config| config.partitions);
+        let settings = self.inner.settings.clone();
+        let (tails, readers) = (self.inner.tails.clone(), self.inner.readers.clone());
+        self.inner.tails.watch(&name, |sender, stop| {
+            let consumer = consumer_config(&settings, None)
+                .set("fetch.wait.max.ms", settings.fetch_wait_ms.to_string())
+                .set("queued.max.messages.kbytes", "1024")
+                .create_with_context(Context);
+            match consumer {
+                Ok(consumer) => {
+                    tails::spawn(consumer, name.clone(), partitions, sender, stop, tails, readers)
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot follow a topic; local appends only");
+                    None
+                }
+            }
+        })
+    }
+
+    fn client_access(&self, topic: &str) -> Option<ClientAccess> {
+        let settings = &self.inner.settings;
+        Some(ClientAccess {
+            bootstrap_servers: settings.bootstrap_servers.clone(),
+            topic: self.name(topic),
+            group_id: self.name(&format!("consumer.{topic}")),
+            security_protocol: settings.security_protocol().to_owned(),
+            sasl_mechanism: settings.client_setting("sasl.mechanism").map(str::to_owned),
+            username: settings.consumer_username.clone(),
+            password: settings.consumer_password.clone(),
+        })
+    }
+
+    async fn ready(&self) -> Result<()> {
+        let meta = self.inner.meta.clone();
+        blocking(move || meta.fetch_metadata(None, Duration::from_secs(3))).await.map_err(
+            |error| BusError::Unreachable {
+                url: self.inner.settings.redacted(),
+                reason: error.to_string(),
+            },
+        )?;
+        Ok(())
+    }
+}
+
+impl KafkaLog {
+    /// Appends records (as [`StreamLog::append`]) without taking them.
+    async fn append_slice(&self, topic: &str, records: &[NewRecord]) -> Result<Vec<Position>> {
+        let config = self.existing(topic).await?;
+        let name = self.name(topic);
+        let now_ms = self.inner.clock.now().timestamp_millis();
+        let mut pending = Vec::with_capacity(records.len());
+        for record in records {
+            let partition = partition_for_key(&record.key, config.partitions);
+            let mut message = FutureRecord::to(&name)
+                .partition(partition as i32)
+                .key(&record.key)
+                .payload(&record.value)
+                .timestamp(now_ms);
+            loop {
+                match self.inner.producer.send_result(message) {
+                    Ok(delivery) => {
+                        pending.push(delivery);
+                        break;
+                    }
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        message = back;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    Err((error, _)) => return Err(self.produce_error(topic, error)),
+                }
+            }
+        }
+        let mut positions = Vec::with_capacity(pending.len());
+        let mut failed = None;
+        for delivery in pending {
+            match delivery.await {
+                Ok(Ok(delivered)) => positions.push(Position {
+                    partition: u32::try_from(delivered.partition).unwrap_or(0),
+                    offset: u64::try_from(delivered.offset).unwrap_or(0),
+                }),
+                Ok(Err((error, _))) => {
+                    failed.get_or_insert(error);
+                }
+                Err(_) => return Err(BusError::Closed),
+            }
+        }
+        if let Some(error) = failed {
+            return Err(self.produce_error(topic, error));
+        }
+        let mut ends: BTreeMap<u32, u64> = BTreeMap::new();
+        for position in &positions {
+            let end = ends.entry(position.partition).or_default();
+            *end = (*end).max(position.offset + 1);
+        }
+        for (partition, end) in ends {
+            self.inner.readers.learn_end(topic, partition, end);
+        }
+        self.inner.tails.wake(&name);
+        Ok(positions)
+    }
+
+    /// A failed produce; a topic deleted behind this process is forgotten.
+    fn produce_error(&self, topic: &str, error: KafkaError) -> BusError {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::UnknownTopicOrPartition) {
+            self.inner.topics.lock().expect("topic cache mutex").remove(topic);
+            return BusError::UnknownTopic(topic.to_owned());
+        }
+        backend(error)
+    }
+}
+
+/// Runs a blocking librdkafka call off the async threads.
+async fn blocking<T: Send + 'static>(
+    call: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+) -> Result<T, KafkaError> {
+    tokio::task::spawn_blocking(call).await.unwrap_or(Err(KafkaError::Canceled))
+}
+
+/// A client error as a [`BusError`]: transient unless retrying cannot help.
+pub(crate) fn backend(error: KafkaError) -> BusError {
+    let permanent = matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::InvalidConfig
+                | RDKafkaErrorCode::InvalidPartitions
+                | RDKafkaErrorCode::InvalidReplicationFactor
+                | RDKafkaErrorCode::InvalidTopic
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::GroupAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+                | RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidRecord
+                | RDKafkaErrorCode::UnsupportedVersion
+        )
+    ) || matches!(error, KafkaError::ClientCreation(_));
+    BusError::Backend { source: Box::new(error), transient: !permanent }
+}
+
+/// Settings every client shares: the brokers and the cluster's security settings.
+fn client_config(settings: &KafkaSettings) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", &settings.bootstrap_servers);
+    config.set_log_level(RDKafkaLogLevel::Warning);
+    for (name, value) in &settings.client {
+        config.set(name, value);
+    }
+    config
+}
+
+/// A consumer that never joins a group: assigned partitions, explicit commits.
+fn consumer_config(settings: &KafkaSettings, group: Option<&str>) -> ClientConfig {
+    let mut config = client_config(settings);
+    config
+        .set("group.id", group.unwrap_or("sluice-reader"))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("allow.auto.create.topics", "false");
+    config
+}
+
+/// Sends librdkafka's own log lines and errors to `tracing`.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Context;
+
+impl ClientContext for Context {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => tracing::error!(target: "kafka", facility, "{message}"),
+            RDKafkaLogLevel::Warning => tracing::warn!(target: "kafka", facility, "{message}"),
+            _ => tracing::debug!(target: "kafka", facility, "{message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(target: "kafka", %error, "{reason}");
+    }
+}
+
+impl ConsumerContext for Context {}

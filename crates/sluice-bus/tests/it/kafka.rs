@@ -1,0 +1,83 @@
+//! What only the Kafka log does: several processes on one cluster, and a cluster that is not
+//! there.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use sluice_bus::{BusError, KafkaLog, KafkaSettings, NewRecord, StreamLog, TopicConfig};
+use sluice_core::clock::ManualClock;
+
+use crate::log::unique_prefix;
+
+async fn two_processes() -> (KafkaLog, KafkaLog) {
+    let url = std::env::var("SLUICE_TEST_KAFKA_URL")
+        .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
+    let mut settings = KafkaSettings::parse(&url).unwrap();
+    settings.topic_prefix = unique_prefix();
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let one = KafkaLog::connect(settings.clone(), clock.clone()).await.unwrap();
+    let two = KafkaLog::connect(settings, clock).await.unwrap();
+    (one, two)
+}
+
+fn record(key: &str, value: &str) -> NewRecord {
+    NewRecord { key: key.as_bytes().to_vec(), value: value.as_bytes().to_vec() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_made_by_another_process_wake_watches_and_are_read() {
+    let (reader, writer) = two_processes().await;
+    let config = TopicConfig { partitions: 2, retention: Default::default() };
+    reader.create_topic("base.log", config).await.unwrap();
+    assert_eq!(writer.topic("base.log").await.unwrap(), Some(config));
+    // The reader has read to the end before anything is there.
+    assert!(reader.read("base.log", 0, 0, 10).await.unwrap().is_empty());
+    let mut watch = reader.watch("base.log");
+    let positions =
+        writer.append("base.log", vec![record("k", "1"), record("k", "2")]).await.unwrap();
+    let partition = positions[0].partition;
+    // Generous timeout: the test checks the wake-up happened, not how fast.
+    assert!(
+        watch.wait(Duration::from_secs(60)).await,
+        "another process's append did not wake the watch"
+    );
+    let mut read = Vec::new();
+    for _ in 0..100 {
+        read.extend(reader.read("base.log", partition, read.len() as u64, 10).await.unwrap());
+        if read.len() == 2 {
+            break;
+        }
+        watch.wait(Duration::from_millis(200)).await;
+    }
+    assert_eq!(read.iter().map(|r| r.value.as_slice()).collect::<Vec<_>>(), [b"1", b"2"]);
+    assert_eq!(reader.offsets("base.log").await.unwrap()[partition as usize].end, 2);
+    // Offsets committed by one process are the other's.
+    writer.commit("g", "base.log", &[(partition, 2)]).await.unwrap();
+    assert_eq!(reader.committed("g", "base.log").await.unwrap()[&partition], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_past_the_end_is_empty_and_does_not_go_back_to_the_start() {
+    let (log, _) = two_processes().await;
+    let config = TopicConfig { partitions: 1, retention: Default::default() };
+    log.create_topic("t", config).await.unwrap();
+    log.append("t", vec![record("k", "1"), record("k", "2")]).await.unwrap();
+    assert!(log.read("t", 0, 5, 10).await.unwrap().is_empty());
+    assert_eq!(log.read("t", 0, 1, 10).await.unwrap()[0].value, b"2");
+    assert!(log.read("t", 0, 2, 10).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_does_not_answer_is_a_clear_error_naming_its_url() {
+    // A free port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let settings =
+        KafkaSettings::parse(&format!("kafka://127.0.0.1:{port}?sasl.password=hunter2")).unwrap();
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let error = KafkaLog::connect(settings, clock).await.unwrap_err();
+    let shown = error.to_string();
+    assert!(matches!(error, BusError::Unreachable { .. }), "{shown}");
+    assert!(shown.contains(&format!("kafka://127.0.0.1:{port}")), "{shown}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+}
