@@ -26,7 +26,7 @@ impl SideTopics {
 }
 
 /// What one batch writes besides its offsets.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Delivery {
     /// Records for the sink, in order.
     pub out: Vec<NewRecord>,
@@ -34,6 +34,8 @@ pub struct Delivery {
     pub dead: Vec<NewRecord>,
     /// The scripts' `console.*` lines of the batch.
     pub logs: Vec<NewRecord>,
+    /// When the batch was processed (stamps the dead letters).
+    pub made_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl Delivery {
@@ -48,6 +50,7 @@ impl Delivery {
                 .collect(),
             dead: outcome.failed.into_iter().map(|failed| dead_letter(failed, now)).collect(),
             logs: engines.take_logs().iter().map(log_record).collect(),
+            made_at: now,
         }
     }
 }

@@ -7,6 +7,7 @@
 //! ([`SinkError::is_retryable`]). Each sink type is a module beside this one, with its
 //! typed config in `sluice-core`: [`managed`] is the first.
 
+pub mod external;
 pub mod managed;
 
 use std::sync::Arc;
@@ -27,6 +28,8 @@ pub struct SinkError {
     #[source]
     pub source: Box<dyn std::error::Error + Send + Sync>,
     pub retryable: bool,
+    /// How long the receiver asked to wait before the next try (`Retry-After`).
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl SinkError {
@@ -89,6 +92,9 @@ pub trait Sink: Send + Sync + std::fmt::Debug {
 
     /// How a consumer reaches this sink of pipeline `pipeline_id`.
     fn connection(&self, pipeline_id: &str) -> SinkConnection;
+
+    /// Releases the sink's connections and clients: its deployment stopped running it.
+    async fn close(&self) {}
 }
 
 /// The running sink of `config`, for pipeline `pipeline_id`. Pure: connecting happens at

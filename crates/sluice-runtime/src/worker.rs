@@ -29,6 +29,9 @@ use crate::metrics::{BatchMetrics, PipelineMetrics};
 use crate::plan::{BoundPlan, Engines, Item};
 use crate::sinks::Settle;
 
+/// The longest `Retry-After` a sink's receiver is obeyed for.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
 #[derive(Clone)]
 pub(crate) struct Worker {
     pub index: usize,
@@ -297,7 +300,13 @@ impl Worker {
                         sink_writes: 1,
                         ..BatchMetrics::default()
                     });
-                    if !self.pause_for(backoff).await {
+                    // Jittered, so many workers do not retry in step; a receiver's
+                    // `Retry-After` is honoured up to five minutes.
+                    let jittered = backoff.mul_f64(rand::random::<f64>().mul_add(0.5, 0.5));
+                    let wait = error.retry_after.map_or(jittered, |asked| {
+                        asked.min(MAX_RETRY_AFTER).max(jittered)
+                    });
+                    if !self.pause_for(wait).await {
                         return None;
                     }
                     backoff = (backoff * 2).min(self.settings.max_backoff);

@@ -54,6 +54,7 @@ impl Sink for ManagedSink {
             .map_err(|error| SinkError {
                 uid: self.config.uid().to_owned(),
                 retryable: error.is_transient(),
+                retry_after: None,
                 source: Box::new(error),
             })
     }
@@ -221,6 +222,7 @@ mod tests {
             out: vec![record("a"), record("b")],
             dead: vec![record("c")],
             logs: vec![record("d")],
+            made_at: chrono::Utc::now(),
         };
         let settle = Settle { group: "g", source: "source", offsets: &[(0, 7)] };
         sink.deliver(&log, &delivery, &side, settle).await.unwrap();
