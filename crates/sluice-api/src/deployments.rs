@@ -99,6 +99,7 @@ impl From<RuntimeError> for ApiError {
             RuntimeError::Bus(bus) => ApiError::Internal(format!("stream log: {bus}")),
             RuntimeError::Sink(sink) => ApiError::Internal(sink.to_string()),
             RuntimeError::Replay(reason) => ApiError::Internal(reason),
+            RuntimeError::Secrets(secrets) => secrets.into(),
             wrong @ RuntimeError::WrongEntity { .. } => ApiError::Internal(wrong.to_string()),
         }
     }

@@ -67,6 +67,16 @@ impl ApiError {
     }
 }
 
+impl From<sluice_store::SecretsError> for ApiError {
+    fn from(error: sluice_store::SecretsError) -> Self {
+        match error {
+            sluice_store::SecretsError::Store(store) => Self::Store(store),
+            // These messages name secrets and keys, never values.
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
 impl From<Vec<Violation>> for ApiError {
     fn from(violations: Vec<Violation>) -> Self {
         Self::Validation(violations)

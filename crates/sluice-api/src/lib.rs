@@ -23,6 +23,7 @@ pub mod params;
 pub mod pipelines;
 pub mod prices;
 pub mod scripts;
+pub mod secrets;
 pub mod services;
 pub mod sharing;
 pub mod sources;
@@ -92,6 +93,11 @@ pub struct AppState {
     pub metrics_token: Option<Arc<str>>,
     /// The chain ingesters' status; `None` in a process that runs none.
     pub chains: Option<Arc<dyn chains::ChainStatusSource>>,
+    /// Organization secrets; `None` in a process that keeps none (the secret endpoints
+    /// answer 503, and no sink can name a secret).
+    pub secrets: Option<sluice_store::Secrets>,
+    /// The outbound address `static_egress_ip` pipelines send from, if the operator set one.
+    pub egress: Option<std::net::IpAddr>,
     openapi_json: axum::body::Bytes,
 }
 
@@ -117,6 +123,8 @@ impl AppState {
             prices: None,
             metrics_token: None,
             chains: None,
+            secrets: None,
+            egress: None,
             openapi_json: openapi_json.into(),
         }
     }
@@ -126,6 +134,19 @@ impl AppState {
     pub fn with_runtime(mut self, runtime: Arc<Runtime>) -> Self {
         self.filter_listener = runtime.set_indexes();
         self.runtime = Some(runtime);
+        self
+    }
+
+    /// Keeps organization secrets in `secrets`; `egress` is the outbound address of
+    /// `static_egress_ip` pipelines (give the runtime the same).
+    #[must_use]
+    pub fn with_sinks(
+        mut self,
+        secrets: sluice_store::Secrets,
+        egress: Option<std::net::IpAddr>,
+    ) -> Self {
+        self.secrets = Some(secrets);
+        self.egress = egress;
         self
     }
 
@@ -286,6 +307,8 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(stats::deploy_metrics))
         .routes(routes!(stats::prometheus))
         .routes(routes!(chains::list_chains))
+        .routes(routes!(secrets::list_secrets))
+        .routes(routes!(secrets::put_secret, secrets::delete_secret))
 }
 
 /// The OpenAPI document of every route, for the default catalog.

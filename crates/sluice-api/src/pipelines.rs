@@ -57,6 +57,7 @@ pub async fn create_pipeline(
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Create)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
     check_transform_list(&valid.spec.pipeline_config.transforms, &transforms_loc()).await?;
+    crate::secrets::check_sinks(&state, &caller.0.org_id, &valid.spec).await?;
     let Caller(principal) = caller;
     let pipeline = Pipeline::new(
         sluice_core::ids::new_id(),
@@ -144,6 +145,7 @@ pub async fn update_pipeline(
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Update)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
     check_transform_list(&valid.spec.pipeline_config.transforms, &transforms_loc()).await?;
+    crate::secrets::check_sinks(&state, &previous.organization_id, &valid.spec).await?;
     let mut updated = previous.clone();
     updated.apply(valid.spec, state.clock.now());
     let updated = services::update_pipeline(&state, edit, &previous, updated, Redeploy::No).await?;

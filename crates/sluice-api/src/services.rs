@@ -123,12 +123,15 @@ pub async fn update_pipeline(
         if let Some(runtime) = runtime {
             if runtime.state(&config_id).await? == Some(DeploymentState::Deployed) {
                 // Refuse before storing what the running pipeline could not switch to.
-                sluice_runtime::plan::Plan::compile(&updated).map_err(|error| {
-                    ApiError::Validation(vec![Violation::new(
-                        &Loc::body(),
-                        "not_deployable",
-                        error.to_string(),
-                    )])
+                runtime.check_deployable(&updated).await.map_err(|error| match error {
+                    sluice_runtime::RuntimeError::Plan(error) => {
+                        ApiError::Validation(vec![Violation::new(
+                            &Loc::body(),
+                            "not_deployable",
+                            error.to_string(),
+                        )])
+                    }
+                    other => other.into(),
                 })?;
             }
         }

@@ -44,8 +44,14 @@ pub struct WorkerHealthItem {
     pub oom_kill_count: u64,
     /// When it last restarted; null if never.
     pub last_restart_time: Option<String>,
-    /// Why it last restarted; null if never.
+    /// Why it last restarted, or, while blocked on its sink, the sink's error; null if
+    /// neither.
     pub last_error: Option<String>,
+    /// Its sink keeps failing its batch (`at_least_once`): it retries and holds the source.
+    /// `status` is then `BlockedOnSink`.
+    pub is_blocked_on_sink: bool,
+    /// Since when it is blocked on its sink; null when it is not.
+    pub blocked_since: Option<String>,
 }
 
 /// SPEC "Deployment worker health".
@@ -65,6 +71,9 @@ pub struct WorkersHealth {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StatsBody {
     pub workers_health: WorkersHealth,
+    /// Uids of sinks that use an organization secret changed or deleted since the workers
+    /// started: they keep the old value until the pipeline is redeployed.
+    pub stale_sinks: Vec<String>,
 }
 
 impl WorkersHealth {
@@ -89,6 +98,8 @@ impl WorkersHealth {
                     oom_kill_count: w.oom_kill_count,
                     last_restart_time: w.last_restart_time.map(sluice_core::time::format),
                     last_error: w.last_error,
+                    is_blocked_on_sink: w.is_blocked_on_sink,
+                    blocked_since: w.blocked_since.map(sluice_core::time::format),
                 })
                 .collect(),
         }
@@ -117,7 +128,8 @@ pub async fn deploy_stats(
     caller.pipeline(&state, &config_id, Permission::Read).await?;
     let runtime = state.runtime()?;
     let statuses = runtime.worker_health(&config_id).await;
-    Ok(Json(StatsBody { workers_health: WorkersHealth::from_statuses(statuses) }))
+    let stale_sinks = runtime.stale_sinks(&config_id).await?;
+    Ok(Json(StatsBody { workers_health: WorkersHealth::from_statuses(statuses), stale_sinks }))
 }
 
 /// The seven metric types of SPEC "Deployment metrics", in response order.

@@ -51,5 +51,7 @@ pub struct Principal {
     pub team_id: String,
     pub org_id: String,
     pub is_operator: bool,
+    /// Org admins manage the organization's secrets.
+    pub is_org_admin: bool,
     pub flags: OrgFlags,
 }

@@ -19,6 +19,7 @@ pub mod json;
 pub mod permission;
 pub mod pipeline;
 pub mod prices;
+pub mod secret;
 pub mod streams;
 pub mod time;
 pub mod validation;

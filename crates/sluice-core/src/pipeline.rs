@@ -4,7 +4,13 @@
 //! turns a raw JSON body into one, reporting every broken rule. [`Pipeline`] is the stored
 //! record: the spec plus the server-managed fields.
 
+pub mod sink;
 pub mod validate;
+
+pub use sink::{
+    ExternalKafkaSinkConfig, ManagedSinkConfig, NatsSinkConfig, SnsSinkConfig, WebhookCompression,
+    WebhookSinkConfig,
+};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -142,16 +148,18 @@ pub enum SinkConfig {
     /// `kafka`: a managed topic that Sluice keeps and serves to the pipeline's readers.
     #[serde(rename = "kafka")]
     Kafka(ManagedSinkConfig),
-}
-
-/// The fields of a managed (`kafka`) sink.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct ManagedSinkConfig {
-    /// Name of the sink; it names the managed topic.
-    pub name: String,
-    /// Generated when omitted.
-    #[schema(required = false)]
-    pub uid: String,
+    /// `webhook`: JSON arrays POSTed to the user's endpoint, optionally signed.
+    #[serde(rename = "webhook")]
+    Webhook(WebhookSinkConfig),
+    /// `external_kafka`: a topic of the user's own Kafka cluster.
+    #[serde(rename = "external_kafka")]
+    ExternalKafka(ExternalKafkaSinkConfig),
+    /// `nats`: a NATS JetStream stream.
+    #[serde(rename = "nats")]
+    Nats(NatsSinkConfig),
+    /// `sns`: an SNS-compatible notification topic.
+    #[serde(rename = "sns")]
+    Sns(SnsSinkConfig),
 }
 
 impl SinkConfig {
@@ -159,6 +167,10 @@ impl SinkConfig {
     pub fn uid(&self) -> &str {
         match self {
             Self::Kafka(sink) => &sink.uid,
+            Self::Webhook(sink) => &sink.uid,
+            Self::ExternalKafka(sink) => &sink.uid,
+            Self::Nats(sink) => &sink.uid,
+            Self::Sns(sink) => &sink.uid,
         }
     }
 
@@ -166,6 +178,10 @@ impl SinkConfig {
     pub fn name(&self) -> &str {
         match self {
             Self::Kafka(sink) => &sink.name,
+            Self::Webhook(sink) => &sink.name,
+            Self::ExternalKafka(sink) => &sink.name,
+            Self::Nats(sink) => &sink.name,
+            Self::Sns(sink) => &sink.name,
         }
     }
 
@@ -173,7 +189,44 @@ impl SinkConfig {
     pub fn type_name(&self) -> &'static str {
         match self {
             Self::Kafka(_) => "kafka",
+            Self::Webhook(_) => "webhook",
+            Self::ExternalKafka(_) => "external_kafka",
+            Self::Nats(_) => "nats",
+            Self::Sns(_) => "sns",
         }
+    }
+
+    /// The organization secrets the sink reads, as `(field, secret name)`.
+    pub fn secrets(&self) -> Vec<(&'static str, &str)> {
+        let fields: Vec<(&'static str, Option<&String>)> = match self {
+            Self::Kafka(_) => Vec::new(),
+            Self::Webhook(sink) => vec![("hash_key", sink.hash_key.as_ref())],
+            Self::ExternalKafka(sink) => vec![
+                ("sasl_username_secret", sink.sasl_username_secret.as_ref()),
+                ("sasl_password_secret", sink.sasl_password_secret.as_ref()),
+            ],
+            Self::Nats(sink) => vec![
+                ("password_secret", sink.password_secret.as_ref()),
+                ("token_secret", sink.token_secret.as_ref()),
+            ],
+            Self::Sns(sink) => vec![
+                ("access_key_id_secret", Some(&sink.access_key_id_secret)),
+                ("secret_access_key_secret", Some(&sink.secret_access_key_secret)),
+                ("session_token_secret", sink.session_token_secret.as_ref()),
+            ],
+        };
+        fields.into_iter().filter_map(|(field, name)| Some((field, name?.as_str()))).collect()
+    }
+
+    /// Whether records leave Sluice through this sink (anything but the managed topic).
+    pub fn is_external(&self) -> bool {
+        !matches!(self, Self::Kafka(_))
+    }
+
+    /// Whether the sink's traffic can leave from the operator's egress address
+    /// (`static_egress_ip`): the HTTP sinks.
+    pub fn can_bind_egress(&self) -> bool {
+        matches!(self, Self::Kafka(_) | Self::Webhook(_) | Self::Sns(_))
     }
 }
 

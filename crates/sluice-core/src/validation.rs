@@ -40,6 +40,11 @@ impl Loc {
         Loc(vec![LocItem::Field("body".to_owned())])
     }
 
+    /// A path parameter.
+    pub fn path(name: &str) -> Self {
+        Loc(vec!["path".into(), name.into()])
+    }
+
     /// A query parameter.
     pub fn query(name: &str) -> Self {
         Loc(vec!["query".into(), name.into()])
@@ -188,6 +193,11 @@ impl<'a> Fields<'a> {
     pub fn get(&mut self, field: &'a str) -> Option<&'a Value> {
         self.seen.push(field);
         self.map.get(field).filter(|value| !value.is_null())
+    }
+
+    /// Every field name of the object.
+    pub fn keys(&self) -> Vec<&'a str> {
+        self.map.keys().map(String::as_str).collect()
     }
 
     /// Marks fields the service accepts and ignores (server-managed fields).

@@ -151,11 +151,16 @@ impl Running {
 
     /// Asks every worker to stop after its current batch and waits for them.
     pub(crate) async fn stop(self) {
+        let plan = self.plan();
         self.stop.send_replace(true);
         for worker in self.workers {
             if let Err(error) = worker.await {
                 tracing::error!(%error, "a worker supervisor ended abnormally");
             }
+        }
+        // No worker delivers any more: the sinks' clients and connections go.
+        for sink in &plan.plan.sinks {
+            sink.close().await;
         }
     }
 }

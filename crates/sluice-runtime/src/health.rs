@@ -34,6 +34,9 @@ struct State {
     /// Restarts within the crash-loop window (older ones are dropped as they age).
     recent: Vec<(DateTime<Utc>, Reason)>,
     last_error: Option<String>,
+    /// Since when the worker's sink has refused or failed its batch (the source is held,
+    /// `at_least_once`), and the sink's latest error.
+    sink_blocked: Option<(DateTime<Utc>, String)>,
 }
 
 /// The health of one worker.
@@ -62,8 +65,12 @@ pub struct WorkerStatus {
     /// When the worker (or its latest restart) started.
     pub start_time: DateTime<Utc>,
     pub last_restart_time: Option<DateTime<Utc>>,
-    /// The error of the latest restart.
+    /// The error of the latest restart, or the sink's error while blocked on the sink.
     pub last_error: Option<String>,
+    /// Its sink keeps failing the current batch: the worker retries and reads nothing new.
+    pub is_blocked_on_sink: bool,
+    /// Since when it is blocked on its sink.
+    pub blocked_since: Option<DateTime<Utc>>,
 }
 
 impl WorkerHealth {
@@ -77,6 +84,7 @@ impl WorkerHealth {
                 oom_kills: 0,
                 recent: Vec::new(),
                 last_error: None,
+                sink_blocked: None,
             }),
         }
     }
@@ -128,6 +136,7 @@ impl WorkerHealth {
         let is_crash_looping = recent.len() >= CRASH_LOOP_RESTARTS;
         let is_oom_killed = recent.last().is_some_and(|(_, reason)| *reason == Reason::OutOfMemory);
         let status = match (state.running, is_crash_looping) {
+            (true, _) if state.sink_blocked.is_some() => "BlockedOnSink",
             (true, _) => "Running",
             (false, true) => "CrashLoopBackOff",
             (false, false) => "Restarting",
@@ -142,7 +151,27 @@ impl WorkerHealth {
             oom_kill_count: state.oom_kills,
             start_time: state.start_time,
             last_restart_time: state.recent.last().map(|(at, _)| *at),
-            last_error: state.last_error.clone(),
+            last_error: match &state.sink_blocked {
+                Some((_, error)) => Some(error.clone()),
+                None => state.last_error.clone(),
+            },
+            is_blocked_on_sink: state.sink_blocked.is_some(),
+            blocked_since: state.sink_blocked.as_ref().map(|(since, _)| *since),
+        }
+    }
+
+    /// The sink failed the worker's batch with `error`; it is retried.
+    pub(crate) fn sink_failed(&self, now: DateTime<Utc>, error: String) {
+        let mut state = self.lock();
+        let since = state.sink_blocked.as_ref().map_or(now, |(since, _)| *since);
+        state.sink_blocked = Some((since, error));
+    }
+
+    /// The sink took a batch.
+    pub(crate) fn sink_delivered(&self) {
+        let mut state = self.lock();
+        if state.sink_blocked.is_some() {
+            state.sink_blocked = None;
         }
     }
 }

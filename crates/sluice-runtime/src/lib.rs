@@ -22,6 +22,7 @@ pub mod sinks;
 mod worker;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -31,8 +32,9 @@ use sluice_core::clock::Clock;
 use sluice_core::datasets::{DatasetLookup, NoDatasets};
 use sluice_core::deployment::{DeploymentRecord, DeploymentState};
 use sluice_core::pipeline::Pipeline;
+use sluice_core::secret::ResolvedSecrets;
 use sluice_core::streams::StreamRecord;
-use sluice_store::{MetadataStore, StoreError};
+use sluice_store::{MetadataStore, Secrets, SecretsError, StoreError};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 pub use deployment::Counters;
@@ -74,6 +76,10 @@ pub enum RuntimeError {
     /// A replay of dead letters stopped (its transforms panicked).
     #[error("replay failed: {0}")]
     Replay(String),
+    /// Organization secrets could not be read (a database failure, or a value sealed with
+    /// a key this server does not have).
+    #[error("secrets: {0}")]
+    Secrets(#[from] SecretsError),
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
@@ -102,6 +108,22 @@ impl Default for RuntimeSettings {
             hold: Retention::DEFAULT_MAX_AGE,
         }
     }
+}
+
+/// What sinks need from the process besides a pipeline's configuration.
+#[derive(Debug, Clone, Default)]
+pub struct SinkEnv {
+    /// The organization secrets sinks name (`None`: no secret resolves).
+    pub secrets: Option<Secrets>,
+    /// The operator's outbound address for pipelines with `static_egress_ip`.
+    pub egress: Option<IpAddr>,
+}
+
+/// The secrets a running deployment's sinks started with: `(sink uid, secret, revision)`.
+#[derive(Debug, Clone, Default)]
+struct SecretUse {
+    org_id: String,
+    used: Vec<(String, String, String)>,
 }
 
 /// What a deploy did, for the response.
@@ -143,6 +165,10 @@ pub struct Runtime {
     /// What health, stats and `/metrics` read of each running deployment, updated by the
     /// lifecycle call that starts or stops its workers while it holds that pipeline's lock.
     views: RwLock<HashMap<String, RunningView>>,
+    /// Secrets and the egress address for sinks.
+    sink_env: SinkEnv,
+    /// The secrets each running deployment's sinks started with (stale-sink checks).
+    secret_uses: RwLock<HashMap<String, SecretUse>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -180,6 +206,23 @@ impl Runtime {
         settings: RuntimeSettings,
         sets: Arc<dyn SetSource>,
     ) -> Result<Arc<Self>> {
+        Self::start_with_sinks(store, log, catalog, clock, settings, sets, SinkEnv::default()).await
+    }
+
+    /// [`Runtime::start_with_set_source`], with sinks resolving secrets and binding the
+    /// egress address through `sink_env`.
+    ///
+    /// # Errors
+    /// As [`Runtime::start`].
+    pub async fn start_with_sinks(
+        store: Arc<dyn MetadataStore>,
+        log: Arc<dyn StreamLog>,
+        catalog: Arc<Catalog>,
+        clock: Arc<dyn Clock>,
+        settings: RuntimeSettings,
+        sets: Arc<dyn SetSource>,
+        sink_env: SinkEnv,
+    ) -> Result<Arc<Self>> {
         let sets = Arc::new(SetIndexes::new(sets));
         let metrics = Arc::new(MetricsHub::new(store.clone(), clock.clone()));
         tokio::spawn(MetricsHub::run_jobs(Arc::downgrade(&metrics)));
@@ -194,22 +237,24 @@ impl Runtime {
             metrics,
             lifecycles: std::sync::Mutex::default(),
             views: RwLock::default(),
+            sink_env,
+            secret_uses: RwLock::default(),
         });
         runtime.create_chain_topics().await?;
         for record in runtime.store.list_deployments().await? {
             if record.state == DeploymentState::Deployed {
                 let mut running = runtime.lifecycle(&record.pipeline_id).await;
                 let started = async {
-                    let plan = plan::Plan::compile(&record.pipeline)?;
+                    let (plan, uses) = runtime.compile(&record.pipeline).await?;
                     // Deployed by an older version, it may lack a topic this one writes.
                     runtime.create_pipeline_topics(&plan).await?;
                     runtime.pin_start_offsets(&plan).await?;
                     let bound = runtime.bind(plan).await?;
-                    Ok::<_, RuntimeError>(runtime.start_workers(&record.pipeline, bound))
+                    Ok::<_, RuntimeError>((runtime.start_workers(&record.pipeline, bound), uses))
                 };
                 match started.await {
-                    Ok(workers) => {
-                        runtime.set_running(&record.pipeline_id, &mut running, workers);
+                    Ok((workers, uses)) => {
+                        runtime.set_running(&record.pipeline_id, &mut running, workers, uses);
                         tracing::info!(config_id = %record.pipeline_id, "resumed deployed pipeline");
                     }
                     Err(error) => {
@@ -273,7 +318,7 @@ impl Runtime {
         let Some(record) = self.store.deployment(pipeline_id).await? else { return Ok(None) };
         let plan = match running.as_ref() {
             Some(current) => current.plan(),
-            None => self.bind(plan::Plan::compile(&record.pipeline)?).await?,
+            None => self.bind(self.compile(&record.pipeline).await?.0).await?,
         };
         let Some(sink) = plan.plan.sinks.first().cloned() else {
             return Ok(Some(Replayed::default()));
@@ -416,7 +461,7 @@ impl Runtime {
     /// # Errors
     /// A configuration the runtime cannot run, or a store or log failure.
     pub async fn deploy(&self, pipeline: &Pipeline) -> Result<Deployed> {
-        let plan = plan::Plan::compile(pipeline)?;
+        let (plan, uses) = self.compile(pipeline).await?;
         let mut running = self.lifecycle(&pipeline.id).await;
         let now = self.clock.now();
         let existing = self.store.deployment(&pipeline.id).await?;
@@ -452,17 +497,18 @@ impl Runtime {
                     && current.source() == source =>
             {
                 current.replace_plan(bound);
+                self.secret_uses_mut().insert(pipeline.id.clone(), uses);
                 true
             }
             Some(_) => {
                 self.stop_running(&pipeline.id, &mut running).await;
                 let started = self.start_workers(pipeline, bound);
-                self.set_running(&pipeline.id, &mut running, started);
+                self.set_running(&pipeline.id, &mut running, started, uses);
                 true
             }
             None => {
                 let started = self.start_workers(pipeline, bound);
-                self.set_running(&pipeline.id, &mut running, started);
+                self.set_running(&pipeline.id, &mut running, started, uses);
                 false
             }
         };
@@ -503,10 +549,8 @@ impl Runtime {
         let Some(record) = self.store.deployment(pipeline_id).await? else {
             return Ok(false);
         };
-        if let Ok(plan) = plan::Plan::compile(&record.pipeline) {
-            for (_, topic) in &plan.sink_topics() {
-                self.log.delete_topic(topic).await?;
-            }
+        for (_, topic) in &plan::Plan::managed_topics(&record.pipeline) {
+            self.log.delete_topic(topic).await?;
         }
         self.log.delete_topic(&topics::dead_letter_topic(pipeline_id)).await?;
         self.log.delete_topic(&topics::logs_topic(pipeline_id)).await?;
@@ -532,8 +576,10 @@ impl Runtime {
     /// A store failure.
     pub async fn sink_topic(&self, pipeline_id: &str, sink_uid: &str) -> Result<Option<String>> {
         let Some(record) = self.store.deployment(pipeline_id).await? else { return Ok(None) };
-        let plan = plan::Plan::compile(&record.pipeline)?;
-        Ok(plan.sink_topics().into_iter().find(|(uid, _)| uid == sink_uid).map(|(_, topic)| topic))
+        Ok(plan::Plan::managed_topics(&record.pipeline)
+            .into_iter()
+            .find(|(uid, _)| uid == sink_uid)
+            .map(|(_, topic)| topic))
     }
 
     /// The counters of a running deployment. Never waits on a lifecycle call.
@@ -597,8 +643,10 @@ impl Runtime {
         pipeline_id: &str,
         slot: &mut OwnedMutexGuard<Option<Running>>,
         started: Running,
+        uses: SecretUse,
     ) {
         self.views_mut().insert(pipeline_id.to_owned(), started.view());
+        self.secret_uses_mut().insert(pipeline_id.to_owned(), uses);
         **slot = Some(started);
     }
 
@@ -607,9 +655,85 @@ impl Runtime {
     async fn stop_running(&self, pipeline_id: &str, slot: &mut OwnedMutexGuard<Option<Running>>) {
         if let Some(current) = slot.take() {
             self.views_mut().remove(pipeline_id);
+            self.secret_uses_mut().remove(pipeline_id);
             current.stop().await;
             self.metrics.flush(Some(pipeline_id), None).await;
         }
+    }
+
+    fn secret_uses_mut(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, SecretUse>> {
+        self.secret_uses.write().expect("secret uses lock is never poisoned")
+    }
+
+    /// Compiles `pipeline` with the current values of the secrets its sinks name; answers
+    /// the plan and which secret revisions it holds.
+    async fn compile(&self, pipeline: &Pipeline) -> Result<(plan::Plan, SecretUse)> {
+        let mut resolved = ResolvedSecrets::new();
+        let mut uses = SecretUse { org_id: pipeline.organization_id.clone(), used: Vec::new() };
+        for sink in &pipeline.pipeline_config.sinks {
+            for (_, name) in sink.secrets() {
+                let Some(secrets) = &self.sink_env.secrets else { continue };
+                if !resolved.contains_key(name) {
+                    match secrets.resolve(&pipeline.organization_id, &[name]).await {
+                        Ok(found) => resolved.extend(found),
+                        // The sink's build names what is missing.
+                        Err(SecretsError::Missing(_)) => continue,
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+                if let Some(found) = resolved.get(name) {
+                    uses.used.push((
+                        sink.uid().to_owned(),
+                        name.to_owned(),
+                        found.revision.clone(),
+                    ));
+                }
+            }
+        }
+        let context = sinks::SinkContext {
+            pipeline_id: &pipeline.id,
+            secrets: &resolved,
+            static_egress: pipeline.static_egress_ip,
+            egress: self.sink_env.egress,
+        };
+        Ok((plan::Plan::compile(pipeline, context)?, uses))
+    }
+
+    /// Checks that `pipeline` could be deployed as it is (its transforms compile, its sinks
+    /// build with the secrets they name), without deploying it.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Plan`] naming what is wrong; a store failure.
+    pub async fn check_deployable(&self, pipeline: &Pipeline) -> Result<()> {
+        self.compile(pipeline).await.map(|_| ())
+    }
+
+    /// Uids of the running deployment's sinks that use a secret changed (or deleted) since
+    /// its workers started: they run with the old value until the pipeline is redeployed.
+    /// Empty when the pipeline does not run.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn stale_sinks(&self, pipeline_id: &str) -> Result<Vec<String>> {
+        let uses = self
+            .secret_uses
+            .read()
+            .expect("secret uses lock is never poisoned")
+            .get(pipeline_id)
+            .cloned();
+        let (Some(uses), Some(secrets)) = (uses, &self.sink_env.secrets) else {
+            return Ok(Vec::new());
+        };
+        let names: Vec<&str> = uses.used.iter().map(|used| used.1.as_str()).collect();
+        let current = secrets.revisions(&uses.org_id, &names).await?;
+        let mut stale: Vec<String> = uses
+            .used
+            .iter()
+            .filter(|(_, name, revision)| current.get(name) != Some(revision))
+            .map(|(uid, _, _)| uid.clone())
+            .collect();
+        stale.dedup();
+        Ok(stale)
     }
 
     fn views(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, RunningView>> {

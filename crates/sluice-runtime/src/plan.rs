@@ -15,7 +15,7 @@ use sluice_filter::SetFilter;
 use sluice_js::{LogLevel, LogSink, ScriptEngine};
 
 use crate::sets::SetHandle;
-use crate::sinks::{self, Sink};
+use crate::sinks::{self, Sink, SinkContext};
 
 /// Calls of `transform` a record gets before it is dead-lettered: the first and two retries
 /// (on a fresh engine when the runtime ran out of memory). A record whose output breaks a
@@ -32,6 +32,8 @@ pub enum PlanError {
     BadFilterExpr { uid: String, reason: String },
     #[error("the pipeline has {0} sinks; exactly one is required")]
     SinkCount(usize),
+    #[error(transparent)]
+    Sink(#[from] sinks::SinkBuildError),
 }
 
 /// One transform, ready to run.
@@ -57,11 +59,12 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Compiles a stored pipeline.
+    /// Compiles a stored pipeline, building its sinks with `context` (the secrets it names,
+    /// resolved).
     ///
     /// # Errors
     /// [`PlanError`] for what this build cannot run.
-    pub fn compile(pipeline: &Pipeline) -> Result<Self, PlanError> {
+    pub fn compile(pipeline: &Pipeline, context: SinkContext<'_>) -> Result<Self, PlanError> {
         let config = &pipeline.pipeline_config;
         let source = topics::chain_stream(
             &config.source.chain,
@@ -91,7 +94,11 @@ impl Plan {
         if config.sinks.len() != 1 {
             return Err(PlanError::SinkCount(config.sinks.len()));
         }
-        let sinks = config.sinks.iter().map(|sink| sinks::build(&pipeline.id, sink)).collect();
+        let sinks = config
+            .sinks
+            .iter()
+            .map(|sink| sinks::build(sink, context))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             pipeline_id: pipeline.id.clone(),
             owner_user_id: pipeline.owner_org_team_user_id.clone(),
@@ -109,6 +116,17 @@ impl Plan {
             .filter_map(|sink| {
                 Some((sink.config().uid().to_owned(), sink.managed_topic()?.to_owned()))
             })
+            .collect()
+    }
+
+    /// [`Plan::sink_topics`] of a pipeline, without building its sinks.
+    pub fn managed_topics(pipeline: &Pipeline) -> Vec<(String, String)> {
+        pipeline
+            .pipeline_config
+            .sinks
+            .iter()
+            .filter(|sink| !sink.is_external())
+            .map(|sink| (sink.uid().to_owned(), topics::sink_topic(&pipeline.id, sink.name())))
             .collect()
     }
 

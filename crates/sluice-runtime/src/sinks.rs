@@ -8,16 +8,23 @@
 //! typed config in `sluice-core`: [`managed`] is the first.
 
 pub mod external;
+pub mod external_kafka;
 pub mod managed;
+pub mod webhook;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use serde_json::Value;
 use sluice_bus::StreamLog;
 use sluice_core::pipeline::SinkConfig;
+use sluice_core::secret::{ResolvedSecrets, SecretValue};
 
 use crate::delivery::{Delivery, SideTopics};
+pub use external::{ExternalSink, Transport};
+pub use external_kafka::ExternalKafkaTransport;
 pub use managed::ManagedSink;
+pub use webhook::WebhookTransport;
 
 /// A failed delivery, classified for the worker: retryable failures hold the source and are
 /// tried again (`at_least_once`); the others cannot succeed by waiting.
@@ -97,10 +104,101 @@ pub trait Sink: Send + Sync + std::fmt::Debug {
     async fn close(&self) {}
 }
 
-/// The running sink of `config`, for pipeline `pipeline_id`. Pure: connecting happens at
-/// the first delivery.
-pub fn build(pipeline_id: &str, config: &SinkConfig) -> Arc<dyn Sink> {
-    match config {
-        SinkConfig::Kafka(_) => Arc::new(ManagedSink::new(pipeline_id, config.clone())),
-    }
+/// Why a pipeline asking for `static_egress_ip` cannot have it on this server.
+pub const NO_EGRESS: &str = "static_egress_ip needs the server's outbound address (--egress-bind-addr / SLUICE_EGRESS_BIND_ADDR), which this server does not have";
+
+/// What building a sink needs besides its configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct SinkContext<'a> {
+    pub pipeline_id: &'a str,
+    /// The values of the organization secrets the sinks name.
+    pub secrets: &'a ResolvedSecrets,
+    /// The pipeline asks for `static_egress_ip`.
+    pub static_egress: bool,
+    /// The operator's outbound address (`--egress-bind-addr`), if configured.
+    pub egress: Option<IpAddr>,
+}
+
+/// Why a sink cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SinkBuildError {
+    /// A secret the sink names was not resolved (it does not exist).
+    #[error("sink {uid}: organization secret '{name}' ({field}) does not exist")]
+    MissingSecret { uid: String, field: &'static str, name: String },
+    /// `static_egress_ip` is asked for, and the server has no egress address, or the sink
+    /// type cannot send from one.
+    #[error("sink {uid}: {reason}")]
+    Egress { uid: String, reason: String },
+    /// A client could not be made from the configuration.
+    #[error("sink {uid}: {reason}")]
+    Client { uid: String, reason: String },
+}
+
+/// The running sink of `config`. Connecting happens at the first delivery.
+///
+/// # Errors
+/// [`SinkBuildError`].
+pub fn build(
+    config: &SinkConfig,
+    context: SinkContext<'_>,
+) -> Result<Arc<dyn Sink>, SinkBuildError> {
+    let uid = config.uid();
+    let secret = |field: &'static str,
+                  name: Option<&String>|
+     -> Result<Option<SecretValue>, SinkBuildError> {
+        let Some(name) = name else { return Ok(None) };
+        context.secrets.get(name).map(|found| Some(found.value.clone())).ok_or_else(|| {
+            SinkBuildError::MissingSecret { uid: uid.to_owned(), field, name: name.clone() }
+        })
+    };
+    let client = |reason: String| SinkBuildError::Client { uid: uid.to_owned(), reason };
+    let egress = match (context.static_egress && config.is_external(), context.egress) {
+        (false, _) => None,
+        (true, None) => {
+            return Err(SinkBuildError::Egress {
+                uid: uid.to_owned(),
+                reason: NO_EGRESS.to_owned(),
+            });
+        }
+        (true, Some(_)) if !config.can_bind_egress() => {
+            return Err(SinkBuildError::Egress {
+                uid: uid.to_owned(),
+                reason: format!(
+                    "static_egress_ip applies to webhook and sns sinks; a '{}' sink cannot send from a fixed address",
+                    config.type_name()
+                ),
+            });
+        }
+        (true, Some(address)) => Some(address),
+    };
+    let transport: Arc<dyn Transport> = match config {
+        SinkConfig::Kafka(_) => {
+            return Ok(Arc::new(ManagedSink::new(context.pipeline_id, config.clone())));
+        }
+        SinkConfig::Webhook(webhook) => {
+            let hash_key = secret("hash_key", webhook.hash_key.as_ref())?;
+            Arc::new(
+                WebhookTransport::new(webhook, hash_key, egress)
+                    .map_err(|error| client(error.to_string()))?,
+            )
+        }
+        SinkConfig::ExternalKafka(kafka) => {
+            let username = secret("sasl_username_secret", kafka.sasl_username_secret.as_ref())?;
+            let password = secret("sasl_password_secret", kafka.sasl_password_secret.as_ref())?;
+            let sasl = username
+                .zip(password)
+                .map(|(username, password)| external_kafka::SaslCredentials { username, password });
+            Arc::new(
+                ExternalKafkaTransport::new(kafka, sasl)
+                    .map_err(|error| client(error.to_string()))?,
+            )
+        }
+        SinkConfig::Nats(_) | SinkConfig::Sns(_) => {
+            return Err(client(format!(
+                "sink type '{}' is not available in this build",
+                config.type_name()
+            )));
+        }
+    };
+    Ok(Arc::new(ExternalSink::new(config.clone(), transport)))
 }

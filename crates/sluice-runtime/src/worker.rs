@@ -258,6 +258,7 @@ impl Worker {
             let written = sink.deliver(&self.log, &delivery, side, settle).await;
             match written {
                 Ok(_) => {
+                    self.health.sink_delivered();
                     metrics.sink_writes = 1;
                     Counters::add(&self.counters.sent, out.len() as u64);
                     let now_ms = self.clock.now().timestamp_millis();
@@ -272,6 +273,9 @@ impl Worker {
                 }
                 Err(error) => {
                     Counters::add(&self.counters.output_errors, 1);
+                    if self.guarantee == DeliveryGuarantee::AtLeastOnce {
+                        self.health.sink_failed(self.clock.now(), error.to_string());
+                    }
                     if self.guarantee == DeliveryGuarantee::BestEffort {
                         tracing::warn!(%error, sink_uid, records = out.len(), "sink write failed; batch dropped (best_effort)");
                         Counters::add(&self.counters.dropped, out.len() as u64);
@@ -303,9 +307,9 @@ impl Worker {
                     // Jittered, so many workers do not retry in step; a receiver's
                     // `Retry-After` is honoured up to five minutes.
                     let jittered = backoff.mul_f64(rand::random::<f64>().mul_add(0.5, 0.5));
-                    let wait = error.retry_after.map_or(jittered, |asked| {
-                        asked.min(MAX_RETRY_AFTER).max(jittered)
-                    });
+                    let wait = error
+                        .retry_after
+                        .map_or(jittered, |asked| asked.min(MAX_RETRY_AFTER).max(jittered));
                     if !self.pause_for(wait).await {
                         return None;
                     }

@@ -48,6 +48,7 @@ pub(crate) struct KeyRow {
     pub team_id: String,
     pub org_id: String,
     pub is_operator: bool,
+    pub is_org_admin: bool,
     pub pipelines_enabled: bool,
     pub custom_transforms_enabled: bool,
 }
@@ -61,6 +62,7 @@ impl KeyRow {
                 team_id: self.team_id,
                 org_id: self.org_id,
                 is_operator: self.is_operator,
+                is_org_admin: self.is_org_admin,
                 flags: OrgFlags {
                     pipelines: self.pipelines_enabled,
                     custom_transforms: self.custom_transforms_enabled,
@@ -278,7 +280,7 @@ where
 
     async fn api_key_candidates(&self, prefix: &str) -> Result<Vec<KeyCandidate>> {
         let rows = sqlx::query(
-            "SELECT k.hash, u.id AS user_id, u.team_id, u.org_id, u.is_operator, \
+            "SELECT k.hash, u.id AS user_id, u.team_id, u.org_id, u.is_operator, u.is_org_admin, \
              o.pipelines_enabled, o.custom_transforms_enabled \
              FROM api_keys k JOIN users u ON u.id = k.user_id JOIN orgs o ON o.id = u.org_id \
              WHERE k.prefix = $1 AND k.revoked_at IS NULL",
@@ -294,6 +296,7 @@ where
                     team_id: row.try_get("team_id")?,
                     org_id: row.try_get("org_id")?,
                     is_operator: row.try_get("is_operator")?,
+                    is_org_admin: row.try_get("is_org_admin")?,
                     pipelines_enabled: row.try_get("pipelines_enabled")?,
                     custom_transforms_enabled: row.try_get("custom_transforms_enabled")?,
                 }

@@ -30,6 +30,7 @@ mod migrations;
 mod pipelines;
 mod postgres;
 pub mod prices;
+pub mod secrets;
 mod set_snapshots;
 mod sqlite;
 mod store;
@@ -45,6 +46,7 @@ pub use metrics::{MetricSample, MetricsStore};
 pub use pipelines::PipelineStore;
 pub use postgres::{PgDialect, PgStore};
 pub use prices::{PriceStore, open_prices};
+pub use secrets::{SecretStore, Secrets, SecretsError};
 pub use sqlite::{SqliteDialect, SqliteStore};
 pub use store::Store;
 
@@ -74,6 +76,7 @@ pub trait MetadataStore:
     + DatasetStore
     + MetricsStore
     + PriceStore
+    + SecretStore
     + Send
     + Sync
     + 'static
@@ -91,7 +94,8 @@ where
         + DeploymentStore
         + DatasetStore
         + MetricsStore
-        + PriceStore,
+        + PriceStore
+        + SecretStore,
 {
     fn into_prices(self: Arc<Self>) -> Arc<dyn PriceStore> {
         self

@@ -141,6 +141,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "price_trade_ids_moved",
         sql: Sql::Data(DataStep::MoveTradeIds),
     },
+    Migration {
+        version: 12,
+        name: "org_secrets",
+        sql: Sql::PerBackend {
+            sqlite: include_str!("migrations/0012_org_secrets.sqlite.sql"),
+            postgres: include_str!("migrations/0012_org_secrets.postgres.sql"),
+        },
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

@@ -25,6 +25,9 @@ pub enum AdminCommand {
         /// Make the user an operator (service-wide endpoints such as stream ingest).
         #[arg(long)]
         operator: bool,
+        /// Make the user an admin of the organization (manages its secrets).
+        #[arg(long)]
+        org_admin: bool,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -63,7 +66,7 @@ impl Switch {
 
 pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     match command {
-        AdminCommand::CreateKey { org, team, user, operator, store } => {
+        AdminCommand::CreateKey { org, team, user, operator, org_admin, store } => {
             for (what, name) in [("org", &org), ("team", &team), ("user", &user)] {
                 if name.trim().is_empty() {
                     bail!("--{what} must not be empty");
@@ -71,6 +74,9 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             }
             let store = open_existing_store(&store).await?;
             let identity = store.ensure_identity(&org, &team, &user, operator).await?;
+            if org_admin {
+                store.set_org_admin(&identity.user.id, true).await?;
+            }
             let key = sluice_api::auth::issue_key(store.as_ref(), &identity.user.id, None)
                 .await?
                 .map_err(anyhow::Error::msg)?;

@@ -40,12 +40,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // a restart (the deployments started below read them first).
     store.keep_set_snapshots(settings.data_dir.join("sets"));
     let log = open_log(&settings, &clock).await?;
-    let runtime = Runtime::start(
+    let secrets = sluice_store::Secrets::new(store.clone(), settings.secrets_keyring()?);
+    let resealed = secrets.reseal().await.context("resealing secrets with the current key")?;
+    if resealed > 0 {
+        tracing::info!(resealed, "organization secrets resealed with the current secrets key");
+    }
+    let sink_env = sluice_runtime::SinkEnv {
+        secrets: Some(secrets.clone()),
+        egress: settings.egress_bind_addr,
+    };
+    let runtime = Runtime::start_with_sinks(
         store.clone(),
         log.clone(),
         Arc::new(catalog.clone()),
         clock.clone(),
         RuntimeSettings::default(),
+        Arc::new(sluice_runtime::sets::StoreSetSource(store.clone())),
+        sink_env,
     )
     .await
     .context("starting the pipeline runtime")?;
@@ -83,6 +94,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
     )
     .with_runtime(runtime.clone())
+    .with_sinks(secrets, settings.egress_bind_addr)
     .with_dataset_listener(datasets)
     .with_price_slot(prices);
     let state = match chains.status {

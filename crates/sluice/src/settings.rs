@@ -67,6 +67,24 @@ pub struct ServeArgs {
     /// chain in the config file's `[[chains]]` (see docs/chains.md).
     #[arg(long = "chain", value_name = "NAME=URL")]
     pub chains: Vec<String>,
+    /// The key that seals organization secrets at rest: 64 hex characters [default: the
+    /// key in `<data dir>/secrets.key`, generated on first start]. Every node of a cluster
+    /// needs the same key.
+    #[arg(long, env = "SLUICE_SECRETS_KEY", value_name = "HEX", hide_env_values = true)]
+    pub secrets_key: Option<String>,
+    /// Earlier secrets keys, comma-separated: values sealed with them are opened and resealed
+    /// with the current key at start (key rotation, see docs/operations.md).
+    #[arg(
+        long,
+        env = "SLUICE_SECRETS_PREVIOUS_KEYS",
+        value_name = "HEX,…",
+        hide_env_values = true
+    )]
+    pub secrets_previous_keys: Option<String>,
+    /// The local address webhook and sns sinks of `static_egress_ip` pipelines send from;
+    /// without it such pipelines are refused (422).
+    #[arg(long, env = "SLUICE_EGRESS_BIND_ADDR", value_name = "IP")]
+    pub egress_bind_addr: Option<std::net::IpAddr>,
 }
 
 /// The config file: every setting, all optional.
@@ -85,6 +103,9 @@ struct FileSettings {
     bus_topic_prefix: Option<String>,
     #[serde(default)]
     chains: Vec<crate::chains::ChainFileSettings>,
+    secrets_key: Option<String>,
+    secrets_previous_keys: Option<String>,
+    egress_bind_addr: Option<std::net::IpAddr>,
 }
 
 /// Where the stream log lives.
@@ -111,6 +132,11 @@ pub struct Settings {
     pub bus: Bus,
     /// Chains to ingest (file `[[chains]]` with `--chain` flags applied).
     pub chains: Vec<crate::chains::ChainFileSettings>,
+    /// The secrets key (hex); `None`: the data dir's key file.
+    pub secrets_key: Option<String>,
+    /// Earlier secrets keys (hex).
+    pub secrets_previous_keys: Vec<String>,
+    pub egress_bind_addr: Option<std::net::IpAddr>,
 }
 
 /// Shortest metrics token accepted: a guessable token would expose every tenant's metrics.
@@ -179,6 +205,20 @@ impl Settings {
             metrics_token,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
             chains: crate::chains::merge(file.chains, &args.chains)?,
+            secrets_key: args.secrets_key.clone().or(file.secrets_key),
+            secrets_previous_keys: args
+                .secrets_previous_keys
+                .clone()
+                .or(file.secrets_previous_keys)
+                .map(|keys| {
+                    keys.split(',')
+                        .map(str::trim)
+                        .filter(|k| !k.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            egress_bind_addr: args.egress_bind_addr.or(file.egress_bind_addr),
         })
     }
 
@@ -196,6 +236,29 @@ impl Settings {
     /// # Errors
     /// When the directory cannot be created or its mode changed.
     pub fn prepare_data_dir(&self) -> anyhow::Result<()> {
+        self.prepare_dir()
+    }
+
+    /// The keyring that seals organization secrets: the given key, or the data dir's key
+    /// file (created on first start), with the previous keys.
+    ///
+    /// # Errors
+    /// A malformed key, or a key file that cannot be read or created.
+    pub fn secrets_keyring(&self) -> anyhow::Result<sluice_store::secrets::Keyring> {
+        use sluice_store::secrets::{Keyring, SecretsKey};
+        let current = match &self.secrets_key {
+            Some(hex) => SecretsKey::from_hex(hex).context("secrets_key")?,
+            None => SecretsKey::load_or_create(&self.data_dir.join("secrets.key"))?,
+        };
+        let previous = self
+            .secrets_previous_keys
+            .iter()
+            .map(|hex| SecretsKey::from_hex(hex).context("secrets_previous_keys"))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Keyring::new(current, previous))
+    }
+
+    fn prepare_dir(&self) -> anyhow::Result<()> {
         let dir = &self.data_dir;
         let mut builder = std::fs::DirBuilder::new();
         builder.recursive(true);

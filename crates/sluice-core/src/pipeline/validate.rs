@@ -2,6 +2,7 @@
 
 use serde_json::{Map, Value};
 
+use super::sink::SinkFields;
 use super::{
     DeliveryGuarantee, ManagedSinkConfig, PipelineConfig, PipelineSpec, PodSize, SinkConfig,
     Source, Transform,
@@ -16,7 +17,7 @@ pub const SERVER_MANAGED_FIELDS: [&str; 5] =
     ["id", "owner_org_team_user_id", "organization_id", "created_at", "updated_at"];
 
 /// Sink types this build can deliver to.
-pub const SINK_TYPES: [&str; 1] = ["kafka"];
+pub const SINK_TYPES: [&str; 5] = ["kafka", "webhook", "external_kafka", "nats", "sns"];
 
 /// Longest sink name; the managed topic name adds a prefix, and Kafka caps names at 249.
 pub const MAX_SINK_NAME_LEN: usize = 180;
@@ -340,14 +341,31 @@ impl SinkConfig {
             errors.push(Violation::value(&fields.loc("name"), msg));
         }
         let uid = validate_uid(&mut fields, errors);
+        let mut sink = SinkFields { fields: &mut fields, errors, failed: false };
+        let name = name.unwrap_or_default().to_owned();
+        let uid_text = uid.clone().unwrap_or_default();
+        let config = match sink_type {
+            Some("kafka") => Some(Self::Kafka(ManagedSinkConfig { name, uid: uid_text })),
+            Some("webhook") => Some(Self::Webhook(sink.webhook(name, uid_text))),
+            Some("external_kafka") => {
+                Some(Self::ExternalKafka(sink.external_kafka(name, uid_text)))
+            }
+            Some("nats") => Some(Self::Nats(sink.nats(name, uid_text))),
+            Some("sns") => Some(Self::Sns(sink.sns(name, uid_text))),
+            // Unknown type (reported above): its other fields are not checked.
+            _ => {
+                let all: Vec<&str> = sink.fields.keys();
+                sink.fields.ignore(&all);
+                None
+            }
+        };
+        let failed = sink.failed;
         fields.finish(errors, |_| None);
-        let sink_type = sink_type.filter(|t| SINK_TYPES.contains(t))?;
-        let name = name.filter(|name| check_topic_name(name).is_ok())?;
-        let uid = uid.ok()?;
-        match sink_type {
-            "kafka" => Some(Self::Kafka(ManagedSinkConfig { name: name.to_owned(), uid })),
-            _ => None,
+        let name_ok = config.as_ref().is_some_and(|c| check_topic_name(c.name()).is_ok());
+        if failed || uid.is_err() || !name_ok {
+            return None;
         }
+        config
     }
 }
 

@@ -123,7 +123,12 @@ impl ExternalSink {
             TransportError::Retryable { retry_after, .. } => *retry_after,
             TransportError::Rejected { .. } => None,
         };
-        SinkError { uid: self.config.uid().to_owned(), source: Box::new(source), retryable, retry_after }
+        SinkError {
+            uid: self.config.uid().to_owned(),
+            source: Box::new(source),
+            retryable,
+            retry_after,
+        }
     }
 }
 
@@ -158,10 +163,15 @@ impl Sink for ExternalSink {
                 Err(TransportError::Rejected { message }) => {
                     tracing::warn!(sink_uid = self.config.uid(), records = delivery.out.len(), reason = %message, "sink refused the batch; its records are dead-lettered");
                     refused.extend(
-                        delivery.out.iter().map(|record| self.dead_letter(record, &message, delivery)),
+                        delivery
+                            .out
+                            .iter()
+                            .map(|record| self.dead_letter(record, &message, delivery)),
                     );
                 }
-                Err(error @ TransportError::Retryable { .. }) => return Err(self.error(error, true)),
+                Err(error @ TransportError::Retryable { .. }) => {
+                    return Err(self.error(error, true));
+                }
             }
         }
         let dead: Vec<NewRecord>;
@@ -205,9 +215,8 @@ impl ExternalSink {
     /// The dead letter of a record the receiver refused: the same shape as a transform's,
     /// with `sink_uid` instead of `transform_uid` (a replay sends it to the sink again).
     fn dead_letter(&self, record: &NewRecord, reason: &str, delivery: &Delivery) -> NewRecord {
-        let body = serde_json::from_slice::<Value>(&record.value).unwrap_or_else(|_| {
-            Value::String(String::from_utf8_lossy(&record.value).into_owned())
-        });
+        let body = serde_json::from_slice::<Value>(&record.value)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&record.value).into_owned()));
         let value = json!({
             "sink_uid": self.config.uid(),
             "error": reason,

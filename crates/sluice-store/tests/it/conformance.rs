@@ -40,6 +40,7 @@ on_both_backends!(
     delete_pipeline_removes_its_values_and_deployment,
     deployment_round_trips_and_upserts,
     a_set_filter_removed_and_added_again_starts_empty,
+    secrets_are_sealed_per_org_revised_on_write_and_resealed_after_rotation,
 );
 
 /// Two stores on one database, as two server processes: each decides membership from its
@@ -119,6 +120,7 @@ fn principal(identity: &Identity) -> Principal {
         team_id: identity.team.id.clone(),
         org_id: identity.org.id.clone(),
         is_operator: identity.user.is_operator,
+        is_org_admin: false,
         flags: identity.org.flags,
     }
 }
@@ -764,6 +766,7 @@ mod migration {
             team_id: "team".into(),
             org_id: "org".into(),
             is_operator: false,
+            is_org_admin: false,
             flags: Default::default(),
         };
         assert!(store.pipeline_with_access("pipe", &caller).await.unwrap().is_some());
@@ -839,4 +842,66 @@ mod set_snapshots {
         assert!(set.contains("0xnew"));
         pool.close().await;
     }
+}
+
+async fn secrets_are_sealed_per_org_revised_on_write_and_resealed_after_rotation(
+    store: Arc<dyn MetadataStore>,
+) {
+    use sluice_core::secret::SecretValue;
+    use sluice_store::secrets::{Keyring, SecretsKey};
+    use sluice_store::{Secrets, SecretsError};
+
+    let admin = store.ensure_identity("acme", "t", "admin", false).await.unwrap();
+    let other = store.ensure_identity("other", "t", "u", false).await.unwrap();
+    store.set_org_admin(&admin.user.id, true).await.unwrap();
+    store
+        .insert_api_key(NewApiKey {
+            id: "k",
+            user_id: &admin.user.id,
+            prefix: "slk_adm",
+            hash: "h",
+        })
+        .await
+        .unwrap();
+    let found = store.api_key_candidates("slk_adm").await.unwrap();
+    assert!(found[0].principal.is_org_admin);
+
+    let old_key = SecretsKey::generate().unwrap();
+    let secrets = Secrets::new(store.clone(), Keyring::new(old_key.clone(), Vec::new()));
+    let value = SecretValue::new("hunter2-value".to_owned());
+    secrets.put(&admin.org.id, "hook", &value).await.unwrap();
+    secrets.put(&admin.org.id, "a-first", &SecretValue::new("x".to_owned())).await.unwrap();
+    let listed = secrets.list(&admin.org.id).await.unwrap();
+    assert_eq!(listed.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["a-first", "hook"]);
+    assert!(secrets.list(&other.org.id).await.unwrap().is_empty());
+    // Stored sealed: the raw row does not hold the value.
+    let raw = store.secret(&admin.org.id, "hook").await.unwrap().unwrap();
+    assert!(!raw.sealed.bytes.windows(13).any(|w| w == b"hunter2-value"));
+
+    let first = secrets.resolve(&admin.org.id, &["hook"]).await.unwrap();
+    assert_eq!(first["hook"].value, value);
+    assert!(matches!(
+        secrets.resolve(&other.org.id, &["hook"]).await,
+        Err(SecretsError::Missing(name)) if name == "hook"
+    ));
+    // A write makes a new revision, even with the same value.
+    secrets.put(&admin.org.id, "hook", &value).await.unwrap();
+    let revisions = secrets.revisions(&admin.org.id, &["hook", "gone"]).await.unwrap();
+    assert_ne!(revisions["hook"], first["hook"].revision);
+    assert!(!revisions.contains_key("gone"));
+
+    // Rotation: the new key with the old one as previous reseals everything once.
+    let new_key = SecretsKey::generate().unwrap();
+    let rotated = Secrets::new(store.clone(), Keyring::new(new_key.clone(), vec![old_key]));
+    assert_eq!(rotated.reseal().await.unwrap(), 2);
+    assert_eq!(rotated.reseal().await.unwrap(), 0);
+    let only_new = Secrets::new(store.clone(), Keyring::new(new_key, Vec::new()));
+    assert_eq!(only_new.resolve(&admin.org.id, &["hook"]).await.unwrap()["hook"].value, value);
+    // The revision stays: resealing is not a change of the secret.
+    let after = only_new.revisions(&admin.org.id, &["hook"]).await.unwrap();
+    assert_eq!(after["hook"], revisions["hook"]);
+
+    assert!(only_new.delete(&admin.org.id, "hook").await.unwrap());
+    assert!(!only_new.delete(&admin.org.id, "hook").await.unwrap());
+    assert!(!only_new.exists(&admin.org.id, "hook").await.unwrap());
 }
