@@ -332,8 +332,11 @@ pub struct DeadLetter {
     pub key: String,
     /// When it was written to the dead-letter topic (RFC 3339).
     pub timestamp: String,
-    /// The transform that failed.
-    pub transform_uid: String,
+    /// The transform that failed; null when the sink refused the record.
+    pub transform_uid: Option<String>,
+    /// The sink that refused the record for good (a webhook's 4xx, a record over the
+    /// receiver's size limit); null when a transform failed.
+    pub sink_uid: Option<String>,
     /// The error of the last attempt, with the script's line where the engine gave one.
     pub error: String,
     /// Calls of the transform before the record was set aside.
@@ -401,7 +404,8 @@ pub async fn dead_letters(
                 offset: record.offset,
                 key: String::from_utf8_lossy(&record.key).into_owned(),
                 timestamp: append_time(record.timestamp_ms),
-                transform_uid: take("transform_uid").as_str().unwrap_or_default().to_owned(),
+                transform_uid: take("transform_uid").as_str().map(str::to_owned),
+                sink_uid: take("sink_uid").as_str().map(str::to_owned),
                 error: take("error").as_str().unwrap_or_default().to_owned(),
                 attempts: take("attempts")
                     .as_u64()

@@ -836,7 +836,13 @@ pub struct Replayed {
 /// A dead letter as a record to feed again, with the stage it starts at.
 fn replay_item(plan: &plan::BoundPlan, letter: sluice_bus::Record) -> Option<(usize, plan::Item)> {
     let body: serde_json::Value = serde_json::from_slice(&letter.value).ok()?;
-    let first = body["transform_uid"].as_str().and_then(|uid| plan.stage_of(uid)).unwrap_or(0);
+    // A record a sink refused is already the transforms' output: it goes straight to the
+    // sink again.
+    let first = if body.get("sink_uid").is_some_and(serde_json::Value::is_string) {
+        plan.plan.stages.len()
+    } else {
+        body["transform_uid"].as_str().and_then(|uid| plan.stage_of(uid)).unwrap_or(0)
+    };
     let value = serde_json::to_vec(body.get("record")?).ok()?;
     Some((first, plan::Item { key: letter.key, value, origin: 0 }))
 }

@@ -7,6 +7,7 @@ mod boundary;
 mod chains;
 mod datasets;
 mod deployments;
+mod external_sinks;
 mod filter_values;
 mod harness;
 mod openapi;

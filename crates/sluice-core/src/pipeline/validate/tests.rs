@@ -144,7 +144,8 @@ fn sinks_must_be_exactly_one_kafka_sink_with_a_topic_name() {
     let errors = check(&value, BodyMode::Create).unwrap_err();
     assert_eq!(locs(&errors), vec![json!(["body", "pipeline_config", "sinks"])]);
 
-    value["pipeline_config"]["sinks"] = json!([{"type": "sns", "name": "has space", "uid": ""}]);
+    value["pipeline_config"]["sinks"] =
+        json!([{"type": "carrier_pigeon", "name": "has space", "uid": "", "url": "x"}]);
     let errors = check(&value, BodyMode::Create).unwrap_err();
     assert_eq!(
         locs(&errors),
@@ -225,7 +226,124 @@ fn a_sink_config_is_typed_by_its_type_and_stored_in_the_api_shape() {
     let mut errors = crate::validation::Violations::default();
     let webhook = json!({"type": "webhook", "name": "out"});
     assert!(SinkConfig::validate(&webhook, crate::validation::Loc::body(), &mut errors).is_none());
-    assert_eq!(locs(&errors.finish(()).unwrap_err()), vec![json!(["body", "type"])]);
+    assert_eq!(locs(&errors.finish(()).unwrap_err()), vec![json!(["body", "url"])]);
+}
+
+fn sink_errors(sink: Value) -> Result<SinkConfig, Vec<Value>> {
+    let mut errors = crate::validation::Violations::default();
+    let config = SinkConfig::validate(&sink, crate::validation::Loc::body(), &mut errors);
+    match errors.finish(()) {
+        Ok(()) => Ok(config.expect("no errors means a config")),
+        Err(errors) => {
+            assert!(config.is_none());
+            Err(locs(&errors))
+        }
+    }
+}
+
+#[test]
+fn webhook_sinks_take_http_urls_a_secret_name_and_a_compression() {
+    let config = sink_errors(json!({
+        "type": "webhook", "name": "hook", "url": "https://example.com/in?t=1",
+        "hash_key": "WEBHOOK_KEY", "compression": "gzip", "uid": "sk-w"
+    }))
+    .unwrap();
+    assert_eq!(config.secrets(), vec![("hash_key", "WEBHOOK_KEY")]);
+    let stored = serde_json::to_value(&config).unwrap();
+    assert_eq!(serde_json::from_value::<SinkConfig>(stored.clone()).unwrap(), config);
+    assert_eq!(stored["compression"], "gzip");
+    // Defaults: no signing, no compression; hash_key is not written when absent.
+    let plain =
+        sink_errors(json!({"type": "webhook", "name": "h", "url": "http://10.0.0.1:9000/"}))
+            .unwrap();
+    let stored = serde_json::to_value(&plain).unwrap();
+    assert!(stored.get("hash_key").is_none());
+    assert_eq!(stored["compression"], "none");
+    for (field, bad) in [
+        ("url", json!("ftp://example.com")),
+        ("url", json!("not a url")),
+        ("url", json!(7)),
+        ("hash_key", json!("has space")),
+        ("compression", json!("brotli")),
+    ] {
+        let mut sink = json!({"type": "webhook", "name": "h", "url": "https://e.com"});
+        sink[field] = bad.clone();
+        assert_eq!(sink_errors(sink).unwrap_err(), vec![json!(["body", field])], "{field}: {bad}");
+    }
+}
+
+#[test]
+fn external_kafka_sinks_need_sasl_secrets_exactly_with_a_sasl_protocol() {
+    let ok = json!({
+        "type": "external_kafka", "name": "k", "bootstrap_servers": "b1:9092, b2:9093",
+        "topic": "transfers.v1", "security_protocol": "sasl_ssl", "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_username_secret": "KAFKA_USER", "sasl_password_secret": "KAFKA_PASS", "compression": "zstd"
+    });
+    let config = sink_errors(ok.clone()).unwrap();
+    assert_eq!(
+        config.secrets(),
+        vec![("sasl_username_secret", "KAFKA_USER"), ("sasl_password_secret", "KAFKA_PASS")]
+    );
+    let mut missing = ok.clone();
+    missing.as_object_mut().unwrap().remove("sasl_password_secret");
+    assert_eq!(sink_errors(missing).unwrap_err(), vec![json!(["body", "sasl_password_secret"])]);
+    let mut plaintext_with_user = ok.clone();
+    plaintext_with_user["security_protocol"] = json!("plaintext");
+    assert_eq!(sink_errors(plaintext_with_user).unwrap_err().len(), 3);
+    let mut bad_servers = ok.clone();
+    bad_servers["bootstrap_servers"] = json!("kafka://b1:9092");
+    assert_eq!(sink_errors(bad_servers).unwrap_err(), vec![json!(["body", "bootstrap_servers"])]);
+    let mut bad_topic = ok;
+    bad_topic["topic"] = json!("a/b");
+    assert_eq!(sink_errors(bad_topic).unwrap_err(), vec![json!(["body", "topic"])]);
+    let plain = sink_errors(json!({
+        "type": "external_kafka", "name": "k", "bootstrap_servers": "127.0.0.1:9092", "topic": "t"
+    }))
+    .unwrap();
+    assert!(plain.secrets().is_empty());
+}
+
+#[test]
+fn nats_and_sns_sinks_check_their_addresses_and_credentials() {
+    let nats = sink_errors(json!({
+        "type": "nats", "name": "n", "url": "nats://127.0.0.1:4222", "subject": "chain.transfers",
+        "username": "app", "password_secret": "NATS_PASS"
+    }))
+    .unwrap();
+    assert_eq!(nats.secrets(), vec![("password_secret", "NATS_PASS")]);
+    for (field, bad) in [
+        ("subject", json!("chain.*")),
+        ("url", json!("http://127.0.0.1:4222")),
+        ("url", json!("nats://user:pw@127.0.0.1:4222")),
+    ] {
+        let mut sink = json!({"type": "nats", "name": "n", "url": "nats://h:4222", "subject": "s"});
+        sink[field] = bad;
+        assert_eq!(sink_errors(sink).unwrap_err(), vec![json!(["body", field])]);
+    }
+    let lone_user = json!({"type": "nats", "name": "n", "url": "nats://h:4222", "subject": "s", "username": "u"});
+    assert_eq!(sink_errors(lone_user).unwrap_err(), vec![json!(["body", "password_secret"])]);
+
+    let sns = sink_errors(json!({
+        "type": "sns", "name": "s", "topic_arn": "arn:aws:sns:eu-west-1:123456789012:alerts",
+        "access_key_id_secret": "AWS_ID", "secret_access_key_secret": "AWS_KEY"
+    }))
+    .unwrap();
+    assert_eq!(sns.secrets().len(), 2);
+    assert_eq!(
+        crate::pipeline::sink::topic_arn_region("arn:aws:sns:eu-west-1:1:t"),
+        Some("eu-west-1")
+    );
+    let bad = json!({"type": "sns", "name": "s", "topic_arn": "arn:aws:sqs:eu-west-1:1:q",
+        "endpoint": "127.0.0.1:4566"});
+    assert_eq!(
+        sink_errors(bad).unwrap_err(),
+        vec![
+            json!(["body", "topic_arn"]),
+            json!(["body", "endpoint"]),
+            json!(["body", "access_key_id_secret"]),
+            json!(["body", "secret_access_key_secret"]),
+        ]
+    );
 }
 
 #[test]

@@ -1,0 +1,682 @@
+//! Sinks outside Sluice through the HTTP API, on the embedded log: organization secrets,
+//! a webhook receiver in this test (a real HTTP server on a loopback port: signed batches,
+//! retries, dead letters, outages), and the user's own Kafka cluster (the Kafka-API broker
+//! `scripts/test` starts, `SLUICE_TEST_KAFKA_URL`).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Method, Request, StatusCode};
+use chrono::{TimeZone, Utc};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use sluice_api::{AppState, Limits};
+use sluice_bus::{EmbeddedLog, KafkaLog, KafkaSettings, StreamLog, TopicConfig};
+use sluice_core::catalog::Catalog;
+use sluice_core::clock::ManualClock;
+use sluice_runtime::sets::StoreSetSource;
+use sluice_runtime::{Runtime, SinkEnv};
+use sluice_store::secrets::{Keyring, SecretsKey};
+use sluice_store::{MetadataStore, Secrets, SqliteStore};
+use tower::ServiceExt;
+
+use crate::pipeline_stack::{OTHER, SOURCE, USDC, key_for, settings, settle, transfer};
+
+const HOOK_SECRET: &str = "whsec-0123456789-abcdef";
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+struct Received {
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Received {
+    fn header(&self, name: &str) -> &str {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default()
+    }
+
+    /// The body, inflated when it was sent gzipped.
+    fn json(&self) -> Vec<Value> {
+        let raw = if self.header("content-encoding") == "gzip" {
+            use std::io::Read as _;
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(&self.body[..]).read_to_end(&mut out).unwrap();
+            out
+        } else {
+            self.body.to_vec()
+        };
+        serde_json::from_slice(&raw).unwrap()
+    }
+}
+
+/// How the receiver answers.
+#[derive(Debug, Clone)]
+enum Answer {
+    Accept,
+    /// Every request: this status, with `Retry-After: 1`.
+    Refuse(u16),
+    /// Requests whose body holds this text: 400 with a message; others: 200.
+    RejectContaining(String),
+}
+
+#[derive(Clone)]
+struct Receiver {
+    got: Arc<Mutex<Vec<Received>>>,
+    refused: Arc<Mutex<u64>>,
+    answer: Arc<Mutex<Answer>>,
+    address: SocketAddr,
+}
+
+impl Receiver {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve(listener).await
+    }
+
+    async fn serve(listener: tokio::net::TcpListener) -> Self {
+        let receiver = Self {
+            got: Arc::default(),
+            refused: Arc::default(),
+            answer: Arc::new(Mutex::new(Answer::Accept)),
+            address: listener.local_addr().unwrap(),
+        };
+        let state = receiver.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+                let state = state.clone();
+                async move { state.answer(headers, body) }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        receiver
+    }
+
+    fn answer(&self, headers: HeaderMap, body: Bytes) -> axum::response::Response {
+        use axum::response::IntoResponse as _;
+        let answer = self.answer.lock().unwrap().clone();
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let refuse = |status: u16, message: &str| {
+            *self.refused.lock().unwrap() += 1;
+            let mut response =
+                (StatusCode::from_u16(status).unwrap(), message.to_owned()).into_response();
+            response.headers_mut().insert("retry-after", "1".parse().unwrap());
+            response
+        };
+        match answer {
+            Answer::Refuse(status) => refuse(status, "down for maintenance"),
+            Answer::RejectContaining(needle) if text.contains(&needle) => {
+                refuse(400, "record 3 is not welcome here")
+            }
+            _ => {
+                self.got.lock().unwrap().push(Received { headers, body });
+                StatusCode::NO_CONTENT.into_response()
+            }
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/hook", self.address)
+    }
+
+    fn set(&self, answer: Answer) {
+        *self.answer.lock().unwrap() = answer;
+    }
+
+    fn requests(&self) -> Vec<Received> {
+        self.got.lock().unwrap().clone()
+    }
+
+    /// Transfer numbers received, in arrival order, repeats included.
+    fn numbers(&self) -> Vec<u64> {
+        self.requests()
+            .iter()
+            .flat_map(|r| r.json())
+            .map(|item| item["value"]["n"].as_u64().unwrap())
+            .collect()
+    }
+
+    /// Waits until `count` records arrived (a generous deadline fails the test).
+    async fn wait_for(&self, count: usize) -> Vec<u64> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let numbers = self.numbers();
+            if numbers.len() >= count {
+                return numbers;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} of {count} records arrived",
+                numbers.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+struct Stack {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn MetadataStore>,
+    log: Arc<dyn StreamLog>,
+    runtime: Arc<Runtime>,
+    state: AppState,
+    operator: String,
+    /// Owns the pipelines; an ordinary member of `acme`.
+    owner: String,
+    /// An org admin of `acme`.
+    admin: String,
+    /// A member of another organization.
+    stranger: String,
+}
+
+impl Stack {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let clock =
+            Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()));
+        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+        let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
+        let log: Arc<dyn StreamLog> =
+            Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+        let keyring = Keyring::new(SecretsKey::generate().unwrap(), Vec::new());
+        let secrets = Secrets::new(store.clone(), keyring);
+        let env = SinkEnv { secrets: Some(secrets.clone()), egress: None };
+        let runtime = Runtime::start_with_sinks(
+            store.clone(),
+            log.clone(),
+            Arc::new(Catalog::default()),
+            clock.clone(),
+            settings(),
+            Arc::new(StoreSetSource(store.clone())),
+            env,
+        )
+        .await
+        .unwrap();
+        let state = AppState::new(store.clone(), Catalog::default(), clock, Limits::default())
+            .with_runtime(runtime.clone())
+            .with_sinks(secrets, None);
+        let operator = key_for(store.as_ref(), "sluice", "ops", "root", true).await;
+        let owner = key_for(store.as_ref(), "acme", "data", "ann", false).await;
+        let admin_identity = store.ensure_identity("acme", "data", "ada", false).await.unwrap();
+        store.set_org_admin(&admin_identity.user.id, true).await.unwrap();
+        let admin = sluice_api::auth::issue_key(store.as_ref(), &admin_identity.user.id, None)
+            .await
+            .unwrap()
+            .unwrap();
+        let stranger = key_for(store.as_ref(), "globex", "data", "gus", false).await;
+        Self { _dir: dir, store, log, runtime, state, operator, owner, admin, stranger }
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        key: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("X-API-Key", key)
+            .header("content-type", "application/json")
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+            .unwrap();
+        let response = sluice_api::app(self.state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains(HOOK_SECRET), "a response shows a secret value: {text}");
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    async fn put_secret(&self, name: &str, value: &str) {
+        let path = format!("/api/v1/beam/secrets/{name}");
+        let (status, body) =
+            self.call(Method::PUT, &path, &self.admin, Some(json!({"value": value}))).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+
+    fn pipeline(guarantee: &str, sink: Value) -> Value {
+        json!({
+            "name": "hooked", "description": "USDC transfers to the user's systems",
+            "delivery_guarantee": guarantee,
+            "pipeline_config": {
+                "source": {"chain": "base", "entity": "erc20_token_transfer"},
+                "transforms": [{"type": "redis_set_filter", "uid": "tf-usdc",
+                                "filter_expr": "root = this.token_address", "set_values": [USDC]}],
+                "sinks": [sink]
+            }
+        })
+    }
+
+    /// Creates and deploys a pipeline; answers its id and the deploy response.
+    async fn deployed(&self, guarantee: &str, sink: Value) -> (String, Value) {
+        self.deployed_body(Self::pipeline(guarantee, sink)).await
+    }
+
+    async fn deployed_body(&self, body: Value) -> (String, Value) {
+        let (status, created) =
+            self.call(Method::POST, "/api/v1/beam", &self.owner, Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "{created}");
+        let id = created["id"].as_str().unwrap().to_owned();
+        let (status, deployed) = self
+            .call(Method::POST, &format!("/api/v1/beam/{id}/deploy"), &self.owner, Some(json!({})))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{deployed}");
+        (id, deployed)
+    }
+
+    /// Ingests transfers numbered `numbers`: USDC for odd ones, another token for even ones.
+    async fn ingest(&self, numbers: std::ops::RangeInclusive<u64>) {
+        let ndjson: String = numbers
+            .map(|n| transfer(n, if n % 2 == 1 { USDC } else { OTHER }).to_string() + "\n")
+            .collect();
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri("/api/v1/streams/base/erc20_token_transfer/records")
+            .header("X-API-Key", &self.operator)
+            .body(Body::from(ndjson))
+            .unwrap();
+        let response = sluice_api::app(self.state.clone()).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+
+    async fn stats(&self, id: &str) -> Value {
+        let (status, stats) = self
+            .call(Method::GET, &format!("/api/v1/beam/{id}/deploy/stats"), &self.owner, None)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{stats}");
+        stats
+    }
+
+    async fn committed(&self, id: &str) -> u64 {
+        let group = sluice_bus::topics::deployment_group(id);
+        self.log.committed(&group, SOURCE).await.unwrap().values().sum()
+    }
+}
+
+fn odd(numbers: std::ops::RangeInclusive<u64>) -> Vec<u64> {
+    numbers.filter(|n| n % 2 == 1).collect()
+}
+
+fn distinct(numbers: &[u64]) -> Vec<u64> {
+    numbers.iter().copied().collect::<BTreeSet<_>>().into_iter().collect()
+}
+
+fn hmac_hex(key: &str, message: &[u8]) -> String {
+    use hmac::Mac as _;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).unwrap();
+    mac.update(message);
+    mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Checks a request's signature headers against `key`, as a receiver would.
+fn verify(request: &Received, key: &str) {
+    let timestamp = request.header("x-webhook-timestamp");
+    let nonce = request.header("x-webhook-nonce");
+    let parsed = uuid::Uuid::parse_str(nonce).expect("the nonce is a UUID");
+    assert_eq!(parsed.get_version_num(), 4);
+    let sent_at: i64 = timestamp.parse().unwrap();
+    assert!((Utc::now().timestamp() - sent_at).abs() < 300, "timestamp {timestamp}");
+    let mut signed = format!("{nonce}.{timestamp}.").into_bytes();
+    signed.extend_from_slice(&request.body);
+    assert_eq!(request.header("x-signature-256"), format!("sha256={}", hmac_hex(key, &signed)));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn secrets_are_managed_by_org_admins_and_operators_and_never_shown() {
+    let stack = Stack::new().await;
+    let path = "/api/v1/beam/secrets/WEBHOOK_KEY";
+    let body = json!({"value": HOOK_SECRET});
+    // An ordinary member may not write; an org admin and an operator may.
+    let (status, _) = stack.call(Method::PUT, path, &stack.owner, Some(body.clone())).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, stored) = stack.call(Method::PUT, path, &stack.admin, Some(body.clone())).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(stored["name"], "WEBHOOK_KEY");
+    assert!(stored.get("value").is_none());
+    let (status, _) = stack
+        .call(Method::PUT, "/api/v1/beam/secrets/OPS_KEY", &stack.operator, Some(body.clone()))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    // Members list names and times, never values; other organizations see none of them.
+    let (status, listed) =
+        stack.call(Method::GET, "/api/v1/beam/secrets", &stack.owner, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert_eq!(listed[0]["name"], "WEBHOOK_KEY");
+    assert!(listed[0]["updated_at"].is_string());
+    let (_, theirs) = stack.call(Method::GET, "/api/v1/beam/secrets", &stack.stranger, None).await;
+    assert_eq!(theirs, json!([]));
+    // Bad input: a bad name, a missing or empty value, an extra field.
+    for (path, body) in [
+        ("/api/v1/beam/secrets/has%20space", json!({"value": "v"})),
+        (path, json!({})),
+        (path, json!({"value": ""})),
+        (path, json!({"value": "v", "extra": 1})),
+    ] {
+        let (status, error) = stack.call(Method::PUT, path, &stack.admin, Some(body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{error}");
+        assert!(error["detail"][0]["loc"].is_array());
+    }
+    // A pipeline may name only secrets its organization has.
+    let sink = json!({"type": "webhook", "uid": "sk-hook", "name": "hook",
+                      "url": "https://example.com/in", "hash_key": "MISSING_KEY"});
+    let (status, error) = stack
+        .call(
+            Method::POST,
+            "/api/v1/beam",
+            &stack.owner,
+            Some(Stack::pipeline("at_least_once", sink)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        error["detail"][0]["loc"],
+        json!(["body", "pipeline_config", "sinks", 0, "hash_key"])
+    );
+    // static_egress_ip on a server without an egress address is refused.
+    let sink = json!({"type": "webhook", "uid": "sk-hook", "name": "hook", "url": "https://example.com/in"});
+    let mut body = Stack::pipeline("at_least_once", sink);
+    body["static_egress_ip"] = json!(true);
+    let (status, error) = stack.call(Method::POST, "/api/v1/beam", &stack.owner, Some(body)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(error["detail"][0]["loc"], json!(["body", "static_egress_ip"]));
+    assert!(error["detail"][0]["msg"].as_str().unwrap().contains("--egress-bind-addr"));
+    // Deleting: members may not; an admin may, once.
+    let (status, _) = stack.call(Method::DELETE, path, &stack.owner, None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = stack.call(Method::DELETE, path, &stack.admin, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = stack.call(Method::DELETE, path, &stack.admin, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // The value is sealed at rest.
+    stack.put_secret("WEBHOOK_KEY", HOOK_SECRET).await;
+    let acme = stack.store.ensure_identity("acme", "data", "ann", false).await.unwrap().org.id;
+    let raw = stack.store.secret(&acme, "WEBHOOK_KEY").await.unwrap().unwrap();
+    assert!(!raw.sealed.bytes.windows(HOOK_SECRET.len()).any(|w| w == HOOK_SECRET.as_bytes()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_webhook_gets_signed_ordered_batches_and_offsets_move_only_after_its_2xx() {
+    let stack = Stack::new().await;
+    let receiver = Receiver::start().await;
+    stack.put_secret("WEBHOOK_KEY", HOOK_SECRET).await;
+    let sink = json!({"type": "webhook", "uid": "sk-hook", "name": "hook", "url": receiver.url(),
+                      "hash_key": "WEBHOOK_KEY", "compression": "gzip"});
+    let (id, deployed) = stack.deployed("at_least_once", sink).await;
+    let connection = &deployed["sinks"][0]["connection"];
+    assert_eq!(connection["transport"], "webhook");
+    assert_eq!(connection["signed"], true);
+    stack.ingest(1..=2400).await;
+    let numbers = receiver.wait_for(1200).await;
+    settle(stack.log.as_ref(), &id).await;
+    // Every USDC transfer once, in source order per key (here: per partition order of keys).
+    assert_eq!(distinct(&numbers), odd(1..=2400));
+    assert_eq!(numbers.len(), 1200);
+    let requests = receiver.requests();
+    assert!(requests.len() >= 3, "1200 records come in several requests of at most 500");
+    let mut batch_ids = BTreeSet::new();
+    for request in &requests {
+        verify(request, HOOK_SECRET);
+        assert_eq!(request.header("content-type"), "application/json");
+        assert_eq!(request.header("content-encoding"), "gzip");
+        let items = request.json();
+        assert!(items.len() <= 500);
+        for item in &items {
+            let n = item["value"]["n"].as_u64().unwrap();
+            assert_eq!(
+                item["key"],
+                format!("0x{n:064x}:{}", n % 10),
+                "each record carries its stream key"
+            );
+        }
+        assert_eq!(request.header("idempotency-key"), request.header("x-sluice-batch-id"));
+        assert!(batch_ids.insert(request.header("x-sluice-batch-id").to_owned()));
+    }
+    let stats = stack.stats(&id).await;
+    assert_eq!(stats["stale_sinks"], json!([]));
+    assert_eq!(stats["workers_health"]["workers"][0]["status"], "Running");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_webhook_without_hash_key_gets_no_signature_headers() {
+    let stack = Stack::new().await;
+    let receiver = Receiver::start().await;
+    let sink = json!({"type": "webhook", "uid": "sk-hook", "name": "hook", "url": receiver.url()});
+    let (_, _) = stack.deployed("at_least_once", sink).await;
+    stack.ingest(1..=4).await;
+    receiver.wait_for(2).await;
+    for request in receiver.requests() {
+        for header in
+            ["x-webhook-timestamp", "x-webhook-nonce", "x-signature-256", "content-encoding"]
+        {
+            assert!(request.headers.get(header).is_none(), "{header}");
+        }
+        assert_eq!(request.json().len(), 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sixty_second_webhook_outage_holds_the_source_and_loses_nothing() {
+    let stack = Stack::new().await;
+    let receiver = Receiver::start().await;
+    let sink = json!({"type": "webhook", "uid": "sk-hook", "name": "hook", "url": receiver.url()});
+    let (id, _) = stack.deployed("at_least_once", sink).await;
+    stack.ingest(1..=10).await;
+    receiver.wait_for(5).await;
+    settle(stack.log.as_ref(), &id).await;
+    let committed_before = stack.committed(&id).await;
+
+    receiver.set(Answer::Refuse(503));
+    let outage = tokio::time::Instant::now();
+    stack.ingest(11..=400).await;
+    // The worker is blocked on its sink, says so, and holds the source.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let worker = stack.stats(&id).await["workers_health"]["workers"][0].clone();
+        if worker["status"] == "BlockedOnSink" {
+            assert_eq!(worker["is_blocked_on_sink"], true);
+            assert!(worker["last_error"].as_str().unwrap().contains("503"), "{worker}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never blocked: {worker}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    while outage.elapsed() < Duration::from_secs(60) {
+        assert_eq!(stack.committed(&id).await, committed_before, "offsets moved during the outage");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(*receiver.refused.lock().unwrap() >= 5, "the worker kept retrying");
+    let metrics = stack.runtime.counters(&id).await.unwrap();
+    assert!(sluice_runtime::Counters::get(&metrics.output_errors) >= 5);
+
+    receiver.set(Answer::Accept);
+    let numbers = receiver.wait_for(200).await;
+    settle(stack.log.as_ref(), &id).await;
+    assert_eq!(distinct(&numbers), odd(1..=400), "every record arrived");
+    let worker = stack.stats(&id).await["workers_health"]["workers"][0].clone();
+    assert_eq!(worker["status"], "Running");
+    assert_eq!(worker["is_blocked_on_sink"], false);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_webhook_down_at_the_socket_level_is_retried_until_it_listens() {
+    let stack = Stack::new().await;
+    // A port nobody listens on yet.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    drop(listener);
+    let sink = json!({"type": "webhook", "uid": "sk-hook", "name": "hook",
+                      "url": format!("http://{address}/hook")});
+    let (id, _) = stack.deployed("at_least_once", sink).await;
+    stack.ingest(1..=20).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while sluice_runtime::Counters::get(&stack.runtime.counters(&id).await.unwrap().output_errors)
+        < 2
+    {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let worker = stack.stats(&id).await["workers_health"]["workers"][0].clone();
+    assert!(worker["last_error"].as_str().unwrap().contains("cannot connect"), "{worker}");
+    assert_eq!(stack.committed(&id).await, 0);
+    let receiver = Receiver::serve(tokio::net::TcpListener::bind(address).await.unwrap()).await;
+    let numbers = receiver.wait_for(10).await;
+    assert_eq!(distinct(&numbers), odd(1..=20));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_webhook_batch_is_dead_lettered_with_the_status_and_the_pipeline_goes_on() {
+    let stack = Stack::new().await;
+    let receiver = Receiver::start().await;
+    receiver.set(Answer::RejectContaining("\"n\":3,".to_owned()));
+    let sink = json!({"type": "webhook", "uid": "sk-hook", "name": "hook", "url": receiver.url()});
+    // A script counts how often a record went through it.
+    let mut body = Stack::pipeline("at_least_once", sink);
+    body["pipeline_config"]["transforms"].as_array_mut().unwrap().push(json!({
+        "type": "v8", "uid": "tf-count",
+        "script": "function transform(r) { r.hops = (r.hops || 0) + 1; return r; }"
+    }));
+    let (id, _) = stack.deployed_body(body).await;
+    stack.ingest(1..=10).await;
+    settle(stack.log.as_ref(), &id).await;
+    stack.ingest(11..=20).await;
+    settle(stack.log.as_ref(), &id).await;
+    let numbers = receiver.numbers();
+    assert!(!numbers.contains(&3));
+    assert!(odd(11..=20).iter().all(|n| numbers.contains(n)), "later batches went on: {numbers:?}");
+    let (status, letters) = stack
+        .call(
+            Method::GET,
+            &format!("/api/v1/beam/{id}/dead-letters?offset=0&limit=100"),
+            &stack.owner,
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{letters}");
+    let records = letters["dead_letters"].as_array().unwrap();
+    let dead: Vec<u64> = records.iter().map(|r| r["record"]["n"].as_u64().unwrap()).collect();
+    assert!(dead.contains(&3), "{letters}");
+    assert_eq!(dead.len() + numbers.len(), 10, "every record is delivered or dead-lettered");
+    let letter = &records[0];
+    assert_eq!(letter["sink_uid"], "sk-hook");
+    assert_eq!(letter["transform_uid"], Value::Null);
+    let error = letter["error"].as_str().unwrap();
+    assert!(error.contains("HTTP 400") && error.contains("not welcome"), "{error}");
+    // Fixed on the receiver's side, a replay delivers them.
+    receiver.set(Answer::Accept);
+    let (status, replayed) = stack
+        .call(
+            Method::POST,
+            &format!("/api/v1/beam/{id}/dead-letters/replay"),
+            &stack.owner,
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{replayed}");
+    let requests = receiver.requests();
+    let three: Vec<Value> =
+        requests.iter().flat_map(|r| r.json()).filter(|item| item["value"]["n"] == 3).collect();
+    // Replayed straight to the sink: the transforms do not run on their own output again.
+    assert_eq!(three.len(), 1);
+    assert_eq!(three[0]["value"]["hops"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn best_effort_drops_and_counts_what_a_down_webhook_refuses() {
+    let stack = Stack::new().await;
+    let receiver = Receiver::start().await;
+    receiver.set(Answer::Refuse(503));
+    let sink = json!({"type": "webhook", "uid": "sk-hook", "name": "hook", "url": receiver.url()});
+    let (id, _) = stack.deployed("best_effort", sink).await;
+    stack.ingest(1..=20).await;
+    settle(stack.log.as_ref(), &id).await;
+    let counters = stack.runtime.counters(&id).await.unwrap();
+    assert_eq!(sluice_runtime::Counters::get(&counters.dropped), 10);
+    receiver.set(Answer::Accept);
+    stack.ingest(21..=24).await;
+    assert_eq!(distinct(&receiver.wait_for(2).await), vec![21, 23]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_secret_marks_the_sink_stale_and_workers_keep_the_old_value_until_redeployed() {
+    let stack = Stack::new().await;
+    let receiver = Receiver::start().await;
+    stack.put_secret("WEBHOOK_KEY", HOOK_SECRET).await;
+    let sink = json!({"type": "webhook", "uid": "sk-hook", "name": "hook", "url": receiver.url(),
+                      "hash_key": "WEBHOOK_KEY"});
+    let (id, _) = stack.deployed("at_least_once", sink).await;
+    stack.put_secret("WEBHOOK_KEY", "the-rotated-key").await;
+    assert_eq!(stack.stats(&id).await["stale_sinks"], json!(["sk-hook"]));
+    stack.ingest(1..=2).await;
+    receiver.wait_for(1).await;
+    verify(&receiver.requests()[0], HOOK_SECRET);
+    let (status, _) = stack
+        .call(Method::POST, &format!("/api/v1/beam/{id}/deploy"), &stack.owner, Some(json!({})))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(stack.stats(&id).await["stale_sinks"], json!([]));
+    stack.ingest(3..=4).await;
+    receiver.wait_for(2).await;
+    verify(receiver.requests().last().unwrap(), "the-rotated-key");
+    // A deleted secret: stale, and a deploy names what is missing.
+    let (status, _) =
+        stack.call(Method::DELETE, "/api/v1/beam/secrets/WEBHOOK_KEY", &stack.admin, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(stack.stats(&id).await["stale_sinks"], json!(["sk-hook"]));
+    let (status, error) = stack
+        .call(Method::POST, &format!("/api/v1/beam/{id}/deploy"), &stack.owner, Some(json!({})))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(error["detail"][0]["msg"].as_str().unwrap().contains("WEBHOOK_KEY"), "{error}");
+}
+
+fn kafka_url() -> String {
+    std::env::var("SLUICE_TEST_KAFKA_URL")
+        .expect("SLUICE_TEST_KAFKA_URL must name the Kafka-API broker (scripts/test starts one)")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_external_kafka_sink_produces_keyed_records_to_the_users_topic() {
+    let stack = Stack::new().await;
+    let url = kafka_url();
+    let settings = KafkaSettings::parse(&url).unwrap();
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let cluster = KafkaLog::connect(settings, clock).await.unwrap();
+    let topic = format!("users-topic-{}", uuid::Uuid::new_v4().simple());
+    cluster
+        .create_topic(
+            &topic,
+            TopicConfig { partitions: 1, retention: sluice_bus::Retention::default() },
+        )
+        .await
+        .unwrap();
+    let brokers = url.trim_start_matches("kafka://").split('?').next().unwrap().to_owned();
+    let sink = json!({"type": "external_kafka", "uid": "sk-kafka", "name": "theirs",
+                      "bootstrap_servers": brokers, "topic": topic, "compression": "gzip"});
+    let (id, deployed) = stack.deployed("at_least_once", sink).await;
+    assert_eq!(deployed["sinks"][0]["connection"]["topic"], topic);
+    stack.ingest(1..=200).await;
+    settle(stack.log.as_ref(), &id).await;
+    // Committed means acknowledged by the brokers: every record is there now.
+    let records = cluster.read(&topic, 0, 0, 1000).await.unwrap();
+    let numbers: Vec<u64> = records
+        .iter()
+        .map(|r| serde_json::from_slice::<Value>(&r.value).unwrap()["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers, odd(1..=200), "in order, once each");
+    for record in &records {
+        let n = serde_json::from_slice::<Value>(&record.value).unwrap()["n"].as_u64().unwrap();
+        assert_eq!(record.key, format!("0x{n:064x}:{}", n % 10).into_bytes());
+    }
+    let (status, _) = stack
+        .call(Method::POST, &format!("/api/v1/beam/{id}/teardown"), &stack.owner, Some(json!({})))
+        .await;
+    assert!(status.is_success());
+    cluster.delete_topic(&topic).await.unwrap();
+}
