@@ -669,7 +669,9 @@ async fn an_external_kafka_sink_produces_keyed_records_to_the_users_topic() {
         .iter()
         .map(|r| serde_json::from_slice::<Value>(&r.value).unwrap()["n"].as_u64().unwrap())
         .collect();
-    assert_eq!(numbers, odd(1..=200), "in order, once each");
+    // Once each (the source's 8 partitions interleave; a key's records stay in order).
+    assert_eq!(numbers.len(), 100);
+    assert_eq!(distinct(&numbers), odd(1..=200));
     for record in &records {
         let n = serde_json::from_slice::<Value>(&record.value).unwrap()["n"].as_u64().unwrap();
         assert_eq!(record.key, format!("0x{n:064x}:{}", n % 10).into_bytes());

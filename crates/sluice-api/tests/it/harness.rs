@@ -49,7 +49,13 @@ impl Harness {
         let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
         let clock =
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()));
-        let state = AppState::new(store.clone(), Catalog::default(), clock.clone(), limits);
+        let keyring = sluice_store::secrets::Keyring::new(
+            sluice_store::secrets::SecretsKey::generate().unwrap(),
+            Vec::new(),
+        );
+        let secrets = sluice_store::Secrets::new(store.clone(), keyring);
+        let state = AppState::new(store.clone(), Catalog::default(), clock.clone(), limits)
+            .with_sinks(secrets, None);
         Self { store, clock, state, _dir: dir }
     }
 

@@ -148,6 +148,9 @@ async fn missing_bad_and_revoked_keys_get_401_everywhere() {
         (Method::DELETE, format!("/api/v1/beam/{id}"), None),
         (Method::GET, format!("/api/v1/beam/{id}/permissions"), None),
         (Method::PUT, format!("/api/v1/beam/{id}/permissions"), Some(json!({}))),
+        (Method::GET, "/api/v1/beam/secrets".to_owned(), None),
+        (Method::PUT, "/api/v1/beam/secrets/S".to_owned(), Some(json!({"value": "v"}))),
+        (Method::DELETE, "/api/v1/beam/secrets/S".to_owned(), None),
     ];
     let revoked = w.h.user("acme", "core", "leaver").await;
     assert!(w.h.store.revoke_api_key(&sluice_api::auth::hash_key(&revoked.key)).await.unwrap());
@@ -255,4 +258,41 @@ async fn sharing_rejects_unknown_foreign_and_conflicting_members() {
     let (_, current) = w.h.get(&perms, &w.owner).await;
     assert_eq!(current["editors"], json!([w.editor.id()]));
     assert_eq!(current["readers"], json!([w.reader.id()]));
+}
+
+#[tokio::test]
+async fn org_secrets_are_listed_by_members_and_written_only_by_org_admins_and_operators() {
+    let w = World::new().await;
+    let admin = w.h.user("acme", "core", "admin").await;
+    w.h.store.set_org_admin(admin.id(), true).await.unwrap();
+    let operator = {
+        let identity = w.h.store.ensure_identity("sluice", "ops", "root", true).await.unwrap();
+        let key = sluice_api::auth::issue_key(w.h.store.as_ref(), &identity.user.id, None)
+            .await
+            .unwrap()
+            .unwrap();
+        User { key, identity }
+    };
+    let (status, body) = w.h.put("/api/v1/beam/secrets/HOOK", &admin, json!({"value": "v1"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Every pipeline role of the org: lists, never writes; pipeline roles grant nothing here.
+    for (role, user) in w.roles() {
+        let (status, listed) = w.h.get("/api/v1/beam/secrets", user).await;
+        assert_eq!(status, StatusCode::OK, "{role}");
+        let names: Vec<&str> =
+            listed.as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+        let expected: &[&str] = if role == "other org" { &[] } else { &["HOOK"] };
+        assert_eq!(names, expected, "{role}");
+        let (status, _) = w.h.put("/api/v1/beam/secrets/HOOK", user, json!({"value": "x"})).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{role} writes");
+        let (status, _) = w.h.delete("/api/v1/beam/secrets/HOOK", user).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{role} deletes");
+    }
+    // An operator manages its own organization's secrets, not others'.
+    let (status, _) = w.h.put("/api/v1/beam/secrets/OPS", &operator, json!({"value": "v"})).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = w.h.delete("/api/v1/beam/secrets/HOOK", &operator).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "HOOK is acme's");
+    let (status, _) = w.h.delete("/api/v1/beam/secrets/HOOK", &admin).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
 }

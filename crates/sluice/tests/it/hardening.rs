@@ -287,3 +287,146 @@ async fn each_demo_start_sends_new_keys() {
     let (first, second) = (demo_keys().await, demo_keys().await);
     assert!(first.is_disjoint(&second), "{first:?} and {second:?}");
 }
+
+/// Sends `body` to `url` with `method` and the bootstrap key; answers the status and text.
+async fn call(method: reqwest::Method, url: &str, body: serde_json::Value) -> (u16, String) {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let response = client
+        .request(method, url)
+        .header("x-api-key", BOOTSTRAP_KEY)
+        .body(body.to_string())
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn secret_values_reach_no_response_and_no_log_line_and_survive_a_restart_sealed() {
+    const VALUE: &str = "never-shown-3f9a1c77d2";
+    const ROTATED: &str = "never-shown-rotated-88b2";
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let serve = |port: u16| {
+        let mut command = sluice();
+        command
+            .args(["serve", "--data-dir", &dir.path().display().to_string()])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("SLUICE_LOG", "debug,sqlx=warn,hyper=info,reqwest=info")
+            .env("SLUICE_BOOTSTRAP_API_KEY", BOOTSTRAP_KEY);
+        command
+    };
+    let (server, log) = Server::start_logged(serve(port), port);
+    let base = server.base.clone();
+    let mut answers = Vec::new();
+    let (status, text) = call(
+        reqwest::Method::PUT,
+        &format!("{base}/api/v1/beam/secrets/HOOK"),
+        serde_json::json!({"value": VALUE}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    answers.push(text);
+    // A webhook nobody listens on: its sink fails, and the failures are logged.
+    let closed = free_port();
+    let pipeline = serde_json::json!({
+        "name": "hook", "description": "signed",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [],
+            "sinks": [{"type": "webhook", "uid": "sk-hook", "name": "hook",
+                       "url": format!("http://127.0.0.1:{closed}/in"), "hash_key": "HOOK"}]
+        }
+    });
+    let (status, text) =
+        call(reqwest::Method::POST, &format!("{base}/api/v1/beam"), pipeline).await;
+    assert_eq!(status, 200, "{text}");
+    let id = serde_json::from_str::<serde_json::Value>(&text).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    answers.push(text);
+    let (status, text) = call(
+        reqwest::Method::POST,
+        &format!("{base}/api/v1/beam/{id}/deploy"),
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    answers.push(text);
+    let transfer = serde_json::json!({
+        "block_number": 1, "block_timestamp": "2026-11-21T12:00:00Z",
+        "transaction_hash": format!("0x{:064x}", 1), "log_index": 0,
+        "token_address": "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913",
+        "from_address": "0x1111111111111111111111111111111111111111",
+        "to_address": "0x1111111111111111111111111111111111111111", "amount_str": "1"
+    });
+    let client = reqwest::Client::new();
+    let response = client
+        .post(format!("{base}/api/v1/streams/base/erc20_token_transfer/records"))
+        .header("x-api-key", BOOTSTRAP_KEY)
+        .body(format!("{transfer}\n"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let mut lines = Vec::new();
+    log_until(&log, &mut lines, "sink write failed");
+    let (status, text) = call(
+        reqwest::Method::PUT,
+        &format!("{base}/api/v1/beam/secrets/HOOK"),
+        serde_json::json!({"value": ROTATED}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    answers.push(text);
+    for path in [
+        "/api/v1/beam/secrets".to_owned(),
+        format!("/api/v1/beam/{id}/deploy/stats"),
+        format!("/api/v1/beam/{id}"),
+    ] {
+        let (status, text) = get(&format!("{base}{path}"), &[("x-api-key", BOOTSTRAP_KEY)]).await;
+        assert_eq!(status, 200, "{path}: {text}");
+        answers.push(text);
+    }
+    assert!(answers.iter().any(|text| text.contains("sk-hook")), "the stats name the stale sink");
+    lines.extend(server.printed());
+    assert!(server.terminate());
+    lines.extend(log.try_iter());
+    let key_file = dir.path().join("secrets.key");
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    // The store and the log hold it sealed only.
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            let bytes = std::fs::read(&path).unwrap();
+            for value in [VALUE, ROTATED] {
+                assert!(
+                    !bytes.windows(value.len()).any(|w| w == value.as_bytes()),
+                    "{} holds a value",
+                    path.display()
+                );
+            }
+        }
+    }
+
+    // Restarted on the same data dir: the key file opens what was sealed, the deployment
+    // resumes with the current value.
+    let port = free_port();
+    let (server, log) = Server::start_logged(serve(port), port);
+    let mut more = Vec::new();
+    log_until(&log, &mut more, "resumed deployed pipeline");
+    more.extend(server.printed());
+    assert!(server.terminate());
+    more.extend(log.try_iter());
+    lines.extend(more);
+    for value in [VALUE, ROTATED] {
+        for text in lines.iter().chain(&answers) {
+            assert!(!text.contains(value), "a secret value in {text:?}");
+        }
+    }
+}
