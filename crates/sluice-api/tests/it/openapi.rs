@@ -6,7 +6,10 @@ use serde_json::{Value, json};
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 44] = [
+const ROUTES: [(&str, &str); 47] = [
+    ("get", "/api/v1/beam/secrets"),
+    ("put", "/api/v1/beam/secrets/{name}"),
+    ("delete", "/api/v1/beam/secrets/{name}"),
     ("post", "/api/v1/beam"),
     ("get", "/api/v1/beam"),
     ("get", "/api/v1/beam/sources"),

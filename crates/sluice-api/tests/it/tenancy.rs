@@ -24,6 +24,11 @@ use tower::ServiceExt;
 use crate::pipeline_stack::{USDC, key_for, settings, settle, transfer};
 
 /// Routes left out of the matrix, with the reason.
+/// The name and value of Alice's organization's secret: nobody ever sees the value; only
+/// members of her organization see the name.
+const ALPHA_SECRET_NAME: &str = "ALPHA_ORG_SECRET";
+const ALPHA_SECRET_VALUE: &str = "alpha-secret-value-9c1f";
+
 const NOT_IN_MATRIX: [(&str, &str, &str); 1] = [(
     "get",
     "/metrics",
@@ -87,11 +92,17 @@ impl World {
         )
         .await
         .unwrap();
+        let keyring = sluice_store::secrets::Keyring::new(
+            sluice_store::secrets::SecretsKey::generate().unwrap(),
+            Vec::new(),
+        );
+        let secrets = sluice_store::Secrets::new(store.clone(), keyring);
         let state =
             AppState::new(store.clone(), Catalog::default(), clock.clone(), Limits::default())
                 .with_runtime(runtime.clone())
                 .with_dataset_listener(datasets)
-                .with_prices(prices);
+                .with_prices(prices)
+                .with_sinks(secrets.clone(), None);
         let operator = key_for(store.as_ref(), "sluice", "ops", "admin", true).await;
         let tenant = |org: &'static str, team: &'static str, user: &'static str| {
             let store = store.clone();
@@ -107,6 +118,9 @@ impl World {
         let alice = tenant("tenant-alpha", "alpha-team", "alice").await;
         let bob = tenant("tenant-bravo", "bravo-team", "bob").await;
         let carol = tenant("tenant-alpha", "carol-team", "carol").await;
+        // An organization secret of Alice's organization (set by its admins).
+        let value = sluice_core::secret::SecretValue::new(ALPHA_SECRET_VALUE.to_owned());
+        secrets.put(&alice.identity.org.id, ALPHA_SECRET_NAME, &value).await.unwrap();
         Self { _dir: dir, log, _runtime: runtime, state, operator, alice, bob, carol }
     }
 
@@ -235,6 +249,7 @@ impl World {
             "alpha-sink-marker",
             "alpha-team",
             "alice",
+            ALPHA_SECRET_VALUE,
         ]
         .map(str::to_owned)
         .to_vec();
@@ -385,6 +400,13 @@ pub fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<P
             ("?value=alpha-entry-1", None, NotFound)
         }
         ("get", "/api/v1/me") => ("", None, Status(StatusCode::OK)),
+        // The caller's own organization's secrets; ordinary members never write them.
+        ("get", "/api/v1/beam/secrets") => ("", None, Status(StatusCode::OK)),
+        ("put", "/api/v1/beam/secrets/{name}") => {
+            let value = json!({"value": format!("{who}-value")});
+            ("", Some(value.to_string()), Status(StatusCode::FORBIDDEN))
+        }
+        ("delete", "/api/v1/beam/secrets/{name}") => ("", None, Status(StatusCode::FORBIDDEN)),
         // The server's chain ingesters (none here) belong to no tenant.
         ("get", "/api/v1/chains") => ("", None, Status(StatusCode::OK)),
         ("post", "/api/v1/developer/prices") => {
@@ -411,7 +433,8 @@ pub fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<P
         .replace("{sink_uid}", "sk-alpha")
         .replace("{dataset_id}", &owned.dataset)
         .replace("{chain}", "base")
-        .replace("{entity}", "erc20_token_transfer");
+        .replace("{entity}", "erc20_token_transfer")
+        .replace("{name}", ALPHA_SECRET_NAME);
     Some(Probe { path: path + query, body, expect })
 }
 
@@ -483,6 +506,7 @@ async fn no_route_reveals_or_changes_another_tenants_resources() {
         owned.secrets.iter().filter(|s| **s != org_id).cloned().collect();
     let mut outsider_secrets = owned.secrets.clone();
     outsider_secrets.push(org_id);
+    outsider_secrets.push(ALPHA_SECRET_NAME.to_owned());
     let callers =
         [("bob", &world.bob, &outsider_secrets), ("carol", &world.carol, &colleague_secrets)];
     for (who, caller, secrets) in callers {

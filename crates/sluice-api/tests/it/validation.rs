@@ -211,7 +211,7 @@ fn rules() -> Vec<(&'static str, Mutation, Value, &'static str)> {
         ),
         (
             "sink type unsupported",
-            |b| b["pipeline_config"]["sinks"][0]["type"] = json!("sns"),
+            |b| b["pipeline_config"]["sinks"][0]["type"] = json!("pubsub"),
             json!(["body", "pipeline_config", "sinks", 0, "type"]),
             "value_error",
         ),
