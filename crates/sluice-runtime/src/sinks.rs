@@ -10,6 +10,8 @@
 pub mod external;
 pub mod external_kafka;
 pub mod managed;
+pub mod nats;
+pub mod sns;
 pub mod webhook;
 
 use std::net::IpAddr;
@@ -24,6 +26,8 @@ use crate::delivery::{Delivery, SideTopics};
 pub use external::{ExternalSink, Transport};
 pub use external_kafka::ExternalKafkaTransport;
 pub use managed::ManagedSink;
+pub use nats::NatsTransport;
+pub use sns::SnsTransport;
 pub use webhook::WebhookTransport;
 
 /// A failed delivery, classified for the worker: retryable failures hold the source and are
@@ -193,11 +197,43 @@ pub fn build(
                     .map_err(|error| client(error.to_string()))?,
             )
         }
-        SinkConfig::Nats(_) | SinkConfig::Sns(_) => {
-            return Err(client(format!(
-                "sink type '{}' is not available in this build",
-                config.type_name()
-            )));
+        SinkConfig::Nats(nats) => {
+            let token = secret("token_secret", nats.token_secret.as_ref())?;
+            let password = secret("password_secret", nats.password_secret.as_ref())?;
+            let auth = match (token, nats.username.clone(), password) {
+                (Some(token), _, _) => nats::NatsAuth::Token(token),
+                (None, Some(user), Some(password)) => {
+                    nats::NatsAuth::UserPassword { user, password }
+                }
+                _ => nats::NatsAuth::None,
+            };
+            Arc::new(NatsTransport::new(nats, auth))
+        }
+        SinkConfig::Sns(sns) => {
+            let required = |field: &'static str, name: &String| {
+                secret(field, Some(name))?.ok_or_else(|| SinkBuildError::MissingSecret {
+                    uid: uid.to_owned(),
+                    field,
+                    name: name.clone(),
+                })
+            };
+            let credentials = sns::sigv4::Credentials {
+                access_key_id: required("access_key_id_secret", &sns.access_key_id_secret)?
+                    .expose()
+                    .to_owned(),
+                secret_access_key: required(
+                    "secret_access_key_secret",
+                    &sns.secret_access_key_secret,
+                )?
+                .expose()
+                .to_owned(),
+                session_token: secret("session_token_secret", sns.session_token_secret.as_ref())?
+                    .map(|token| token.expose().to_owned()),
+            };
+            Arc::new(
+                SnsTransport::new(sns, credentials, egress)
+                    .map_err(|error| client(error.to_string()))?,
+            )
         }
     };
     Ok(Arc::new(ExternalSink::new(config.clone(), transport)))

@@ -682,3 +682,54 @@ async fn an_external_kafka_sink_produces_keyed_records_to_the_users_topic() {
     assert!(status.is_success());
     cluster.delete_topic(&topic).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nats_sink_publishes_every_record_to_jetstream_before_committing() {
+    use sluice_runtime::sinks::nats::{Connection, NatsAuth};
+    let url = std::env::var("SLUICE_TEST_NATS_URL")
+        .expect("SLUICE_TEST_NATS_URL must name a nats-server -js (scripts/test starts one)");
+    let stack = Stack::new().await;
+    let name = format!("API_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = Connection::open(&url, &NatsAuth::None, false).await.unwrap();
+    let config = json!({"name": name, "subjects": [format!("{name}.>")], "storage": "memory"});
+    let created = admin
+        .request(&format!("$JS.API.STREAM.CREATE.{name}"), config.to_string().as_bytes())
+        .await
+        .unwrap();
+    assert!(serde_json::from_slice::<Value>(&created).unwrap().get("error").is_none());
+    let sink = json!({"type": "nats", "uid": "sk-nats", "name": "jetstream", "url": url,
+                      "subject": format!("{name}.usdc")});
+    let (id, deployed) = stack.deployed("at_least_once", sink).await;
+    assert_eq!(deployed["sinks"][0]["connection"]["transport"], "nats");
+    stack.ingest(1..=300).await;
+    settle(stack.log.as_ref(), &id).await;
+    // Committed means JetStream acknowledged: all 150 USDC transfers are in the stream.
+    let info = admin.request(&format!("$JS.API.STREAM.INFO.{name}"), b"").await.unwrap();
+    let info: Value = serde_json::from_slice(&info).unwrap();
+    assert_eq!(info["state"]["messages"], 150, "{info}");
+    // A stream that stops capturing the subject: the worker is blocked, nothing is committed.
+    let deleted = admin.request(&format!("$JS.API.STREAM.DELETE.{name}"), b"").await.unwrap();
+    assert_eq!(serde_json::from_slice::<Value>(&deleted).unwrap()["success"], true);
+    let before = stack.committed(&id).await;
+    stack.ingest(301..=310).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let worker = stack.stats(&id).await["workers_health"]["workers"][0].clone();
+        if worker["is_blocked_on_sink"] == true {
+            assert!(worker["last_error"].as_str().unwrap().contains("no responders"), "{worker}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never blocked: {worker}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(stack.committed(&id).await, before);
+    // The stream is back: the held records arrive.
+    admin
+        .request(&format!("$JS.API.STREAM.CREATE.{name}"), config.to_string().as_bytes())
+        .await
+        .unwrap();
+    settle(stack.log.as_ref(), &id).await;
+    let info = admin.request(&format!("$JS.API.STREAM.INFO.{name}"), b"").await.unwrap();
+    let info: Value = serde_json::from_slice(&info).unwrap();
+    assert_eq!(info["state"]["messages"], 5, "{info}");
+}

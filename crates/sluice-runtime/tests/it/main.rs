@@ -1,3 +1,5 @@
-//! Integration tests of the runtime, against a real SQLite store and the embedded log.
+//! Integration tests of the runtime, against a real SQLite store and the embedded log, and
+//! of the external sinks' transports against the real servers `scripts/test` starts.
 
 mod lifecycle;
+mod nats;
