@@ -733,3 +733,93 @@ async fn a_nats_sink_publishes_every_record_to_jetstream_before_committing() {
     let info: Value = serde_json::from_slice(&info).unwrap();
     assert_eq!(info["state"]["messages"], 5, "{info}");
 }
+
+/// Runs the SNS test helper (`tests/it/scripts/sns_queue.py`) with the moto venv's Python
+/// (`SLUICE_TEST_MOTO_PYTHON`); answers its JSON.
+fn sns_helper(args: &[&str]) -> Value {
+    let python = std::env::var("SLUICE_TEST_MOTO_PYTHON")
+        .expect("SLUICE_TEST_MOTO_PYTHON must name the moto venv's python (scripts/test makes it)");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/scripts/sns_queue.py");
+    let output = std::process::Command::new(python).arg(script).args(args).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn sns_endpoint() -> String {
+    std::env::var("SLUICE_TEST_SNS_URL").expect(
+        "SLUICE_TEST_SNS_URL must name the SNS-compatible server (scripts/test starts moto)",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_sns_sink_publishes_one_signed_message_per_record_with_its_key() {
+    let endpoint = sns_endpoint();
+    let stack = Stack::new().await;
+    let name = format!("sluice-{}", uuid::Uuid::new_v4().simple());
+    let made = tokio::task::spawn_blocking({
+        let (endpoint, name) = (endpoint.clone(), name.clone());
+        move || sns_helper(&["setup", &endpoint, &name])
+    })
+    .await
+    .unwrap();
+    let topic_arn = made["topic_arn"].as_str().unwrap().to_owned();
+    let queue_url = made["queue_url"].as_str().unwrap().to_owned();
+    stack.put_secret("AWS_ID", "test").await;
+    stack.put_secret("AWS_KEY", "test").await;
+    let sink = json!({"type": "sns", "uid": "sk-sns", "name": "topic", "topic_arn": topic_arn,
+                      "endpoint": endpoint, "access_key_id_secret": "AWS_ID",
+                      "secret_access_key_secret": "AWS_KEY"});
+    let (id, deployed) = stack.deployed("at_least_once", sink).await;
+    assert_eq!(deployed["sinks"][0]["connection"]["topic_arn"], topic_arn);
+    stack.ingest(1..=50).await;
+    settle(stack.log.as_ref(), &id).await;
+    // Committed means SNS took every message: the subscribed queue has all 25.
+    let got = tokio::task::spawn_blocking({
+        let (endpoint, queue_url) = (endpoint.clone(), queue_url.clone());
+        move || sns_helper(&["drain", &endpoint, &queue_url, "25", "30"])
+    })
+    .await
+    .unwrap();
+    let got = got.as_array().unwrap();
+    let mut numbers = Vec::new();
+    for message in got {
+        let record: Value = serde_json::from_str(message["message"].as_str().unwrap()).unwrap();
+        let n = record["n"].as_u64().unwrap();
+        assert_eq!(message["attributes"]["sluice_key"], format!("0x{n:064x}:{}", n % 10));
+        assert!(message["attributes"]["sluice_batch_id"].is_string());
+        numbers.push(n);
+    }
+    assert_eq!(numbers.len(), 25);
+    assert_eq!(distinct(&numbers), odd(1..=50));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_sns_topic_that_does_not_exist_refuses_the_batch_into_dead_letters() {
+    let endpoint = sns_endpoint();
+    let stack = Stack::new().await;
+    stack.put_secret("AWS_ID", "test").await;
+    stack.put_secret("AWS_KEY", "test").await;
+    let missing =
+        format!("arn:aws:sns:us-east-1:123456789012:missing-{}", uuid::Uuid::new_v4().simple());
+    let sink = json!({"type": "sns", "uid": "sk-sns", "name": "topic", "topic_arn": missing,
+                      "endpoint": endpoint, "access_key_id_secret": "AWS_ID",
+                      "secret_access_key_secret": "AWS_KEY"});
+    let (id, _) = stack.deployed("at_least_once", sink).await;
+    stack.ingest(1..=4).await;
+    settle(stack.log.as_ref(), &id).await;
+    let (status, letters) = stack
+        .call(
+            Method::GET,
+            &format!("/api/v1/beam/{id}/dead-letters?offset=0&limit=100"),
+            &stack.owner,
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let letters = letters["dead_letters"].as_array().unwrap();
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    assert_eq!(letters[0]["sink_uid"], "sk-sns");
+    let error = letters[0]["error"].as_str().unwrap();
+    assert!(error.contains("NotFound"), "{error}");
+    assert!(!error.contains("test"), "no credential in the error: {error}");
+}

@@ -3,3 +3,4 @@
 
 mod lifecycle;
 mod nats;
+mod sns;
