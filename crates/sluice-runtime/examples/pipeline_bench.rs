@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release -p sluice-runtime --example pipeline_bench -- [--records N]
 //! [--values N] [--rate R] [--seconds S] [--match-percent P] [--phase both|throughput|latency]
-//! [--bus kafka://host:port]`
+//! [--bus kafka://host:port] [--sink managed|webhook|nats:nats://host:port|external_kafka:host:port]`
 //! (defaults: 2 000 000 records, 1 000 000 values, 10 000 records/s for 20 s, 100 % matching,
 //! both phases).
 //!
@@ -19,6 +19,12 @@
 //!   each record stamped with `sent_at_us` just before its append; a reader long-polls the sink
 //!   topic and takes now − `sent_at_us` for every record it sees.
 //!
+//! `--sink` swaps the managed sink for an external one: `webhook` (a receiver in this process
+//! on a loopback port, which parses every body and takes the latency of every record),
+//! `nats:<url>` (a JetStream stream with file storage, made for the run) or
+//! `external_kafka:<host:port>` (a topic made for the run). The throughput phase then counts
+//! what the sink acknowledged; the latency phase runs for `managed` and `webhook`.
+//!
 //! Prints one JSON line per measurement, then the same figures for people. Linux only (reads
 //! `/proc/self/stat` for CPU time).
 
@@ -29,8 +35,9 @@ use sluice_bus::{EmbeddedLog, KafkaLog, KafkaSettings, StreamLog, topics};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::{Clock, SystemClock};
 use sluice_core::pipeline::{
-    DeliveryGuarantee, ManagedSinkConfig, Pipeline, PipelineConfig, PipelineSpec, PodSize,
-    SinkConfig, Source, SourceType, Transform,
+    DeliveryGuarantee, ExternalKafkaSinkConfig, ManagedSinkConfig, NatsSinkConfig, Pipeline,
+    PipelineConfig, PipelineSpec, PodSize, SinkConfig, Source, SourceType, Transform,
+    WebhookCompression, WebhookSinkConfig,
 };
 use sluice_core::streams::StreamRecord;
 use sluice_runtime::{Counters, Runtime, RuntimeSettings};
@@ -81,6 +88,55 @@ struct Args {
     bus: Option<String>,
     /// Share of matching records in the throughput phase (percent).
     throughput_match_percent: u32,
+    sink: SinkChoice,
+}
+
+/// Where the pipeline delivers.
+#[derive(Debug, Clone)]
+enum SinkChoice {
+    Managed,
+    Webhook,
+    Nats(String),
+    ExternalKafka(String),
+}
+
+/// The webhook receiver of the run: counts records, and keeps the latency of each record
+/// that carries `sent_at_us`.
+#[derive(Default)]
+struct Receiver {
+    records: std::sync::atomic::AtomicU64,
+    latencies_us: std::sync::Mutex<Vec<i64>>,
+}
+
+async fn start_receiver() -> Result<(Arc<Receiver>, String), BoxError> {
+    let receiver = Arc::new(Receiver::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/hook", listener.local_addr()?);
+    let state = receiver.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let state = state.clone();
+            async move {
+                let now_us = chrono::Utc::now().timestamp_micros();
+                let Ok(items) = serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(&body)
+                else {
+                    return axum::http::StatusCode::BAD_REQUEST;
+                };
+                let mut latencies = Vec::new();
+                for item in &items {
+                    if let Some(sent) = sent_at_us(item.get().as_bytes()) {
+                        latencies.push(now_us - sent);
+                    }
+                }
+                state.records.fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                state.latencies_us.lock().expect("not poisoned").extend(latencies);
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((receiver, url))
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -93,6 +149,7 @@ fn parse_args() -> Result<Args, String> {
         phase: Phase::Both,
         bus: None,
         throughput_match_percent: (HIT_RATE_THROUGHPUT * 100.0) as u32,
+        sink: SinkChoice::Managed,
     };
     let mut argv = std::env::args().skip(1);
     while let Some(flag) = argv.next() {
@@ -110,6 +167,17 @@ fn parse_args() -> Result<Args, String> {
                 }
             }
             "--bus" => args.bus = Some(value),
+            "--sink" => {
+                args.sink = match value.split_once(':') {
+                    None if value == "managed" => SinkChoice::Managed,
+                    None if value == "webhook" => SinkChoice::Webhook,
+                    Some(("nats", url)) => SinkChoice::Nats(url.to_owned()),
+                    Some(("external_kafka", servers)) => {
+                        SinkChoice::ExternalKafka(servers.to_owned())
+                    }
+                    _ => return Err(bad()),
+                }
+            }
             "--throughput-match-percent" => {
                 args.throughput_match_percent = value.parse().map_err(|_| bad())?;
                 if args.throughput_match_percent > 100 {
@@ -127,7 +195,7 @@ fn parse_args() -> Result<Args, String> {
             _ => {
                 return Err(format!(
                     "unknown argument {flag}; use --records, --values, --rate, --seconds, \
-                     --match-percent, --phase, --bus, --throughput-match-percent"
+                     --match-percent, --phase, --bus, --sink, --throughput-match-percent"
                 ));
             }
         }
@@ -181,9 +249,10 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     .await?;
 
     let identity = store.ensure_identity("bench", "bench", "bench", false).await?;
+    let (sink, receiver) = external_sink(&args.sink).await?;
     let pipeline = Pipeline::new(
         "pipeline-bench".to_owned(),
-        bench_spec(),
+        bench_spec(sink),
         identity.user.id.clone(),
         identity.org.id.clone(),
         clock.now(),
@@ -231,14 +300,91 @@ async fn run(args: &Args) -> Result<(), BoxError> {
         throughput(&runtime, log.as_ref(), &pipeline, &mut generator, args.records, hit_rate)
             .await?;
     }
-    if args.phase != Phase::Throughput {
-        latency(&runtime, &log, &pipeline, &mut generator, args).await?;
+    let measures_latency = matches!(args.sink, SinkChoice::Managed | SinkChoice::Webhook);
+    if args.phase != Phase::Throughput && measures_latency {
+        latency(&runtime, &log, &pipeline, &mut generator, args, receiver.as_ref()).await?;
     }
     runtime.shutdown().await;
     Ok(())
 }
 
-fn bench_spec() -> PipelineSpec {
+/// The sink config of `choice`, with what it needs made for the run (a receiver, a stream,
+/// a topic).
+async fn external_sink(
+    choice: &SinkChoice,
+) -> Result<(SinkConfig, Option<Arc<Receiver>>), BoxError> {
+    let run = format!(
+        "{:x}",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos()
+    );
+    Ok(match choice {
+        SinkChoice::Managed => (
+            SinkConfig::Kafka(ManagedSinkConfig {
+                name: SINK_NAME.to_owned(),
+                uid: "sk-bench".to_owned(),
+            }),
+            None,
+        ),
+        SinkChoice::Webhook => {
+            let (receiver, url) = start_receiver().await?;
+            let config = WebhookSinkConfig {
+                name: SINK_NAME.to_owned(),
+                url,
+                hash_key: None,
+                compression: WebhookCompression::None,
+                uid: "sk-bench".to_owned(),
+            };
+            (SinkConfig::Webhook(config), Some(receiver))
+        }
+        SinkChoice::Nats(url) => {
+            use sluice_runtime::sinks::nats::{Connection, NatsAuth};
+            let name = format!("BENCH_{run}");
+            let mut connection = Connection::open(url, &NatsAuth::None, false).await?;
+            let stream = serde_json::json!({"name": name, "subjects": [format!("{name}.>")], "storage": "file"});
+            connection
+                .request(&format!("$JS.API.STREAM.CREATE.{name}"), stream.to_string().as_bytes())
+                .await?;
+            let config = NatsSinkConfig {
+                name: SINK_NAME.to_owned(),
+                url: url.clone(),
+                subject: format!("{name}.records"),
+                username: None,
+                password_secret: None,
+                token_secret: None,
+                tls: false,
+                uid: "sk-bench".to_owned(),
+            };
+            (SinkConfig::Nats(config), None)
+        }
+        SinkChoice::ExternalKafka(servers) => {
+            let topic = format!("bench-external-{run}");
+            let cluster = KafkaLog::connect(
+                KafkaSettings::parse(&format!("kafka://{servers}"))?,
+                Arc::new(SystemClock),
+            )
+            .await?;
+            let config = sluice_bus::TopicConfig {
+                partitions: 1,
+                retention: sluice_bus::Retention::default(),
+            };
+            cluster.create_topic(&topic, config).await?;
+            let config = ExternalKafkaSinkConfig {
+                name: SINK_NAME.to_owned(),
+                bootstrap_servers: servers.clone(),
+                topic,
+                security_protocol: "plaintext".to_owned(),
+                sasl_mechanism: None,
+                sasl_username_secret: None,
+                sasl_password_secret: None,
+                compression: "none".to_owned(),
+                uid: "sk-bench".to_owned(),
+            };
+            (SinkConfig::ExternalKafka(config), None)
+        }
+    })
+}
+
+fn bench_spec(sink: SinkConfig) -> PipelineSpec {
     PipelineSpec {
         name: "pipeline-bench".to_owned(),
         description: "pipeline_bench example".to_owned(),
@@ -257,10 +403,7 @@ fn bench_spec() -> PipelineSpec {
                 uid: TRANSFORM_UID.to_owned(),
                 filter_expr: "root = this.token_address".to_owned(),
             }],
-            sinks: vec![SinkConfig::Kafka(ManagedSinkConfig {
-                name: SINK_NAME.to_owned(),
-                uid: "sk-bench".to_owned(),
-            })],
+            sinks: vec![sink],
         },
     }
 }
@@ -298,7 +441,7 @@ async fn throughput(
     let group = topics::deployment_group(&pipeline.id);
     let sink = topics::sink_topic(&pipeline.id, SINK_NAME);
     runtime.pause(&pipeline.id).await?;
-    let sink_before = total_end(log, &sink).await?;
+    let sink_before = total_end(log, &sink).await.unwrap_or(0);
 
     let mut append_time = Duration::ZERO;
     let mut hits = 0usize;
@@ -340,8 +483,14 @@ async fn throughput(
     }
     let drain_secs = start.elapsed().as_secs_f64();
     let drain_cpu = process_cpu_secs() - cpu_start;
-    let delivered = total_end(log, &sink).await? - sink_before;
     let counters = runtime.counters(&pipeline.id).await.ok_or("the pipeline is not running")?;
+    // An external sink's records are counted as the sink acknowledged them (the counters
+    // start with the workers this deploy started).
+    let delivered = if pipeline.pipeline_config.sinks[0].is_external() {
+        Counters::get(&counters.sent)
+    } else {
+        total_end(log, &sink).await? - sink_before
+    };
     if delivered != hits as u64 {
         return Err(format!("{delivered} records reached the sink, {hits} were expected").into());
     }
@@ -351,6 +500,7 @@ async fn throughput(
     report(
         serde_json::json!({
             "bench": "pipeline_throughput",
+            "sink": pipeline.pipeline_config.sinks[0].type_name(),
             "records": records,
             "avg_record_bytes": bytes / records.max(1),
             "matching": hits,
@@ -364,8 +514,9 @@ async fn throughput(
         &[
             format!(
                 "throughput: {records} records ({} bytes on average, {hits} matching) through log \
-                 → set filter → managed sink with one worker in {drain_secs:.2} s",
-                bytes / records.max(1)
+                 → set filter → {} sink with one worker in {drain_secs:.2} s",
+                bytes / records.max(1),
+                pipeline.pipeline_config.sinks[0].type_name()
             ),
             format!(
                 "  {:.0} records/s ({:.0} per process CPU-second; {drain_cpu:.2} s CPU, all threads)",
@@ -401,16 +552,26 @@ async fn latency(
     pipeline: &Pipeline,
     generator: &mut Generator,
     args: &Args,
+    receiver: Option<&Arc<Receiver>>,
 ) -> Result<(), BoxError> {
     runtime.deploy(pipeline).await?;
     let sink = topics::sink_topic(&pipeline.id, SINK_NAME);
     let total = (args.rate as f64 * args.seconds) as u64;
     let hit_rate = f64::from(args.match_percent) / 100.0;
 
-    // The reader starts at the sink's current end before anything is sent.
-    let from = log.offsets(&sink).await?.first().map_or(0, |range| range.end);
+    // The reader starts at the sink's current end before anything is sent; a webhook's
+    // receiver starts from nothing.
     let (expected_tx, expected_rx) = tokio::sync::watch::channel(None::<u64>);
-    let reader = tokio::spawn(read_latencies(log.clone(), sink, from, expected_rx));
+    let reader = match receiver {
+        None => {
+            let from = log.offsets(&sink).await?.first().map_or(0, |range| range.end);
+            tokio::spawn(read_latencies(log.clone(), sink, from, expected_rx))
+        }
+        Some(receiver) => {
+            receiver.latencies_us.lock().expect("not poisoned").clear();
+            tokio::spawn(received_latencies(receiver.clone(), expected_rx))
+        }
+    };
 
     let start = Instant::now();
     let mut ticks = tokio::time::interval(LATENCY_TICK);
@@ -457,6 +618,7 @@ async fn latency(
     report(
         serde_json::json!({
             "bench": "pipeline_latency",
+            "sink": pipeline.pipeline_config.sinks[0].type_name(),
             "rate_target": args.rate,
             "rate_achieved": achieved.round(),
             "seconds": round3(send_secs),
@@ -517,6 +679,28 @@ async fn read_latencies(
             }
         }
         watch.wait(Duration::from_millis(100)).await;
+    }
+}
+
+/// The latencies the webhook receiver took, once it has as many as `expected` says (or 60 s
+/// after it was told).
+async fn received_latencies(
+    receiver: Arc<Receiver>,
+    mut expected: tokio::sync::watch::Receiver<Option<u64>>,
+) -> Result<Vec<i64>, BoxError> {
+    let want = loop {
+        if let Some(want) = *expected.borrow_and_update() {
+            break want;
+        }
+        expected.changed().await?;
+    };
+    let told = Instant::now();
+    loop {
+        let have = receiver.latencies_us.lock().expect("not poisoned").len() as u64;
+        if have >= want || told.elapsed() > Duration::from_secs(60) {
+            return Ok(std::mem::take(&mut *receiver.latencies_us.lock().expect("not poisoned")));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
