@@ -576,6 +576,7 @@ pub async fn exposition(state: &AppState, visible: Option<&HashSet<String>>) -> 
                 ("unhealthy", workers.unhealthy_workers),
                 ("crashing", workers.crashing_workers),
                 ("oom_killed", workers.oom_killed_workers),
+                ("blocked_on_sink", statuses.iter().filter(|w| w.is_blocked_on_sink).count()),
             ] {
                 let _ = writeln!(
                     out,

@@ -233,6 +233,18 @@ impl Stack {
         (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
     }
 
+    /// `/metrics` as the owner sees it.
+    async fn metrics(&self) -> String {
+        let request = Request::builder()
+            .uri("/metrics")
+            .header("X-API-Key", &self.owner)
+            .body(Body::empty())
+            .unwrap();
+        let response = sluice_api::app(self.state.clone()).oneshot(request).await.unwrap();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
     async fn put_secret(&self, name: &str, value: &str) {
         let path = format!("/api/v1/beam/secrets/{name}");
         let (status, body) =
@@ -525,6 +537,10 @@ async fn a_webhook_down_at_the_socket_level_is_retried_until_it_listens() {
     let worker = stack.stats(&id).await["workers_health"]["workers"][0].clone();
     assert!(worker["last_error"].as_str().unwrap().contains("cannot connect"), "{worker}");
     assert_eq!(stack.committed(&id).await, 0);
+    let metrics = stack.metrics().await;
+    let blocked =
+        format!("sluice_pipeline_workers{{config_id=\"{id}\",health=\"blocked_on_sink\"}} 1");
+    assert!(metrics.contains(&blocked), "{metrics}");
     let receiver = Receiver::serve(tokio::net::TcpListener::bind(address).await.unwrap()).await;
     let numbers = receiver.wait_for(10).await;
     assert_eq!(distinct(&numbers), odd(1..=20));

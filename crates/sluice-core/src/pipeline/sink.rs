@@ -67,7 +67,7 @@ pub struct ExternalKafkaSinkConfig {
     /// Organization secret holding the SASL password.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sasl_password_secret: Option<String>,
-    /// `none` (default), `gzip`, `snappy`, `lz4` or `zstd`.
+    /// `none` (default), `gzip`, `snappy`, `lz4` (zstd is not built into the bundled librdkafka).
     #[serde(default = "default_compression")]
     pub compression: String,
     #[schema(required = false)]
@@ -132,7 +132,7 @@ fn default_compression() -> String {
 
 pub const KAFKA_SECURITY_PROTOCOLS: [&str; 4] = ["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"];
 pub const KAFKA_SASL_MECHANISMS: [&str; 3] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
-pub const KAFKA_COMPRESSIONS: [&str; 5] = ["none", "gzip", "snappy", "lz4", "zstd"];
+pub const KAFKA_COMPRESSIONS: [&str; 4] = ["none", "gzip", "snappy", "lz4"];
 pub const WEBHOOK_COMPRESSIONS: [&str; 2] = ["none", "gzip"];
 
 /// Whether `name` is a valid secret name: 1 to 128 of `A-Z a-z 0-9 _ - .`.

@@ -59,29 +59,35 @@ impl ExternalKafkaTransport {
         config: &ExternalKafkaSinkConfig,
         sasl: Option<SaslCredentials>,
     ) -> Result<Self, ProducerError> {
-        let mut client = ClientConfig::new();
-        client
-            .set("bootstrap.servers", &config.bootstrap_servers)
-            .set("security.protocol", &config.security_protocol)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("compression.type", &config.compression)
-            .set("linger.ms", "5")
-            .set("message.timeout.ms", DELIVERY_TIMEOUT_MS)
-            .set("queue.buffering.max.messages", "200000")
-            .set("client.id", "sluice-sink");
-        if let Some(mechanism) = &config.sasl_mechanism {
-            client.set("sasl.mechanism", mechanism);
-        }
-        if let Some(sasl) = &sasl {
-            client
-                .set("sasl.username", sasl.username.expose())
-                .set("sasl.password", sasl.password.expose());
-        }
+        let client = client_config(config, sasl.as_ref());
         // librdkafka's messages about settings name the setting, never a value.
         let producer = client.create().map_err(|error| ProducerError(error.to_string()))?;
         Ok(Self { config: config.clone(), producer })
     }
+}
+
+/// The librdkafka settings of the producer of `config`.
+fn client_config(config: &ExternalKafkaSinkConfig, sasl: Option<&SaslCredentials>) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    client
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .set("security.protocol", &config.security_protocol)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("compression.type", &config.compression)
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", DELIVERY_TIMEOUT_MS)
+        .set("queue.buffering.max.messages", "200000")
+        .set("client.id", "sluice-sink");
+    if let Some(mechanism) = &config.sasl_mechanism {
+        client.set("sasl.mechanism", mechanism);
+    }
+    if let Some(sasl) = sasl {
+        client
+            .set("sasl.username", sasl.username.expose())
+            .set("sasl.password", sasl.password.expose());
+    }
+    client
 }
 
 #[async_trait::async_trait]
@@ -160,4 +166,50 @@ fn refused_record(error: &KafkaError) -> Option<String> {
             | RDKafkaErrorCode::InvalidRecord
     )
     .then(|| format!("the Kafka cluster refused the record: {code}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(protocol: &str) -> ExternalKafkaSinkConfig {
+        ExternalKafkaSinkConfig {
+            name: "k".to_owned(),
+            bootstrap_servers: "b1:9092,b2:9092".to_owned(),
+            topic: "t".to_owned(),
+            security_protocol: protocol.to_owned(),
+            sasl_mechanism: Some("SCRAM-SHA-512".to_owned()),
+            sasl_username_secret: Some("USER".to_owned()),
+            sasl_password_secret: Some("PASS".to_owned()),
+            compression: "lz4".to_owned(),
+            uid: "sk-k".to_owned(),
+        }
+    }
+
+    /// The test broker has no SASL users: the SASL settings are checked as configuration.
+    #[test]
+    fn sasl_credentials_and_the_delivery_settings_reach_librdkafka() {
+        let sasl = SaslCredentials {
+            username: SecretValue::new("app-user".to_owned()),
+            password: SecretValue::new("app-password".to_owned()),
+        };
+        let client = client_config(&config("sasl_ssl"), Some(&sasl));
+        for (key, value) in [
+            ("bootstrap.servers", "b1:9092,b2:9092"),
+            ("security.protocol", "sasl_ssl"),
+            ("sasl.mechanism", "SCRAM-SHA-512"),
+            ("sasl.username", "app-user"),
+            ("sasl.password", "app-password"),
+            ("enable.idempotence", "true"),
+            ("acks", "all"),
+            ("compression.type", "lz4"),
+        ] {
+            assert_eq!(client.get(key), Some(value), "{key}");
+        }
+        // librdkafka takes every setting (a typo in a name would fail here).
+        let transport = ExternalKafkaTransport::new(&config("sasl_ssl"), Some(sasl)).unwrap();
+        let shown = transport.connection().to_string();
+        assert!(!shown.contains("app-password") && !shown.contains("app-user"), "{shown}");
+        assert!(!format!("{transport:?}").contains("app-password"));
+    }
 }
