@@ -284,8 +284,18 @@ impl Stack {
 
     /// Ingests transfers numbered `numbers`: USDC for odd ones, another token for even ones.
     async fn ingest(&self, numbers: std::ops::RangeInclusive<u64>) {
+        self.ingest_again(numbers, 0).await;
+    }
+
+    /// As [`Stack::ingest`], with `n` moved up by `shift` but the keys of the unshifted
+    /// numbers: the same keys again, later.
+    async fn ingest_again(&self, numbers: std::ops::RangeInclusive<u64>, shift: u64) {
         let ndjson: String = numbers
-            .map(|n| transfer(n, if n % 2 == 1 { USDC } else { OTHER }).to_string() + "\n")
+            .map(|n| {
+                let mut record = transfer(n, if n % 2 == 1 { USDC } else { OTHER });
+                record["n"] = json!(n + shift);
+                record.to_string() + "\n"
+            })
             .collect();
         let request = Request::builder()
             .method(Method::POST)
@@ -317,6 +327,20 @@ fn odd(numbers: std::ops::RangeInclusive<u64>) -> Vec<u64> {
 
 fn distinct(numbers: &[u64]) -> Vec<u64> {
     numbers.iter().copied().collect::<BTreeSet<_>>().into_iter().collect()
+}
+
+/// Numbers `n` and `n + 10_000` share a key: `n` must come first.
+fn assert_in_order_per_key(numbers: &[u64]) {
+    let position = |n: u64| numbers.iter().position(|m| *m == n);
+    for &n in numbers.iter().filter(|n| **n < 10_000) {
+        if let Some(later) = position(n + 10_000) {
+            assert!(
+                position(n).unwrap() < later,
+                "{} arrived before {n} of the same key",
+                n + 10_000
+            );
+        }
+    }
 }
 
 fn hmac_hex(key: &str, message: &[u8]) -> String {
@@ -425,13 +449,16 @@ async fn a_webhook_gets_signed_ordered_batches_and_offsets_move_only_after_its_2
     assert_eq!(connection["transport"], "webhook");
     assert_eq!(connection["signed"], true);
     stack.ingest(1..=2400).await;
-    let numbers = receiver.wait_for(1200).await;
+    // The same keys again, later: each key's records must arrive in that order.
+    stack.ingest_again(1..=2400, 10_000).await;
+    let numbers = receiver.wait_for(2400).await;
     settle(stack.log.as_ref(), &id).await;
-    // Every USDC transfer once, in source order per key (here: per partition order of keys).
-    assert_eq!(distinct(&numbers), odd(1..=2400));
-    assert_eq!(numbers.len(), 1200);
+    assert_eq!(numbers.len(), 2400, "every USDC transfer once");
+    let first: Vec<u64> = numbers.iter().copied().filter(|n| *n < 10_000).collect();
+    assert_eq!(distinct(&first), odd(1..=2400));
+    assert_in_order_per_key(&numbers);
     let requests = receiver.requests();
-    assert!(requests.len() >= 3, "1200 records come in several requests of at most 500");
+    assert!(requests.len() >= 5, "2400 records come in several requests of at most 500");
     let mut batch_ids = BTreeSet::new();
     for request in &requests {
         verify(request, HOOK_SECRET);
@@ -440,7 +467,7 @@ async fn a_webhook_gets_signed_ordered_batches_and_offsets_move_only_after_its_2
         let items = request.json();
         assert!(items.len() <= 500);
         for item in &items {
-            let n = item["value"]["n"].as_u64().unwrap();
+            let n = item["value"]["n"].as_u64().unwrap() % 10_000;
             assert_eq!(
                 item["key"],
                 format!("0x{n:064x}:{}", n % 10),
@@ -678,6 +705,7 @@ async fn an_external_kafka_sink_produces_keyed_records_to_the_users_topic() {
     let (id, deployed) = stack.deployed("at_least_once", sink).await;
     assert_eq!(deployed["sinks"][0]["connection"]["topic"], topic);
     stack.ingest(1..=200).await;
+    stack.ingest_again(1..=200, 10_000).await;
     settle(stack.log.as_ref(), &id).await;
     // Committed means acknowledged by the brokers: every record is there now.
     let records = cluster.read(&topic, 0, 0, 1000).await.unwrap();
@@ -686,10 +714,13 @@ async fn an_external_kafka_sink_produces_keyed_records_to_the_users_topic() {
         .map(|r| serde_json::from_slice::<Value>(&r.value).unwrap()["n"].as_u64().unwrap())
         .collect();
     // Once each (the source's 8 partitions interleave; a key's records stay in order).
-    assert_eq!(numbers.len(), 100);
-    assert_eq!(distinct(&numbers), odd(1..=200));
+    assert_eq!(numbers.len(), 200);
+    let first: Vec<u64> = numbers.iter().copied().filter(|n| *n < 10_000).collect();
+    assert_eq!(distinct(&first), odd(1..=200));
+    assert_in_order_per_key(&numbers);
     for record in &records {
-        let n = serde_json::from_slice::<Value>(&record.value).unwrap()["n"].as_u64().unwrap();
+        let n =
+            serde_json::from_slice::<Value>(&record.value).unwrap()["n"].as_u64().unwrap() % 10_000;
         assert_eq!(record.key, format!("0x{n:064x}:{}", n % 10).into_bytes());
     }
     let (status, _) = stack
