@@ -25,6 +25,8 @@ pub struct MeBody {
     pub team_id: String,
     pub organization_id: String,
     pub is_operator: bool,
+    /// Manages the organization's secrets (`{base_url}/secrets`).
+    pub is_org_admin: bool,
     pub features: Features,
 }
 
@@ -44,6 +46,7 @@ pub async fn me(Caller(principal): Caller) -> Result<Json<MeBody>, ApiError> {
         team_id: principal.team_id,
         organization_id: principal.org_id,
         is_operator: principal.is_operator,
+        is_org_admin: principal.is_org_admin,
         features: Features { pipelines, custom_transforms },
     }))
 }

@@ -175,6 +175,11 @@ struct Stack {
 
 impl Stack {
     async fn new() -> Self {
+        Self::with_egress(None).await
+    }
+
+    /// A stack whose `static_egress_ip` pipelines send from `egress`.
+    async fn with_egress(egress: Option<std::net::IpAddr>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let clock =
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()));
@@ -184,7 +189,7 @@ impl Stack {
             Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
         let keyring = Keyring::new(SecretsKey::generate().unwrap(), Vec::new());
         let secrets = Secrets::new(store.clone(), keyring);
-        let env = SinkEnv { secrets: Some(secrets.clone()), egress: None };
+        let env = SinkEnv { secrets: Some(secrets.clone()), egress };
         let runtime = Runtime::start_with_sinks(
             store.clone(),
             log.clone(),
@@ -198,7 +203,7 @@ impl Stack {
         .unwrap();
         let state = AppState::new(store.clone(), Catalog::default(), clock, Limits::default())
             .with_runtime(runtime.clone())
-            .with_sinks(secrets, None);
+            .with_sinks(secrets, egress);
         let operator = key_for(store.as_ref(), "sluice", "ops", "root", true).await;
         let owner = key_for(store.as_ref(), "acme", "data", "ann", false).await;
         let admin_identity = store.ensure_identity("acme", "data", "ada", false).await.unwrap();
@@ -869,4 +874,27 @@ async fn an_sns_topic_that_does_not_exist_refuses_the_batch_into_dead_letters() 
     let error = letters[0]["error"].as_str().unwrap();
     assert!(error.contains("NotFound"), "{error}");
     assert!(!error.contains("test"), "no credential in the error: {error}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn static_egress_ip_webhooks_send_from_the_operators_address() {
+    let stack = Stack::with_egress(Some("127.0.0.1".parse().unwrap())).await;
+    let (status, me) = stack.call(Method::GET, "/api/v1/me", &stack.admin, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(me["is_org_admin"], true);
+    let receiver = Receiver::start().await;
+    let sink = json!({"type": "webhook", "uid": "sk-hook", "name": "hook", "url": receiver.url()});
+    let mut body = Stack::pipeline("at_least_once", sink);
+    body["static_egress_ip"] = json!(true);
+    let (_, _) = stack.deployed_body(body).await;
+    stack.ingest(1..=2).await;
+    assert_eq!(receiver.wait_for(1).await, vec![1]);
+    // A sink type that cannot bind an address is refused with the reason.
+    let sink = json!({"type": "nats", "uid": "sk-n", "name": "n", "url": "nats://127.0.0.1:4222",
+                      "subject": "s"});
+    let mut body = Stack::pipeline("at_least_once", sink);
+    body["static_egress_ip"] = json!(true);
+    let (status, error) = stack.call(Method::POST, "/api/v1/beam", &stack.owner, Some(body)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(error["detail"][0]["msg"].as_str().unwrap().contains("'nats' sink cannot"), "{error}");
 }

@@ -182,6 +182,7 @@ async fn me_tells_a_user_the_ids_others_share_with() {
             "team_id": w.reader.team(),
             "organization_id": w.reader.identity.org.id,
             "is_operator": false,
+            "is_org_admin": false,
             "features": {"pipelines": true, "custom_transforms": true}
         })
     );
