@@ -487,6 +487,13 @@ async fn throughput(
     // An external sink's records are counted as the sink acknowledged them (the counters
     // start with the workers this deploy started).
     let delivered = if pipeline.pipeline_config.sinks[0].is_external() {
+        // The worker counts a batch just after its commit: give the last one a moment.
+        let counted = Instant::now();
+        while Counters::get(&counters.sent) < hits as u64
+            && counted.elapsed() < Duration::from_secs(5)
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         Counters::get(&counters.sent)
     } else {
         total_end(log, &sink).await? - sink_before
