@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the service (API and everything behind it).
-    Serve(settings::ServeArgs),
+    Serve(Box<settings::ServeArgs>),
     /// Manage API keys and organizations (works while the server runs).
     #[command(subcommand)]
     Admin(admin::AdminCommand),
@@ -47,7 +47,7 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(args) => serve::run(*args).await,
             Command::Admin(command) => admin::run(command).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Feed(args) => feed::run(args).await,

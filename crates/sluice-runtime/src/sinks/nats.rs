@@ -155,7 +155,7 @@ impl Connection {
         let info = read_info(&mut plain).await?;
         let max_payload = info["max_payload"].as_u64().map_or(1 << 20, |n| n as usize);
         let stream: Box<dyn Io> = if tls || info["tls_required"] == true {
-            let connector = native_tls::TlsConnector::new().map_err(|error| broken(error))?;
+            let connector = native_tls::TlsConnector::new().map_err(broken)?;
             let connector = tokio_native_tls::TlsConnector::from(connector);
             let tls_stream = connector
                 .connect(&host, plain.into_inner())
