@@ -216,6 +216,18 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
         }
     }
 
+    // Organization secrets.
+    let secret_name = json!({"type": "string", "pattern": format!(
+        "^[A-Za-z0-9_.-]{{1,{}}}$",
+        sluice_core::pipeline::sink::MAX_SECRET_NAME_LEN
+    )});
+    for method in ["put", "delete"] {
+        param(doc, method, "/api/v1/beam/secrets/{name}", "path", "name", secret_name.clone());
+    }
+    let value = json!({"minLength": 1, "maxLength": crate::secrets::MAX_SECRET_CHARS});
+    property(doc, "PutSecretRequest", "value", value);
+    closed(doc, "PutSecretRequest");
+
     // Token prices.
     property(doc, "TokenAddress", "chain", json!({"pattern": NOT_BLANK}));
     property(doc, "TokenAddress", "token_address", json!({"pattern": NOT_BLANK}));

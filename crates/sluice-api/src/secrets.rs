@@ -20,8 +20,8 @@ use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::PathParams;
 
-/// Longest secret value, in bytes.
-pub const MAX_SECRET_BYTES: usize = 64 * 1024;
+/// Longest secret value, in characters.
+pub const MAX_SECRET_CHARS: usize = 64 * 1024;
 
 /// A secret as listed: never its value.
 #[derive(Debug, Serialize, ToSchema)]
@@ -42,7 +42,7 @@ impl From<SecretInfo> for SecretBody {
 /// Body of `PUT {base_url}/secrets/{name}`.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct PutSecretRequest {
-    /// The value; at most 64 KiB. Never shown again.
+    /// The value: 1 to 65,536 characters. Never shown again.
     pub value: String,
 }
 
@@ -106,10 +106,10 @@ pub async fn put_secret(
     let mut fields = Fields::new(&body, Loc::body());
     let value = fields.required_str("value", &mut errors);
     if let Some(value) = value {
-        if value.is_empty() || value.len() > MAX_SECRET_BYTES {
+        if value.is_empty() || value.chars().count() > MAX_SECRET_CHARS {
             errors.push(Violation::value(
                 &Loc::body().at("value"),
-                format!("a secret value is 1 to {MAX_SECRET_BYTES} bytes"),
+                format!("a secret value is 1 to {MAX_SECRET_CHARS} characters"),
             ));
         }
     }

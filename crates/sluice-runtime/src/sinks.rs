@@ -44,6 +44,16 @@ pub struct SinkError {
 }
 
 impl SinkError {
+    /// Settling a batch in the log failed (retryable when the log says so).
+    pub fn settling(uid: &str, error: sluice_bus::BusError) -> Self {
+        Self {
+            uid: uid.to_owned(),
+            retryable: error.is_transient(),
+            retry_after: None,
+            source: Box::new(error),
+        }
+    }
+
     /// Whether trying the same batch again later can succeed.
     pub fn is_retryable(&self) -> bool {
         self.retryable

@@ -320,6 +320,22 @@ impl Stack {
         stats
     }
 
+    /// Waits until the deployment's worker reports it is blocked on its sink; answers its
+    /// health entry (a generous deadline fails the test).
+    async fn blocked_worker(&self, id: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let worker = self.stats(id).await["workers_health"]["workers"][0].clone();
+            if worker["status"] == "BlockedOnSink" {
+                assert_eq!(worker["is_blocked_on_sink"], true);
+                assert!(worker["blocked_since"].is_string(), "{worker}");
+                return worker;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never blocked: {worker}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn committed(&self, id: &str) -> u64 {
         let group = sluice_bus::topics::deployment_group(id);
         self.log.committed(&group, SOURCE).await.unwrap().values().sum()
@@ -520,17 +536,8 @@ async fn a_sixty_second_webhook_outage_holds_the_source_and_loses_nothing() {
     let outage = tokio::time::Instant::now();
     stack.ingest(11..=400).await;
     // The worker is blocked on its sink, says so, and holds the source.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let worker = stack.stats(&id).await["workers_health"]["workers"][0].clone();
-        if worker["status"] == "BlockedOnSink" {
-            assert_eq!(worker["is_blocked_on_sink"], true);
-            assert!(worker["last_error"].as_str().unwrap().contains("503"), "{worker}");
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never blocked: {worker}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let worker = stack.blocked_worker(&id).await;
+    assert!(worker["last_error"].as_str().unwrap().contains("503"), "{worker}");
     while outage.elapsed() < Duration::from_secs(60) {
         assert_eq!(stack.committed(&id).await, committed_before, "offsets moved during the outage");
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -764,16 +771,8 @@ async fn a_nats_sink_publishes_every_record_to_jetstream_before_committing() {
     assert_eq!(serde_json::from_slice::<Value>(&deleted).unwrap()["success"], true);
     let before = stack.committed(&id).await;
     stack.ingest(301..=310).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let worker = stack.stats(&id).await["workers_health"]["workers"][0].clone();
-        if worker["is_blocked_on_sink"] == true {
-            assert!(worker["last_error"].as_str().unwrap().contains("no responders"), "{worker}");
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never blocked: {worker}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let worker = stack.blocked_worker(&id).await;
+    assert!(worker["last_error"].as_str().unwrap().contains("no responders"), "{worker}");
     assert_eq!(stack.committed(&id).await, before);
     // The stream is back: the held records arrive.
     admin

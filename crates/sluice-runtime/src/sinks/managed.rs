@@ -51,12 +51,7 @@ impl Sink for ManagedSink {
         log.append_and_commit(&appends, settle.group, settle.source, settle.offsets)
             .await
             .map(|_| ())
-            .map_err(|error| SinkError {
-                uid: self.config.uid().to_owned(),
-                retryable: error.is_transient(),
-                retry_after: None,
-                source: Box::new(error),
-            })
+            .map_err(|error| SinkError::settling(self.config.uid(), error))
     }
 
     fn connection(&self, pipeline_id: &str) -> SinkConnection {
