@@ -1,0 +1,182 @@
+//! The archiver: reads every finalized chain stream that has a table and appends its records
+//! to the warehouse, every [`ArchiverSettings::flush_every`] (`--warehouse-flush-secs`).
+//!
+//! Where it reads from is the table's manifest (the offsets of the last append), not a
+//! consumer group: the rows and the offsets they came from are committed together, so a
+//! restart resumes exactly after the last append — nothing lost, nothing twice. Afterwards the
+//! same offsets are committed to the consumer group [`ARCHIVER_GROUP`], for anyone watching
+//! lag. A record older than the stream keeps (2 days) is gone before it can be archived; the
+//! archiver logs how many when it finds such a gap.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_bus::StreamLog;
+use sluice_core::streams::event_time;
+use tokio::sync::watch;
+
+use crate::tables::Table;
+use crate::warehouse::{Row, Warehouse, WarehouseError};
+
+/// The consumer group the archiver commits its offsets to (informational).
+pub const ARCHIVER_GROUP: &str = "sluice-warehouse-archiver";
+
+/// How the archiver runs.
+#[derive(Debug, Clone, Copy)]
+pub struct ArchiverSettings {
+    /// How often buffered records are written (default 60 s).
+    pub flush_every: Duration,
+    /// Most rows one append writes (bounds the archiver's memory).
+    pub max_rows_per_append: usize,
+    /// Records read per partition per read call.
+    pub read_batch: usize,
+}
+
+impl Default for ArchiverSettings {
+    fn default() -> Self {
+        Self {
+            flush_every: Duration::from_secs(60),
+            max_rows_per_append: 500_000,
+            read_batch: 10_000,
+        }
+    }
+}
+
+/// What went wrong archiving.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiverError {
+    #[error(transparent)]
+    Warehouse(#[from] WarehouseError),
+    #[error("stream log: {0}")]
+    Bus(#[from] sluice_bus::BusError),
+    #[error("the warehouse append task ended abnormally: {0}")]
+    Task(String),
+}
+
+/// Archives `tables` from `log` into `warehouse`.
+#[derive(Clone)]
+pub struct Archiver {
+    warehouse: Warehouse,
+    log: Arc<dyn StreamLog>,
+    tables: Vec<Table>,
+    settings: ArchiverSettings,
+}
+
+impl std::fmt::Debug for Archiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Archiver")
+            .field("tables", &self.tables.len())
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Archiver {
+    pub fn new(
+        warehouse: Warehouse,
+        log: Arc<dyn StreamLog>,
+        tables: Vec<Table>,
+        settings: ArchiverSettings,
+    ) -> Self {
+        Self { warehouse, log, tables, settings }
+    }
+
+    /// Archives until `stop` turns true, then once more (what was read is written).
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        loop {
+            let stopping = tokio::select! {
+                () = tokio::time::sleep(self.settings.flush_every) => false,
+                _ = stop.changed() => true,
+            };
+            match self.drain().await {
+                Ok(rows) if rows > 0 => {
+                    tracing::info!(rows, "archived chain records into the warehouse")
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "archiving failed; the next flush tries again")
+                }
+            }
+            if stopping || *stop.borrow() {
+                return;
+            }
+        }
+    }
+
+    /// Appends everything the streams hold past each table's manifest; answers the rows
+    /// archived.
+    ///
+    /// # Errors
+    /// A log read or a warehouse write that failed (what was appended before stays).
+    pub async fn drain(&self) -> Result<u64, ArchiverError> {
+        let mut total = 0;
+        for table in &self.tables {
+            total += self.drain_table(table).await?;
+        }
+        Ok(total)
+    }
+
+    async fn drain_table(&self, table: &Table) -> Result<u64, ArchiverError> {
+        let topic = table.stream();
+        let Some(config) = self.log.topic(&topic).await? else { return Ok(0) };
+        let manifest = self.warehouse.manifest(&table.name)?;
+        let ranges = self.log.offsets(&topic).await?;
+        let mut next: Vec<(u32, u64)> = (0..config.partitions)
+            .map(|p| {
+                let archived = manifest.offsets.get(&p).copied().unwrap_or(0);
+                let start = ranges.get(p as usize).map_or(0, |r| r.start);
+                if archived < start {
+                    tracing::warn!(table = %table.name, partition = p, lost = start - archived, "records left the stream before they were archived");
+                }
+                (p, archived.max(start))
+            })
+            .collect();
+        let mut archived = 0;
+        loop {
+            let mut rows = Vec::new();
+            let mut moved = false;
+            for (partition, from) in &mut next {
+                while rows.len() < self.settings.max_rows_per_append {
+                    let want = self
+                        .settings
+                        .read_batch
+                        .min(self.settings.max_rows_per_append - rows.len());
+                    let records = self.log.read(&topic, *partition, *from, want).await?;
+                    let Some(last) = records.last().map(|r| r.offset) else { break };
+                    for record in records {
+                        let Ok(map) = serde_json::from_slice::<
+                            serde_json::Map<String, serde_json::Value>,
+                        >(&record.value) else {
+                            tracing::warn!(table = %table.name, offset = record.offset, "a stream record that is not a JSON object is not archived");
+                            continue;
+                        };
+                        let Some(time) = event_time(table.entity, &map) else {
+                            tracing::warn!(table = %table.name, offset = record.offset, "a stream record without a block time is not archived");
+                            continue;
+                        };
+                        rows.push(Row {
+                            key: String::from_utf8_lossy(&record.key).into_owned(),
+                            time_us: time.timestamp_micros(),
+                            record: String::from_utf8_lossy(&record.value).into_owned(),
+                        });
+                    }
+                    *from = last + 1;
+                    moved = true;
+                }
+            }
+            if !moved {
+                return Ok(archived);
+            }
+            let count = rows.len() as u64;
+            let (warehouse, table_owned, offsets) =
+                (self.warehouse.clone(), table.clone(), next.clone());
+            tokio::task::spawn_blocking(move || warehouse.append(&table_owned, rows, &offsets))
+                .await
+                .map_err(|error| ArchiverError::Task(error.to_string()))??;
+            archived += count;
+            if let Err(error) = self.log.commit(ARCHIVER_GROUP, &topic, &next).await {
+                tracing::debug!(%error, "archiver group commit failed (informational only)");
+            }
+        }
+    }
+}

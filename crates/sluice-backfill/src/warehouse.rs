@@ -1,0 +1,569 @@
+//! The warehouse on a local directory: per table, parquet files partitioned by the day of
+//! `block_timestamp` (`<table>/date=YYYY-MM-DD/part-<version>-<n>.parquet`), rows sorted by
+//! time inside a file and written in row groups of [`ROW_GROUP_ROWS`], so a window reads only
+//! the files and row groups whose time range meets it.
+//!
+//! Each table has a manifest (`<table>/_manifest.json`): the files that belong to it and the
+//! source offsets archived so far. An append writes and fsyncs its files, then replaces the
+//! manifest atomically (write, fsync, rename, fsync the directory). The manifest is the
+//! commit: a file it does not list (left by a crash between the two steps) is not part of the
+//! table and is deleted when the warehouse opens; the archiver resumes from the manifest's
+//! offsets, so a restart neither loses nor duplicates rows.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use arrow_array::builder::{
+    Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
+};
+use arrow_array::{
+    Array, ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::file::properties::WriterProperties;
+use parquet::file::statistics::Statistics;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::tables::{ColumnKind, KEY_COLUMN, RECORD_COLUMN, TIME_COLUMN, Table};
+
+/// Rows per row group: the unit a window skips or reads.
+pub const ROW_GROUP_ROWS: usize = 65_536;
+const MANIFEST: &str = "_manifest.json";
+
+/// What can go wrong with the warehouse.
+#[derive(Debug, thiserror::Error)]
+pub enum WarehouseError {
+    #[error("warehouse file {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parquet file {path}: {source}")]
+    Parquet {
+        path: String,
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+    #[error("manifest of {table} cannot be read: {detail}")]
+    Manifest { table: String, detail: String },
+}
+
+type Result<T, E = WarehouseError> = std::result::Result<T, E>;
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WarehouseError + '_ {
+    move |source| WarehouseError::Io { path: path.display().to_string(), source }
+}
+
+fn pq(path: &Path) -> impl FnOnce(parquet::errors::ParquetError) -> WarehouseError + '_ {
+    move |source| WarehouseError::Parquet { path: path.display().to_string(), source }
+}
+
+/// One file of a table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Relative to the table's directory.
+    pub path: String,
+    pub rows: u64,
+    /// Smallest and largest `block_timestamp`, Unix microseconds.
+    pub min_time_us: i64,
+    pub max_time_us: i64,
+    pub bytes: u64,
+}
+
+/// A table's manifest.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Grows with every append.
+    pub version: u64,
+    pub files: Vec<FileEntry>,
+    /// The next source offset to archive, per partition of the table's stream.
+    pub offsets: BTreeMap<u32, u64>,
+}
+
+impl Manifest {
+    pub fn rows(&self) -> u64 {
+        self.files.iter().map(|f| f.rows).sum()
+    }
+
+    /// `(min, max)` `block_timestamp` over the files, Unix microseconds.
+    pub fn time_range(&self) -> Option<(i64, i64)> {
+        let min = self.files.iter().map(|f| f.min_time_us).min()?;
+        let max = self.files.iter().map(|f| f.max_time_us).max()?;
+        Some((min, max))
+    }
+}
+
+/// One row to archive: a stream record with its key and block time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub key: String,
+    pub time_us: i64,
+    /// The record's JSON text, as the stream carried it.
+    pub record: String,
+}
+
+/// What a scan reads.
+#[derive(Debug, Clone)]
+pub struct Query {
+    /// Inclusive, Unix microseconds.
+    pub start_us: i64,
+    /// Exclusive.
+    pub end_us: i64,
+    /// `column IN values`: text columns compare lowercased (addresses and hashes are
+    /// lowercase in the streams), integer columns by value.
+    pub filter: Option<(String, Vec<String>)>,
+}
+
+/// What a scan did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanStats {
+    pub files_read: usize,
+    pub files_skipped: usize,
+    pub row_groups_read: usize,
+    pub row_groups_skipped: usize,
+    pub rows_matched: u64,
+}
+
+/// The warehouse under one directory.
+#[derive(Debug, Clone)]
+pub struct Warehouse {
+    root: PathBuf,
+    manifests: Arc<Mutex<HashMap<String, Manifest>>>,
+}
+
+impl Warehouse {
+    /// Opens (creating) the warehouse at `root`, deleting files no manifest lists.
+    ///
+    /// # Errors
+    /// When the directory cannot be made or read, or a manifest does not parse.
+    pub fn open(root: &Path) -> Result<Self> {
+        std::fs::create_dir_all(root).map_err(io(root))?;
+        let warehouse = Self { root: root.to_owned(), manifests: Arc::default() };
+        for entry in std::fs::read_dir(root).map_err(io(root))? {
+            let entry = entry.map_err(io(root))?;
+            if entry.path().is_dir() {
+                let table = entry.file_name().to_string_lossy().into_owned();
+                let manifest = warehouse.manifest(&table)?;
+                warehouse.remove_unlisted(&table, &manifest)?;
+            }
+        }
+        Ok(warehouse)
+    }
+
+    fn table_dir(&self, table: &str) -> PathBuf {
+        self.root.join(table)
+    }
+
+    /// The manifest of `table` (empty when the table has no files yet).
+    ///
+    /// # Errors
+    /// A manifest that cannot be read.
+    pub fn manifest(&self, table: &str) -> Result<Manifest> {
+        if let Some(found) = self.manifests.lock().expect("not poisoned").get(table) {
+            return Ok(found.clone());
+        }
+        let path = self.table_dir(table).join(MANIFEST);
+        let manifest = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| {
+                WarehouseError::Manifest { table: table.to_owned(), detail: error.to_string() }
+            })?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Manifest::default(),
+            Err(error) => return Err(io(&path)(error)),
+        };
+        self.manifests.lock().expect("not poisoned").insert(table.to_owned(), manifest.clone());
+        Ok(manifest)
+    }
+
+    fn remove_unlisted(&self, table: &str, manifest: &Manifest) -> Result<()> {
+        let listed: HashSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
+        let dir = self.table_dir(table);
+        for day in std::fs::read_dir(&dir).map_err(io(&dir))? {
+            let day = day.map_err(io(&dir))?.path();
+            if !day.is_dir() {
+                continue;
+            }
+            for file in std::fs::read_dir(&day).map_err(io(&day))? {
+                let file = file.map_err(io(&day))?.path();
+                let relative =
+                    file.strip_prefix(&dir).unwrap_or(&file).to_string_lossy().into_owned();
+                if !listed.contains(relative.as_str()) {
+                    tracing::warn!(table, file = %relative, "removing a warehouse file no manifest lists (left by a crash)");
+                    std::fs::remove_file(&file).map_err(io(&file))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends `rows` to `table` and records `offsets` as archived, in one manifest commit.
+    /// Rows are split by day and sorted by time; each day gets a new file.
+    ///
+    /// # Errors
+    /// A file or the manifest that cannot be written; nothing is committed then.
+    pub fn append(
+        &self,
+        table: &Table,
+        mut rows: Vec<Row>,
+        offsets: &[(u32, u64)],
+    ) -> Result<Manifest> {
+        let mut manifest = self.manifest(&table.name)?;
+        manifest.version += 1;
+        rows.sort_by(|a, b| a.time_us.cmp(&b.time_us).then_with(|| a.key.cmp(&b.key)));
+        let dir = self.table_dir(&table.name);
+        let mut start = 0;
+        let mut n = 0;
+        while start < rows.len() {
+            let day = day_of(rows[start].time_us);
+            let end = rows[start..]
+                .iter()
+                .position(|r| day_of(r.time_us) != day)
+                .map_or(rows.len(), |p| start + p);
+            let relative = format!("date={day}/part-{:08}-{n:04}.parquet", manifest.version);
+            let path = dir.join(&relative);
+            let bytes = write_file(table, &rows[start..end], &path)?;
+            manifest.files.push(FileEntry {
+                path: relative,
+                rows: (end - start) as u64,
+                min_time_us: rows[start].time_us,
+                max_time_us: rows[end - 1].time_us,
+                bytes,
+            });
+            start = end;
+            n += 1;
+        }
+        for (partition, next) in offsets {
+            let at = manifest.offsets.entry(*partition).or_default();
+            *at = (*at).max(*next);
+        }
+        self.commit(&table.name, &manifest)?;
+        Ok(manifest)
+    }
+
+    fn commit(&self, table: &str, manifest: &Manifest) -> Result<()> {
+        let dir = self.table_dir(table);
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let path = dir.join(MANIFEST);
+        let temp = dir.join(format!("{MANIFEST}.tmp"));
+        let text = serde_json::to_vec(manifest).expect("a manifest serializes");
+        let mut file = File::create(&temp).map_err(io(&temp))?;
+        file.write_all(&text).map_err(io(&temp))?;
+        file.sync_all().map_err(io(&temp))?;
+        std::fs::rename(&temp, &path).map_err(io(&path))?;
+        File::open(&dir).and_then(|d| d.sync_all()).map_err(io(&dir))?;
+        self.manifests.lock().expect("not poisoned").insert(table.to_owned(), manifest.clone());
+        Ok(())
+    }
+
+    /// Calls `on_row(key, record)` for every row of `table` in `query`'s window and filter,
+    /// in file order (time order within a file). Files and row groups whose time range misses
+    /// the window are not read.
+    ///
+    /// # Errors
+    /// A file that cannot be read.
+    pub fn scan(
+        &self,
+        table: &Table,
+        query: &Query,
+        mut on_row: impl FnMut(&str, &str) -> Result<()>,
+    ) -> Result<ScanStats> {
+        let manifest = self.manifest(&table.name)?;
+        let mut stats = ScanStats::default();
+        let filter = query.filter.as_ref().map(|(column, values)| {
+            let kind = table.column(column).unwrap_or(ColumnKind::Text);
+            let set: HashSet<String> = values.iter().map(|v| v.to_lowercase()).collect();
+            (column.clone(), kind, set)
+        });
+        let dir = self.table_dir(&table.name);
+        let time_index = table
+            .columns
+            .iter()
+            .position(|(n, _)| *n == TIME_COLUMN)
+            .expect("every table has a time column");
+        for entry in &manifest.files {
+            if entry.max_time_us < query.start_us || entry.min_time_us >= query.end_us {
+                stats.files_skipped += 1;
+                continue;
+            }
+            stats.files_read += 1;
+            let path = dir.join(&entry.path);
+            let file = File::open(&path).map_err(io(&path))?;
+            let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(pq(&path))?;
+            let metadata = builder.metadata().clone();
+            let mut groups = Vec::new();
+            for (index, group) in metadata.row_groups().iter().enumerate() {
+                let meets = match group.column(time_index).statistics() {
+                    Some(Statistics::Int64(s)) => match (s.min_opt(), s.max_opt()) {
+                        (Some(min), Some(max)) => *max >= query.start_us && *min < query.end_us,
+                        _ => true,
+                    },
+                    _ => true,
+                };
+                if meets {
+                    groups.push(index);
+                } else {
+                    stats.row_groups_skipped += 1;
+                }
+            }
+            stats.row_groups_read += groups.len();
+            if groups.is_empty() {
+                continue;
+            }
+            let mut wanted = vec![TIME_COLUMN, KEY_COLUMN, RECORD_COLUMN];
+            if let Some((column, _, _)) = &filter {
+                wanted.push(column.as_str());
+            }
+            let indices: Vec<usize> = table
+                .columns
+                .iter()
+                .enumerate()
+                .filter(|(_, (name, _))| wanted.contains(name))
+                .map(|(i, _)| i)
+                .collect();
+            let mask = ProjectionMask::roots(metadata.file_metadata().schema_descr(), indices);
+            let reader = builder
+                .with_row_groups(groups)
+                .with_projection(mask)
+                .with_batch_size(8192)
+                .build()
+                .map_err(pq(&path))?;
+            for batch in reader {
+                let batch = batch?;
+                let times = column::<TimestampMicrosecondArray>(&batch, TIME_COLUMN)?;
+                let keys = column::<StringArray>(&batch, KEY_COLUMN)?;
+                let records = column::<StringArray>(&batch, RECORD_COLUMN)?;
+                let filter_column =
+                    filter.as_ref().map(|(name, _, _)| batch.column_by_name(name).cloned());
+                for row in 0..batch.num_rows() {
+                    let time = times.value(row);
+                    if time < query.start_us || time >= query.end_us {
+                        continue;
+                    }
+                    if let (Some((_, kind, set)), Some(Some(values))) = (&filter, &filter_column) {
+                        if !matches_filter(values, *kind, row, set) {
+                            continue;
+                        }
+                    }
+                    stats.rows_matched += 1;
+                    on_row(keys.value(row), records.value(row))?;
+                }
+            }
+        }
+        Ok(stats)
+    }
+}
+
+fn column<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> Result<&'a T> {
+    batch.column_by_name(name).and_then(|c| c.as_any().downcast_ref::<T>()).ok_or_else(|| {
+        WarehouseError::Arrow(arrow_schema::ArrowError::SchemaError(format!(
+            "column {name} missing or of another type"
+        )))
+    })
+}
+
+fn matches_filter(values: &ArrayRef, kind: ColumnKind, row: usize, set: &HashSet<String>) -> bool {
+    if values.is_null(row) {
+        return false;
+    }
+    match kind {
+        ColumnKind::Int => values
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .is_some_and(|a| set.contains(&a.value(row).to_string())),
+        _ => values
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .is_some_and(|a| set.contains(&a.value(row).to_lowercase())),
+    }
+}
+
+/// `YYYY-MM-DD` of a Unix-microsecond time (UTC).
+fn day_of(time_us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(time_us)
+        .map_or_else(|| "1970-01-01".to_owned(), |t| t.format("%Y-%m-%d").to_string())
+}
+
+/// Writes `rows` (sorted by time) as one parquet file; answers its size.
+fn write_file(table: &Table, rows: &[Row], path: &Path) -> Result<u64> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    let props = WriterProperties::builder()
+        .set_max_row_group_size(ROW_GROUP_ROWS)
+        .set_compression(parquet::basic::Compression::SNAPPY)
+        .build();
+    let file = File::create(path).map_err(io(path))?;
+    let mut writer =
+        ArrowWriter::try_new(file, table.schema.clone(), Some(props)).map_err(pq(path))?;
+    for slice in rows.chunks(ROW_GROUP_ROWS) {
+        let batch = batch_of(table, slice)?;
+        writer.write(&batch).map_err(pq(path))?;
+    }
+    let file = writer.into_inner().map_err(pq(path))?;
+    file.sync_all().map_err(io(path))?;
+    Ok(file.metadata().map_err(io(path))?.len())
+}
+
+/// The arrow batch of `rows`: every column from the record's JSON.
+fn batch_of(table: &Table, rows: &[Row]) -> Result<RecordBatch> {
+    let parsed: Vec<serde_json::Map<String, Value>> =
+        rows.iter().map(|row| serde_json::from_str(&row.record).unwrap_or_default()).collect();
+    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(table.columns.len());
+    for (name, kind) in &table.columns {
+        let array: ArrayRef = match (*name, kind) {
+            (KEY_COLUMN, _) => {
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.key.as_str())))
+            }
+            (RECORD_COLUMN, _) => {
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.record.as_str())))
+            }
+            (_, ColumnKind::Time) => {
+                let mut builder = TimestampMicrosecondBuilder::with_capacity(rows.len());
+                for row in rows {
+                    builder.append_value(row.time_us);
+                }
+                Arc::new(builder.finish().with_timezone("UTC"))
+            }
+            (_, ColumnKind::Int) => {
+                let mut builder = Int64Builder::with_capacity(rows.len());
+                for record in &parsed {
+                    builder.append_option(
+                        record
+                            .get(*name)
+                            .and_then(|v| v.as_i64().or_else(|| v.as_str()?.parse().ok())),
+                    );
+                }
+                Arc::new(builder.finish())
+            }
+            (_, ColumnKind::Float) => {
+                let mut builder = Float64Builder::with_capacity(rows.len());
+                for record in &parsed {
+                    builder.append_option(
+                        record
+                            .get(*name)
+                            .and_then(|v| v.as_f64().or_else(|| v.as_str()?.parse().ok())),
+                    );
+                }
+                Arc::new(builder.finish())
+            }
+            (_, ColumnKind::Text) => {
+                let mut builder = StringBuilder::with_capacity(rows.len(), rows.len() * 32);
+                for record in &parsed {
+                    match record.get(*name) {
+                        None | Some(Value::Null) => builder.append_null(),
+                        Some(Value::String(text)) => builder.append_value(text),
+                        Some(other) => builder.append_value(other.to_string()),
+                    }
+                }
+                Arc::new(builder.finish())
+            }
+        };
+        arrays.push(array);
+    }
+    Ok(RecordBatch::try_new(table.schema.clone(), arrays)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::catalog::Catalog;
+
+    fn transfer(n: u64, time_us: i64, token: &str) -> Row {
+        let record = serde_json::json!({
+            "block_number": n, "block_timestamp": chrono::DateTime::from_timestamp_micros(time_us).unwrap().to_rfc3339(),
+            "transaction_hash": format!("0x{n:064x}"), "log_index": 0, "token_address": token,
+            "from_address": "0x1", "to_address": "0x2", "amount_str": "1.5", "amount": 1.5,
+        });
+        Row { key: format!("0x{n:064x}:0"), time_us, record: record.to_string() }
+    }
+
+    const DAY_US: i64 = 86_400_000_000;
+
+    #[test]
+    fn a_window_reads_only_what_meets_it_with_the_start_in_and_the_end_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let warehouse = Warehouse::open(dir.path()).unwrap();
+        let table =
+            crate::tables::table(&Catalog::default(), "base.assets.erc20_token_transfers").unwrap();
+        let base = 1_767_225_600_000_000; // 2026-01-01
+        // Three days, one row per minute; every 3rd row USDC.
+        let rows: Vec<Row> = (0..3 * 1440)
+            .map(|i| {
+                transfer(
+                    i,
+                    base + i as i64 * 60_000_000,
+                    if i % 3 == 0 { "0xUSDC" } else { "0xother" },
+                )
+            })
+            .collect();
+        warehouse.append(&table, rows, &[(0, 4320)]).unwrap();
+        let manifest = warehouse.manifest(&table.name).unwrap();
+        assert_eq!(manifest.files.len(), 3, "one file per day");
+        assert_eq!(manifest.rows(), 4320);
+        assert_eq!(manifest.offsets[&0], 4320);
+        // Day two exactly: starts at its first row (included), ends at day three's first (excluded).
+        let query = Query { start_us: base + DAY_US, end_us: base + 2 * DAY_US, filter: None };
+        let mut keys = Vec::new();
+        let stats = warehouse
+            .scan(&table, &query, |key, _| {
+                keys.push(key.to_owned());
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(keys.len(), 1440);
+        assert_eq!(keys[0], format!("0x{:064x}:0", 1440));
+        assert_eq!(stats.files_read, 1);
+        assert_eq!(stats.files_skipped, 2);
+        // A filter on a text column compares lowercased.
+        let query = Query {
+            start_us: base,
+            end_us: base + 3 * DAY_US,
+            filter: Some(("token_address".to_owned(), vec!["0xusdc".to_owned()])),
+        };
+        let stats = warehouse
+            .scan(&table, &query, |_, record| {
+                assert!(record.contains("0xUSDC"));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(stats.rows_matched, 1440);
+        // An integer column by value.
+        let query = Query {
+            start_us: base,
+            end_us: base + 3 * DAY_US,
+            filter: Some(("block_number".to_owned(), vec!["7".to_owned(), "9".to_owned()])),
+        };
+        assert_eq!(warehouse.scan(&table, &query, |_, _| Ok(())).unwrap().rows_matched, 2);
+    }
+
+    #[test]
+    fn files_no_manifest_lists_are_removed_and_the_manifest_survives_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = crate::tables::table(&Catalog::default(), "base.dex.trades").unwrap();
+        {
+            let warehouse = Warehouse::open(dir.path()).unwrap();
+            let row = Row {
+                key: "k".to_owned(),
+                time_us: 1_767_225_600_000_000,
+                record: "{}".to_owned(),
+            };
+            warehouse.append(&table, vec![row], &[(3, 10)]).unwrap();
+        }
+        // A file written by an append that crashed before its manifest commit.
+        let stray = dir.path().join("base.dex.trades/date=2026-01-01/part-00000009-0000.parquet");
+        std::fs::write(&stray, b"half").unwrap();
+        let warehouse = Warehouse::open(dir.path()).unwrap();
+        assert!(!stray.exists());
+        let manifest = warehouse.manifest("base.dex.trades").unwrap();
+        assert_eq!(manifest.rows(), 1);
+        assert_eq!(manifest.offsets[&3], 10);
+    }
+}
