@@ -7,6 +7,7 @@
 //! (`sluice-api`) build on it. Start reading at [`pipeline`] (the record and its validation),
 //! then [`catalog`] and [`permission`].
 
+pub mod backfill;
 pub mod catalog;
 pub mod clock;
 pub mod datasets;

@@ -44,3 +44,22 @@ mod tests {
         assert_eq!(parse("2026-01-02T04:04:05+01:00").unwrap(), at);
     }
 }
+
+/// `#[serde(with = "sluice_core::time::rfc3339_option")]` for `Option<DateTime<Utc>>` fields.
+pub mod rfc3339_option {
+    use chrono::{DateTime, Utc};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(at: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
+        match at {
+            Some(at) => s.serialize_str(&super::format(*at)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|text| super::parse(&text).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}

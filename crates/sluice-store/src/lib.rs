@@ -19,6 +19,7 @@
 //! `tests/it/conformance.rs` runs one suite against each backend. This crate must not depend
 //! on the runtime or the API.
 
+mod backfills;
 mod datasets;
 mod deployments;
 pub mod dialect;
@@ -37,6 +38,7 @@ mod store;
 
 use std::sync::Arc;
 
+pub use backfills::BackfillStore;
 pub use datasets::{DatasetStore, EntriesChange, EntryPage};
 pub use deployments::DeploymentStore;
 pub use dialect::Dialect;
@@ -77,6 +79,7 @@ pub trait MetadataStore:
     + MetricsStore
     + PriceStore
     + SecretStore
+    + BackfillStore
     + Send
     + Sync
     + 'static
@@ -95,7 +98,8 @@ where
         + DatasetStore
         + MetricsStore
         + PriceStore
-        + SecretStore,
+        + SecretStore
+        + BackfillStore,
 {
     fn into_prices(self: Arc<Self>) -> Arc<dyn PriceStore> {
         self

@@ -149,6 +149,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             postgres: include_str!("migrations/0012_org_secrets.postgres.sql"),
         },
     },
+    Migration {
+        version: 13,
+        name: "backfill_jobs",
+        sql: Sql::Portable(include_str!("migrations/0013_backfill_jobs.sql")),
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

@@ -386,11 +386,11 @@ fn validate_uid(fields: &mut Fields<'_>, errors: &mut Violations) -> Result<Stri
 }
 
 fn generated_uid(loc: &Loc) -> String {
-    // Sinks sit under `sinks`, transforms under `transforms`.
-    let is_sink = loc
-        .items()
-        .iter()
-        .any(|item| matches!(item, crate::validation::LocItem::Field(f) if f == "sinks"));
+    // Sinks sit under `sinks` (a backfill's under `destinations`), transforms under
+    // `transforms`.
+    let is_sink = loc.items().iter().any(|item| {
+        matches!(item, crate::validation::LocItem::Field(f) if f == "sinks" || f == "destinations")
+    });
     if is_sink { ids::new_sink_uid() } else { ids::new_transform_uid() }
 }
 

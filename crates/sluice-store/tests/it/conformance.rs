@@ -41,6 +41,7 @@ on_both_backends!(
     deployment_round_trips_and_upserts,
     a_set_filter_removed_and_added_again_starts_empty,
     secrets_are_sealed_per_org_revised_on_write_and_resealed_after_rotation,
+    backfill_jobs_list_per_org_in_creation_order_and_update_only_from_the_given_states,
 );
 
 /// Two stores on one database, as two server processes: each decides membership from its
@@ -904,4 +905,65 @@ async fn secrets_are_sealed_per_org_revised_on_write_and_resealed_after_rotation
     assert!(only_new.delete(&admin.org.id, "hook").await.unwrap());
     assert!(!only_new.delete(&admin.org.id, "hook").await.unwrap());
     assert!(!only_new.exists(&admin.org.id, "hook").await.unwrap());
+}
+
+async fn backfill_jobs_list_per_org_in_creation_order_and_update_only_from_the_given_states(
+    store: Arc<dyn MetadataStore>,
+) {
+    use sluice_core::backfill::{BackfillJob, BackfillStatus};
+    let acme = store.ensure_identity("acme", "t", "u", false).await.unwrap();
+    let other = store.ensure_identity("other", "t", "u", false).await.unwrap();
+    let at = |s: i64| Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap() + Duration::seconds(s);
+    let job = |id: &str, org: &str, created: i64| BackfillJob {
+        job_id: id.to_owned(),
+        workflow_id: BackfillJob::workflow_id_of(org, id),
+        organization_id: org.to_owned(),
+        status: BackfillStatus::Staging,
+        job_name: format!("job {id}"),
+        table: "base.dex.trades".to_owned(),
+        partition_key: "block_timestamp".to_owned(),
+        backfill_start: at(0),
+        backfill_end: at(3600),
+        filter_column: None,
+        filter_values: None,
+        destinations: Vec::new(),
+        static_egress_ip: false,
+        num_chunks: None,
+        chunks_left: 0,
+        error_message: None,
+        rows_staged: 0,
+        rows_delivered: 0,
+        created_by: "u".to_owned(),
+        created_at: at(created),
+        updated_at: at(created),
+        time_completed: None,
+    };
+    store.insert_backfill(&job("b", &acme.org.id, 20)).await.unwrap();
+    store.insert_backfill(&job("a", &acme.org.id, 10)).await.unwrap();
+    store.insert_backfill(&job("c", &other.org.id, 5)).await.unwrap();
+    let listed: Vec<String> =
+        store.list_backfills(&acme.org.id).await.unwrap().into_iter().map(|j| j.job_id).collect();
+    assert_eq!(listed, ["a", "b"]);
+    let mut a = store.backfill("a").await.unwrap().unwrap();
+    assert_eq!(a, job("a", &acme.org.id, 10));
+    // Staging -> transporting, then a cancel; a late "completed" from the runner loses.
+    a.status = BackfillStatus::Transporting;
+    a.num_chunks = Some(3);
+    a.chunks_left = 3;
+    assert!(store.update_backfill(&a, &[BackfillStatus::Staging]).await.unwrap());
+    let mut cancelled = a.clone();
+    cancelled.status = BackfillStatus::Cancelled;
+    assert!(
+        store
+            .update_backfill(&cancelled, &[BackfillStatus::Staging, BackfillStatus::Transporting])
+            .await
+            .unwrap()
+    );
+    a.status = BackfillStatus::Completed;
+    assert!(!store.update_backfill(&a, &[BackfillStatus::Transporting]).await.unwrap());
+    assert_eq!(store.backfill("a").await.unwrap().unwrap().status, BackfillStatus::Cancelled);
+    let active: Vec<String> =
+        store.active_backfills().await.unwrap().into_iter().map(|j| j.job_id).collect();
+    assert_eq!(active, ["c", "b"]);
+    assert!(store.backfill("nope").await.unwrap().is_none());
 }

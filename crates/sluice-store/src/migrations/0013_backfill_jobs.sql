@@ -1,0 +1,13 @@
+-- Backfill jobs. The job record is kept as JSON (every SPEC field and ours); the columns
+-- beside it are what the store selects and orders by. `created_at` is fixed-width RFC 3339
+-- with microseconds, so text order is creation order; the id breaks ties.
+CREATE TABLE backfill_jobs (
+    job_id TEXT PRIMARY KEY,
+    org_id TEXT NOT NULL REFERENCES orgs (id) ON DELETE CASCADE,
+    status TEXT NOT NULL,
+    job TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX backfill_jobs_by_org ON backfill_jobs (org_id, created_at, job_id);
+CREATE INDEX backfill_jobs_by_status ON backfill_jobs (status);
