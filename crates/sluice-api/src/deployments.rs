@@ -265,19 +265,28 @@ pub async fn sink_records(
     let not_found =
         || ApiError::NotFound(format!("Sink {sink_uid} of pipeline {config_id} is not deployed"));
     let topic = runtime.sink_topic(&config_id, &sink_uid).await?.ok_or_else(not_found)?;
-    let log = runtime.log().as_ref();
-    let Some(range) = retained(log, &topic).await? else { return Err(not_found()) };
+    topic_page(runtime.log().as_ref(), &topic, &page, not_found).await.map(Json)
+}
+
+/// A page of `topic` (one partition) as `page` asks; `not_found` when the topic is gone.
+pub(crate) async fn topic_page(
+    log: &dyn StreamLog,
+    topic: &str,
+    page: &PageQuery,
+    not_found: impl Fn() -> ApiError,
+) -> Result<RecordsBody, ApiError> {
+    let Some(range) = retained(log, topic).await? else { return Err(not_found()) };
     if let Some(offset) = page.asked_offset {
         check_offset(offset, range)?;
     }
-    let records = page.read(log, &topic).await?.ok_or_else(not_found)?;
+    let records = page.read(log, topic).await?.ok_or_else(not_found)?;
     let next_offset = records.last().map_or(page.from, |r| r.offset + 1);
     let records = records.into_iter().map(SinkRecord::from).collect();
-    Ok(Json(RecordsBody { records, next_offset }))
+    Ok(RecordsBody { records, next_offset })
 }
 
 /// `offset`, `limit` and `wait_ms` of a topic read, checked.
-struct PageQuery {
+pub(crate) struct PageQuery {
     /// The `offset` asked for, or where the endpoint starts by default.
     from: u64,
     asked_offset: Option<u64>,
@@ -286,7 +295,7 @@ struct PageQuery {
 }
 
 impl PageQuery {
-    fn from_query(query: &Query) -> Result<Self, ApiError> {
+    pub(crate) fn from_query(query: &Query) -> Result<Self, ApiError> {
         let mut params = query.parse()?;
         let offset = params.uint("offset", MAX_OFFSET);
         let limit = params.int("limit", 1, MAX_RECORDS_PAGE).unwrap_or(DEFAULT_RECORDS_PAGE);

@@ -11,6 +11,7 @@
 
 pub mod account;
 pub mod auth;
+pub mod backfills;
 pub mod body;
 pub mod chains;
 pub mod datasets;
@@ -98,6 +99,8 @@ pub struct AppState {
     pub secrets: Option<sluice_store::Secrets>,
     /// The outbound address `static_egress_ip` pipelines send from, if the operator set one.
     pub egress: Option<std::net::IpAddr>,
+    /// Backfill jobs and the warehouse; `None` in a process that runs none (503).
+    pub backfills: Option<Arc<sluice_backfill::jobs::Backfills>>,
     openapi_json: axum::body::Bytes,
 }
 
@@ -125,6 +128,7 @@ impl AppState {
             chains: None,
             secrets: None,
             egress: None,
+            backfills: None,
             openapi_json: openapi_json.into(),
         }
     }
@@ -147,6 +151,13 @@ impl AppState {
     ) -> Self {
         self.secrets = Some(secrets);
         self.egress = egress;
+        self
+    }
+
+    /// Runs backfill jobs with `backfills`.
+    #[must_use]
+    pub fn with_backfills(mut self, backfills: Arc<sluice_backfill::jobs::Backfills>) -> Self {
+        self.backfills = Some(backfills);
         self
     }
 
@@ -225,6 +236,8 @@ impl AppState {
         (name = "streams", description = "Chain-stream ingest for operators' indexers"),
         (name = "filter-values", description = "Values of set-filter transforms"),
         (name = "datasets", description = "Named value lists of a user, for `beam.contains` in scripts"),
+        (name = "backfills", description = "Backfill jobs: a window of a warehouse table delivered to sinks"),
+        (name = "secrets", description = "Organization secrets that sinks name"),
         (name = "prices", description = "Token prices: latest price and OHLC, price history"),
         (name = "operations", description = "Health, readiness and this documentation"),
     )
@@ -308,6 +321,11 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(stats::prometheus))
         .routes(routes!(chains::list_chains))
         .routes(routes!(secrets::list_secrets))
+        .routes(routes!(backfills::create_backfill, backfills::list_backfills))
+        .routes(routes!(backfills::list_tables))
+        .routes(routes!(backfills::get_backfill))
+        .routes(routes!(backfills::cancel_backfill))
+        .routes(routes!(backfills::destination_records))
         .routes(routes!(secrets::put_secret, secrets::delete_secret))
 }
 

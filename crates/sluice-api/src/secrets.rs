@@ -182,9 +182,24 @@ pub async fn check_sinks(
     org_id: &str,
     spec: &sluice_core::pipeline::PipelineSpec,
 ) -> Result<(), ApiError> {
-    let mut errors = Violations::default();
     let sinks_loc = Loc::body().at("pipeline_config").at("sinks");
-    for (index, sink) in spec.pipeline_config.sinks.iter().enumerate() {
+    check_sink_list(state, org_id, &spec.pipeline_config.sinks, spec.static_egress_ip, &sinks_loc)
+        .await
+}
+
+/// [`check_sinks`] for any list of sinks at `sinks_loc` (a backfill's destinations too).
+///
+/// # Errors
+/// A store failure.
+pub async fn check_sink_list(
+    state: &AppState,
+    org_id: &str,
+    sinks: &[sluice_core::pipeline::SinkConfig],
+    static_egress_ip: bool,
+    sinks_loc: &Loc,
+) -> Result<(), ApiError> {
+    let mut errors = Violations::default();
+    for (index, sink) in sinks.iter().enumerate() {
         let loc = sinks_loc.at(index);
         for (field, name) in sink.secrets() {
             let exists = match &state.secrets {
@@ -198,7 +213,7 @@ pub async fn check_sinks(
                 ));
             }
         }
-        if spec.static_egress_ip && sink.is_external() {
+        if static_egress_ip && sink.is_external() {
             if state.egress.is_none() {
                 errors.push(Violation::value(
                     &Loc::body().at("static_egress_ip"),

@@ -6,5 +6,7 @@
 //! append, which is what makes the archiver's restart exact.
 
 pub mod archiver;
+pub mod jobs;
+pub mod staging;
 pub mod tables;
 pub mod warehouse;

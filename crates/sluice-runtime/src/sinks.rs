@@ -156,6 +156,21 @@ pub fn build(
     config: &SinkConfig,
     context: SinkContext<'_>,
 ) -> Result<Arc<dyn Sink>, SinkBuildError> {
+    match transport(config, context)? {
+        None => Ok(Arc::new(ManagedSink::new(context.pipeline_id, config.clone()))),
+        Some(transport) => Ok(Arc::new(ExternalSink::new(config.clone(), transport))),
+    }
+}
+
+/// How records reach the system of an external sink `config` (`None` for the managed sink,
+/// whose records stay in the log). Backfills deliver through it too.
+///
+/// # Errors
+/// [`SinkBuildError`].
+pub fn transport(
+    config: &SinkConfig,
+    context: SinkContext<'_>,
+) -> Result<Option<Arc<dyn Transport>>, SinkBuildError> {
     let uid = config.uid();
     let secret = |field: &'static str,
                   name: Option<&String>|
@@ -186,9 +201,7 @@ pub fn build(
         (true, Some(address)) => Some(address),
     };
     let transport: Arc<dyn Transport> = match config {
-        SinkConfig::Kafka(_) => {
-            return Ok(Arc::new(ManagedSink::new(context.pipeline_id, config.clone())));
-        }
+        SinkConfig::Kafka(_) => return Ok(None),
         SinkConfig::Webhook(webhook) => {
             let hash_key = secret("hash_key", webhook.hash_key.as_ref())?;
             Arc::new(
@@ -246,5 +259,5 @@ pub fn build(
             )
         }
     };
-    Ok(Arc::new(ExternalSink::new(config.clone(), transport)))
+    Ok(Some(transport))
 }

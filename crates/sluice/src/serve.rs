@@ -61,6 +61,41 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await
     .context("starting the pipeline runtime")?;
     let mut background = background_tasks(&runtime, &catalog, args.demo);
+    // The warehouse and its archiver, and backfill jobs over it (resumed where they were).
+    let warehouse =
+        sluice_backfill::warehouse::Warehouse::open(&settings.data_dir.join("warehouse"))
+            .context("opening the warehouse")?;
+    let (stop_archiver, archiver_stop) = tokio::sync::watch::channel(false);
+    let archiver = sluice_backfill::archiver::Archiver::new(
+        warehouse.clone(),
+        runtime.log().clone(),
+        sluice_backfill::tables::tables(&catalog),
+        sluice_backfill::archiver::ArchiverSettings {
+            flush_every: Duration::from_secs(settings.warehouse_flush_secs),
+            ..Default::default()
+        },
+    );
+    let archiver_task = tokio::spawn(archiver.run(archiver_stop));
+    let backfills = sluice_backfill::jobs::Backfills::new(
+        store.clone(),
+        warehouse,
+        runtime.log().clone(),
+        Arc::new(catalog.clone()),
+        clock.clone(),
+        settings.data_dir.join("staging"),
+        sluice_runtime::SinkEnv {
+            secrets: Some(secrets.clone()),
+            egress: settings.egress_bind_addr,
+        },
+        sluice_backfill::jobs::BackfillSettings {
+            chunk_rows: settings.backfill_chunk_rows,
+            ..Default::default()
+        },
+    );
+    let resumed = backfills.resume().await.context("resuming backfill jobs")?;
+    if resumed > 0 {
+        tracing::info!(resumed, "backfill jobs resumed");
+    }
     background.push(tokio::spawn(snapshot_sets(store.clone())));
     let chain_configs = crate::chains::configs(&settings.chains, &catalog)?;
     let chains = crate::chains::start(chain_configs, &runtime)?;
@@ -95,6 +130,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     )
     .with_runtime(runtime.clone())
     .with_sinks(secrets, settings.egress_bind_addr)
+    .with_backfills(backfills)
     .with_dataset_listener(datasets)
     .with_price_slot(prices);
     let state = match chains.status {
@@ -126,6 +162,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     axum::serve(listener, service).with_graceful_shutdown(shutdown_signal()).await?;
     for task in background {
         task.abort();
+    }
+    // What the archiver read is written before the process goes.
+    stop_archiver.send_replace(true);
+    if let Err(error) = archiver_task.await {
+        tracing::warn!(%error, "the archiver ended abnormally");
     }
     // Workers finish and commit their batch; deployments stay stored for the next start.
     runtime.shutdown().await;

@@ -85,6 +85,13 @@ pub struct ServeArgs {
     /// without it such pipelines are refused (422).
     #[arg(long, env = "SLUICE_EGRESS_BIND_ADDR", value_name = "IP")]
     pub egress_bind_addr: Option<std::net::IpAddr>,
+    /// How often the archiver writes the chain streams' new records into the warehouse, in
+    /// seconds [default: 60].
+    #[arg(long, env = "SLUICE_WAREHOUSE_FLUSH_SECS", value_name = "SECS")]
+    pub warehouse_flush_secs: Option<u64>,
+    /// Rows per staged chunk of a backfill job [default: 100000].
+    #[arg(long, env = "SLUICE_BACKFILL_CHUNK_ROWS", value_name = "ROWS")]
+    pub backfill_chunk_rows: Option<usize>,
 }
 
 /// The config file: every setting, all optional.
@@ -106,6 +113,8 @@ struct FileSettings {
     secrets_key: Option<String>,
     secrets_previous_keys: Option<String>,
     egress_bind_addr: Option<std::net::IpAddr>,
+    warehouse_flush_secs: Option<u64>,
+    backfill_chunk_rows: Option<usize>,
 }
 
 /// Where the stream log lives.
@@ -137,6 +146,8 @@ pub struct Settings {
     /// Earlier secrets keys (hex).
     pub secrets_previous_keys: Vec<String>,
     pub egress_bind_addr: Option<std::net::IpAddr>,
+    pub warehouse_flush_secs: u64,
+    pub backfill_chunk_rows: usize,
 }
 
 /// Shortest metrics token accepted: a guessable token would expose every tenant's metrics.
@@ -187,6 +198,16 @@ impl Settings {
                  surrounding spaces"
             );
         }
+        let warehouse_flush_secs =
+            args.warehouse_flush_secs.or(file.warehouse_flush_secs).unwrap_or(60);
+        if warehouse_flush_secs == 0 {
+            bail!("warehouse_flush_secs must be at least 1");
+        }
+        let backfill_chunk_rows =
+            args.backfill_chunk_rows.or(file.backfill_chunk_rows).unwrap_or(100_000);
+        if backfill_chunk_rows == 0 {
+            bail!("backfill_chunk_rows must be at least 1");
+        }
         let bus = resolve_bus(
             args.bus_url.clone().or(file.bus),
             args.bus_topic_prefix.clone().or(file.bus_topic_prefix),
@@ -219,6 +240,8 @@ impl Settings {
                 })
                 .unwrap_or_default(),
             egress_bind_addr: args.egress_bind_addr.or(file.egress_bind_addr),
+            warehouse_flush_secs,
+            backfill_chunk_rows,
         })
     }
 

@@ -29,7 +29,7 @@ const HOOK_SECRET: &str = "whsec-0123456789-abcdef";
 
 /// One request the receiver got.
 #[derive(Debug, Clone)]
-struct Received {
+pub(crate) struct Received {
     headers: HeaderMap,
     body: Bytes,
 }
@@ -55,7 +55,7 @@ impl Received {
 
 /// How the receiver answers.
 #[derive(Debug, Clone)]
-enum Answer {
+pub(crate) enum Answer {
     Accept,
     /// Every request: this status, with `Retry-After: 1`.
     Refuse(u16),
@@ -64,7 +64,7 @@ enum Answer {
 }
 
 #[derive(Clone)]
-struct Receiver {
+pub(crate) struct Receiver {
     got: Arc<Mutex<Vec<Received>>>,
     refused: Arc<Mutex<u64>>,
     answer: Arc<Mutex<Answer>>,
@@ -72,7 +72,7 @@ struct Receiver {
 }
 
 impl Receiver {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         Self::serve(listener).await
     }
@@ -119,11 +119,11 @@ impl Receiver {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/hook", self.address)
     }
 
-    fn set(&self, answer: Answer) {
+    pub(crate) fn set(&self, answer: Answer) {
         *self.answer.lock().unwrap() = answer;
     }
 
@@ -132,7 +132,7 @@ impl Receiver {
     }
 
     /// Transfer numbers received, in arrival order, repeats included.
-    fn numbers(&self) -> Vec<u64> {
+    pub(crate) fn numbers(&self) -> Vec<u64> {
         self.requests()
             .iter()
             .flat_map(|r| r.json())
@@ -141,7 +141,7 @@ impl Receiver {
     }
 
     /// Waits until `count` records arrived (a generous deadline fails the test).
-    async fn wait_for(&self, count: usize) -> Vec<u64> {
+    pub(crate) async fn wait_for(&self, count: usize) -> Vec<u64> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         loop {
             let numbers = self.numbers();

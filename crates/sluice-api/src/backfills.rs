@@ -1,0 +1,260 @@
+//! Backfills (SPEC "Backfills", REFERENCE §8) under `{base_url}/backfills`: create a job,
+//! list the organization's jobs, read one, cancel one, list the warehouse tables, and read a
+//! job's managed (`kafka`) destination. Jobs are organization-scoped: another
+//! organization's job is 404. Handlers parse, call the backfill service, render.
+
+use axum::Json;
+use axum::extract::State;
+use serde::Serialize;
+use sluice_backfill::jobs::{Backfills, Cancelled};
+use sluice_core::backfill::{BackfillJob, validate_backfill_body};
+use sluice_core::validation::Loc;
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::body::JsonBody;
+use crate::deployments::{PageQuery, RecordsBody, topic_page};
+use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
+use crate::params::{PathParams, Query};
+
+/// `{job_id, workflow_id}` of a new job.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CreatedBackfill {
+    pub job_id: String,
+    pub workflow_id: String,
+}
+
+/// `{"message": …}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BackfillMessage {
+    pub message: String,
+}
+
+/// One column of a warehouse table.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TableColumn {
+    pub name: String,
+    /// `integer`, `double`, `timestamp` or `string`.
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// A warehouse table.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TableBody {
+    pub name: String,
+    /// Only base-chain tables can be backfilled.
+    pub backfillable: bool,
+    pub columns: Vec<TableColumn>,
+    pub row_count: u64,
+    /// The earliest and latest `block_timestamp`; null while the table is empty.
+    #[schema(format = DateTime)]
+    pub min_block_timestamp: Option<String>,
+    #[schema(format = DateTime)]
+    pub max_block_timestamp: Option<String>,
+}
+
+fn service(state: &AppState) -> Result<&Arc<Backfills>, ApiError> {
+    state
+        .backfills
+        .as_ref()
+        .ok_or_else(|| ApiError::Unavailable("this process runs no backfills".to_owned()))
+}
+
+impl From<sluice_backfill::jobs::BackfillError> for ApiError {
+    fn from(error: sluice_backfill::jobs::BackfillError) -> Self {
+        match error {
+            sluice_backfill::jobs::BackfillError::Store(store) => Self::Store(store),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+/// The caller's organization's job `job_id`, or 404.
+async fn job_of(state: &AppState, caller: &Caller, job_id: &str) -> Result<BackfillJob, ApiError> {
+    state
+        .store
+        .backfill(job_id)
+        .await?
+        .filter(|job| job.organization_id == caller.0.org_id)
+        .ok_or_else(|| ApiError::NotFound(format!("Backfill job {job_id} not found")))
+}
+
+/// Create a backfill job: export `table` rows with `block_timestamp` in
+/// [`start`, `end`) (and `filter.column IN filter.values`) to every destination. The job
+/// starts staging at once.
+#[utoipa::path(
+    post, path = "/api/v1/beam/backfills", tag = "backfills",
+    request_body(content = Object, description = "SPEC create body: job_name, table, backfill_window {partition_key, start, end}, filter {column, values}?, destinations [sink…], static_egress_ip?"),
+    responses(
+        (status = 200, description = "The new job's ids", body = CreatedBackfill),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+        (status = 422, description = "Rule violations", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn create_backfill(
+    State(state): State<AppState>,
+    caller: Caller,
+    body: JsonBody,
+) -> Result<Json<CreatedBackfill>, ApiError> {
+    caller.require_pipelines()?;
+    let backfills = service(&state)?.clone();
+    let body = body.object()?;
+    let request = validate_backfill_body(&body, &|name| backfills.table_check(name))?;
+    let destinations_loc = Loc::body().at("destinations");
+    crate::secrets::check_sink_list(
+        &state,
+        &caller.0.org_id,
+        &request.destinations,
+        request.static_egress_ip,
+        &destinations_loc,
+    )
+    .await?;
+    let job = backfills.create(&caller.0.org_id, &caller.0.user_id, request).await?;
+    Ok(Json(CreatedBackfill { job_id: job.job_id, workflow_id: job.workflow_id }))
+}
+
+/// The caller's organization's backfill jobs, oldest first.
+#[utoipa::path(
+    get, path = "/api/v1/beam/backfills", tag = "backfills",
+    responses(
+        (status = 200, description = "The organization's jobs", body = [BackfillJob]),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_backfills(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<Vec<BackfillJob>>, ApiError> {
+    caller.require_pipelines()?;
+    service(&state)?;
+    Ok(Json(state.store.list_backfills(&caller.0.org_id).await?))
+}
+
+/// One backfill job of the caller's organization: its status and progress.
+#[utoipa::path(
+    get, path = "/api/v1/beam/backfills/{job_id}", tag = "backfills",
+    params(("job_id" = String, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "The job", body = BackfillJob),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such job in the caller's organization", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_backfill(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: PathParams,
+) -> Result<Json<BackfillJob>, ApiError> {
+    caller.require_pipelines()?;
+    service(&state)?;
+    Ok(Json(job_of(&state, &caller, path.get("job_id")).await?))
+}
+
+/// Cancel a job that is staging or transporting: it is `cancelled` at once and stops at the
+/// next chunk. 409 when it has already ended.
+#[utoipa::path(
+    post, path = "/api/v1/beam/backfills/{job_id}/cancel", tag = "backfills",
+    params(("job_id" = String, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "Cancelled", body = BackfillMessage),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such job in the caller's organization", body = ErrorBody),
+        (status = 409, description = "The job has already ended", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn cancel_backfill(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: PathParams,
+) -> Result<Json<BackfillMessage>, ApiError> {
+    caller.require_pipelines()?;
+    let job_id = path.get("job_id").to_owned();
+    match service(&state)?.cancel(&caller.0.org_id, &job_id).await? {
+        Cancelled::Cancelled(_) => {
+            Ok(Json(BackfillMessage { message: format!("Backfill job {job_id} cancelled") }))
+        }
+        Cancelled::AlreadyFinished(status) => Err(ApiError::Conflict(format!(
+            "Backfill job {job_id} has already ended ({})",
+            status.name()
+        ))),
+        Cancelled::NotFound => Err(ApiError::NotFound(format!("Backfill job {job_id} not found"))),
+    }
+}
+
+/// The warehouse tables: columns, row counts and time ranges.
+#[utoipa::path(
+    get, path = "/api/v1/beam/backfills/tables", tag = "backfills",
+    responses(
+        (status = 200, description = "Every table", body = [TableBody]),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_tables(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<Vec<TableBody>>, ApiError> {
+    caller.require_pipelines()?;
+    let time = |us: i64| chrono::DateTime::from_timestamp_micros(us).map(sluice_core::time::format);
+    let tables = service(&state)?
+        .tables()?
+        .into_iter()
+        .map(|table| TableBody {
+            min_block_timestamp: table.time_range_us.and_then(|(min, _)| time(min)),
+            max_block_timestamp: table.time_range_us.and_then(|(_, max)| time(max)),
+            name: table.name,
+            backfillable: table.backfillable,
+            columns: table
+                .columns
+                .into_iter()
+                .map(|(name, kind)| TableColumn { name, kind: kind.to_owned() })
+                .collect(),
+            row_count: table.rows,
+        })
+        .collect();
+    Ok(Json(tables))
+}
+
+/// Read what a job delivered to its managed (`kafka`) destination, in order. Page with
+/// `next_offset`; `wait_ms` long-polls.
+#[utoipa::path(
+    get, path = "/api/v1/beam/backfills/{job_id}/sinks/{sink_uid}/records", tag = "backfills",
+    params(
+        ("job_id" = String, Path, description = "Job id"),
+        ("sink_uid" = String, Path, description = "Destination uid"),
+        crate::deployments::RecordsQuery,
+    ),
+    responses(
+        (status = 200, description = "Records from `offset` on", body = RecordsBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such job or managed destination", body = ErrorBody),
+        (status = 416, description = "`offset` past the end; `detail` names the valid range", body = ErrorBody),
+        (status = 422, description = "Bad query parameter", body = ValidationErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn destination_records(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: PathParams,
+    query: Query,
+) -> Result<Json<RecordsBody>, ApiError> {
+    caller.require_pipelines()?;
+    let (job_id, sink_uid) = (path.get("job_id").to_owned(), path.get("sink_uid").to_owned());
+    let job = job_of(&state, &caller, &job_id).await?;
+    let page = PageQuery::from_query(&query)?;
+    let not_found =
+        || ApiError::NotFound(format!("Job {job_id} has no managed destination {sink_uid}"));
+    let topic = Backfills::managed_topic(&job, &sink_uid).ok_or_else(not_found)?;
+    let runtime = state.runtime()?;
+    topic_page(runtime.log().as_ref(), &topic, &page, not_found).await.map(Json)
+}

@@ -1,0 +1,421 @@
+//! Backfills through the HTTP API on the embedded log: records ingested, archived into the
+//! warehouse, exported by a job to a managed destination and a webhook.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use chrono::{TimeZone, Utc};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use sluice_api::{AppState, Limits};
+use sluice_backfill::archiver::{Archiver, ArchiverSettings};
+use sluice_backfill::jobs::{BackfillSettings, Backfills};
+use sluice_backfill::warehouse::Warehouse;
+use sluice_bus::{EmbeddedLog, StreamLog};
+use sluice_core::catalog::Catalog;
+use sluice_core::clock::ManualClock;
+use sluice_runtime::sets::StoreSetSource;
+use sluice_runtime::{Runtime, SinkEnv};
+use sluice_store::secrets::{Keyring, SecretsKey};
+use sluice_store::{MetadataStore, Secrets, SqliteStore};
+use tower::ServiceExt;
+
+use crate::external_sinks::{Answer, Receiver};
+use crate::pipeline_stack::{OTHER, USDC, key_for, settings};
+
+/// Transfers are one a minute from this time on.
+fn minute(n: u64) -> chrono::DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap() + chrono::Duration::minutes(n as i64)
+}
+
+fn transfer(n: u64) -> Value {
+    json!({
+        "n": n,
+        "block_number": 1000 + n,
+        "block_timestamp": sluice_core::time::format(minute(n)),
+        "transaction_hash": format!("0x{n:064x}"),
+        "log_index": 0,
+        "token_address": if n % 2 == 1 { USDC } else { OTHER },
+        "from_address": OTHER,
+        "to_address": OTHER,
+        "amount_str": "1.5",
+    })
+}
+
+struct Stack {
+    _dir: tempfile::TempDir,
+    staging: std::path::PathBuf,
+    log: Arc<dyn StreamLog>,
+    archiver: Archiver,
+    state: AppState,
+    operator: String,
+    owner: String,
+    stranger: String,
+}
+
+impl Stack {
+    async fn new(chunk_rows: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 3, 10, 0, 0, 0).unwrap()));
+        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+        let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
+        let log: Arc<dyn StreamLog> =
+            Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+        let secrets =
+            Secrets::new(store.clone(), Keyring::new(SecretsKey::generate().unwrap(), Vec::new()));
+        let env = SinkEnv { secrets: Some(secrets.clone()), egress: None };
+        let catalog = Arc::new(Catalog::default());
+        let runtime = Runtime::start_with_sinks(
+            store.clone(),
+            log.clone(),
+            catalog.clone(),
+            clock.clone(),
+            settings(),
+            Arc::new(StoreSetSource(store.clone())),
+            env.clone(),
+        )
+        .await
+        .unwrap();
+        let warehouse = Warehouse::open(&dir.path().join("warehouse")).unwrap();
+        let archiver = Archiver::new(
+            warehouse.clone(),
+            log.clone(),
+            sluice_backfill::tables::tables(&catalog),
+            ArchiverSettings::default(),
+        );
+        let staging = dir.path().join("staging");
+        let backfill_settings = BackfillSettings {
+            chunk_rows,
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(200),
+            ..BackfillSettings::default()
+        };
+        let backfills = Backfills::new(
+            store.clone(),
+            warehouse,
+            log.clone(),
+            catalog,
+            clock.clone(),
+            staging.clone(),
+            env,
+            backfill_settings,
+        );
+        let state = AppState::new(store.clone(), Catalog::default(), clock, Limits::default())
+            .with_runtime(runtime)
+            .with_sinks(secrets, None)
+            .with_backfills(backfills);
+        let operator = key_for(store.as_ref(), "sluice", "ops", "root", true).await;
+        let owner = key_for(store.as_ref(), "acme", "data", "ann", false).await;
+        let stranger = key_for(store.as_ref(), "globex", "data", "gus", false).await;
+        Self { _dir: dir, staging, log, archiver, state, operator, owner, stranger }
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        key: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("X-API-Key", key)
+            .header("content-type", "application/json")
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+            .unwrap();
+        let response = sluice_api::app(self.state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// Ingests transfers `numbers` and archives them into the warehouse.
+    async fn history(&self, numbers: std::ops::Range<u64>) {
+        let ndjson: String = numbers.map(|n| transfer(n).to_string() + "\n").collect();
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri("/api/v1/streams/base/erc20_token_transfer/records")
+            .header("X-API-Key", &self.operator)
+            .body(Body::from(ndjson))
+            .unwrap();
+        let response = sluice_api::app(self.state.clone()).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        self.archiver.drain().await.unwrap();
+    }
+
+    async fn create(&self, body: Value) -> String {
+        let (status, created) =
+            self.call(Method::POST, "/api/v1/beam/backfills", &self.owner, Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "{created}");
+        let job_id = created["job_id"].as_str().unwrap().to_owned();
+        assert!(created["workflow_id"].as_str().unwrap().starts_with("beam-backfill-"));
+        assert!(created["workflow_id"].as_str().unwrap().ends_with(&job_id));
+        job_id
+    }
+
+    async fn job(&self, job_id: &str) -> Value {
+        let (status, job) = self
+            .call(Method::GET, &format!("/api/v1/beam/backfills/{job_id}"), &self.owner, None)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{job}");
+        job
+    }
+
+    /// Polls the job until its status is `status` (a generous deadline fails the test).
+    async fn until(&self, job_id: &str, status: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let job = self.job(job_id).await;
+            if job["status"] == status {
+                return job;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "job never {status}: {job}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The transfer numbers a job's managed destination holds.
+    async fn delivered(&self, job_id: &str, uid: &str) -> Vec<u64> {
+        let path =
+            format!("/api/v1/beam/backfills/{job_id}/sinks/{uid}/records?offset=0&limit=10000");
+        let (status, page) = self.call(Method::GET, &path, &self.owner, None).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        page["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["value"]["n"].as_u64().unwrap())
+            .collect()
+    }
+}
+
+fn body(start: u64, end: u64, destinations: Value) -> Value {
+    json!({
+        "job_name": "usdc in march",
+        "table": "base.assets.erc20_token_transfers",
+        "backfill_window": {"partition_key": "block_timestamp",
+                            "start": sluice_core::time::format(minute(start)),
+                            "end": sluice_core::time::format(minute(end))},
+        "filter": {"column": "token_address", "values": [USDC.to_uppercase().replace("0X", "0x")]},
+        "destinations": destinations,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_delivers_exactly_the_window_and_filter_in_chunks_and_completes() {
+    let stack = Stack::new(7).await;
+    stack.history(0..200).await;
+    let receiver = Receiver::start().await;
+    let destinations = json!([
+        {"type": "kafka", "uid": "sk-topic", "name": "usdc-history"},
+        {"type": "webhook", "uid": "sk-hook", "name": "hook", "url": receiver.url()},
+    ]);
+    // Minutes 10 (in) to 60 (out): the odd ones are USDC.
+    let job_id = stack.create(body(10, 60, destinations)).await;
+    let job = stack.until(&job_id, "completed").await;
+    let expected: Vec<u64> = (10..60).filter(|n| n % 2 == 1).collect();
+    assert_eq!(job["num_chunks"], expected.len().div_ceil(7));
+    assert_eq!(job["chunks_left"], 0);
+    assert_eq!(job["rows_staged"], expected.len());
+    assert_eq!(job["rows_delivered"], expected.len());
+    assert!(job["time_completed"].is_string());
+    assert_eq!(job["partition_key"], "block_timestamp");
+    assert_eq!(job["filter_values"], json!([USDC]), "filter values are lowercased");
+    let mut topic = stack.delivered(&job_id, "sk-topic").await;
+    topic.sort_unstable();
+    assert_eq!(topic, expected);
+    let hooked: BTreeSet<u64> = receiver.numbers().into_iter().collect();
+    assert_eq!(hooked.into_iter().collect::<Vec<_>>(), expected);
+    // Staging files are gone once the job ended.
+    assert!(!stack.staging.join(&job_id).exists());
+    // A window edge exactly at a row: minute 11 is in when it starts there, out when it ends there.
+    let edge =
+        stack.create(body(11, 12, json!([{"type": "kafka", "uid": "sk-a", "name": "a"}]))).await;
+    stack.until(&edge, "completed").await;
+    assert_eq!(stack.delivered(&edge, "sk-a").await, vec![11]);
+    let none =
+        stack.create(body(12, 13, json!([{"type": "kafka", "uid": "sk-b", "name": "b"}]))).await;
+    let job = stack.until(&none, "completed").await;
+    assert_eq!(job["num_chunks"], 0);
+    assert!(stack.delivered(&none, "sk-b").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn jobs_are_listed_per_organization_and_cancel_answers_409_once_ended() {
+    let stack = Stack::new(100).await;
+    stack.history(0..20).await;
+    let first = stack.create(body(0, 20, json!([{"type": "kafka", "name": "one"}]))).await;
+    let second = stack.create(body(0, 10, json!([{"type": "kafka", "name": "two"}]))).await;
+    let (status, jobs) =
+        stack.call(Method::GET, "/api/v1/beam/backfills", &stack.owner, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<&str> =
+        jobs.as_array().unwrap().iter().map(|j| j["job_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [first.as_str(), second.as_str()], "creation order");
+    for field in [
+        "job_id",
+        "workflow_id",
+        "organization_id",
+        "status",
+        "job_name",
+        "table",
+        "partition_key",
+        "backfill_start",
+        "backfill_end",
+        "filter_column",
+        "filter_values",
+        "destinations",
+        "static_egress_ip",
+        "num_chunks",
+        "chunks_left",
+    ] {
+        assert!(jobs[0].get(field).is_some(), "{field} in {}", jobs[0]);
+    }
+    let (_, theirs) =
+        stack.call(Method::GET, "/api/v1/beam/backfills", &stack.stranger, None).await;
+    assert_eq!(theirs, json!([]));
+    let (status, _) = stack
+        .call(Method::GET, &format!("/api/v1/beam/backfills/{first}"), &stack.stranger, None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = stack
+        .call(
+            Method::POST,
+            &format!("/api/v1/beam/backfills/{first}/cancel"),
+            &stack.stranger,
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    stack.until(&first, "completed").await;
+    let (status, error) = stack
+        .call(
+            Method::POST,
+            &format!("/api/v1/beam/backfills/{first}/cancel"),
+            &stack.owner,
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_held_by_a_down_destination_is_cancelled_at_the_next_chunk() {
+    let stack = Stack::new(3).await;
+    stack.history(0..40).await;
+    let receiver = Receiver::start().await;
+    receiver.set(Answer::Refuse(503));
+    let destinations =
+        json!([{"type": "webhook", "uid": "sk-hook", "name": "hook", "url": receiver.url()}]);
+    let job_id = stack.create(body(0, 40, destinations)).await;
+    let job = stack.until(&job_id, "transporting").await;
+    assert_eq!(job["num_chunks"], 7, "20 USDC rows in chunks of 3");
+    assert_eq!(job["chunks_left"], 7, "nothing acknowledged while the webhook refuses");
+    let (status, answer) = stack
+        .call(
+            Method::POST,
+            &format!("/api/v1/beam/backfills/{job_id}/cancel"),
+            &stack.owner,
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(answer["message"].as_str().unwrap().contains("cancelled"));
+    let job = stack.job(&job_id).await;
+    assert_eq!(job["status"], "cancelled");
+    // The runner lets go: its staging files go, and a recovered receiver gets nothing more.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while stack.staging.join(&job_id).exists() {
+        assert!(tokio::time::Instant::now() < deadline, "staging files stayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    receiver.set(Answer::Accept);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(receiver.numbers().is_empty());
+    assert_eq!(stack.job(&job_id).await["status"], "cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_destination_that_refuses_for_good_fails_the_job_with_its_reason() {
+    let stack = Stack::new(100).await;
+    stack.history(0..10).await;
+    let receiver = Receiver::start().await;
+    receiver.set(Answer::RejectContaining("\"n\"".to_owned()));
+    let destinations =
+        json!([{"type": "webhook", "uid": "sk-hook", "name": "hook", "url": receiver.url()}]);
+    let job_id = stack.create(body(0, 10, destinations)).await;
+    let job = stack.until(&job_id, "failed").await;
+    let message = job["error_message"].as_str().unwrap();
+    assert!(message.contains("sk-hook") && message.contains("HTTP 400"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_bodies_are_422s_at_their_field_and_tables_are_listed() {
+    let stack = Stack::new(100).await;
+    stack.history(0..30).await;
+    let cases = [
+        (
+            json!({"partition_key": "block_number"}),
+            json!(["body", "backfill_window", "partition_key"]),
+        ),
+        (
+            json!({"end": sluice_core::time::format(minute(0))}),
+            json!(["body", "backfill_window", "end"]),
+        ),
+    ];
+    for (window_change, loc) in cases {
+        let mut b = body(5, 10, json!([{"type": "kafka", "name": "x"}]));
+        for (key, value) in window_change.as_object().unwrap() {
+            b["backfill_window"][key] = value.clone();
+        }
+        let (status, error) =
+            stack.call(Method::POST, "/api/v1/beam/backfills", &stack.owner, Some(b)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(error["detail"][0]["loc"], loc);
+    }
+    let mut b = body(
+        5,
+        10,
+        json!([{"type": "webhook", "name": "h", "url": "https://e.com", "hash_key": "NOPE"}]),
+    );
+    let (status, error) =
+        stack.call(Method::POST, "/api/v1/beam/backfills", &stack.owner, Some(b.clone())).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(error["detail"][0]["loc"], json!(["body", "destinations", 0, "hash_key"]));
+    b["table"] = json!("ethereum.assets.erc20_token_transfers");
+    let (status, error) =
+        stack.call(Method::POST, "/api/v1/beam/backfills", &stack.owner, Some(b)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        error["detail"].as_array().unwrap().iter().any(|e| e["loc"] == json!(["body", "table"]))
+    );
+    let (status, jobs) =
+        stack.call(Method::GET, "/api/v1/beam/backfills", &stack.owner, None).await;
+    assert_eq!((status, jobs), (StatusCode::OK, json!([])), "nothing was stored");
+
+    let (status, tables) =
+        stack.call(Method::GET, "/api/v1/beam/backfills/tables", &stack.owner, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let transfers = tables
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "base.assets.erc20_token_transfers")
+        .unwrap();
+    assert_eq!(transfers["row_count"], 30);
+    assert_eq!(transfers["backfillable"], true);
+    assert_eq!(transfers["min_block_timestamp"], sluice_core::time::format(minute(0)));
+    assert_eq!(transfers["max_block_timestamp"], sluice_core::time::format(minute(29)));
+    assert!(
+        transfers["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "block_timestamp" && c["type"] == "timestamp")
+    );
+    let _ = &stack.log;
+}
