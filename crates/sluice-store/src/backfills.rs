@@ -52,8 +52,8 @@ where
 {
     async fn insert_backfill(&self, job: &BackfillJob) -> Result<()> {
         sqlx::query(
-            "INSERT INTO backfill_jobs (job_id, org_id, status, job, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO backfill_jobs (job_id, seq, org_id, status, job, created_at, updated_at) \
+             VALUES ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM backfill_jobs), $2, $3, $4, $5, $6)",
         )
         .bind(job.job_id.as_str())
         .bind(job.organization_id.as_str())
@@ -75,12 +75,10 @@ where
     }
 
     async fn list_backfills(&self, org_id: &str) -> Result<Vec<BackfillJob>> {
-        let rows = sqlx::query(
-            "SELECT job FROM backfill_jobs WHERE org_id = $1 ORDER BY created_at, job_id",
-        )
-        .bind(org_id)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query("SELECT job FROM backfill_jobs WHERE org_id = $1 ORDER BY seq")
+            .bind(org_id)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(job_of::<D>).collect()
     }
 
@@ -115,7 +113,7 @@ where
     async fn active_backfills(&self) -> Result<Vec<BackfillJob>> {
         let rows = sqlx::query(
             "SELECT job FROM backfill_jobs WHERE status IN ('staging', 'transporting') \
-             ORDER BY created_at, job_id",
+             ORDER BY seq",
         )
         .fetch_all(&self.pool)
         .await?;

@@ -6,7 +6,13 @@ use serde_json::{Value, json};
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 47] = [
+const ROUTES: [(&str, &str); 53] = [
+    ("post", "/api/v1/beam/backfills"),
+    ("get", "/api/v1/beam/backfills"),
+    ("get", "/api/v1/beam/backfills/tables"),
+    ("get", "/api/v1/beam/backfills/{job_id}"),
+    ("post", "/api/v1/beam/backfills/{job_id}/cancel"),
+    ("get", "/api/v1/beam/backfills/{job_id}/sinks/{sink_uid}/records"),
     ("get", "/api/v1/beam/secrets"),
     ("put", "/api/v1/beam/secrets/{name}"),
     ("delete", "/api/v1/beam/secrets/{name}"),

@@ -29,11 +29,18 @@ use crate::pipeline_stack::{USDC, key_for, settings, settle, transfer};
 const ALPHA_SECRET_NAME: &str = "ALPHA_ORG_SECRET";
 const ALPHA_SECRET_VALUE: &str = "alpha-secret-value-9c1f";
 
-const NOT_IN_MATRIX: [(&str, &str, &str); 1] = [(
-    "get",
-    "/metrics",
-    "operator endpoint; its access and per-tenant labels are covered by the stats tests",
-)];
+const ORG_SCOPED: &str = "organization-scoped (a colleague reads it by design); another organization's 404 is covered by backfills::jobs_are_listed_per_organization_and_cancel_answers_409_once_ended";
+
+const NOT_IN_MATRIX: [(&str, &str, &str); 4] = [
+    (
+        "get",
+        "/metrics",
+        "operator endpoint; its access and per-tenant labels are covered by the stats tests",
+    ),
+    ("get", "/api/v1/beam/backfills/{job_id}", ORG_SCOPED),
+    ("post", "/api/v1/beam/backfills/{job_id}/cancel", ORG_SCOPED),
+    ("get", "/api/v1/beam/backfills/{job_id}/sinks/{sink_uid}/records", ORG_SCOPED),
+];
 
 pub struct Tenant {
     pub key: String,
@@ -97,12 +104,26 @@ impl World {
             Vec::new(),
         );
         let secrets = sluice_store::Secrets::new(store.clone(), keyring);
+        let catalog = Arc::new(Catalog::default());
+        let warehouse =
+            sluice_backfill::warehouse::Warehouse::open(&dir.path().join("warehouse")).unwrap();
+        let backfills = sluice_backfill::jobs::Backfills::new(
+            store.clone(),
+            warehouse,
+            log.clone(),
+            catalog,
+            clock.clone(),
+            dir.path().join("staging"),
+            sluice_runtime::SinkEnv { secrets: Some(secrets.clone()), egress: None },
+            sluice_backfill::jobs::BackfillSettings::default(),
+        );
         let state =
             AppState::new(store.clone(), Catalog::default(), clock.clone(), Limits::default())
                 .with_runtime(runtime.clone())
                 .with_dataset_listener(datasets)
                 .with_prices(prices)
-                .with_sinks(secrets.clone(), None);
+                .with_sinks(secrets.clone(), None)
+                .with_backfills(backfills);
         let operator = key_for(store.as_ref(), "sluice", "ops", "admin", true).await;
         let tenant = |org: &'static str, team: &'static str, user: &'static str| {
             let store = store.clone();
@@ -400,6 +421,20 @@ pub fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<P
             ("?value=alpha-entry-1", None, NotFound)
         }
         ("get", "/api/v1/me") => ("", None, Status(StatusCode::OK)),
+        // Backfills: the caller's own organization's jobs and the (shared) warehouse tables.
+        ("post", "/api/v1/beam/backfills") => {
+            let job = json!({
+                "job_name": format!("{who}-job"),
+                "table": "base.assets.erc20_token_transfers",
+                "backfill_window": {"partition_key": "block_timestamp",
+                                    "start": "2026-11-21T00:00:00Z", "end": "2026-11-21T01:00:00Z"},
+                "destinations": [{"type": "kafka", "name": format!("{who}-out")}],
+            });
+            ("", Some(job.to_string()), Status(StatusCode::OK))
+        }
+        ("get", "/api/v1/beam/backfills" | "/api/v1/beam/backfills/tables") => {
+            ("", None, Status(StatusCode::OK))
+        }
         // The caller's own organization's secrets; ordinary members never write them.
         ("get", "/api/v1/beam/secrets") => ("", None, Status(StatusCode::OK)),
         ("put", "/api/v1/beam/secrets/{name}") => {

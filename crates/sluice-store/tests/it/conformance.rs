@@ -943,7 +943,7 @@ async fn backfill_jobs_list_per_org_in_creation_order_and_update_only_from_the_g
     store.insert_backfill(&job("c", &other.org.id, 5)).await.unwrap();
     let listed: Vec<String> =
         store.list_backfills(&acme.org.id).await.unwrap().into_iter().map(|j| j.job_id).collect();
-    assert_eq!(listed, ["a", "b"]);
+    assert_eq!(listed, ["b", "a"], "in the order they were created");
     let mut a = store.backfill("a").await.unwrap().unwrap();
     assert_eq!(a, job("a", &acme.org.id, 10));
     // Staging -> transporting, then a cancel; a late "completed" from the runner loses.
@@ -964,6 +964,6 @@ async fn backfill_jobs_list_per_org_in_creation_order_and_update_only_from_the_g
     assert_eq!(store.backfill("a").await.unwrap().unwrap().status, BackfillStatus::Cancelled);
     let active: Vec<String> =
         store.active_backfills().await.unwrap().into_iter().map(|j| j.job_id).collect();
-    assert_eq!(active, ["c", "b"]);
+    assert_eq!(active, ["b", "c"]);
     assert!(store.backfill("nope").await.unwrap().is_none());
 }
