@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod backfills;
 mod chains;
 mod crash;
 mod hardening;

@@ -1,0 +1,145 @@
+//! A backfill job survives `kill -9` mid-transport: the restarted server resumes at the first
+//! chunk not acknowledged and every row reaches the destination.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::crash::{KEY, USDC, batch, send};
+use crate::process::{Server, data_dir_args, free_port, sluice};
+
+fn start(dir: &std::path::Path, port: u16) -> Server {
+    let mut command = sluice();
+    command
+        .arg("serve")
+        .args(data_dir_args(dir))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--warehouse-flush-secs", "1", "--backfill-chunk-rows", "40"])
+        .env("SLUICE_BOOTSTRAP_API_KEY", KEY);
+    Server::start(command, port)
+}
+
+/// A webhook receiver that takes 30 ms per request and keeps every record's `n`.
+async fn slow_receiver() -> (String, Arc<Mutex<Vec<u64>>>) {
+    let got: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let state = got.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let state = state.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let items: Vec<Value> = serde_json::from_slice(&body).unwrap();
+                state
+                    .lock()
+                    .unwrap()
+                    .extend(items.iter().map(|i| i["value"]["n"].as_u64().unwrap()));
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, got)
+}
+
+async fn job(client: &reqwest::Client, base: &str, job_id: &str) -> Value {
+    let (status, job) =
+        send(client, reqwest::Method::GET, &format!("{base}/api/v1/beam/backfills/{job_id}"), None)
+            .await;
+    assert_eq!(status, 200, "{job}");
+    job
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_mid_transport_then_restart_delivers_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut server = start(dir.path(), port);
+    let base = server.base.clone();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    // 1,200 transfers; two of every three are USDC (batch()).
+    let ingest = format!("{base}/api/v1/streams/base/erc20_token_transfer/records");
+    for from in (0..1200).step_by(400) {
+        let (status, body) =
+            send(&client, reqwest::Method::POST, &ingest, Some(batch(from, 400))).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // The archiver flushes every second: wait until the warehouse has them all.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, tables) = send(
+            &client,
+            reqwest::Method::GET,
+            &format!("{base}/api/v1/beam/backfills/tables"),
+            None,
+        )
+        .await;
+        let rows = tables.as_array().and_then(|t| {
+            t.iter()
+                .find(|t| t["name"] == "base.assets.erc20_token_transfers")
+                .map(|t| t["row_count"].clone())
+        });
+        if rows == Some(json!(1200)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never archived: {tables}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (hook, got) = slow_receiver().await;
+    let body = json!({
+        "job_name": "usdc", "table": "base.assets.erc20_token_transfers",
+        "backfill_window": {"partition_key": "block_timestamp",
+                            "start": "2026-11-21T00:00:00Z", "end": "2026-11-22T00:00:00Z"},
+        "filter": {"column": "token_address", "values": [USDC]},
+        "destinations": [{"type": "webhook", "name": "hook", "url": hook}],
+    });
+    let (status, created) = send(
+        &client,
+        reqwest::Method::POST,
+        &format!("{base}/api/v1/beam/backfills"),
+        Some(body.to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{created}");
+    let job_id = created["job_id"].as_str().unwrap().to_owned();
+    // Mid-transport: some chunks acknowledged, most not.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let state = job(&client, &base, &job_id).await;
+        let (total, left) = (state["num_chunks"].as_u64(), state["chunks_left"].as_u64().unwrap());
+        if state["status"] == "transporting" && total.is_some_and(|t| left < t && left > 5) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && state["status"] != "completed",
+            "never caught mid-transport: {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.child.kill().unwrap(); // SIGKILL
+    server.child.wait().unwrap();
+    drop(server);
+
+    let port = free_port();
+    let server = start(dir.path(), port);
+    let base = server.base.clone();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let done = loop {
+        let state = job(&client, &base, &job_id).await;
+        if state["status"] == "completed" {
+            break state;
+        }
+        assert!(Instant::now() < deadline && state["status"] == "transporting", "{state}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let expected: BTreeSet<u64> = (0..1200).filter(|n| n % 3 != 0).collect();
+    assert_eq!(done["rows_staged"], expected.len());
+    assert_eq!(done["num_chunks"], expected.len().div_ceil(40));
+    let delivered: BTreeSet<u64> = got.lock().unwrap().iter().copied().collect();
+    assert_eq!(delivered, expected, "every row, at least once");
+    assert!(server.terminate());
+}
