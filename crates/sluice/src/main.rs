@@ -2,6 +2,7 @@
 //! against the same store while a server runs; `bench` measures a running server.
 
 mod admin;
+mod backfill;
 mod bench;
 mod chains;
 mod feed;
@@ -33,6 +34,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Send generated chain records to a running server's ingest endpoint.
     Feed(feed::FeedArgs),
+    /// Follow backfill jobs.
+    #[command(subcommand)]
+    Backfill(backfill::BackfillCommand),
 }
 
 /// mimalloc rather than the system allocator: the pipeline hot path allocates a buffer per
@@ -51,6 +55,7 @@ fn main() -> anyhow::Result<()> {
             Command::Admin(command) => admin::run(command).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Feed(args) => feed::run(args).await,
+            Command::Backfill(command) => backfill::run(command).await,
         }
     })
 }

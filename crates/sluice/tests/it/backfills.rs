@@ -141,5 +141,13 @@ async fn sigkill_mid_transport_then_restart_delivers_every_row() {
     assert_eq!(done["num_chunks"], expected.len().div_ceil(40));
     let delivered: BTreeSet<u64> = got.lock().unwrap().iter().copied().collect();
     assert_eq!(delivered, expected, "every row, at least once");
+    // `sluice backfill watch` ends at once on a completed job, with the full bar.
+    let watched = sluice()
+        .args(["backfill", "watch", &job_id, "--url", &base, "--api-key", KEY])
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&watched.stdout);
+    assert!(watched.status.success(), "{printed} {}", String::from_utf8_lossy(&watched.stderr));
+    assert!(printed.contains("[####################] 20/20 chunks  100%  completed"), "{printed}");
     assert!(server.terminate());
 }
