@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::crash::{KEY, USDC, batch, send};
 use crate::process::{Server, data_dir_args, free_port, sluice};
 
-fn start(dir: &std::path::Path, port: u16) -> Server {
+fn start(dir: &std::path::Path, port: u16, database_url: Option<&str>) -> Server {
     let mut command = sluice();
     command
         .arg("serve")
@@ -18,7 +18,22 @@ fn start(dir: &std::path::Path, port: u16) -> Server {
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--warehouse-flush-secs", "1", "--backfill-chunk-rows", "40"])
         .env("SLUICE_BOOTSTRAP_API_KEY", KEY);
+    if let Some(url) = database_url {
+        command.env("SLUICE_DATABASE_URL", url);
+    }
     Server::start(command, port)
+}
+
+/// A fresh database on the PostgreSQL `scripts/test` starts.
+async fn postgres_database(name: &str) -> String {
+    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
+        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
+    let database = format!("{name}_{}", std::process::id());
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}")).execute(&admin).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {database}")).execute(&admin).await.unwrap();
+    let (prefix, _) = url.rsplit_once('/').unwrap();
+    format!("{prefix}/{database}")
 }
 
 /// A webhook receiver that takes 30 ms per request and keeps every record's `n`.
@@ -56,9 +71,20 @@ async fn job(client: &reqwest::Client, base: &str, job_id: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_mid_transport_then_restart_delivers_every_row() {
+    sigkill_mid_transport(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_sigkill_mid_transport_then_restart_delivers_every_row() {
+    let database = postgres_database("backfill").await;
+    sigkill_mid_transport(Some(database)).await;
+}
+
+async fn sigkill_mid_transport(database: Option<String>) {
+    let database = database.as_deref();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut server = start(dir.path(), port);
+    let mut server = start(dir.path(), port, database);
     let base = server.base.clone();
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
     // 1,200 transfers; two of every three are USDC (batch()).
@@ -125,7 +151,7 @@ async fn sigkill_mid_transport_then_restart_delivers_every_row() {
     drop(server);
 
     let port = free_port();
-    let server = start(dir.path(), port);
+    let server = start(dir.path(), port, database);
     let base = server.base.clone();
     let deadline = Instant::now() + Duration::from_secs(120);
     let done = loop {
