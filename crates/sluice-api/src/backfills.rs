@@ -258,3 +258,65 @@ pub async fn destination_records(
     let runtime = state.runtime()?;
     topic_page(runtime.log().as_ref(), &topic, &page, not_found).await.map(Json)
 }
+
+/// What an import did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ImportBody {
+    /// Lines read (blank lines are not counted).
+    pub read: u64,
+    /// Rows added to the table.
+    pub imported: u64,
+    /// Rows whose key the table (or an earlier line) already had: skipped.
+    pub already_there: u64,
+    /// Lines that are not valid records of the table's entity.
+    pub rejected: u64,
+    /// The first rejected lines: `[line number, reason]`.
+    #[schema(value_type = Vec<Vec<Object>>)]
+    pub rejections: Vec<(u64, String)>,
+}
+
+/// Import history into a warehouse table (operators): NDJSON, one record of the table's
+/// stream per line, checked as ingest checks it; keys the table already has are skipped.
+#[utoipa::path(
+    post, path = "/api/v1/warehouse/tables/{table}/rows", tag = "backfills",
+    params(("table" = String, Path, description = "Table name, e.g. base.assets.erc20_token_transfers")),
+    request_body(content = String, content_type = "application/x-ndjson", description = "One record per line"),
+    responses(
+        (status = 200, description = "What was imported", body = ImportBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not an operator", body = ErrorBody),
+        (status = 404, description = "No such table", body = ErrorBody),
+        (status = 413, description = "Body over the size limit", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn import_rows(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: PathParams,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<ImportBody>, ApiError> {
+    if !caller.0.is_operator {
+        return Err(ApiError::Forbidden("only operators import into the warehouse".to_owned()));
+    }
+    let body =
+        body.map_err(|rejection| crate::body::read_error(&rejection, state.limits.max_body_bytes))?;
+    let table = path.get("table").to_owned();
+    let report = service(&state)?
+        .import(&table, body.to_vec())
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("No table {table}")))?;
+    tracing::info!(
+        table,
+        imported = report.imported,
+        rejected = report.rejected,
+        "warehouse import"
+    );
+    Ok(Json(ImportBody {
+        read: report.read,
+        imported: report.imported,
+        already_there: report.already_there,
+        rejected: report.rejected,
+        rejections: report.rejections,
+    }))
+}

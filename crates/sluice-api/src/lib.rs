@@ -326,6 +326,7 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(backfills::get_backfill))
         .routes(routes!(backfills::cancel_backfill))
         .routes(routes!(backfills::destination_records))
+        .routes(routes!(backfills::import_rows))
         .routes(routes!(secrets::put_secret, secrets::delete_secret))
 }
 

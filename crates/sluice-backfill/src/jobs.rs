@@ -533,6 +533,32 @@ impl Backfills {
             .map(|sink| destination_topic(&job.job_id, sink.name()))
     }
 
+    /// Imports NDJSON records into the table `name` ([`crate::import`]); `None` when there is
+    /// no such table.
+    ///
+    /// # Errors
+    /// A warehouse that cannot be written.
+    pub async fn import(
+        &self,
+        name: &str,
+        ndjson: Vec<u8>,
+    ) -> Result<Option<crate::import::ImportReport>, BackfillError> {
+        let Some(table) = tables::table(&self.catalog, name) else { return Ok(None) };
+        let warehouse = self.warehouse.clone();
+        let report = tokio::task::spawn_blocking(move || {
+            crate::import::import_ndjson(&warehouse, &table, ndjson.as_slice())
+        })
+        .await
+        .map_err(|error| BackfillError::Task(error.to_string()))?;
+        match report {
+            Ok(report) => Ok(Some(report)),
+            Err(crate::import::ImportError::Warehouse(error)) => Err(error.into()),
+            Err(crate::import::ImportError::Read(error)) => {
+                Err(BackfillError::Task(error.to_string()))
+            }
+        }
+    }
+
     /// The table backfills read, for tests and tools.
     pub fn table(&self, name: &str) -> Option<Table> {
         tables::table(&self.catalog, name)

@@ -6,6 +6,7 @@
 //! append, which is what makes the archiver's restart exact.
 
 pub mod archiver;
+pub mod import;
 pub mod jobs;
 pub mod staging;
 pub mod tables;

@@ -55,6 +55,10 @@ pub enum WarehouseError {
     Arrow(#[from] arrow_schema::ArrowError),
     #[error("manifest of {table} cannot be read: {detail}")]
     Manifest { table: String, detail: String },
+    #[error(
+        "the warehouse {0} is in use by another process (a running server); stop it, or import through it"
+    )]
+    InUse(String),
 }
 
 type Result<T, E = WarehouseError> = std::result::Result<T, E>;
@@ -138,6 +142,10 @@ pub struct ScanStats {
 pub struct Warehouse {
     root: PathBuf,
     manifests: Arc<Mutex<HashMap<String, Manifest>>>,
+    /// Appends of this process, one at a time (the archiver and imports share a handle).
+    appending: Arc<Mutex<()>>,
+    /// The directory's lock, held while this handle lives ([`Warehouse::open_exclusive`]).
+    _lock: Option<Arc<File>>,
 }
 
 impl Warehouse {
@@ -146,8 +154,36 @@ impl Warehouse {
     /// # Errors
     /// When the directory cannot be made or read, or a manifest does not parse.
     pub fn open(root: &Path) -> Result<Self> {
+        Self::opened(root, None)
+    }
+
+    /// [`Warehouse::open`], holding the directory's lock (`.lock`, `flock`) for as long as the
+    /// handle (or a clone) lives: one process at a time appends to a warehouse.
+    ///
+    /// # Errors
+    /// [`WarehouseError::InUse`] when another process holds it; as [`Warehouse::open`].
+    pub fn open_exclusive(root: &Path) -> Result<Self> {
         std::fs::create_dir_all(root).map_err(io(root))?;
-        let warehouse = Self { root: root.to_owned(), manifests: Arc::default() };
+        let path = root.join(".lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|_| WarehouseError::InUse(root.display().to_string()))?;
+        Self::opened(root, Some(Arc::new(file)))
+    }
+
+    fn opened(root: &Path, lock: Option<Arc<File>>) -> Result<Self> {
+        std::fs::create_dir_all(root).map_err(io(root))?;
+        let warehouse = Self {
+            root: root.to_owned(),
+            manifests: Arc::default(),
+            appending: Arc::default(),
+            _lock: lock,
+        };
         for entry in std::fs::read_dir(root).map_err(io(root))? {
             let entry = entry.map_err(io(root))?;
             if entry.path().is_dir() {
@@ -215,6 +251,7 @@ impl Warehouse {
         mut rows: Vec<Row>,
         offsets: &[(u32, u64)],
     ) -> Result<Manifest> {
+        let _one_at_a_time = self.appending.lock().expect("not poisoned");
         let mut manifest = self.manifest(&table.name)?;
         manifest.version += 1;
         rows.sort_by(|a, b| a.time_us.cmp(&b.time_us).then_with(|| a.key.cmp(&b.key)));
@@ -542,6 +579,15 @@ mod tests {
             filter: Some(("block_number".to_owned(), vec!["7".to_owned(), "9".to_owned()])),
         };
         assert_eq!(warehouse.scan(&table, &query, |_, _| Ok(())).unwrap().rows_matched, 2);
+    }
+
+    #[test]
+    fn one_process_at_a_time_holds_the_warehouse() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = Warehouse::open_exclusive(dir.path()).unwrap();
+        assert!(matches!(Warehouse::open_exclusive(dir.path()), Err(WarehouseError::InUse(_))));
+        drop(held);
+        Warehouse::open_exclusive(dir.path()).unwrap();
     }
 
     #[test]

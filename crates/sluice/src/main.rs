@@ -9,6 +9,7 @@ mod feed;
 mod logging;
 mod serve;
 mod settings;
+mod warehouse;
 
 use clap::{Parser, Subcommand};
 
@@ -37,6 +38,9 @@ enum Command {
     /// Follow backfill jobs.
     #[command(subcommand)]
     Backfill(backfill::BackfillCommand),
+    /// Load history into the warehouse.
+    #[command(subcommand)]
+    Warehouse(warehouse::WarehouseCommand),
 }
 
 /// mimalloc rather than the system allocator: the pipeline hot path allocates a buffer per
@@ -56,6 +60,7 @@ fn main() -> anyhow::Result<()> {
             Command::Bench(args) => bench::run(args).await,
             Command::Feed(args) => feed::run(args).await,
             Command::Backfill(command) => backfill::run(command).await,
+            Command::Warehouse(command) => warehouse::run(command).await,
         }
     })
 }

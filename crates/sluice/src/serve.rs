@@ -63,7 +63,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut background = background_tasks(&runtime, &catalog, args.demo);
     // The warehouse and its archiver, and backfill jobs over it (resumed where they were).
     let warehouse =
-        sluice_backfill::warehouse::Warehouse::open(&settings.data_dir.join("warehouse"))
+        sluice_backfill::warehouse::Warehouse::open_exclusive(&settings.data_dir.join("warehouse"))
             .context("opening the warehouse")?;
     let (stop_archiver, archiver_stop) = tokio::sync::watch::channel(false);
     let archiver = sluice_backfill::archiver::Archiver::new(

@@ -6,7 +6,8 @@ use serde_json::{Value, json};
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 53] = [
+const ROUTES: [(&str, &str); 54] = [
+    ("post", "/api/v1/warehouse/tables/{table}/rows"),
     ("post", "/api/v1/beam/backfills"),
     ("get", "/api/v1/beam/backfills"),
     ("get", "/api/v1/beam/backfills/tables"),
@@ -127,6 +128,7 @@ async fn every_schema_reference_resolves_and_authenticated_routes_declare_the_ke
             let secured = op.get("security").is_some();
             let needs_key = path.starts_with("/api/v1/beam")
                 || path.starts_with("/api/v1/streams")
+                || path.starts_with("/api/v1/warehouse")
                 || path.starts_with("/api/v1/developer/prices")
                 || path == "/api/v1/me"
                 || path == "/api/v1/chains"

@@ -435,6 +435,11 @@ pub fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<P
         ("get", "/api/v1/beam/backfills" | "/api/v1/beam/backfills/tables") => {
             ("", None, Status(StatusCode::OK))
         }
+        // Only operators import into the (shared) warehouse.
+        ("post", "/api/v1/warehouse/tables/{table}/rows") => {
+            let record = transfer(77, USDC).to_string() + "\n";
+            ("", Some(record), Status(StatusCode::FORBIDDEN))
+        }
         // The caller's own organization's secrets; ordinary members never write them.
         ("get", "/api/v1/beam/secrets") => ("", None, Status(StatusCode::OK)),
         ("put", "/api/v1/beam/secrets/{name}") => {
@@ -469,7 +474,8 @@ pub fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<P
         .replace("{dataset_id}", &owned.dataset)
         .replace("{chain}", "base")
         .replace("{entity}", "erc20_token_transfer")
-        .replace("{name}", ALPHA_SECRET_NAME);
+        .replace("{name}", ALPHA_SECRET_NAME)
+        .replace("{table}", "base.assets.erc20_token_transfers");
     Some(Probe { path: path + query, body, expect })
 }
 

@@ -177,3 +177,65 @@ async fn sigkill_mid_transport(database: Option<String>) {
     assert!(printed.contains("[####################] 20/20 chunks  100%  completed"), "{printed}");
     assert!(server.terminate());
 }
+
+/// Rows of the erc20 table, as `GET …/backfills/tables` counts them.
+async fn table_rows(client: &reqwest::Client, base: &str) -> Value {
+    let (status, tables) =
+        send(client, reqwest::Method::GET, &format!("{base}/api/v1/beam/backfills/tables"), None)
+            .await;
+    assert_eq!(status, 200, "{tables}");
+    tables
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "base.assets.erc20_token_transfers")
+        .unwrap()["row_count"]
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn history_imports_offline_then_through_the_server_and_never_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("history.ndjson");
+    std::fs::write(&file, batch(0, 300)).unwrap();
+    let data = data_dir_args(dir.path());
+    let import = |extra: &[&str]| {
+        let mut command = sluice();
+        command.args(["warehouse", "import", "--table", "base.assets.erc20_token_transfers"]);
+        command.args(extra).arg(&file);
+        command.output().unwrap()
+    };
+    // Offline, on a data dir no server runs on.
+    let offline: Vec<&str> = data.iter().map(String::as_str).collect();
+    let out = import(&offline);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("300 lines read: 300 imported, 0 already there")
+    );
+
+    let port = free_port();
+    let server = start(dir.path(), port, None);
+    let base = server.base.clone();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    assert_eq!(table_rows(&client, &base).await, 300);
+    // While the server runs, the data dir is its own.
+    let out = import(&offline);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("in use"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Through the server: the same file again adds nothing, a longer one adds the rest.
+    std::fs::write(&file, batch(0, 500) + "{\"not\": \"a record\"}\n").unwrap();
+    let out = import(&["--url", &base, "--api-key", KEY]);
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.contains("501 lines read: 200 imported, 300 already there, 1 rejected"),
+        "{printed}"
+    );
+    assert!(!out.status.success(), "a rejected line is an error");
+    assert_eq!(table_rows(&client, &base).await, 500);
+    assert!(server.terminate());
+}

@@ -1,0 +1,153 @@
+//! `sluice warehouse import --table T FILE…`: loads NDJSON history into a warehouse table,
+//! through a running server (`--url` with an operator key: requests of at most
+//! [`REQUEST_BYTES`], cut at line ends) or offline on the data directory of a stopped server.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+use crate::settings::{Settings, StoreArgs};
+
+/// Largest request body the import sends (under the server's default 16 MiB limit).
+pub const REQUEST_BYTES: usize = 8 * 1024 * 1024;
+
+#[derive(Debug, Subcommand)]
+pub enum WarehouseCommand {
+    /// Import NDJSON records (one stream record per line) into a table; keys the table has
+    /// are skipped, so an import can be run again.
+    Import(ImportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The table, e.g. base.assets.erc20_token_transfers.
+    #[arg(long)]
+    table: String,
+    /// NDJSON files.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Import through this running server (an operator key in --api-key) rather than
+    /// offline on the data directory.
+    #[arg(long)]
+    url: Option<String>,
+    #[arg(long, env = "SLUICE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+pub async fn run(command: WarehouseCommand) -> anyhow::Result<()> {
+    let WarehouseCommand::Import(args) = command;
+    let mut total = Totals::default();
+    match &args.url {
+        Some(url) => {
+            let key = args
+                .api_key
+                .as_deref()
+                .context("--api-key (or SLUICE_API_KEY) is needed with --url")?;
+            let client = reqwest::Client::builder().timeout(Duration::from_secs(300)).build()?;
+            let endpoint = format!(
+                "{}/api/v1/warehouse/tables/{}/rows",
+                url.trim_end_matches('/'),
+                args.table
+            );
+            for file in &args.files {
+                let reader = BufReader::new(
+                    std::fs::File::open(file)
+                        .with_context(|| format!("opening {}", file.display()))?,
+                );
+                let mut body = Vec::with_capacity(REQUEST_BYTES);
+                for line in reader.split(b'\n') {
+                    let line = line?;
+                    if body.len() + line.len() + 1 > REQUEST_BYTES && !body.is_empty() {
+                        total.add(&send(&client, &endpoint, key, std::mem::take(&mut body)).await?);
+                    }
+                    body.extend_from_slice(&line);
+                    body.push(b'\n');
+                }
+                if !body.is_empty() {
+                    total.add(&send(&client, &endpoint, key, body).await?);
+                }
+            }
+        }
+        None => {
+            let settings = Settings::resolve_store(&args.store)?;
+            let catalog = sluice_core::catalog::Catalog::default();
+            let table = sluice_backfill::tables::table(&catalog, &args.table)
+                .with_context(|| format!("no table {}", args.table))?;
+            let warehouse = sluice_backfill::warehouse::Warehouse::open_exclusive(
+                &settings.data_dir.join("warehouse"),
+            )?;
+            for file in &args.files {
+                let reader = BufReader::new(
+                    std::fs::File::open(file)
+                        .with_context(|| format!("opening {}", file.display()))?,
+                );
+                let report = sluice_backfill::import::import_ndjson(&warehouse, &table, reader)?;
+                total.add(&serde_json::to_value(&report)?);
+            }
+        }
+    }
+    println!(
+        "{} lines read: {} imported, {} already there, {} rejected",
+        total.read, total.imported, total.already_there, total.rejected
+    );
+    for (line, reason) in total.rejections.iter().take(20) {
+        eprintln!("rejected: {line}: {reason}");
+    }
+    if total.rejected > 0 {
+        bail!("{} lines were not valid records of the table", total.rejected);
+    }
+    Ok(())
+}
+
+async fn send(
+    client: &reqwest::Client,
+    endpoint: &str,
+    key: &str,
+    body: Vec<u8>,
+) -> anyhow::Result<Value> {
+    let response = client
+        .post(endpoint)
+        .header("X-API-Key", key)
+        .header("content-type", "application/x-ndjson")
+        .body(body)
+        .send()
+        .await
+        .with_context(|| format!("reaching {endpoint}"))?;
+    let status = response.status();
+    let answer: Value = response.json().await.unwrap_or(Value::Null);
+    if !status.is_success() {
+        bail!("{}: {}", status.as_u16(), answer["detail"]);
+    }
+    Ok(answer)
+}
+
+#[derive(Debug, Default)]
+struct Totals {
+    read: u64,
+    imported: u64,
+    already_there: u64,
+    rejected: u64,
+    rejections: Vec<(u64, String)>,
+}
+
+impl Totals {
+    fn add(&mut self, report: &Value) {
+        let n = |field: &str| report[field].as_u64().unwrap_or(0);
+        self.read += n("read");
+        self.imported += n("imported");
+        self.already_there += n("already_there");
+        self.rejected += n("rejected");
+        if let Some(items) = report["rejections"].as_array() {
+            for item in items {
+                let line = item[0].as_u64().unwrap_or(0);
+                self.rejections.push((line, item[1].as_str().unwrap_or_default().to_owned()));
+            }
+        }
+    }
+}
