@@ -1,8 +1,9 @@
 //! The warehouse benchmark: archive, stage and transport on one core's worth of work.
 //!
 //! `cargo run --release -p sluice-backfill --example warehouse_bench -- [--rows N]
-//! [--dir DIR] [--window-hours H] [--chunk-rows R]` (defaults: 10,000,000 rows, a temporary
-//! directory, a 48-hour window of the 10-day table, 100,000 rows per chunk).
+//! [--dir DIR] [--window-hours H] [--chunk-rows R] [--reuse true]` (defaults: 10,000,000
+//! rows, a temporary directory, a 48-hour window of the 10-day table, 100,000 rows per chunk;
+//! `--reuse true` keeps the table a previous run left in `--dir` and skips the append).
 //!
 //! 1. **append**: N `erc20_token_transfer` records (about 600 bytes of JSON each, one every
 //!    86 ms over 10 days, 20 tokens) go into `base.assets.erc20_token_transfers` in appends of
@@ -51,6 +52,7 @@ async fn main() -> Result<(), BoxError> {
     let mut dir_arg: Option<std::path::PathBuf> = None;
     let mut window_hours: i64 = 48;
     let mut chunk_rows: usize = 100_000;
+    let mut reuse = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
@@ -59,6 +61,7 @@ async fn main() -> Result<(), BoxError> {
             "--dir" => dir_arg = Some(value.into()),
             "--window-hours" => window_hours = value.parse()?,
             "--chunk-rows" => chunk_rows = value.parse()?,
+            "--reuse" => reuse = value == "true",
             _ => return Err(format!("unknown argument {flag}").into()),
         }
     }
@@ -68,7 +71,10 @@ async fn main() -> Result<(), BoxError> {
     let table = tables::table(&Catalog::default(), "base.assets.erc20_token_transfers")
         .ok_or("no table")?;
 
-    // 1. Append.
+    // 1. Append (skipped with `--reuse true` on a `--dir` that has the table already).
+    if reuse && warehouse.manifest(&table.name)?.rows() > 0 {
+        rows = 0;
+    }
     let step_us = SPAN_US / rows.max(1) as i64;
     let mut appended = 0;
     let mut bytes = 0usize;
