@@ -83,7 +83,7 @@ pub enum BackfillError {
 /// What a cancel did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cancelled {
-    Cancelled(BackfillJob),
+    Cancelled(Box<BackfillJob>),
     /// It had ended already, in this status.
     AlreadyFinished(BackfillStatus),
     NotFound,
@@ -287,7 +287,7 @@ impl Backfills {
                     flag.store(true, Ordering::Relaxed);
                 }
                 tracing::info!(job_id, "backfill job cancelled");
-                return Ok(Cancelled::Cancelled(job));
+                return Ok(Cancelled::Cancelled(Box::new(job)));
             }
             // It moved on meanwhile (staging -> transporting): look again.
         }

@@ -361,7 +361,8 @@ mod tests {
 
     #[test]
     fn each_rule_is_a_422_at_its_field() {
-        let cases: Vec<(fn(&mut Value), Value)> = vec![
+        type Change = fn(&mut Value);
+        let cases: Vec<(Change, Value)> = vec![
             (
                 |b| b["backfill_window"]["partition_key"] = json!("block_number"),
                 json!(["body", "backfill_window", "partition_key"]),
