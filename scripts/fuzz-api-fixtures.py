@@ -27,7 +27,8 @@ accepts beyond its defaults, each with the reason (see docs/api.md, "Fuzzing"):
     filter expressions that must name a field of the source entity's records, chain and
     entity that must be a catalog pair, user and team ids that must exist, NDJSON lines
     with the entity's key and time fields, price ranges whose start must precede the end
-    and lie within retention.
+    and lie within retention, backfill windows whose start must precede the end, filter
+    columns the table must have, and sink secrets that must exist.
 """
 
 import json
@@ -122,6 +123,7 @@ SEMANTIC_422 = [
     ("PUT", "/api/v1/beam/{config_id}/permissions"),
     ("POST", "/api/v1/streams/{chain}/{entity}/records"),
     ("POST", "/api/v1/developer/prices/history"),
+    ("POST", "/api/v1/beam/backfills"),
 ]
 OUT_OF_RANGE_416 = [
     ("GET", "/api/v1/beam/{config_id}/dead-letters"),

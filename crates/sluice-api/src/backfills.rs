@@ -19,6 +19,45 @@ use crate::deployments::{PageQuery, RecordsBody, topic_page};
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
 
+/// The create body (SPEC "Backfills"); documentation of what `validate_backfill_body` reads.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub struct CreateBackfillRequest {
+    /// 1 to 255 characters, not blank.
+    job_name: String,
+    /// A base-chain table (`GET /backfills/tables`).
+    table: String,
+    backfill_window: BackfillWindow,
+    #[schema(required = false)]
+    filter: Option<BackfillFilter>,
+    /// 1 to 10 sinks, with unique uids.
+    destinations: Vec<sluice_core::pipeline::SinkConfig>,
+    #[schema(required = false)]
+    static_egress_ip: Option<bool>,
+}
+
+/// The window: `start` inclusive, `end` exclusive, `start` before `end`.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub struct BackfillWindow {
+    /// Always `block_timestamp`.
+    partition_key: String,
+    #[schema(format = DateTime)]
+    start: String,
+    #[schema(format = DateTime)]
+    end: String,
+}
+
+/// `column IN values` on the export query.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub struct BackfillFilter {
+    /// A column of the table.
+    column: String,
+    /// 1 to 100,000 values.
+    values: Vec<String>,
+}
+
 /// `{job_id, workflow_id}` of a new job.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CreatedBackfill {
@@ -87,7 +126,7 @@ async fn job_of(state: &AppState, caller: &Caller, job_id: &str) -> Result<Backf
 /// starts staging at once.
 #[utoipa::path(
     post, path = "/api/v1/beam/backfills", tag = "backfills",
-    request_body(content = Object, description = "SPEC create body: job_name, table, backfill_window {partition_key, start, end}, filter {column, values}?, destinations [sink…], static_egress_ip?"),
+    request_body = CreateBackfillRequest,
     responses(
         (status = 200, description = "The new job's ids", body = CreatedBackfill),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),

@@ -80,8 +80,15 @@ fn body(doc: &mut Value, method: &str, path: &str, schema: Value) {
 }
 
 /// Request-body schemas whose optional fields the validators take `null` for (as absent).
-const NULL_AS_ABSENT: [&str; 6] =
-    ["PipelineSpec", "PipelineConfig", "Source", "Sink", "Transform", "CreateDatasetRequest"];
+const NULL_AS_ABSENT: [&str; 7] = [
+    "PipelineSpec",
+    "PipelineConfig",
+    "Source",
+    "Sink",
+    "Transform",
+    "CreateDatasetRequest",
+    "CreateBackfillRequest",
+];
 
 /// Lets every optional property of the object `schema` (and of its `oneOf` variants) be
 /// `null`: the body validators read an optional field sent as `null` as absent.
@@ -215,6 +222,31 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
             null_as_absent(schema);
         }
     }
+
+    // Backfills.
+    let tables: Vec<String> =
+        sluice_backfill::tables::tables(&sluice_core::catalog::Catalog::default())
+            .into_iter()
+            .filter(|t| t.is_backfillable())
+            .map(|t| t.name)
+            .collect();
+    property(doc, "CreateBackfillRequest", "table", json!({"enum": tables}));
+    let job_name = json!({"pattern": NOT_BLANK, "minLength": 1,
+                          "maxLength": sluice_core::backfill::MAX_JOB_NAME_CHARS});
+    property(doc, "CreateBackfillRequest", "job_name", job_name);
+    let destinations = json!({"minItems": 1, "maxItems": sluice_core::backfill::MAX_DESTINATIONS});
+    property(doc, "CreateBackfillRequest", "destinations", destinations);
+    closed(doc, "CreateBackfillRequest");
+    property(
+        doc,
+        "BackfillWindow",
+        "partition_key",
+        json!({"enum": [sluice_core::backfill::PARTITION_KEY]}),
+    );
+    closed(doc, "BackfillWindow");
+    let values = json!({"minItems": 1, "maxItems": sluice_core::backfill::MAX_FILTER_VALUES});
+    property(doc, "BackfillFilter", "values", values);
+    closed(doc, "BackfillFilter");
 
     // Organization secrets.
     let secret_name = json!({"type": "string", "pattern": format!(
