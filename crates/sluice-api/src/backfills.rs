@@ -28,11 +28,11 @@ pub struct CreateBackfillRequest {
     /// A base-chain table (`GET /backfills/tables`).
     table: String,
     backfill_window: BackfillWindow,
-    #[schema(required = false)]
+    #[schema(required = false, nullable = false)]
     filter: Option<BackfillFilter>,
     /// 1 to 10 sinks, with unique uids.
     destinations: Vec<sluice_core::pipeline::SinkConfig>,
-    #[schema(required = false)]
+    #[schema(required = false, nullable = false)]
     static_egress_ip: Option<bool>,
 }
 

@@ -80,15 +80,8 @@ fn body(doc: &mut Value, method: &str, path: &str, schema: Value) {
 }
 
 /// Request-body schemas whose optional fields the validators take `null` for (as absent).
-const NULL_AS_ABSENT: [&str; 7] = [
-    "PipelineSpec",
-    "PipelineConfig",
-    "Source",
-    "Sink",
-    "Transform",
-    "CreateDatasetRequest",
-    "CreateBackfillRequest",
-];
+const NULL_AS_ABSENT: [&str; 6] =
+    ["PipelineSpec", "PipelineConfig", "Source", "Sink", "Transform", "CreateDatasetRequest"];
 
 /// Lets every optional property of the object `schema` (and of its `oneOf` variants) be
 /// `null`: the body validators read an optional field sent as `null` as absent.
@@ -244,8 +237,7 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
         json!({"enum": [sluice_core::backfill::PARTITION_KEY]}),
     );
     closed(doc, "BackfillWindow");
-    let values = json!({"minItems": 1, "maxItems": sluice_core::backfill::MAX_FILTER_VALUES});
-    property(doc, "BackfillFilter", "values", values);
+    property(doc, "BackfillFilter", "values", json!({"minItems": 1}));
     closed(doc, "BackfillFilter");
 
     // Organization secrets.
