@@ -93,6 +93,7 @@ async fn create_list_and_delete_have_the_spec_shapes_and_statuses() {
     assert_eq!((status, body), (NOT_FOUND, json!({"detail": format!("Dataset {id} not found")})));
     assert_eq!(names(&h.get(BASE, &ann).await.1), ["tokens", "labels"]);
     assert_eq!(h.get(&entries(&id), &ann).await.0, NOT_FOUND);
+    assert_eq!(h.get(&format!("{}/check?value=0xa", entries(&id)), &ann).await.0, NOT_FOUND);
     // The name is free again, for a new, empty dataset.
     let again = create(&h, &ann, "wallets").await;
     assert_ne!(again, id);
