@@ -22,6 +22,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use sluice_backfill::staging::{chunk_path, read_chunk, stage};
+use sluice_backfill::storage::LocalStorage;
 use sluice_backfill::tables;
 use sluice_backfill::warehouse::{Query, Row, Warehouse};
 use sluice_bus::{EmbeddedLog, NewRecord, Retention, StreamLog, TopicConfig};
@@ -122,10 +123,11 @@ async fn main() -> Result<(), BoxError> {
     let tokens: Vec<String> = (0..3).map(token).collect();
     let query =
         Query { start_us, end_us, filter: Some(("token_address".to_owned(), tokens.clone())) };
-    let staging = dir.join("staging").join("bench");
+    let staging = LocalStorage::new(&dir.join("staging"))?;
     let (wall, cpu) = (Instant::now(), process_cpu_secs());
-    let staged = stage(&warehouse, &table, &query, &staging, chunk_rows, &AtomicBool::new(false))?
-        .ok_or("cancelled")?;
+    let staged =
+        stage(&warehouse, &table, &query, &staging, "bench", chunk_rows, &AtomicBool::new(false))?
+            .ok_or("cancelled")?;
     let stage_secs = wall.elapsed().as_secs_f64();
     let stage_cpu = process_cpu_secs() - cpu;
     println!(
@@ -157,7 +159,7 @@ async fn main() -> Result<(), BoxError> {
     let (wall, cpu) = (Instant::now(), process_cpu_secs());
     let mut sent = 0u64;
     for index in 0..staged.chunks {
-        let rows = read_chunk(&chunk_path(&staging, index))?;
+        let rows = read_chunk(&staging, &chunk_path("bench", index))?;
         sent += rows.len() as u64;
         let records = rows
             .into_iter()

@@ -1,6 +1,7 @@
 //! Importing history a user already has into a warehouse table: NDJSON, one stream record
-//! per line, checked exactly as the ingest endpoint checks records of the table's entity
-//! (a JSON object, its key fields, its block time).
+//! per line, or parquet ([`parquet_to_ndjson`]: a row's columns become the record's fields),
+//! checked exactly as the ingest endpoint checks records of the table's entity (a JSON
+//! object, its key fields, its block time).
 //!
 //! Keys are unique per table: a record whose key the table already holds (from the archiver
 //! or an earlier import) is counted and skipped, and so is a key repeated within the import,
@@ -106,6 +107,140 @@ pub fn import_ndjson(
     Ok(report)
 }
 
+/// Whether `head` (a file's first bytes) starts a parquet file.
+pub fn is_parquet(head: &[u8]) -> bool {
+    head.starts_with(b"PAR1")
+}
+
+/// The rows of a parquet file as NDJSON, one record per row: each column a field of the
+/// record (timestamps as RFC 3339 text in UTC, decimals as decimal text, nulls left out). A
+/// file of the warehouse or of a staged chunk (a `_record` column) gives back its records as
+/// they were.
+///
+/// # Errors
+/// When `file` is not a parquet file, or has a column of a type records cannot carry (lists,
+/// structs, maps, binary).
+pub fn parquet_to_ndjson(file: bytes::Bytes) -> Result<Vec<u8>, ImportError> {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let invalid = |detail: String| {
+        ImportError::Read(std::io::Error::new(std::io::ErrorKind::InvalidData, detail))
+    };
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|builder| builder.with_batch_size(8192).build())
+        .map_err(|error| invalid(format!("not a readable parquet file: {error}")))?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|error| invalid(error.to_string()))?;
+        let schema = batch.schema();
+        if let Some(records) = batch.column_by_name(crate::tables::RECORD_COLUMN) {
+            let records = records
+                .as_any()
+                .downcast_ref::<arrow_array::StringArray>()
+                .ok_or_else(|| invalid("a _record column that is not text".to_owned()))?;
+            for record in records.iter().flatten() {
+                out.extend_from_slice(record.as_bytes());
+                out.push(b'\n');
+            }
+            continue;
+        }
+        let columns: Vec<(&str, &arrow_array::ArrayRef)> = schema
+            .fields()
+            .iter()
+            .zip(batch.columns())
+            .map(|(field, column)| (field.name().as_str(), column))
+            .filter(|(name, _)| !name.starts_with('_'))
+            .collect();
+        for row in 0..batch.num_rows() {
+            let mut record = serde_json::Map::new();
+            for (name, column) in &columns {
+                if let Some(value) =
+                    json_value(column, row).map_err(|e| invalid(format!("column {name}: {e}")))?
+                {
+                    record.insert((*name).to_owned(), value);
+                }
+            }
+            serde_json::to_writer(&mut out, &record).expect("a map serializes");
+            out.push(b'\n');
+        }
+    }
+    Ok(out)
+}
+
+/// The JSON value of `array[row]`; `None` for a null.
+fn json_value(
+    array: &arrow_array::ArrayRef,
+    row: usize,
+) -> Result<Option<serde_json::Value>, String> {
+    use arrow_array::cast::AsArray as _;
+    use arrow_array::types::{
+        Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type,
+        UInt32Type, UInt64Type,
+    };
+    use arrow_schema::{DataType, TimeUnit};
+    use serde_json::Value;
+    if array.is_null(row) {
+        return Ok(None);
+    }
+    let value = match array.data_type() {
+        DataType::Utf8 => Value::from(array.as_string::<i32>().value(row)),
+        DataType::LargeUtf8 => Value::from(array.as_string::<i64>().value(row)),
+        DataType::Utf8View => Value::from(array.as_string_view().value(row)),
+        DataType::Boolean => Value::from(array.as_boolean().value(row)),
+        DataType::Int8 => Value::from(array.as_primitive::<Int8Type>().value(row)),
+        DataType::Int16 => Value::from(array.as_primitive::<Int16Type>().value(row)),
+        DataType::Int32 => Value::from(array.as_primitive::<Int32Type>().value(row)),
+        DataType::Int64 => Value::from(array.as_primitive::<Int64Type>().value(row)),
+        DataType::UInt8 => Value::from(array.as_primitive::<UInt8Type>().value(row)),
+        DataType::UInt16 => Value::from(array.as_primitive::<UInt16Type>().value(row)),
+        DataType::UInt32 => Value::from(array.as_primitive::<UInt32Type>().value(row)),
+        DataType::UInt64 => Value::from(array.as_primitive::<UInt64Type>().value(row)),
+        DataType::Float32 => Value::from(f64::from(array.as_primitive::<Float32Type>().value(row))),
+        DataType::Float64 => Value::from(array.as_primitive::<Float64Type>().value(row)),
+        DataType::Decimal128(_, scale) => {
+            let raw = array.as_primitive::<arrow_array::types::Decimal128Type>().value(row);
+            Value::from(decimal_text(raw, *scale))
+        }
+        DataType::Timestamp(unit, _) => {
+            let raw = match unit {
+                TimeUnit::Second => array
+                    .as_primitive::<arrow_array::types::TimestampSecondType>()
+                    .value(row)
+                    .saturating_mul(1_000_000),
+                TimeUnit::Millisecond => array
+                    .as_primitive::<arrow_array::types::TimestampMillisecondType>()
+                    .value(row)
+                    .saturating_mul(1_000),
+                TimeUnit::Microsecond => {
+                    array.as_primitive::<arrow_array::types::TimestampMicrosecondType>().value(row)
+                }
+                TimeUnit::Nanosecond => {
+                    array.as_primitive::<arrow_array::types::TimestampNanosecondType>().value(row)
+                        / 1_000
+                }
+            };
+            let at = chrono::DateTime::from_timestamp_micros(raw)
+                .ok_or_else(|| format!("timestamp {raw} out of range"))?;
+            Value::from(sluice_core::time::format(at))
+        }
+        other => return Err(format!("type {other} cannot be a record field")),
+    };
+    Ok(Some(value))
+}
+
+/// `raw` × 10^-`scale` as decimal text.
+fn decimal_text(raw: i128, scale: i8) -> String {
+    if scale <= 0 {
+        return (raw * 10i128.pow(u32::from(scale.unsigned_abs()))).to_string();
+    }
+    let digits = raw.unsigned_abs().to_string();
+    let scale = scale as usize;
+    let padded = format!("{digits:0>width$}", width = scale + 1);
+    let (whole, fraction) = padded.split_at(padded.len() - scale);
+    let fraction = fraction.trim_end_matches('0');
+    let sign = if raw < 0 { "-" } else { "" };
+    if fraction.is_empty() { format!("{sign}{whole}") } else { format!("{sign}{whole}.{fraction}") }
+}
+
 fn reject(report: &mut ImportReport, line: u64, reason: String) {
     report.rejected += 1;
     if report.rejections.len() < MAX_REJECTIONS_SHOWN {
@@ -150,5 +285,75 @@ mod tests {
         let again = import_ndjson(&warehouse, &table, text.as_bytes()).unwrap();
         assert_eq!((again.imported, again.already_there), (0, 31));
         assert_eq!(warehouse.manifest(&table.name).unwrap().rows(), 30);
+    }
+
+    #[test]
+    fn a_parquet_file_of_typed_columns_imports_like_its_ndjson() {
+        use arrow_array::{
+            ArrayRef, Decimal128Array, Int64Array, RecordBatch, StringArray,
+            TimestampMillisecondArray,
+        };
+        use std::sync::Arc;
+        let n = 4;
+        let columns: Vec<(&str, ArrayRef)> = vec![
+            ("block_number", Arc::new(Int64Array::from_iter_values(0..n))),
+            (
+                "block_timestamp",
+                Arc::new(
+                    TimestampMillisecondArray::from_iter_values(
+                        (0..n).map(|i| 1_767_225_600_000 + i * 1_000),
+                    )
+                    .with_timezone("UTC"),
+                ),
+            ),
+            (
+                "transaction_hash",
+                Arc::new(StringArray::from_iter_values((0..n).map(|i| format!("0x{i:064x}")))),
+            ),
+            ("log_index", Arc::new(Int64Array::from_iter_values((0..n).map(|_| 0)))),
+            (
+                "token_address",
+                Arc::new(StringArray::from(vec![
+                    Some("0xabc"),
+                    None,
+                    Some("0xabc"),
+                    Some("0xabc"),
+                ])),
+            ),
+            (
+                "amount",
+                Arc::new(
+                    Decimal128Array::from_iter_values([1_500_000, -25, 0, 10])
+                        .with_precision_and_scale(38, 6)
+                        .unwrap(),
+                ),
+            ),
+        ];
+        let batch = RecordBatch::try_from_iter(columns).unwrap();
+        let mut file = Vec::new();
+        let mut writer =
+            parquet::arrow::ArrowWriter::try_new(&mut file, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        assert!(is_parquet(&file));
+        let ndjson = parquet_to_ndjson(bytes::Bytes::from(file)).unwrap();
+        let lines: Vec<serde_json::Value> = ndjson
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 4);
+        assert_eq!(lines[1]["block_timestamp"], "2026-01-01T00:00:01.000000Z");
+        assert_eq!(lines[0]["amount"], "1.5");
+        assert_eq!(lines[1]["amount"], "-0.000025");
+        assert_eq!(lines[2]["amount"], "0");
+        assert!(lines[1].get("token_address").is_none(), "a null is left out");
+        let dir = tempfile::tempdir().unwrap();
+        let warehouse = Warehouse::open(dir.path()).unwrap();
+        let table =
+            crate::tables::table(&Catalog::default(), "base.assets.erc20_token_transfers").unwrap();
+        let report = import_ndjson(&warehouse, &table, ndjson.as_slice()).unwrap();
+        assert_eq!((report.imported, report.rejected), (4, 0));
+        assert!(parquet_to_ndjson(bytes::Bytes::from_static(b"PAR1 not really")).is_err());
     }
 }

@@ -20,7 +20,6 @@
 //! [`BackfillSettings::max_running`] run at once, the others wait their turn.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,6 +39,7 @@ use sluice_store::{MetadataStore, StoreError};
 use tokio::sync::Semaphore;
 
 use crate::staging;
+use crate::storage::Storage;
 use crate::tables::{self, Table};
 use crate::warehouse::{Query, Warehouse, WarehouseError};
 
@@ -112,7 +112,7 @@ pub struct Backfills {
     log: Arc<dyn StreamLog>,
     catalog: Arc<Catalog>,
     clock: Arc<dyn Clock>,
-    staging_root: PathBuf,
+    staging: Arc<dyn Storage>,
     sink_env: SinkEnv,
     settings: BackfillSettings,
     slots: Arc<Semaphore>,
@@ -134,7 +134,7 @@ impl Backfills {
         log: Arc<dyn StreamLog>,
         catalog: Arc<Catalog>,
         clock: Arc<dyn Clock>,
-        staging_root: PathBuf,
+        staging: Arc<dyn Storage>,
         sink_env: SinkEnv,
         settings: BackfillSettings,
     ) -> Arc<Self> {
@@ -144,7 +144,7 @@ impl Backfills {
             log,
             catalog,
             clock,
-            staging_root,
+            staging,
             sink_env,
             slots: Arc::new(Semaphore::new(settings.max_running.max(1))),
             settings,
@@ -306,7 +306,12 @@ impl Backfills {
             service.running.lock().expect("not poisoned").remove(&job_id);
             // Staging files go when the job has ended, however it ended.
             if service.finished(&job_id).await {
-                let _ = std::fs::remove_dir_all(service.staging_root.join(&job_id));
+                let staging = service.staging.clone();
+                let removed =
+                    tokio::task::spawn_blocking(move || staging.delete_prefix(&job_id)).await;
+                if let Ok(Err(error)) = removed {
+                    tracing::warn!(%error, "cannot remove a finished backfill's staged chunks");
+                }
             }
         });
     }
@@ -361,14 +366,15 @@ impl Backfills {
             end_us: job.backfill_end.timestamp_micros(),
             filter: job.filter_column.clone().zip(job.filter_values.clone()),
         };
-        let (warehouse, dir, rows, flag) = (
+        let (warehouse, staging, dir, rows, flag) = (
             self.warehouse.clone(),
-            self.staging_root.join(&job.job_id),
+            self.staging.clone(),
+            job.job_id.clone(),
             self.settings.chunk_rows.max(1),
             cancelled.clone(),
         );
         let staged = tokio::task::spawn_blocking(move || {
-            staging::stage(&warehouse, &table, &query, &dir, rows, &flag)
+            staging::stage(&warehouse, &table, &query, &*staging, &dir, rows, &flag)
         })
         .await
         .map_err(|error| BackfillError::Task(error.to_string()))??;
@@ -389,14 +395,13 @@ impl Backfills {
     ) -> Result<(), BackfillError> {
         let destinations = self.destinations(&job).await?;
         let total = job.num_chunks.unwrap_or(0);
-        let dir = self.staging_root.join(&job.job_id);
         while job.chunks_left > 0 {
             if cancelled.load(Ordering::Relaxed) {
                 return Ok(());
             }
             let index = total - job.chunks_left;
-            let path = staging::chunk_path(&dir, index);
-            let rows = tokio::task::spawn_blocking(move || staging::read_chunk(&path))
+            let (storage, path) = (self.staging.clone(), staging::chunk_path(&job.job_id, index));
+            let rows = tokio::task::spawn_blocking(move || staging::read_chunk(&*storage, &path))
                 .await
                 .map_err(|error| BackfillError::Task(error.to_string()))??;
             let records: Vec<NewRecord> = rows

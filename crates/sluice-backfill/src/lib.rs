@@ -9,5 +9,40 @@ pub mod archiver;
 pub mod import;
 pub mod jobs;
 pub mod staging;
+pub mod storage;
 pub mod tables;
 pub mod warehouse;
+
+use std::path::Path;
+use std::sync::Arc;
+
+/// The warehouse and the staging storage of a server: in object storage under `url`
+/// (staging under its `_staging/`), or `<data_dir>/warehouse` (held exclusively) and
+/// `<data_dir>/staging`.
+///
+/// # Errors
+/// A storage that cannot be opened, or a warehouse another process holds.
+pub fn open_warehouse(
+    url: Option<&str>,
+    data_dir: &Path,
+) -> Result<(warehouse::Warehouse, Arc<dyn storage::Storage>), warehouse::WarehouseError> {
+    let failed = |path: &str| {
+        let path = path.to_owned();
+        move |source| warehouse::WarehouseError::Io { path, source }
+    };
+    match url {
+        Some(url) => {
+            let objects = storage::ObjectStorage::from_url(url).map_err(failed(url))?;
+            let staging = objects.child("_staging").map_err(failed(url))?;
+            let warehouse = warehouse::Warehouse::open_storage(Arc::new(objects))?;
+            Ok((warehouse, Arc::new(staging)))
+        }
+        None => {
+            let warehouse = warehouse::Warehouse::open_exclusive(&data_dir.join("warehouse"))?;
+            let dir = data_dir.join("staging");
+            let staging =
+                storage::LocalStorage::new(&dir).map_err(failed(&dir.display().to_string()))?;
+            Ok((warehouse, Arc::new(staging)))
+        }
+    }
+}

@@ -1,8 +1,7 @@
 //! Staged chunks of a backfill job: parquet files of at most `chunk_rows` rows, each row the
-//! stream key and the record's JSON (`_key`, `_record`), under `<staging>/<job_id>/`.
+//! stream key and the record's JSON (`_key`, `_record`), under `<job_id>/` of the staging
+//! storage (`<data dir>/staging`, or `_staging/` beside the warehouse in object storage).
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -12,12 +11,13 @@ use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::properties::WriterProperties;
 
+use crate::storage::Storage;
 use crate::tables::{KEY_COLUMN, RECORD_COLUMN, Table};
-use crate::warehouse::{Query, Warehouse, WarehouseError};
+use crate::warehouse::{Query, Warehouse, WarehouseError, io_at, pq_at};
 
-/// The path of chunk `index` of a job's staging directory.
-pub fn chunk_path(dir: &Path, index: u64) -> PathBuf {
-    dir.join(format!("chunk-{index:06}.parquet"))
+/// The path of chunk `index` of a job's staging directory `dir`.
+pub fn chunk_path(dir: &str, index: u64) -> String {
+    format!("{dir}/chunk-{index:06}.parquet")
 }
 
 fn schema() -> Arc<Schema> {
@@ -27,41 +27,42 @@ fn schema() -> Arc<Schema> {
     ]))
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WarehouseError + '_ {
-    move |source| WarehouseError::Io { path: path.display().to_string(), source }
-}
-
-fn pq(path: &Path) -> impl FnOnce(parquet::errors::ParquetError) -> WarehouseError + '_ {
-    move |source| WarehouseError::Parquet { path: path.display().to_string(), source }
-}
-
-/// Writes one chunk (fsynced).
+/// Writes one chunk (durably).
 ///
 /// # Errors
 /// When the file cannot be written.
-pub fn write_chunk(path: &Path, rows: &[(String, String)]) -> Result<(), WarehouseError> {
+pub fn write_chunk(
+    storage: &dyn Storage,
+    path: &str,
+    rows: &[(String, String)],
+) -> Result<(), WarehouseError> {
     let keys = StringArray::from_iter_values(rows.iter().map(|(k, _)| k.as_str()));
     let records = StringArray::from_iter_values(rows.iter().map(|(_, r)| r.as_str()));
     let batch = RecordBatch::try_new(schema(), vec![Arc::new(keys), Arc::new(records)])?;
     let props =
         WriterProperties::builder().set_compression(parquet::basic::Compression::SNAPPY).build();
-    let file = File::create(path).map_err(io(path))?;
-    let mut writer = ArrowWriter::try_new(file, schema(), Some(props)).map_err(pq(path))?;
-    writer.write(&batch).map_err(pq(path))?;
-    let file = writer.into_inner().map_err(pq(path))?;
-    file.sync_all().map_err(io(path))
+    let mut writer =
+        ArrowWriter::try_new(Vec::new(), schema(), Some(props)).map_err(pq_at(storage, path))?;
+    writer.write(&batch).map_err(pq_at(storage, path))?;
+    let bytes = writer.into_inner().map_err(pq_at(storage, path))?;
+    storage.put(path, bytes).map_err(io_at(storage, path))
 }
 
 /// Reads one chunk's rows, in order.
 ///
 /// # Errors
 /// When the file cannot be read.
-pub fn read_chunk(path: &Path) -> Result<Vec<(String, String)>, WarehouseError> {
-    let file = File::open(path).map_err(io(path))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(pq(path))?
+pub fn read_chunk(
+    storage: &dyn Storage,
+    path: &str,
+) -> Result<Vec<(String, String)>, WarehouseError> {
+    let Some(bytes) = storage.get(path).map_err(io_at(storage, path))? else {
+        return Err(io_at(storage, path)(std::io::ErrorKind::NotFound.into()));
+    };
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .map_err(pq_at(storage, path))?
         .build()
-        .map_err(pq(path))?;
+        .map_err(pq_at(storage, path))?;
     let mut rows = Vec::new();
     for batch in reader {
         let batch = batch?;
@@ -87,8 +88,8 @@ pub struct Staged {
     pub rows: u64,
 }
 
-/// Runs the export query of a job into chunks under `dir` (emptied first). Stops early,
-/// answering `None`, when `cancelled` turns true (checked at each chunk).
+/// Runs the export query of a job into chunks under `dir` of `storage` (emptied first). Stops
+/// early, answering `None`, when `cancelled` turns true (checked at each chunk).
 ///
 /// # Errors
 /// A warehouse or chunk file that cannot be read or written.
@@ -96,14 +97,12 @@ pub fn stage(
     warehouse: &Warehouse,
     table: &Table,
     query: &Query,
-    dir: &Path,
+    storage: &dyn Storage,
+    dir: &str,
     chunk_rows: usize,
     cancelled: &AtomicBool,
 ) -> Result<Option<Staged>, WarehouseError> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(io(dir))?;
-    }
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    storage.delete_prefix(dir).map_err(io_at(storage, dir))?;
     let mut buffer: Vec<(String, String)> = Vec::with_capacity(chunk_rows.min(100_000));
     let mut chunks = 0;
     let mut rows = 0;
@@ -114,7 +113,7 @@ pub fn stage(
         }
         buffer.push((key.to_owned(), record.to_owned()));
         if buffer.len() == chunk_rows {
-            write_chunk(&chunk_path(dir, chunks), &buffer)?;
+            write_chunk(storage, &chunk_path(dir, chunks), &buffer)?;
             chunks += 1;
             rows += buffer.len() as u64;
             buffer.clear();
@@ -126,7 +125,7 @@ pub fn stage(
         return Ok(None);
     }
     if !buffer.is_empty() {
-        write_chunk(&chunk_path(dir, chunks), &buffer)?;
+        write_chunk(storage, &chunk_path(dir, chunks), &buffer)?;
         chunks += 1;
         rows += buffer.len() as u64;
     }

@@ -1,19 +1,18 @@
-//! The warehouse on a local directory: per table, parquet files partitioned by the day of
-//! `block_timestamp` (`<table>/date=YYYY-MM-DD/part-<version>-<n>.parquet`), rows sorted by
-//! time inside a file and written in row groups of [`ROW_GROUP_ROWS`], so a window reads only
-//! the files and row groups whose time range meets it.
+//! The warehouse: per table, parquet files partitioned by the day of `block_timestamp`
+//! (`<table>/date=YYYY-MM-DD/part-<version>-<n>.parquet`), rows sorted by time inside a file and
+//! written in row groups of [`ROW_GROUP_ROWS`], so a window reads only the files and row groups
+//! whose time range meets it. The files live in a [`Storage`]: a local directory (the embedded
+//! default) or S3-compatible object storage.
 //!
 //! Each table has a manifest (`<table>/_manifest.json`): the files that belong to it and the
-//! source offsets archived so far. An append writes and fsyncs its files, then replaces the
-//! manifest atomically (write, fsync, rename, fsync the directory). The manifest is the
-//! commit: a file it does not list (left by a crash between the two steps) is not part of the
-//! table and is deleted when the warehouse opens; the archiver resumes from the manifest's
-//! offsets, so a restart neither loses nor duplicates rows.
-
+//! source offsets archived so far. An append writes its files durably, then replaces the
+//! manifest atomically. The manifest is the commit: a file it does not list (left by a crash
+//! between the two steps) is not part of the table and is deleted when the warehouse opens; the
+//! archiver resumes from the manifest's offsets, so a restart neither loses nor duplicates
+//! rows.
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::builder::{
@@ -30,6 +29,7 @@ use parquet::file::statistics::Statistics;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::storage::{LocalStorage, ObjectReader, Storage};
 use crate::tables::{ColumnKind, KEY_COLUMN, RECORD_COLUMN, TIME_COLUMN, Table};
 
 /// Rows per row group: the unit a window skips or reads.
@@ -67,8 +67,22 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WarehouseError + '_ {
     move |source| WarehouseError::Io { path: path.display().to_string(), source }
 }
 
-fn pq(path: &Path) -> impl FnOnce(parquet::errors::ParquetError) -> WarehouseError + '_ {
-    move |source| WarehouseError::Parquet { path: path.display().to_string(), source }
+/// The error of `path` of `storage`.
+pub(crate) fn io_at(
+    storage: &dyn Storage,
+    path: &str,
+) -> impl FnOnce(std::io::Error) -> WarehouseError {
+    let path = storage.location(path);
+    move |source| WarehouseError::Io { path, source }
+}
+
+/// The parquet error of `path` of `storage`.
+pub(crate) fn pq_at(
+    storage: &dyn Storage,
+    path: &str,
+) -> impl FnOnce(parquet::errors::ParquetError) -> WarehouseError {
+    let path = storage.location(path);
+    move |source| WarehouseError::Parquet { path, source }
 }
 
 /// One file of a table.
@@ -137,10 +151,10 @@ pub struct ScanStats {
     pub rows_matched: u64,
 }
 
-/// The warehouse under one directory.
+/// The warehouse in one storage.
 #[derive(Debug, Clone)]
 pub struct Warehouse {
-    root: PathBuf,
+    storage: Arc<dyn Storage>,
     manifests: Arc<Mutex<HashMap<String, Manifest>>>,
     /// Appends of this process, one at a time (the archiver and imports share a handle).
     appending: Arc<Mutex<()>>,
@@ -149,12 +163,14 @@ pub struct Warehouse {
 }
 
 impl Warehouse {
-    /// Opens (creating) the warehouse at `root`, deleting files no manifest lists.
+    /// Opens (creating) the warehouse in the directory `root`, deleting files no manifest
+    /// lists.
     ///
     /// # Errors
     /// When the directory cannot be made or read, or a manifest does not parse.
     pub fn open(root: &Path) -> Result<Self> {
-        Self::opened(root, None)
+        let storage = LocalStorage::new(root).map_err(io(root))?;
+        Self::opened(Arc::new(storage), None)
     }
 
     /// [`Warehouse::open`], holding the directory's lock (`.lock`, `flock`) for as long as the
@@ -173,30 +189,43 @@ impl Warehouse {
             .map_err(io(&path))?;
         rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
             .map_err(|_| WarehouseError::InUse(root.display().to_string()))?;
-        Self::opened(root, Some(Arc::new(file)))
+        let storage = LocalStorage::new(root).map_err(io(root))?;
+        Self::opened(Arc::new(storage), Some(Arc::new(file)))
     }
 
-    fn opened(root: &Path, lock: Option<Arc<File>>) -> Result<Self> {
-        std::fs::create_dir_all(root).map_err(io(root))?;
-        let warehouse = Self {
-            root: root.to_owned(),
-            manifests: Arc::default(),
-            appending: Arc::default(),
-            _lock: lock,
-        };
-        for entry in std::fs::read_dir(root).map_err(io(root))? {
-            let entry = entry.map_err(io(root))?;
-            if entry.path().is_dir() {
-                let table = entry.file_name().to_string_lossy().into_owned();
-                let manifest = warehouse.manifest(&table)?;
-                warehouse.remove_unlisted(&table, &manifest)?;
+    /// Opens the warehouse in `storage` (object storage, typically). Files no manifest lists
+    /// are deleted only when an append of an older version left them: another process may be
+    /// writing the newer ones.
+    ///
+    /// # Errors
+    /// When the storage cannot be listed, or a manifest does not parse.
+    pub fn open_storage(storage: Arc<dyn Storage>) -> Result<Self> {
+        Self::opened(storage, None)
+    }
+
+    /// Where the warehouse keeps its files.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    fn opened(storage: Arc<dyn Storage>, lock: Option<Arc<File>>) -> Result<Self> {
+        let sweep_all = lock.is_some() || storage.local_path("").is_some();
+        let warehouse =
+            Self { storage, manifests: Arc::default(), appending: Arc::default(), _lock: lock };
+        let objects = warehouse.storage.list("").map_err(io_at(&*warehouse.storage, ""))?;
+        let mut by_table: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for object in &objects {
+            if let Some((table, rest)) = object.split_once('/') {
+                if !table.starts_with(['_', '.']) {
+                    by_table.entry(table).or_default().push(rest);
+                }
             }
         }
+        for (table, files) in by_table {
+            let manifest = warehouse.manifest(table)?;
+            warehouse.remove_unlisted(table, &manifest, &files, sweep_all)?;
+        }
         Ok(warehouse)
-    }
-
-    fn table_dir(&self, table: &str) -> PathBuf {
-        self.root.join(table)
     }
 
     /// The manifest of `table` (empty when the table has no files yet).
@@ -207,34 +236,40 @@ impl Warehouse {
         if let Some(found) = self.manifests.lock().expect("not poisoned").get(table) {
             return Ok(found.clone());
         }
-        let path = self.table_dir(table).join(MANIFEST);
-        let manifest = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| {
+        let path = format!("{table}/{MANIFEST}");
+        let manifest = match self.storage.get(&path).map_err(io_at(&*self.storage, &path))? {
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|error| {
                 WarehouseError::Manifest { table: table.to_owned(), detail: error.to_string() }
             })?,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Manifest::default(),
-            Err(error) => return Err(io(&path)(error)),
+            None => Manifest::default(),
         };
         self.manifests.lock().expect("not poisoned").insert(table.to_owned(), manifest.clone());
         Ok(manifest)
     }
 
-    fn remove_unlisted(&self, table: &str, manifest: &Manifest) -> Result<()> {
+    /// Deletes the files of `table` its manifest does not list: every one when this process
+    /// owns the warehouse, else those an older append left.
+    fn remove_unlisted(
+        &self,
+        table: &str,
+        manifest: &Manifest,
+        files: &[&str],
+        sweep_all: bool,
+    ) -> Result<()> {
         let listed: HashSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
-        let dir = self.table_dir(table);
-        for day in std::fs::read_dir(&dir).map_err(io(&dir))? {
-            let day = day.map_err(io(&dir))?.path();
-            if !day.is_dir() {
+        for file in files {
+            if *file == MANIFEST || listed.contains(file) {
                 continue;
             }
-            for file in std::fs::read_dir(&day).map_err(io(&day))? {
-                let file = file.map_err(io(&day))?.path();
-                let relative =
-                    file.strip_prefix(&dir).unwrap_or(&file).to_string_lossy().into_owned();
-                if !listed.contains(relative.as_str()) {
-                    tracing::warn!(table, file = %relative, "removing a warehouse file no manifest lists (left by a crash)");
-                    std::fs::remove_file(&file).map_err(io(&file))?;
-                }
+            let old = version_of(file).is_some_and(|version| version <= manifest.version);
+            if sweep_all || old {
+                tracing::warn!(
+                    table,
+                    file,
+                    "removing a warehouse file no manifest lists (left by a crash)"
+                );
+                let path = format!("{table}/{file}");
+                self.storage.delete(&path).map_err(io_at(&*self.storage, &path))?;
             }
         }
         Ok(())
@@ -255,7 +290,6 @@ impl Warehouse {
         let mut manifest = self.manifest(&table.name)?;
         manifest.version += 1;
         rows.sort_by(|a, b| a.time_us.cmp(&b.time_us).then_with(|| a.key.cmp(&b.key)));
-        let dir = self.table_dir(&table.name);
         let mut start = 0;
         let mut n = 0;
         while start < rows.len() {
@@ -265,8 +299,11 @@ impl Warehouse {
                 .position(|r| day_of(r.time_us) != day)
                 .map_or(rows.len(), |p| start + p);
             let relative = format!("date={day}/part-{:08}-{n:04}.parquet", manifest.version);
-            let path = dir.join(&relative);
-            let bytes = write_file(table, &rows[start..end], &path)?;
+            let path = format!("{}/{relative}", table.name);
+            let file =
+                encode_file(table, &rows[start..end]).map_err(pq_at(&*self.storage, &path))?;
+            let bytes = file.len() as u64;
+            self.storage.put(&path, file).map_err(io_at(&*self.storage, &path))?;
             manifest.files.push(FileEntry {
                 path: relative,
                 rows: (end - start) as u64,
@@ -286,16 +323,9 @@ impl Warehouse {
     }
 
     fn commit(&self, table: &str, manifest: &Manifest) -> Result<()> {
-        let dir = self.table_dir(table);
-        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-        let path = dir.join(MANIFEST);
-        let temp = dir.join(format!("{MANIFEST}.tmp"));
+        let path = format!("{table}/{MANIFEST}");
         let text = serde_json::to_vec(manifest).expect("a manifest serializes");
-        let mut file = File::create(&temp).map_err(io(&temp))?;
-        file.write_all(&text).map_err(io(&temp))?;
-        file.sync_all().map_err(io(&temp))?;
-        std::fs::rename(&temp, &path).map_err(io(&path))?;
-        File::open(&dir).and_then(|d| d.sync_all()).map_err(io(&dir))?;
+        self.storage.put(&path, text).map_err(io_at(&*self.storage, &path))?;
         self.manifests.lock().expect("not poisoned").insert(table.to_owned(), manifest.clone());
         Ok(())
     }
@@ -319,7 +349,6 @@ impl Warehouse {
             let set: HashSet<String> = values.iter().map(|v| v.to_lowercase()).collect();
             (column.clone(), kind, set)
         });
-        let dir = self.table_dir(&table.name);
         let time_index = table
             .columns
             .iter()
@@ -331,9 +360,11 @@ impl Warehouse {
                 continue;
             }
             stats.files_read += 1;
-            let path = dir.join(&entry.path);
-            let file = File::open(&path).map_err(io(&path))?;
-            let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(pq(&path))?;
+            let path = format!("{}/{}", table.name, entry.path);
+            let file = ObjectReader::open(&self.storage, &path, entry.bytes)
+                .map_err(io_at(&*self.storage, &path))?;
+            let builder = ParquetRecordBatchReaderBuilder::try_new(file.clone())
+                .map_err(pq_at(&*self.storage, &path))?;
             let metadata = builder.metadata().clone();
             let mut groups = Vec::new();
             for (index, group) in metadata.row_groups().iter().enumerate() {
@@ -365,13 +396,25 @@ impl Warehouse {
                 .filter(|(_, (name, _))| wanted.contains(name))
                 .map(|(i, _)| i)
                 .collect();
+            // From object storage, the column chunks to read come in as few requests as can be.
+            let meta = &*metadata;
+            let ranges = groups
+                .iter()
+                .flat_map(|g| {
+                    indices.iter().map(move |c| {
+                        let (start, length) = meta.row_group(*g).column(*c).byte_range();
+                        start..start + length
+                    })
+                })
+                .collect();
+            file.prefetch(ranges).map_err(io_at(&*self.storage, &path))?;
             let mask = ProjectionMask::roots(metadata.file_metadata().schema_descr(), indices);
             let reader = builder
                 .with_row_groups(groups)
                 .with_projection(mask)
                 .with_batch_size(8192)
                 .build()
-                .map_err(pq(&path))?;
+                .map_err(pq_at(&*self.storage, &path))?;
             for batch in reader {
                 let batch = batch?;
                 let times = column::<TimestampMicrosecondArray>(&batch, TIME_COLUMN)?;
@@ -428,29 +471,28 @@ fn day_of(time_us: i64) -> String {
         .map_or_else(|| "1970-01-01".to_owned(), |t| t.format("%Y-%m-%d").to_string())
 }
 
-/// Writes `rows` (sorted by time) as one parquet file; answers its size.
-fn write_file(table: &Table, rows: &[Row], path: &Path) -> Result<u64> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(io(parent))?;
-    }
+/// The version in a file name `date=…/part-<version>-<n>.parquet`.
+fn version_of(file: &str) -> Option<u64> {
+    let name = file.rsplit('/').next()?;
+    name.strip_prefix("part-")?.split('-').next()?.parse().ok()
+}
+
+/// `rows` (sorted by time) as the bytes of one parquet file.
+fn encode_file(table: &Table, rows: &[Row]) -> Result<Vec<u8>, parquet::errors::ParquetError> {
     let props = WriterProperties::builder()
         .set_max_row_group_size(ROW_GROUP_ROWS)
         .set_compression(parquet::basic::Compression::SNAPPY)
         .build();
-    let file = File::create(path).map_err(io(path))?;
-    let mut writer =
-        ArrowWriter::try_new(file, table.schema.clone(), Some(props)).map_err(pq(path))?;
+    let mut writer = ArrowWriter::try_new(Vec::new(), table.schema.clone(), Some(props))?;
     for slice in rows.chunks(ROW_GROUP_ROWS) {
         let batch = batch_of(table, slice)?;
-        writer.write(&batch).map_err(pq(path))?;
+        writer.write(&batch)?;
     }
-    let file = writer.into_inner().map_err(pq(path))?;
-    file.sync_all().map_err(io(path))?;
-    Ok(file.metadata().map_err(io(path))?.len())
+    writer.into_inner()
 }
 
 /// The arrow batch of `rows`: every column from the record's JSON.
-fn batch_of(table: &Table, rows: &[Row]) -> Result<RecordBatch> {
+fn batch_of(table: &Table, rows: &[Row]) -> Result<RecordBatch, arrow_schema::ArrowError> {
     let parsed: Vec<serde_json::Map<String, Value>> =
         rows.iter().map(|row| serde_json::from_str(&row.record).unwrap_or_default()).collect();
     let mut arrays: Vec<ArrayRef> = Vec::with_capacity(table.columns.len());
@@ -505,7 +547,7 @@ fn batch_of(table: &Table, rows: &[Row]) -> Result<RecordBatch> {
         };
         arrays.push(array);
     }
-    Ok(RecordBatch::try_new(table.schema.clone(), arrays)?)
+    RecordBatch::try_new(table.schema.clone(), arrays)
 }
 
 #[cfg(test)]

@@ -62,9 +62,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .context("starting the pipeline runtime")?;
     let mut background = background_tasks(&runtime, &catalog, args.demo);
     // The warehouse and its archiver, and backfill jobs over it (resumed where they were).
-    let warehouse =
-        sluice_backfill::warehouse::Warehouse::open_exclusive(&settings.data_dir.join("warehouse"))
-            .context("opening the warehouse")?;
+    let (warehouse, staging) = {
+        let (url, dir) = (settings.warehouse_url.clone(), settings.data_dir.clone());
+        tokio::task::spawn_blocking(move || sluice_backfill::open_warehouse(url.as_deref(), &dir))
+            .await?
+            .context("opening the warehouse")?
+    };
     let (stop_archiver, archiver_stop) = tokio::sync::watch::channel(false);
     let archiver = sluice_backfill::archiver::Archiver::new(
         warehouse.clone(),
@@ -82,7 +85,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         runtime.log().clone(),
         Arc::new(catalog.clone()),
         clock.clone(),
-        settings.data_dir.join("staging"),
+        staging,
         sluice_runtime::SinkEnv {
             secrets: Some(secrets.clone()),
             egress: settings.egress_bind_addr,

@@ -89,6 +89,11 @@ pub struct ServeArgs {
     /// seconds [default: 60].
     #[arg(long, env = "SLUICE_WAREHOUSE_FLUSH_SECS", value_name = "SECS")]
     pub warehouse_flush_secs: Option<u64>,
+    /// Keep the warehouse and staged backfill chunks in S3-compatible object storage
+    /// (`s3://bucket/prefix`; endpoint, region and credentials from the `AWS_*` environment
+    /// variables) instead of `<data dir>/warehouse` and `<data dir>/staging`.
+    #[arg(long, env = "SLUICE_WAREHOUSE_URL", value_name = "URL")]
+    pub warehouse_url: Option<String>,
     /// Rows per staged chunk of a backfill job [default: 100000].
     #[arg(long, env = "SLUICE_BACKFILL_CHUNK_ROWS", value_name = "ROWS")]
     pub backfill_chunk_rows: Option<usize>,
@@ -114,6 +119,7 @@ struct FileSettings {
     secrets_previous_keys: Option<String>,
     egress_bind_addr: Option<std::net::IpAddr>,
     warehouse_flush_secs: Option<u64>,
+    warehouse_url: Option<String>,
     backfill_chunk_rows: Option<usize>,
 }
 
@@ -147,6 +153,8 @@ pub struct Settings {
     pub secrets_previous_keys: Vec<String>,
     pub egress_bind_addr: Option<std::net::IpAddr>,
     pub warehouse_flush_secs: u64,
+    /// Object storage of the warehouse; `None`: `<data dir>/warehouse`.
+    pub warehouse_url: Option<String>,
     pub backfill_chunk_rows: usize,
 }
 
@@ -241,6 +249,7 @@ impl Settings {
                 .unwrap_or_default(),
             egress_bind_addr: args.egress_bind_addr.or(file.egress_bind_addr),
             warehouse_flush_secs,
+            warehouse_url: args.warehouse_url.clone().or(file.warehouse_url),
             backfill_chunk_rows,
         })
     }

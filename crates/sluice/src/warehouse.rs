@@ -17,8 +17,8 @@ pub const REQUEST_BYTES: usize = 8 * 1024 * 1024;
 
 #[derive(Debug, Subcommand)]
 pub enum WarehouseCommand {
-    /// Import NDJSON records (one stream record per line) into a table; keys the table has
-    /// are skipped, so an import can be run again.
+    /// Import NDJSON records (one stream record per line) or parquet files (a column per
+    /// field) into a table; keys the table has are skipped, so an import can be run again.
     Import(ImportArgs),
 }
 
@@ -27,7 +27,7 @@ pub struct ImportArgs {
     /// The table, e.g. base.assets.erc20_token_transfers.
     #[arg(long)]
     table: String,
-    /// NDJSON files.
+    /// NDJSON or parquet files (told apart by their first bytes).
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// Import through this running server (an operator key in --api-key) rather than
@@ -36,6 +36,9 @@ pub struct ImportArgs {
     url: Option<String>,
     #[arg(long, env = "SLUICE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Offline: the warehouse in object storage (as `serve --warehouse-url`).
+    #[arg(long, env = "SLUICE_WAREHOUSE_URL")]
+    warehouse_url: Option<String>,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -56,10 +59,7 @@ pub async fn run(command: WarehouseCommand) -> anyhow::Result<()> {
                 args.table
             );
             for file in &args.files {
-                let reader = BufReader::new(
-                    std::fs::File::open(file)
-                        .with_context(|| format!("opening {}", file.display()))?,
-                );
+                let reader = open_input(file)?;
                 let mut body = Vec::with_capacity(REQUEST_BYTES);
                 for line in reader.split(b'\n') {
                     let line = line?;
@@ -79,14 +79,11 @@ pub async fn run(command: WarehouseCommand) -> anyhow::Result<()> {
             let catalog = sluice_core::catalog::Catalog::default();
             let table = sluice_backfill::tables::table(&catalog, &args.table)
                 .with_context(|| format!("no table {}", args.table))?;
-            let warehouse = sluice_backfill::warehouse::Warehouse::open_exclusive(
-                &settings.data_dir.join("warehouse"),
-            )?;
+            let url = args.warehouse_url.clone().or(settings.warehouse_url.clone());
+            let (warehouse, _) =
+                sluice_backfill::open_warehouse(url.as_deref(), &settings.data_dir)?;
             for file in &args.files {
-                let reader = BufReader::new(
-                    std::fs::File::open(file)
-                        .with_context(|| format!("opening {}", file.display()))?,
-                );
+                let reader = open_input(file)?;
                 let report = sluice_backfill::import::import_ndjson(&warehouse, &table, reader)?;
                 total.add(&serde_json::to_value(&report)?);
             }
@@ -103,6 +100,22 @@ pub async fn run(command: WarehouseCommand) -> anyhow::Result<()> {
         bail!("{} lines were not valid records of the table", total.rejected);
     }
     Ok(())
+}
+
+/// The NDJSON lines of `file`: as they are, or made from a parquet file's rows.
+fn open_input(file: &std::path::Path) -> anyhow::Result<Box<dyn BufRead>> {
+    let mut handle =
+        std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+    let mut head = [0u8; 4];
+    let read = std::io::Read::read(&mut handle, &mut head)?;
+    if sluice_backfill::import::is_parquet(&head[..read]) {
+        let bytes = std::fs::read(file)?;
+        let ndjson = sluice_backfill::import::parquet_to_ndjson(bytes.into())
+            .with_context(|| format!("reading {}", file.display()))?;
+        return Ok(Box::new(std::io::Cursor::new(ndjson)));
+    }
+    std::io::Seek::rewind(&mut handle)?;
+    Ok(Box::new(BufReader::new(handle)))
 }
 
 async fn send(

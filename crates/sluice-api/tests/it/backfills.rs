@@ -1,5 +1,8 @@
 //! Backfills through the HTTP API on the embedded log: records ingested, archived into the
-//! warehouse, exported by a job to a managed destination and a webhook.
+//! warehouse, exported by a job to a managed destination and a webhook — with SQLite and a
+//! local warehouse (the embedded default), and again with PostgreSQL and the warehouse in the
+//! S3-compatible server `scripts/test` starts (`SLUICE_TEST_POSTGRES_URL`,
+//! `SLUICE_TEST_S3_URL`; those tests fail without them).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -13,6 +16,7 @@ use serde_json::{Value, json};
 use sluice_api::{AppState, Limits};
 use sluice_backfill::archiver::{Archiver, ArchiverSettings};
 use sluice_backfill::jobs::{BackfillSettings, Backfills};
+use sluice_backfill::storage::{LocalStorage, Storage};
 use sluice_backfill::warehouse::Warehouse;
 use sluice_bus::{EmbeddedLog, StreamLog};
 use sluice_core::catalog::Catalog;
@@ -45,9 +49,32 @@ fn transfer(n: u64) -> Value {
     })
 }
 
+/// Where a stack keeps its metadata and its warehouse.
+#[derive(Clone, Copy)]
+enum Backend {
+    /// SQLite and the local directory.
+    Embedded,
+    /// PostgreSQL and object storage.
+    PostgresS3,
+}
+
+/// A fresh schema of the PostgreSQL `scripts/test` starts.
+async fn postgres_store() -> Arc<dyn MetadataStore> {
+    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
+        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
+    admin.close().await;
+    let options = std::str::FromStr::from_str(&url)
+        .map(|o: sqlx::postgres::PgConnectOptions| o.options([("search_path", &schema)]))
+        .unwrap();
+    Arc::new(sluice_store::PgStore::open_with(options).await.unwrap())
+}
+
 struct Stack {
     _dir: tempfile::TempDir,
-    staging: std::path::PathBuf,
+    staging: Arc<dyn Storage>,
     log: Arc<dyn StreamLog>,
     archiver: Archiver,
     state: AppState,
@@ -58,10 +85,19 @@ struct Stack {
 
 impl Stack {
     async fn new(chunk_rows: usize) -> Self {
+        Self::on(Backend::Embedded, chunk_rows).await
+    }
+
+    async fn on(backend: Backend, chunk_rows: usize) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 3, 10, 0, 0, 0).unwrap()));
-        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
-        let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
+        let store: Arc<dyn MetadataStore> = match backend {
+            Backend::Embedded => {
+                let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+                Arc::new(SqliteStore::open(&url).await.unwrap())
+            }
+            Backend::PostgresS3 => postgres_store().await,
+        };
         let log: Arc<dyn StreamLog> =
             Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
         let secrets =
@@ -79,14 +115,23 @@ impl Stack {
         )
         .await
         .unwrap();
-        let warehouse = Warehouse::open(&dir.path().join("warehouse")).unwrap();
+        let (warehouse, staging): (Warehouse, Arc<dyn Storage>) = match backend {
+            Backend::Embedded => (
+                Warehouse::open(&dir.path().join("warehouse")).unwrap(),
+                Arc::new(LocalStorage::new(&dir.path().join("staging")).unwrap()),
+            ),
+            Backend::PostgresS3 => {
+                let bucket = sluice_backfill::storage::testing::new_bucket("warehouse");
+                let staging = bucket.child("_staging").unwrap();
+                (Warehouse::open_storage(Arc::new(bucket)).unwrap(), Arc::new(staging))
+            }
+        };
         let archiver = Archiver::new(
             warehouse.clone(),
             log.clone(),
             sluice_backfill::tables::tables(&catalog),
             ArchiverSettings::default(),
         );
-        let staging = dir.path().join("staging");
         let backfill_settings = BackfillSettings {
             chunk_rows,
             initial_backoff: Duration::from_millis(20),
@@ -178,6 +223,20 @@ impl Stack {
         }
     }
 
+    /// Whether a job's staged chunks are gone.
+    fn staged_gone(&self, job_id: &str) -> bool {
+        self.staging.list(job_id).unwrap().is_empty()
+    }
+
+    /// Waits until a job's staged chunks are gone (they go just after it ended).
+    async fn until_staged_gone(&self, job_id: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !self.staged_gone(job_id) {
+            assert!(tokio::time::Instant::now() < deadline, "staged chunks stayed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The transfer numbers a job's managed destination holds.
     async fn delivered(&self, job_id: &str, uid: &str) -> Vec<u64> {
         let path =
@@ -207,7 +266,16 @@ fn body(start: u64, end: u64, destinations: Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_job_delivers_exactly_the_window_and_filter_in_chunks_and_completes() {
-    let stack = Stack::new(7).await;
+    delivers_the_window_and_filter(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_and_s3_a_job_delivers_exactly_the_window_and_filter_in_chunks() {
+    delivers_the_window_and_filter(Backend::PostgresS3).await;
+}
+
+async fn delivers_the_window_and_filter(backend: Backend) {
+    let stack = Stack::on(backend, 7).await;
     stack.history(0..200).await;
     let receiver = Receiver::start().await;
     let destinations = json!([
@@ -231,7 +299,7 @@ async fn a_job_delivers_exactly_the_window_and_filter_in_chunks_and_completes() 
     let hooked: BTreeSet<u64> = receiver.numbers().into_iter().collect();
     assert_eq!(hooked.into_iter().collect::<Vec<_>>(), expected);
     // Staging files are gone once the job ended.
-    assert!(!stack.staging.join(&job_id).exists());
+    stack.until_staged_gone(&job_id).await;
     // A window edge exactly at a row: minute 11 is in when it starts there, out when it ends there.
     let edge =
         stack.create(body(11, 12, json!([{"type": "kafka", "uid": "sk-a", "name": "a"}]))).await;
@@ -246,7 +314,16 @@ async fn a_job_delivers_exactly_the_window_and_filter_in_chunks_and_completes() 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn jobs_are_listed_per_organization_and_cancel_answers_409_once_ended() {
-    let stack = Stack::new(100).await;
+    listed_per_organization(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_and_s3_jobs_are_listed_per_organization_and_cancel_answers_409() {
+    listed_per_organization(Backend::PostgresS3).await;
+}
+
+async fn listed_per_organization(backend: Backend) {
+    let stack = Stack::on(backend, 100).await;
     stack.history(0..20).await;
     let first = stack.create(body(0, 20, json!([{"type": "kafka", "name": "one"}]))).await;
     let second = stack.create(body(0, 10, json!([{"type": "kafka", "name": "two"}]))).await;
@@ -305,16 +382,52 @@ async fn jobs_are_listed_per_organization_and_cancel_answers_409_once_ended() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_job_held_by_a_down_destination_is_cancelled_at_the_next_chunk() {
-    let stack = Stack::new(3).await;
+    cancelled_in_transport(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_and_s3_a_job_held_by_a_down_destination_is_cancelled() {
+    cancelled_in_transport(Backend::PostgresS3).await;
+}
+
+async fn cancelled_in_transport(backend: Backend) {
+    let stack = Stack::on(backend, 3).await;
     stack.history(0..40).await;
     let receiver = Receiver::start().await;
     receiver.set(Answer::Refuse(503));
     let destinations =
         json!([{"type": "webhook", "uid": "sk-hook", "name": "hook", "url": receiver.url()}]);
-    let job_id = stack.create(body(0, 40, destinations)).await;
+    let job_id = stack.create(body(0, 40, destinations.clone())).await;
     let job = stack.until(&job_id, "transporting").await;
     assert_eq!(job["num_chunks"], 7, "20 USDC rows in chunks of 3");
     assert_eq!(job["chunks_left"], 7, "nothing acknowledged while the webhook refuses");
+    // Two jobs run at once: with a second one held too, a third waits in staging, where a
+    // cancel ends it before it staged anything.
+    let second = stack.create(body(0, 40, destinations.clone())).await;
+    stack.until(&second, "transporting").await;
+    let waiting = stack.create(body(0, 40, destinations)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let job = stack.job(&waiting).await;
+    assert_eq!((job["status"].as_str(), job["num_chunks"].as_u64()), (Some("staging"), None));
+    let (status, answer) = stack
+        .call(
+            Method::POST,
+            &format!("/api/v1/beam/backfills/{waiting}/cancel"),
+            &stack.owner,
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(stack.job(&waiting).await["status"], "cancelled");
+    let (status, answer) = stack
+        .call(
+            Method::POST,
+            &format!("/api/v1/beam/backfills/{second}/cancel"),
+            &stack.owner,
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
     let (status, answer) = stack
         .call(
             Method::POST,
@@ -328,15 +441,16 @@ async fn a_job_held_by_a_down_destination_is_cancelled_at_the_next_chunk() {
     let job = stack.job(&job_id).await;
     assert_eq!(job["status"], "cancelled");
     // The runner lets go: its staging files go, and a recovered receiver gets nothing more.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while stack.staging.join(&job_id).exists() {
-        assert!(tokio::time::Instant::now() < deadline, "staging files stayed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    stack.until_staged_gone(&job_id).await;
     receiver.set(Answer::Accept);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(receiver.numbers().is_empty());
-    assert_eq!(stack.job(&job_id).await["status"], "cancelled");
+    for id in [&job_id, &second, &waiting] {
+        let job = stack.job(id).await;
+        assert_eq!(job["status"], "cancelled");
+        stack.until_staged_gone(id).await;
+    }
+    assert_eq!(stack.job(&waiting).await["rows_staged"], 0, "it never staged");
 }
 
 #[tokio::test(flavor = "multi_thread")]

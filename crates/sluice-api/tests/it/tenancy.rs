@@ -113,7 +113,9 @@ impl World {
             log.clone(),
             catalog,
             clock.clone(),
-            dir.path().join("staging"),
+            Arc::new(
+                sluice_backfill::storage::LocalStorage::new(&dir.path().join("staging")).unwrap(),
+            ),
             sluice_runtime::SinkEnv { secrets: Some(secrets.clone()), egress: None },
             sluice_backfill::jobs::BackfillSettings::default(),
         );

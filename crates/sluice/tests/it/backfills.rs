@@ -1,5 +1,6 @@
 //! A backfill job survives `kill -9` mid-transport: the restarted server resumes at the first
-//! chunk not acknowledged and every row reaches the destination.
+//! chunk not acknowledged and every row reaches the destination — on the embedded default, and
+//! on PostgreSQL with the warehouse in the S3-compatible server `scripts/test` starts.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -10,7 +11,42 @@ use serde_json::{Value, json};
 use crate::crash::{KEY, USDC, batch, send};
 use crate::process::{Server, data_dir_args, free_port, sluice};
 
-fn start(dir: &std::path::Path, port: u16, database_url: Option<&str>) -> Server {
+/// A bucket of the S3-compatible server `scripts/test` starts (`SLUICE_TEST_S3_URL`).
+struct Bucket {
+    endpoint: String,
+    name: String,
+}
+
+impl Bucket {
+    async fn new(client: &reqwest::Client, name: &str) -> Self {
+        let endpoint = std::env::var("SLUICE_TEST_S3_URL").expect(
+            "SLUICE_TEST_S3_URL must name the S3-compatible server (scripts/test starts moto)",
+        );
+        let name = format!("{name}-{}", std::process::id());
+        // moto makes a bucket on an unsigned PUT.
+        let answer = client.put(format!("{endpoint}/{name}")).send().await.unwrap();
+        assert!(answer.status().is_success(), "{:?}", answer.text().await);
+        Self { endpoint, name }
+    }
+
+    /// The keys under `prefix`.
+    async fn keys(&self, client: &reqwest::Client, prefix: &str) -> Vec<String> {
+        let url = format!("{}/{}?list-type=2&prefix={prefix}", self.endpoint, self.name);
+        let text = client.get(url).send().await.unwrap().text().await.unwrap();
+        text.split("<Key>")
+            .skip(1)
+            .filter_map(|k| k.split_once("</Key>"))
+            .map(|(k, _)| k.to_owned())
+            .collect()
+    }
+}
+
+fn start(
+    dir: &std::path::Path,
+    port: u16,
+    database_url: Option<&str>,
+    bucket: Option<&Bucket>,
+) -> Server {
     let mut command = sluice();
     command
         .arg("serve")
@@ -18,6 +54,15 @@ fn start(dir: &std::path::Path, port: u16, database_url: Option<&str>) -> Server
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--warehouse-flush-secs", "1", "--backfill-chunk-rows", "40"])
         .env("SLUICE_BOOTSTRAP_API_KEY", KEY);
+    if let Some(bucket) = bucket {
+        command
+            .args(["--warehouse-url", &format!("s3://{}/wh", bucket.name)])
+            .env("AWS_ENDPOINT", &bucket.endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test");
+    }
     if let Some(url) = database_url {
         command.env("SLUICE_DATABASE_URL", url);
     }
@@ -71,22 +116,23 @@ async fn job(client: &reqwest::Client, base: &str, job_id: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_mid_transport_then_restart_delivers_every_row() {
-    sigkill_mid_transport(None).await;
+    sigkill_mid_transport(None, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn on_postgres_sigkill_mid_transport_then_restart_delivers_every_row() {
+async fn on_postgres_and_s3_sigkill_mid_transport_then_restart_delivers_every_row() {
     let database = postgres_database("backfill").await;
-    sigkill_mid_transport(Some(database)).await;
+    sigkill_mid_transport(Some(database), true).await;
 }
 
-async fn sigkill_mid_transport(database: Option<String>) {
+async fn sigkill_mid_transport(database: Option<String>, in_s3: bool) {
     let database = database.as_deref();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut server = start(dir.path(), port, database);
-    let base = server.base.clone();
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    let bucket = if in_s3 { Some(Bucket::new(&client, "sluice-backfill").await) } else { None };
+    let mut server = start(dir.path(), port, database, bucket.as_ref());
+    let base = server.base.clone();
     // 1,200 transfers; two of every three are USDC (batch()).
     let ingest = format!("{base}/api/v1/streams/base/erc20_token_transfer/records");
     for from in (0..1200).step_by(400) {
@@ -151,7 +197,7 @@ async fn sigkill_mid_transport(database: Option<String>) {
     drop(server);
 
     let port = free_port();
-    let server = start(dir.path(), port, database);
+    let server = start(dir.path(), port, database, bucket.as_ref());
     let base = server.base.clone();
     let deadline = Instant::now() + Duration::from_secs(120);
     let done = loop {
@@ -175,6 +221,24 @@ async fn sigkill_mid_transport(database: Option<String>) {
     let printed = String::from_utf8_lossy(&watched.stdout);
     assert!(watched.status.success(), "{printed} {}", String::from_utf8_lossy(&watched.stderr));
     assert!(printed.contains("[####################] 20/20 chunks  100%  completed"), "{printed}");
+    // Where the files were: the data dir, or the bucket (and then nothing in the data dir).
+    match &bucket {
+        None => assert!(dir.path().join("warehouse/base.assets.erc20_token_transfers").is_dir()),
+        Some(bucket) => {
+            assert!(!dir.path().join("warehouse").exists());
+            let keys = bucket.keys(&client, "wh/").await;
+            assert!(
+                keys.contains(&"wh/base.assets.erc20_token_transfers/_manifest.json".to_owned()),
+                "{keys:?}"
+            );
+            // The job's staged chunks go once it ended.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !bucket.keys(&client, &format!("wh/_staging/{job_id}/")).await.is_empty() {
+                assert!(Instant::now() < deadline, "staged chunks stayed in the bucket");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
     assert!(server.terminate());
 }
 
@@ -215,7 +279,7 @@ async fn history_imports_offline_then_through_the_server_and_never_twice() {
     );
 
     let port = free_port();
-    let server = start(dir.path(), port, None);
+    let server = start(dir.path(), port, None, None);
     let base = server.base.clone();
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
     assert_eq!(table_rows(&client, &base).await, 300);
@@ -238,4 +302,38 @@ async fn history_imports_offline_then_through_the_server_and_never_twice() {
     assert!(!out.status.success(), "a rejected line is an error");
     assert_eq!(table_rows(&client, &base).await, 500);
     assert!(server.terminate());
+
+    // The warehouse's own parquet files import into another data dir (parquet is told by its
+    // first bytes, whatever the file is called).
+    let other = tempfile::tempdir().unwrap();
+    let mut imported = 0;
+    for day in std::fs::read_dir(dir.path().join("warehouse/base.assets.erc20_token_transfers"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|d| d.path().is_dir())
+    {
+        for part in std::fs::read_dir(day.path()).unwrap().filter_map(Result::ok) {
+            let copy = other.path().join(format!("history-{imported}.data"));
+            std::fs::copy(part.path(), &copy).unwrap();
+            let out = sluice()
+                .args(["warehouse", "import", "--table", "base.assets.erc20_token_transfers"])
+                .args(data_dir_args(other.path()))
+                .arg(&copy)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let printed = String::from_utf8_lossy(&out.stdout);
+            let count: u64 = printed
+                .split(" imported")
+                .next()
+                .unwrap()
+                .rsplit(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            imported += count;
+        }
+    }
+    assert_eq!(imported, 500, "every row of the parquet files");
 }
