@@ -7,6 +7,9 @@
 //! same offsets are committed to the consumer group [`ARCHIVER_GROUP`], for anyone watching
 //! lag. A record older than the stream keeps (2 days) is gone before it can be archived; the
 //! archiver logs how many when it finds such a gap.
+//!
+//! After each flush it compacts: the small files a day gathers are merged
+//! ([`Warehouse::compact`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +19,7 @@ use sluice_core::streams::event_time;
 use tokio::sync::watch;
 
 use crate::tables::Table;
-use crate::warehouse::{Row, Warehouse, WarehouseError};
+use crate::warehouse::{Compacted, Row, Warehouse, WarehouseError};
 
 /// The consumer group the archiver commits its offsets to (informational).
 pub const ARCHIVER_GROUP: &str = "sluice-warehouse-archiver";
@@ -97,6 +100,9 @@ impl Archiver {
                     tracing::warn!(%error, "archiving failed; the next flush tries again")
                 }
             }
+            if let Err(error) = self.compact().await {
+                tracing::warn!(%error, "compacting the warehouse failed; the next flush tries again");
+            }
             if stopping || *stop.borrow() {
                 return;
             }
@@ -114,6 +120,30 @@ impl Archiver {
             total += self.drain_table(table).await?;
         }
         Ok(total)
+    }
+
+    /// Compacts every table ([`Warehouse::compact`]); answers what was done in all.
+    ///
+    /// # Errors
+    /// A warehouse read or write that failed (tables compacted before stay so).
+    pub async fn compact(&self) -> Result<Compacted, ArchiverError> {
+        let (warehouse, tables) = (self.warehouse.clone(), self.tables.clone());
+        tokio::task::spawn_blocking(move || {
+            let now_us = chrono::Utc::now().timestamp_micros();
+            let mut all = Compacted::default();
+            for table in &tables {
+                let done = warehouse.compact(table, now_us)?;
+                if done != Compacted::default() {
+                    tracing::info!(table = %table.name, merged = done.merged, written = done.written, deleted = done.deleted, "compacted warehouse files");
+                }
+                all.merged += done.merged;
+                all.written += done.written;
+                all.deleted += done.deleted;
+            }
+            Ok(all)
+        })
+        .await
+        .map_err(|error| ArchiverError::Task(error.to_string()))?
     }
 
     async fn drain_table(&self, table: &Table) -> Result<u64, ArchiverError> {

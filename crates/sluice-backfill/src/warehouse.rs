@@ -30,7 +30,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::storage::{LocalStorage, ObjectReader, Storage};
+
+mod compaction;
 use crate::tables::{ColumnKind, KEY_COLUMN, RECORD_COLUMN, TIME_COLUMN, Table};
+pub use compaction::{
+    COMPACT_MIN_FILES, COMPACTED_FILE_ROWS, Compacted, RETIRE_AFTER_US, Retired, SMALL_FILE_ROWS,
+};
 
 /// Rows per row group: the unit a window skips or reads.
 pub const ROW_GROUP_ROWS: usize = 65_536;
@@ -105,6 +110,9 @@ pub struct Manifest {
     pub files: Vec<FileEntry>,
     /// The next source offset to archive, per partition of the table's stream.
     pub offsets: BTreeMap<u32, u64>,
+    /// Files a compaction merged away, waiting to be deleted.
+    #[serde(default)]
+    pub retired: Vec<Retired>,
 }
 
 impl Manifest {
@@ -256,7 +264,12 @@ impl Warehouse {
         files: &[&str],
         sweep_all: bool,
     ) -> Result<()> {
-        let listed: HashSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
+        let listed: HashSet<&str> = manifest
+            .files
+            .iter()
+            .map(|f| f.path.as_str())
+            .chain(manifest.retired.iter().map(|r| r.path.as_str()))
+            .collect();
         for file in files {
             if *file == MANIFEST || listed.contains(file) {
                 continue;

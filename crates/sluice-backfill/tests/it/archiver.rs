@@ -82,6 +82,25 @@ async fn every_record_is_archived_once_across_restarts_and_appends_in_pieces() {
         .values()
         .sum();
     assert_eq!(committed, 3000);
+
+    // Compaction merges the small files of the day, and a restart after it archives only
+    // what is new: nothing lost, nothing twice.
+    let files = warehouse.manifest(&table.name).unwrap().files.len();
+    for from in (3000..5000).step_by(250) {
+        log.append(&table.stream(), (from..from + 250).map(transfer).collect()).await.unwrap();
+        archiver.drain().await.unwrap();
+    }
+    assert!(warehouse.manifest(&table.name).unwrap().files.len() >= files + 8);
+    let done = archiver.compact().await.unwrap();
+    assert!(done.merged >= 8 && done.written == 1, "{done:?}");
+    assert_eq!(warehouse.manifest(&table.name).unwrap().files.len(), 1);
+    log.append(&table.stream(), (5000..5100).map(transfer).collect()).await.unwrap();
+    let warehouse = Warehouse::open(&dir.path().join("warehouse")).unwrap();
+    let archiver = Archiver::new(warehouse.clone(), log.clone(), vec![table.clone()], settings);
+    assert_eq!(archiver.drain().await.unwrap(), 100);
+    let mut expected: Vec<String> = (0..5100).map(|n| format!("0x{n:064x}:0")).collect();
+    expected.sort();
+    assert_eq!(keys(&warehouse, &table), expected);
 }
 
 #[tokio::test]
