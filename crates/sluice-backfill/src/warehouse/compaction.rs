@@ -134,7 +134,7 @@ impl Warehouse {
         let mask =
             ProjectionMask::roots(builder.metadata().file_metadata().schema_descr(), indices);
         let size = entry.bytes;
-        file.prefetch(vec![0..size]).map_err(io_at(&*self.storage, &path))?;
+        file.prefetch(std::iter::once(0..size).collect()).map_err(io_at(&*self.storage, &path))?;
         let reader = builder
             .with_projection(mask)
             .with_batch_size(8192)
