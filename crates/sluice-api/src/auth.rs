@@ -140,7 +140,11 @@ impl Caller {
         &self,
         config: &sluice_core::pipeline::PipelineConfig,
     ) -> Result<(), ApiError> {
-        let has_script = config.transforms.iter().any(|t| !t.is_set_filter());
+        self.require_custom_transforms(config.transforms.iter().any(|t| !t.is_set_filter()))
+    }
+
+    /// 403 when `has_script` and the organization lacks `custom_transforms`.
+    pub fn require_custom_transforms(&self, has_script: bool) -> Result<(), ApiError> {
         if has_script && !self.0.flags.custom_transforms {
             return Err(ApiError::Forbidden(
                 "v8 script transforms need the custom_transforms feature, which is not enabled for this organization"

@@ -7,7 +7,7 @@ use axum::Json;
 use axum::extract::State;
 use serde::Serialize;
 use sluice_backfill::jobs::{Backfills, Cancelled};
-use sluice_core::backfill::{BackfillJob, validate_backfill_body};
+use sluice_core::backfill::{BackfillJob, BackfillTransform, validate_backfill_body};
 use sluice_core::validation::Loc;
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -34,6 +34,35 @@ pub struct CreateBackfillRequest {
     destinations: Vec<sluice_core::pipeline::SinkConfig>,
     #[schema(required = false, nullable = false)]
     static_egress_ip: Option<bool>,
+    /// (ours) At most 10, run on every row before delivery, in order.
+    #[schema(required = false, nullable = false)]
+    transforms: Option<Vec<BackfillTransformBody>>,
+}
+
+/// A transform of a create body: a pipeline transform, a set filter with its values inline.
+#[derive(Debug, serde::Deserialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(tag = "type")]
+pub enum BackfillTransformBody {
+    /// Passes only rows whose extracted value (lowercased) is in `set_values`.
+    #[serde(rename = "redis_set_filter")]
+    SetFilter {
+        /// Generated when omitted.
+        #[schema(required = false)]
+        uid: String,
+        /// `root = this.<path>`: the value to test.
+        filter_expr: String,
+        /// 1 to 100,000 values.
+        set_values: Vec<String>,
+    },
+    /// A JavaScript `function transform(record)`; needs `custom_transforms`.
+    #[serde(rename = "v8")]
+    Script {
+        /// Generated when omitted.
+        #[schema(required = false)]
+        uid: String,
+        script: String,
+    },
 }
 
 /// The window: `start` inclusive, `end` exclusive, `start` before `end`.
@@ -144,6 +173,11 @@ pub async fn create_backfill(
     let backfills = service(&state)?.clone();
     let body = body.object()?;
     let request = validate_backfill_body(&body, &|name| backfills.table_check(name))?;
+    caller.require_custom_transforms(
+        request.transforms.iter().any(|t| matches!(t, BackfillTransform::Script { .. })),
+    )?;
+    let transforms: Vec<_> = request.transforms.iter().map(BackfillTransform::transform).collect();
+    crate::scripts::check_transform_list(&transforms, &Loc::body().at("transforms")).await?;
     let destinations_loc = Loc::body().at("destinations");
     crate::secrets::check_sink_list(
         &state,

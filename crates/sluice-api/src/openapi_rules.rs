@@ -229,7 +229,20 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
     property(doc, "CreateBackfillRequest", "job_name", job_name);
     let destinations = json!({"minItems": 1, "maxItems": sluice_core::backfill::MAX_DESTINATIONS});
     property(doc, "CreateBackfillRequest", "destinations", destinations);
+    let transforms = json!({"maxItems": sluice_core::backfill::MAX_TRANSFORMS});
+    property(doc, "CreateBackfillRequest", "transforms", transforms);
     closed(doc, "CreateBackfillRequest");
+    if let Some(variants) = doc
+        .pointer_mut("/components/schemas/BackfillTransformBody/oneOf")
+        .and_then(Value::as_array_mut)
+    {
+        for variant in variants {
+            variant["additionalProperties"] = Value::Bool(false);
+            if let Some(values) = variant.pointer_mut("/properties/set_values") {
+                values["minItems"] = json!(1);
+            }
+        }
+    }
     property(
         doc,
         "BackfillWindow",

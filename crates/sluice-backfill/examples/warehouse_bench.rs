@@ -125,9 +125,17 @@ async fn main() -> Result<(), BoxError> {
         Query { start_us, end_us, filter: Some(("token_address".to_owned(), tokens.clone())) };
     let staging = LocalStorage::new(&dir.join("staging"))?;
     let (wall, cpu) = (Instant::now(), process_cpu_secs());
-    let staged =
-        stage(&warehouse, &table, &query, &staging, "bench", chunk_rows, &AtomicBool::new(false))?
-            .ok_or("cancelled")?;
+    let staged = stage(
+        &warehouse,
+        &table,
+        &query,
+        &staging,
+        "bench",
+        chunk_rows,
+        &AtomicBool::new(false),
+        None,
+    )?
+    .ok_or("cancelled")?;
     let stage_secs = wall.elapsed().as_secs_f64();
     let stage_cpu = process_cpu_secs() - cpu;
     println!(

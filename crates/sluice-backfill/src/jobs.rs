@@ -30,6 +30,7 @@ use sluice_core::backfill::{
 };
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::Clock;
+use sluice_core::datasets::{DatasetLookup, NoDatasets};
 use sluice_core::pipeline::SinkConfig;
 use sluice_core::secret::ResolvedSecrets;
 use sluice_runtime::SinkEnv;
@@ -41,6 +42,7 @@ use tokio::sync::Semaphore;
 use crate::staging;
 use crate::storage::Storage;
 use crate::tables::{self, Table};
+use crate::transform::RowTransformer;
 use crate::warehouse::{Query, Warehouse, WarehouseError};
 
 /// How jobs run.
@@ -76,6 +78,8 @@ pub enum BackfillError {
     Bus(#[from] sluice_bus::BusError),
     #[error("{0}")]
     Destination(String),
+    #[error("the job's transforms cannot run: {0}")]
+    Transform(#[from] sluice_runtime::plan::PlanError),
     #[error("a backfill task ended abnormally: {0}")]
     Task(String),
 }
@@ -118,6 +122,8 @@ pub struct Backfills {
     slots: Arc<Semaphore>,
     /// Cancel signals of the jobs running in this process.
     running: Mutex<HashMap<String, Arc<AtomicBool>>>,
+    /// What scripts of jobs' transforms see of datasets (`beam.contains`).
+    datasets: Mutex<Arc<dyn DatasetLookup>>,
 }
 
 impl std::fmt::Debug for Backfills {
@@ -149,7 +155,14 @@ impl Backfills {
             slots: Arc::new(Semaphore::new(settings.max_running.max(1))),
             settings,
             running: Mutex::default(),
+            datasets: Mutex::new(Arc::new(NoDatasets)),
         })
+    }
+
+    /// Answers `beam.contains` of jobs' scripts from `lookup` (the runtime's, which follows
+    /// the dataset index).
+    pub fn use_datasets(&self, lookup: Arc<dyn DatasetLookup>) {
+        *self.datasets.lock().expect("not poisoned") = lookup;
     }
 
     /// What validation needs to know of table `name`.
@@ -157,14 +170,15 @@ impl Backfills {
         match tables::table(&self.catalog, name) {
             None => TableCheck::Unknown,
             Some(table) if !table.is_backfillable() => TableCheck::NotBackfillable,
-            Some(table) => TableCheck::Columns(
-                table
+            Some(table) => TableCheck::Columns {
+                columns: table
                     .columns
                     .iter()
                     .filter(|(n, _)| !n.starts_with('_'))
                     .map(|(n, _)| (*n).to_owned())
                     .collect(),
-            ),
+                entity: table.entity.to_owned(),
+            },
         }
     }
 
@@ -232,6 +246,9 @@ impl Backfills {
             filter_values,
             destinations: request.destinations,
             static_egress_ip: request.static_egress_ip,
+            transforms: request.transforms,
+            rows_failed: 0,
+            transform_error: None,
             num_chunks: None,
             chunks_left: 0,
             error_message: None,
@@ -373,12 +390,35 @@ impl Backfills {
             self.settings.chunk_rows.max(1),
             cancelled.clone(),
         );
-        let staged = tokio::task::spawn_blocking(move || {
-            staging::stage(&warehouse, &table, &query, &*staging, &dir, rows, &flag)
+        let (job_id, owner, transforms, datasets, clock) = (
+            job.job_id.clone(),
+            job.created_by.clone(),
+            job.transforms.clone(),
+            self.datasets.lock().expect("not poisoned").clone(),
+            self.clock.clone(),
+        );
+        let (staged, transformed) = tokio::task::spawn_blocking(move || {
+            let mut transformer =
+                RowTransformer::new(&job_id, &owner, &transforms, datasets, clock)?;
+            let staged = staging::stage(
+                &warehouse,
+                &table,
+                &query,
+                &*staging,
+                &dir,
+                rows,
+                &flag,
+                transformer.as_mut(),
+            )?;
+            Ok::<_, BackfillError>((staged, transformer))
         })
         .await
         .map_err(|error| BackfillError::Task(error.to_string()))??;
         let Some(staged) = staged else { return Ok(false) };
+        if let Some(transformer) = transformed {
+            job.rows_failed = transformer.failed;
+            job.transform_error = transformer.first_error;
+        }
         job.status = BackfillStatus::Transporting;
         job.num_chunks = Some(staged.chunks);
         job.chunks_left = staged.chunks;

@@ -11,6 +11,7 @@ pub mod jobs;
 pub mod staging;
 pub mod storage;
 pub mod tables;
+pub mod transform;
 pub mod warehouse;
 
 use std::path::Path;

@@ -13,6 +13,7 @@ use parquet::file::properties::WriterProperties;
 
 use crate::storage::Storage;
 use crate::tables::{KEY_COLUMN, RECORD_COLUMN, Table};
+use crate::transform::RowTransformer;
 use crate::warehouse::{Query, Warehouse, WarehouseError, io_at, pq_at};
 
 /// The path of chunk `index` of a job's staging directory `dir`.
@@ -88,11 +89,16 @@ pub struct Staged {
     pub rows: u64,
 }
 
-/// Runs the export query of a job into chunks under `dir` of `storage` (emptied first). Stops
-/// early, answering `None`, when `cancelled` turns true (checked at each chunk).
+/// Rows given to a job's transforms at a time.
+const TRANSFORM_ROWS: usize = 4096;
+
+/// Runs the export query of a job into chunks under `dir` of `storage` (emptied first),
+/// through `transform` when the job has transforms (chunks hold its output). Stops early,
+/// answering `None`, when `cancelled` turns true (checked at each chunk).
 ///
 /// # Errors
 /// A warehouse or chunk file that cannot be read or written.
+#[allow(clippy::too_many_arguments)]
 pub fn stage(
     warehouse: &Warehouse,
     table: &Table,
@@ -101,33 +107,86 @@ pub fn stage(
     dir: &str,
     chunk_rows: usize,
     cancelled: &AtomicBool,
+    mut transform: Option<&mut RowTransformer>,
 ) -> Result<Option<Staged>, WarehouseError> {
     storage.delete_prefix(dir).map_err(io_at(storage, dir))?;
-    let mut buffer: Vec<(String, String)> = Vec::with_capacity(chunk_rows.min(100_000));
-    let mut chunks = 0;
-    let mut rows = 0;
+    let mut chunker = Chunker {
+        storage,
+        dir,
+        chunk_rows,
+        buffer: Vec::with_capacity(chunk_rows.min(100_000)),
+        chunks: 0,
+        rows: 0,
+        wrote_since_check: false,
+    };
+    let mut pending: Vec<(String, String)> = Vec::new();
     let mut stopped = false;
     warehouse.scan(table, query, |key, record| {
         if stopped {
             return Ok(());
         }
-        buffer.push((key.to_owned(), record.to_owned()));
-        if buffer.len() == chunk_rows {
-            write_chunk(storage, &chunk_path(dir, chunks), &buffer)?;
-            chunks += 1;
-            rows += buffer.len() as u64;
-            buffer.clear();
-            stopped = cancelled.load(Ordering::Relaxed);
+        let row = (key.to_owned(), record.to_owned());
+        match transform.as_deref_mut() {
+            None => chunker.push(row)?,
+            Some(transform) => {
+                pending.push(row);
+                if pending.len() == TRANSFORM_ROWS {
+                    for row in transform.apply(&std::mem::take(&mut pending)) {
+                        chunker.push(row)?;
+                    }
+                }
+            }
         }
+        stopped = chunker.wrote_since_check && cancelled.load(Ordering::Relaxed);
+        chunker.wrote_since_check = false;
         Ok(())
     })?;
+    if let Some(transform) = transform.filter(|_| !stopped) {
+        for row in transform.apply(&pending) {
+            chunker.push(row)?;
+        }
+    }
     if stopped || cancelled.load(Ordering::Relaxed) {
         return Ok(None);
     }
-    if !buffer.is_empty() {
-        write_chunk(storage, &chunk_path(dir, chunks), &buffer)?;
-        chunks += 1;
-        rows += buffer.len() as u64;
+    chunker.finish()?;
+    Ok(Some(Staged { chunks: chunker.chunks, rows: chunker.rows }))
+}
+
+/// Cuts rows into chunks of `chunk_rows` as they come.
+struct Chunker<'a> {
+    storage: &'a dyn Storage,
+    dir: &'a str,
+    chunk_rows: usize,
+    buffer: Vec<(String, String)>,
+    chunks: u64,
+    rows: u64,
+    /// Whether a chunk was written since the caller last looked (cancel checks go there).
+    wrote_since_check: bool,
+}
+
+impl Chunker<'_> {
+    fn push(&mut self, row: (String, String)) -> Result<(), WarehouseError> {
+        self.buffer.push(row);
+        if self.buffer.len() >= self.chunk_rows {
+            self.write()?;
+        }
+        Ok(())
     }
-    Ok(Some(Staged { chunks, rows }))
+
+    fn write(&mut self) -> Result<(), WarehouseError> {
+        write_chunk(self.storage, &chunk_path(self.dir, self.chunks), &self.buffer)?;
+        self.chunks += 1;
+        self.rows += self.buffer.len() as u64;
+        self.buffer.clear();
+        self.wrote_since_check = true;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), WarehouseError> {
+        if !self.buffer.is_empty() {
+            self.write()?;
+        }
+        Ok(())
+    }
 }

@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::pipeline::SinkConfig;
+use crate::pipeline::validate::{BodyMode, check_filter_path, validate_transform_list};
+use crate::pipeline::{SinkConfig, Transform};
 use crate::validation::{Fields, Loc, Violation, Violations, as_array, str_array};
 
 /// The one partition key (SPEC).
@@ -17,6 +18,51 @@ pub const MAX_DESTINATIONS: usize = 10;
 pub const MAX_FILTER_VALUES: usize = 100_000;
 /// Longest job name, in characters.
 pub const MAX_JOB_NAME_CHARS: usize = 255;
+/// Most transforms of one job.
+pub const MAX_TRANSFORMS: usize = 10;
+
+/// A transform of a job, run on every staged row before delivery: a pipeline transform (a
+/// set filter or a v8 script); a set filter carries its values, since a job has no
+/// filter-values endpoints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type")]
+pub enum BackfillTransform {
+    /// Passes only rows whose extracted value (lowercased) is one of `set_values`.
+    #[serde(rename = "redis_set_filter")]
+    SetFilter {
+        uid: String,
+        /// `root = this.<path>`: the value to test.
+        filter_expr: String,
+        /// Lowercased and deduplicated; 1 to 100,000.
+        set_values: Vec<String>,
+    },
+    /// A JavaScript function `transform(record)` (needs the organization's
+    /// `custom_transforms` feature).
+    #[serde(rename = "v8")]
+    Script { uid: String, script: String },
+}
+
+impl BackfillTransform {
+    /// The pipeline transform it runs.
+    pub fn transform(&self) -> Transform {
+        match self {
+            Self::SetFilter { uid, filter_expr, .. } => {
+                Transform::SetFilter { uid: uid.clone(), filter_expr: filter_expr.clone() }
+            }
+            Self::Script { uid, script } => {
+                Transform::Script { uid: uid.clone(), script: script.clone() }
+            }
+        }
+    }
+
+    /// A set filter's values; none for a script.
+    pub fn set_values(&self) -> &[String] {
+        match self {
+            Self::SetFilter { set_values, .. } => set_values,
+            Self::Script { .. } => &[],
+        }
+    }
+}
 
 /// Where a job is (SPEC "States and transitions" of a backfill job).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -76,6 +122,16 @@ pub struct BackfillJob {
     pub filter_values: Option<Vec<String>>,
     pub destinations: Vec<SinkConfig>,
     pub static_egress_ip: bool,
+    /// (ours) Run on every row before delivery, in order; staged chunks hold their output.
+    #[serde(default)]
+    pub transforms: Vec<BackfillTransform>,
+    /// (ours) Rows a script failed on (not delivered); the first error is in
+    /// `transform_error`.
+    #[serde(default)]
+    pub rows_failed: u64,
+    /// (ours) The first error of a script, with the transform's uid.
+    #[serde(default)]
+    pub transform_error: Option<String>,
     /// Chunks staged; null while staging.
     pub num_chunks: Option<u64>,
     /// Chunks still to deliver; counts down to 0.
@@ -117,6 +173,7 @@ pub struct BackfillRequest {
     pub filter: Option<(String, Vec<String>)>,
     pub destinations: Vec<SinkConfig>,
     pub static_egress_ip: bool,
+    pub transforms: Vec<BackfillTransform>,
 }
 
 /// What validation needs to know of a warehouse table.
@@ -126,8 +183,8 @@ pub enum TableCheck {
     Unknown,
     /// A table backfills may not read (not a base-chain table).
     NotBackfillable,
-    /// A backfillable table with these filterable columns.
-    Columns(Vec<String>),
+    /// A backfillable table with these filterable columns, of records of this entity.
+    Columns { columns: Vec<String>, entity: String },
 }
 
 /// Checks a create body; `table` answers what the warehouse knows of a table name.
@@ -168,7 +225,7 @@ pub fn validate_backfill_body(
             ));
             None
         }
-        Some(TableCheck::Columns(columns)) => Some(columns),
+        Some(TableCheck::Columns { columns, entity }) => Some((columns, entity)),
         None => None,
     };
     let window = match fields.get("backfill_window") {
@@ -180,7 +237,21 @@ pub fn validate_backfill_body(
     };
     let filter = match fields.get("filter") {
         None => Ok(None),
-        Some(value) => filter(value, fields.loc("filter"), columns.as_deref(), &mut errors),
+        Some(value) => filter(
+            value,
+            fields.loc("filter"),
+            columns.as_ref().map(|(columns, _)| columns.as_slice()),
+            &mut errors,
+        ),
+    };
+    let transforms = match fields.get("transforms") {
+        None | Some(Value::Null) => Some(Vec::new()),
+        Some(value) => transforms(
+            value,
+            fields.loc("transforms"),
+            columns.as_ref().map(|(_, entity)| entity.as_str()),
+            &mut errors,
+        ),
     };
     let destinations_loc = fields.loc("destinations");
     let destinations = fields.required_array("destinations", &mut errors).and_then(|items| {
@@ -220,7 +291,8 @@ pub fn validate_backfill_body(
         Ok(filter),
         Some(destinations),
         Ok(static_egress_ip),
-    ) = (job_name, table_name, columns, window, filter, destinations, static_egress_ip)
+        Some(transforms),
+    ) = (job_name, table_name, columns, window, filter, destinations, static_egress_ip, transforms)
     else {
         return Err(errors.finish(()).err().unwrap_or_default());
     };
@@ -232,7 +304,54 @@ pub fn validate_backfill_body(
         filter,
         destinations,
         static_egress_ip: static_egress_ip.unwrap_or(false),
+        transforms,
     })
+}
+
+/// The `transforms` of a create body: pipeline transform objects, a set filter with its
+/// values inline (`set_values`, required here).
+fn transforms(
+    value: &Value,
+    loc: Loc,
+    entity: Option<&str>,
+    errors: &mut Violations,
+) -> Option<Vec<BackfillTransform>> {
+    let items = as_array(value, &loc, errors)?;
+    if items.len() > MAX_TRANSFORMS {
+        errors.push(Violation::value(&loc, format!("give at most {MAX_TRANSFORMS} transforms")));
+        return None;
+    }
+    let before = errors.len();
+    let validated = validate_transform_list(items, &loc, BodyMode::Create, errors)?;
+    let mut out = Vec::with_capacity(validated.len());
+    for (index, item) in validated.into_iter().enumerate() {
+        let at = loc.at(index);
+        if let Some(entity) = entity {
+            check_filter_path(&item.transform, entity, &at, errors);
+        }
+        match (item.transform, item.set_values) {
+            (Transform::SetFilter { .. }, None) => errors.push(Violation::new(
+                &at.at("set_values"),
+                "missing",
+                "Field required: a backfill's set filter takes its values inline in set_values",
+            )),
+            (Transform::SetFilter { .. }, Some(values))
+                if values.is_empty() || values.len() > MAX_FILTER_VALUES =>
+            {
+                errors.push(Violation::value(
+                    &at.at("set_values"),
+                    format!("give 1 to {MAX_FILTER_VALUES} values"),
+                ));
+            }
+            (Transform::SetFilter { uid, filter_expr }, Some(set_values)) => {
+                out.push(BackfillTransform::SetFilter { uid, filter_expr, set_values });
+            }
+            (Transform::Script { uid, script }, _) => {
+                out.push(BackfillTransform::Script { uid, script });
+            }
+        }
+    }
+    (errors.len() == before).then_some(out)
 }
 
 fn window(
@@ -326,9 +445,10 @@ mod tests {
 
     fn tables(name: &str) -> TableCheck {
         match name {
-            "base.assets.erc20_token_transfers" => {
-                TableCheck::Columns(vec!["token_address".to_owned(), "block_number".to_owned()])
-            }
+            "base.assets.erc20_token_transfers" => TableCheck::Columns {
+                columns: vec!["token_address".to_owned(), "block_number".to_owned()],
+                entity: "erc20_token_transfer".to_owned(),
+            },
             "ethereum.assets.erc20_token_transfers" => TableCheck::NotBackfillable,
             _ => TableCheck::Unknown,
         }
@@ -388,7 +508,19 @@ mod tests {
                 json!(["body", "destinations", 0, "type"]),
             ),
             (|b| b["job_name"] = json!("  "), json!(["body", "job_name"])),
-            (|b| b["transforms"] = json!([]), json!(["body", "transforms"])),
+            (
+                |b| b["transforms"] = json!([{"type": "redis_set_filter", "filter_expr": "root = this.token_address"}]),
+                json!(["body", "transforms", 0, "set_values"]),
+            ),
+            (
+                |b| b["transforms"] = json!([{"type": "redis_set_filter", "filter_expr": "root = this.nope", "set_values": ["a"]}]),
+                json!(["body", "transforms", 0, "filter_expr"]),
+            ),
+            (
+                |b| b["transforms"] = json!([{"type": "v8", "script": ""}]),
+                json!(["body", "transforms", 0, "script"]),
+            ),
+            (|b| b["transforms"] = json!({}), json!(["body", "transforms"])),
         ];
         for (change, loc) in cases {
             let mut b = body();

@@ -108,6 +108,11 @@ impl Violations {
         self.0.is_empty()
     }
 
+    /// How many were recorded.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// `Ok(value)` when nothing was recorded, else every violation.
     ///
     /// # Errors

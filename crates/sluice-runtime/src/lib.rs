@@ -271,6 +271,11 @@ impl Runtime {
         self.sets.clone()
     }
 
+    /// The dataset lookup scripts see (`beam.contains`): follows [`Runtime::use_datasets`].
+    pub fn datasets(&self) -> Arc<dyn DatasetLookup> {
+        self.datasets.clone()
+    }
+
     /// Answers scripts' `beam.contains` from `lookup` (the process's dataset index), in
     /// running pipelines too.
     pub fn use_datasets(&self, lookup: Arc<dyn DatasetLookup>) {

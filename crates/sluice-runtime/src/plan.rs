@@ -43,6 +43,30 @@ pub enum Stage {
     Script { uid: String, source: Arc<str> },
 }
 
+/// Checks and compiles transforms into stages, in order.
+///
+/// # Errors
+/// A filter expression that does not parse, or a script that does not load.
+pub fn compile_stages(transforms: &[Transform]) -> Result<Vec<Stage>, PlanError> {
+    transforms
+        .iter()
+        .map(|transform| match transform {
+            Transform::SetFilter { uid, filter_expr } => {
+                let expr = FilterExpr::parse(filter_expr).map_err(|error| {
+                    PlanError::BadFilterExpr { uid: uid.clone(), reason: error.to_string() }
+                })?;
+                Ok(Stage::SetFilter { uid: uid.clone(), filter: SetFilter::new(&expr) })
+            }
+            Transform::Script { uid, script } => match sluice_js::compile_check(script) {
+                Ok(()) => Ok(Stage::Script { uid: uid.clone(), source: script.as_str().into() }),
+                Err(error) => {
+                    Err(PlanError::BadScript { uid: uid.clone(), reason: error.to_string() })
+                }
+            },
+        })
+        .collect()
+}
+
 /// A pipeline compiled for the workers.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -71,26 +95,7 @@ impl Plan {
             &config.source.entity,
             config.source.is_zerolag,
         );
-        let stages = config
-            .transforms
-            .iter()
-            .map(|transform| match transform {
-                Transform::SetFilter { uid, filter_expr } => {
-                    let expr = FilterExpr::parse(filter_expr).map_err(|error| {
-                        PlanError::BadFilterExpr { uid: uid.clone(), reason: error.to_string() }
-                    })?;
-                    Ok(Stage::SetFilter { uid: uid.clone(), filter: SetFilter::new(&expr) })
-                }
-                Transform::Script { uid, script } => match sluice_js::compile_check(script) {
-                    Ok(()) => {
-                        Ok(Stage::Script { uid: uid.clone(), source: script.as_str().into() })
-                    }
-                    Err(error) => {
-                        Err(PlanError::BadScript { uid: uid.clone(), reason: error.to_string() })
-                    }
-                },
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let stages = compile_stages(&config.transforms)?;
         if config.sinks.len() != 1 {
             return Err(PlanError::SinkCount(config.sinks.len()));
         }
@@ -145,7 +150,7 @@ impl Plan {
 
     /// Attaches the live set indexes, one per set filter in stage order, and the dataset
     /// lookup of its scripts.
-    pub(crate) fn bind(
+    pub fn bind(
         self,
         sets: Vec<Arc<SetHandle>>,
         datasets: Arc<dyn DatasetLookup>,

@@ -81,6 +81,12 @@ pub struct SetHandle {
 }
 
 impl SetHandle {
+    /// An index of fixed values, not loaded from the store nor following changes (a
+    /// backfill's set filter, whose values come with the job).
+    pub fn fixed(values: ValueSet) -> Arc<Self> {
+        Arc::new(Self { values: RwLock::new(values), pending: Mutex::new(None) })
+    }
+
     /// Runs `f` with the current values under the read lock.
     pub fn with<R>(&self, f: impl FnOnce(&ValueSet) -> R) -> R {
         f(&self.values.read().expect("set index lock is never poisoned"))

@@ -95,6 +95,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
     );
+    backfills.use_datasets(runtime.datasets());
     let resumed = backfills.resume().await.context("resuming backfill jobs")?;
     if resumed > 0 {
         tracing::info!(resumed, "backfill jobs resumed");

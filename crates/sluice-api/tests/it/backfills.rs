@@ -74,6 +74,7 @@ async fn postgres_store() -> Arc<dyn MetadataStore> {
 
 struct Stack {
     _dir: tempfile::TempDir,
+    store: Arc<dyn MetadataStore>,
     staging: Arc<dyn Storage>,
     log: Arc<dyn StreamLog>,
     archiver: Archiver,
@@ -155,7 +156,7 @@ impl Stack {
         let operator = key_for(store.as_ref(), "sluice", "ops", "root", true).await;
         let owner = key_for(store.as_ref(), "acme", "data", "ann", false).await;
         let stranger = key_for(store.as_ref(), "globex", "data", "gus", false).await;
-        Self { _dir: dir, staging, log, archiver, state, operator, owner, stranger }
+        Self { _dir: dir, store, staging, log, archiver, state, operator, owner, stranger }
     }
 
     async fn call(
@@ -532,4 +533,46 @@ async fn bad_bodies_are_422s_at_their_field_and_tables_are_listed() {
             .any(|c| c["name"] == "block_timestamp" && c["type"] == "timestamp")
     );
     let _ = &stack.log;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn transforms_filter_and_reshape_every_row_before_delivery() {
+    let stack = Stack::new(4).await;
+    stack.history(0..60).await;
+    let mut body = body(0, 60, json!([{"type": "kafka", "uid": "sk-out", "name": "out"}]));
+    body.as_object_mut().unwrap().remove("filter");
+    // Only USDC (the odd minutes), then a script that adds a field and throws on every 5th.
+    body["transforms"] = json!([
+        {"type": "redis_set_filter", "uid": "usdc", "filter_expr": "root = this.token_address",
+         "set_values": [USDC.to_uppercase().replace("0X", "0x")]},
+        {"type": "v8", "uid": "shape", "script":
+            "function transform(r) { if (r.n % 5 === 0) { throw new Error('no fives'); } r.doubled = r.n * 2; return r; }"},
+    ]);
+    let job_id = stack.create(body.clone()).await;
+    let job = stack.until(&job_id, "completed").await;
+    let expected: Vec<u64> = (0..60).filter(|n| n % 2 == 1 && n % 5 != 0).collect();
+    assert_eq!(job["rows_staged"], expected.len());
+    assert_eq!(job["num_chunks"], expected.len().div_ceil(4), "chunks hold the transformed rows");
+    assert_eq!(job["rows_failed"], 6, "15, 25, … 55");
+    assert!(job["transform_error"].as_str().unwrap().contains("transform shape"), "{job}");
+    assert_eq!(job["transforms"][0]["set_values"], json!([USDC]), "values are lowercased");
+    let path = format!("/api/v1/beam/backfills/{job_id}/sinks/sk-out/records?offset=0&limit=100");
+    let (_, page) = stack.call(Method::GET, &path, &stack.owner, None).await;
+    let records = page["records"].as_array().unwrap();
+    let numbers: Vec<u64> = records.iter().map(|r| r["value"]["n"].as_u64().unwrap()).collect();
+    assert_eq!(numbers, expected, "in time order");
+    assert!(records.iter().all(|r| r["value"]["doubled"] == r["value"]["n"].as_u64().unwrap() * 2));
+
+    // A script that does not load is a 422 at its field; scripts need custom_transforms.
+    let mut broken = body.clone();
+    broken["transforms"][1]["script"] = json!("function transform(r) {");
+    let (status, error) =
+        stack.call(Method::POST, "/api/v1/beam/backfills", &stack.owner, Some(broken)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{error}");
+    assert_eq!(error["detail"][0]["loc"], json!(["body", "transforms", 1, "script"]));
+    stack.store.set_org_flags("acme", None, Some(false)).await.unwrap();
+    let (status, error) =
+        stack.call(Method::POST, "/api/v1/beam/backfills", &stack.owner, Some(body)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{error}");
+    assert!(error["detail"].as_str().unwrap().contains("custom_transforms"));
 }

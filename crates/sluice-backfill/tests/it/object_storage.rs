@@ -74,7 +74,7 @@ fn a_table_in_object_storage_commits_by_manifest_and_reads_only_the_window() {
         filter: Some(("token_address".to_owned(), vec!["0xAAAA".to_owned()])),
     };
     let staged =
-        stage(&warehouse, &table, &query, &staging, "job-1", 50_000, &AtomicBool::new(false))
+        stage(&warehouse, &table, &query, &staging, "job-1", 50_000, &AtomicBool::new(false), None)
             .unwrap()
             .unwrap();
     assert_eq!((staged.rows, staged.chunks), (per_day as u64, 2));

@@ -58,10 +58,18 @@ fn check(
                 )
             }),
         };
-        let staged =
-            stage(warehouse, &table, &query, staging, "job", chunk_rows, &AtomicBool::new(false))
-                .unwrap()
-                .unwrap();
+        let staged = stage(
+            warehouse,
+            &table,
+            &query,
+            staging,
+            "job",
+            chunk_rows,
+            &AtomicBool::new(false),
+            None,
+        )
+        .unwrap()
+        .unwrap();
         let mut keys = BTreeSet::new();
         for index in 0..staged.chunks {
             let chunk = read_chunk(staging, &chunk_path("job", index)).unwrap();

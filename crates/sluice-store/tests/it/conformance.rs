@@ -928,6 +928,19 @@ async fn backfill_jobs_list_per_org_in_creation_order_and_update_only_from_the_g
         filter_values: None,
         destinations: Vec::new(),
         static_egress_ip: false,
+        transforms: vec![
+            sluice_core::backfill::BackfillTransform::SetFilter {
+                uid: "only-usdc".to_owned(),
+                filter_expr: "root = this.token_address".to_owned(),
+                set_values: vec!["0xa0b8".to_owned()],
+            },
+            sluice_core::backfill::BackfillTransform::Script {
+                uid: "shape".to_owned(),
+                script: "function transform(r) { return r; }".to_owned(),
+            },
+        ],
+        rows_failed: 0,
+        transform_error: None,
         num_chunks: None,
         chunks_left: 0,
         error_message: None,
