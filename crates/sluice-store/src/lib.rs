@@ -35,6 +35,7 @@ pub mod secrets;
 mod set_snapshots;
 mod sqlite;
 mod store;
+pub mod testing;
 
 use std::sync::Arc;
 

@@ -60,15 +60,7 @@ enum Backend {
 
 /// A fresh schema of the PostgreSQL `scripts/test` starts.
 async fn postgres_store() -> Arc<dyn MetadataStore> {
-    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
-        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let admin = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
-    admin.close().await;
-    let options = std::str::FromStr::from_str(&url)
-        .map(|o: sqlx::postgres::PgConnectOptions| o.options([("search_path", &schema)]))
-        .unwrap();
+    let options = sluice_store::testing::fresh_postgres_schema().await;
     Arc::new(sluice_store::PgStore::open_with(options).await.unwrap())
 }
 

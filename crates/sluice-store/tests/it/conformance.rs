@@ -15,7 +15,6 @@ use sluice_core::pipeline::validate::{BodyMode, validate_pipeline_body};
 use sluice_store::{
     FilterValuePage, Identity, MetadataStore, NewApiKey, PgStore, SqliteStore, UnknownMembers,
 };
-use sqlx::postgres::PgConnectOptions;
 
 on_both_backends!(
     |store| Arc::new(store) as Arc<dyn MetadataStore>;
@@ -790,13 +789,7 @@ mod migration {
 
     #[tokio::test]
     async fn from_version_1_on_postgres() {
-        let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
-            .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
-        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-        let admin = sqlx::PgPool::connect(&url).await.unwrap();
-        sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
-        admin.close().await;
-        let options = PgConnectOptions::from_str(&url).unwrap().options([("search_path", &schema)]);
+        let options = sluice_store::testing::fresh_postgres_schema().await;
         let old = sqlx::PgPool::connect_with(options.clone()).await.unwrap();
         sqlx::raw_sql(&version_1_database(&config_json())).execute(&old).await.unwrap();
         old.close().await;

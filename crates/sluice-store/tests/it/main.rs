@@ -2,11 +2,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::str::FromStr;
 use std::sync::Arc;
 
 use sluice_store::{PgStore, SqliteStore};
-use sqlx::postgres::PgConnectOptions;
 
 /// A store plus whatever keeps it alive (the SQLite temp dir).
 struct Fixture<S: ?Sized> {
@@ -29,13 +27,7 @@ async fn sqlite<S: ?Sized>(view: impl Fn(SqliteStore) -> Arc<S>) -> Fixture<S> {
 /// A fresh schema of the PostgreSQL server `scripts/test` starts (`SLUICE_TEST_POSTGRES_URL`;
 /// the tests fail without it), seen through `view`.
 async fn postgres<S: ?Sized>(view: impl Fn(PgStore) -> Arc<S>) -> Fixture<S> {
-    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
-        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let admin = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
-    admin.close().await;
-    let options = PgConnectOptions::from_str(&url).unwrap().options([("search_path", &schema)]);
+    let options = sluice_store::testing::fresh_postgres_schema().await;
     let store = PgStore::open_with(options.clone()).await.unwrap();
     let other = PgStore::open_with(options).await.unwrap();
     Fixture { store: view(store), other: view(other), _dir: None }
