@@ -3,8 +3,12 @@
 //! `cargo run --release -p sluice-backfill --example warehouse_bench -- [--rows N]
 //! [--dir DIR] [--window-hours H] [--chunk-rows R] [--reuse true]` (defaults: 10,000,000
 //! rows, a temporary directory, a 48-hour window of the 10-day table, 100,000 rows per chunk;
-//! `--reuse true` keeps the table a previous run left in `--dir` and skips the append).
+//! `--reuse true` keeps the table a previous run left in `--dir` and skips the append;
+//! `--archive-rows N` runs phase 0 first).
 //!
+//! 0. **archive** (with `--archive-rows N`): N records of the same shape in the chain stream
+//!    of an embedded log (8 partitions), then the archiver's drain of them into a new
+//!    warehouse, timed end to end (log reads, each record's block time, appends).
 //! 1. **append**: N `erc20_token_transfer` records (about 600 bytes of JSON each, one every
 //!    86 ms over 10 days, 20 tokens) go into `base.assets.erc20_token_transfers` in appends of
 //!    500,000 rows — what the archiver does after reading the stream (the JSON parse for the
@@ -21,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+use sluice_backfill::archiver::{Archiver, ArchiverSettings};
 use sluice_backfill::staging::{chunk_path, read_chunk, stage};
 use sluice_backfill::storage::LocalStorage;
 use sluice_backfill::tables;
@@ -31,6 +36,10 @@ use sluice_core::clock::SystemClock;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The allocator the `sluice` binary runs with.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const START_US: i64 = 1_767_225_600_000_000; // 2026-01-01T00:00:00Z
 const SPAN_US: i64 = 10 * 86_400_000_000;
 const APPEND_ROWS: usize = 500_000;
@@ -38,6 +47,61 @@ const TOKENS: usize = 20;
 
 fn token(i: usize) -> String {
     format!("0x{:040x}", 0xa0b0_c0d0_u64 + i as u64)
+}
+
+/// Transfer `n` of the generated table: about 600 bytes of JSON, one every `step_us`.
+fn transfer(n: usize, step_us: i64) -> Row {
+    let time_us = START_US + n as i64 * step_us;
+    let at = chrono::DateTime::from_timestamp_micros(time_us).expect("in range");
+    let record = serde_json::json!({
+        "amount": 1234.5678, "amount_str": "1234.567800", "block_hash": format!("0x{:064x}", n / 7),
+        "block_number": 30_000_000 + n / 7, "block_timestamp": sluice_core::time::format(at),
+        "from_address": format!("0x{:040x}", n * 31), "log_index": n % 7,
+        "to_address": format!("0x{:040x}", n * 17), "token_address": token(n % TOKENS),
+        "token_decimals": 6, "token_name": "USD Coin", "token_symbol": "USDC",
+        "transaction_hash": format!("0x{n:064x}"), "transaction_index": n % 150,
+        "value": "1234567800",
+    })
+    .to_string();
+    Row { key: format!("0x{n:064x}:{}", n % 7), time_us, record }
+}
+
+/// Phase 0: `rows` transfers in the chain stream of an embedded log (not timed), then the
+/// archiver's drain of them into a new warehouse (timed): log reads, the block time of each
+/// record, appends.
+async fn archive(dir: &std::path::Path, rows: usize) -> Result<(), BoxError> {
+    let table = tables::table(&Catalog::default(), "base.assets.erc20_token_transfers")
+        .ok_or("no table")?;
+    let log: Arc<dyn StreamLog> =
+        Arc::new(EmbeddedLog::open(&dir.join("archive-log.redb"), Arc::new(SystemClock))?);
+    let config = TopicConfig { partitions: 8, retention: Retention::default() };
+    log.create_topic(&table.stream(), config).await?;
+    let step_us = SPAN_US / rows.max(1) as i64;
+    for from in (0..rows).step_by(APPEND_ROWS) {
+        let records = (from..(from + APPEND_ROWS).min(rows))
+            .map(|n| {
+                let row = transfer(n, step_us);
+                NewRecord { key: row.key.into_bytes(), value: row.record.into_bytes() }
+            })
+            .collect();
+        log.append(&table.stream(), records).await?;
+    }
+    let warehouse = Warehouse::open(&dir.join("archive-warehouse"))?;
+    let archiver = Archiver::new(warehouse, log, vec![table], ArchiverSettings::default());
+    let (wall, cpu) = (Instant::now(), process_cpu_secs());
+    let archived = archiver.drain().await?;
+    let secs = wall.elapsed().as_secs_f64();
+    let cpu = process_cpu_secs() - cpu;
+    println!(
+        "{}",
+        serde_json::json!({"bench": "warehouse_archive", "rows": archived, "secs": secs,
+            "rows_per_sec": (archived as f64 / secs).round(), "process_cpu_secs": cpu})
+    );
+    eprintln!(
+        "archive (log → warehouse): {archived} rows in {secs:.2} s ({cpu:.2} CPU-s): {:.0} rows/s",
+        archived as f64 / secs
+    );
+    Ok(())
 }
 
 fn process_cpu_secs() -> f64 {
@@ -54,6 +118,7 @@ async fn main() -> Result<(), BoxError> {
     let mut window_hours: i64 = 48;
     let mut chunk_rows: usize = 100_000;
     let mut reuse = false;
+    let mut archive_rows: usize = 0;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
@@ -63,11 +128,16 @@ async fn main() -> Result<(), BoxError> {
             "--window-hours" => window_hours = value.parse()?,
             "--chunk-rows" => chunk_rows = value.parse()?,
             "--reuse" => reuse = value == "true",
+            "--archive-rows" => archive_rows = value.parse()?,
             _ => return Err(format!("unknown argument {flag}").into()),
         }
     }
     let temp = tempfile::tempdir()?;
     let dir = dir_arg.unwrap_or_else(|| temp.path().to_owned());
+    if archive_rows > 0 {
+        std::fs::create_dir_all(&dir)?;
+        archive(&dir, archive_rows).await?;
+    }
     let warehouse = Warehouse::open(&dir.join("warehouse"))?;
     let table = tables::table(&Catalog::default(), "base.assets.erc20_token_transfers")
         .ok_or("no table")?;
@@ -85,20 +155,9 @@ async fn main() -> Result<(), BoxError> {
         let build = Instant::now();
         let batch: Vec<Row> = (appended..(appended + APPEND_ROWS).min(rows))
             .map(|n| {
-                let time_us = START_US + n as i64 * step_us;
-                let at = chrono::DateTime::from_timestamp_micros(time_us).expect("in range");
-                let record = serde_json::json!({
-                    "amount": 1234.5678, "amount_str": "1234.567800", "block_hash": format!("0x{:064x}", n / 7),
-                    "block_number": 30_000_000 + n / 7, "block_timestamp": sluice_core::time::format(at),
-                    "from_address": format!("0x{:040x}", n * 31), "log_index": n % 7,
-                    "to_address": format!("0x{:040x}", n * 17), "token_address": token(n % TOKENS),
-                    "token_decimals": 6, "token_name": "USD Coin", "token_symbol": "USDC",
-                    "transaction_hash": format!("0x{n:064x}"), "transaction_index": n % 150,
-                    "value": "1234567800",
-                })
-                .to_string();
-                bytes += record.len();
-                Row { key: format!("0x{n:064x}:{}", n % 7), time_us, record }
+                let row = transfer(n, step_us);
+                bytes += row.record.len();
+                row
             })
             .collect();
         build_secs += build.elapsed().as_secs_f64();

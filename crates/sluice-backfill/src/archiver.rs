@@ -19,6 +19,7 @@ use sluice_core::streams::event_time;
 use tokio::sync::watch;
 
 use crate::tables::Table;
+use crate::warehouse::fields::{self, Scalar};
 use crate::warehouse::{Compacted, Row, Warehouse, WarehouseError};
 
 /// The consumer group the archiver commits its offsets to (informational).
@@ -54,6 +55,29 @@ pub enum ArchiverError {
     Bus(#[from] sluice_bus::BusError),
     #[error("the warehouse append task ended abnormally: {0}")]
     Task(String),
+}
+
+/// The block time of a record of `entity`: its time field read alone (the common case: a
+/// flat record), else the whole record parsed ([`event_time`] knows every shape). The error
+/// says what is wrong with the record.
+fn block_time(entity: &str, record: &str) -> Result<chrono::DateTime<chrono::Utc>, &'static str> {
+    if let Some(schema) = sluice_core::streams::entity_schema(entity) {
+        let value = match fields::fields(record, &[schema.time_field]).pop().flatten() {
+            Some(Scalar::Text(text)) => Some(serde_json::Value::String(text.into_owned())),
+            Some(Scalar::Int(n)) => Some(serde_json::Value::from(n)),
+            _ => None,
+        };
+        if let Some(value) = value {
+            let alone = serde_json::Map::from_iter([(schema.time_field.to_owned(), value)]);
+            if let Some(time) = event_time(entity, &alone) {
+                return Ok(time);
+            }
+        }
+    }
+    let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(record) else {
+        return Err("that is not a JSON object");
+    };
+    event_time(entity, &map).ok_or("without a block time")
 }
 
 /// Archives `tables` from `log` into `warehouse`.
@@ -174,20 +198,22 @@ impl Archiver {
                     let records = self.log.read(&topic, *partition, *from, want).await?;
                     let Some(last) = records.last().map(|r| r.offset) else { break };
                     for record in records {
-                        let Ok(map) = serde_json::from_slice::<
-                            serde_json::Map<String, serde_json::Value>,
-                        >(&record.value) else {
-                            tracing::warn!(table = %table.name, offset = record.offset, "a stream record that is not a JSON object is not archived");
-                            continue;
-                        };
-                        let Some(time) = event_time(table.entity, &map) else {
-                            tracing::warn!(table = %table.name, offset = record.offset, "a stream record without a block time is not archived");
-                            continue;
+                        let text = String::from_utf8(record.value).unwrap_or_else(|bad| {
+                            String::from_utf8_lossy(bad.as_bytes()).into_owned()
+                        });
+                        let time = match block_time(table.entity, &text) {
+                            Ok(time) => time,
+                            Err(problem) => {
+                                tracing::warn!(table = %table.name, offset = record.offset, "a stream record {problem} is not archived");
+                                continue;
+                            }
                         };
                         rows.push(Row {
-                            key: String::from_utf8_lossy(&record.key).into_owned(),
+                            key: String::from_utf8(record.key).unwrap_or_else(|bad| {
+                                String::from_utf8_lossy(bad.as_bytes()).into_owned()
+                            }),
                             time_us: time.timestamp_micros(),
-                            record: String::from_utf8_lossy(&record.value).into_owned(),
+                            record: text,
                         });
                     }
                     *from = last + 1;
@@ -208,5 +234,32 @@ impl Archiver {
                 tracing::debug!(%error, "archiver group commit failed (informational only)");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_block_time_is_read_as_the_full_parse_reads_it() {
+        let entity = "erc20_token_transfer";
+        for record in [
+            r#"{"a": {"deep": [1]}, "block_timestamp": "2026-03-01T10:00:00.5+02:00"}"#,
+            r#"{"block_timestamp": "2026-03-01 08:00:00.5", "x": 1}"#,
+            r#"{"block_timestamp": "2026-03-01T08:00:00.5Z"}"#,
+        ] {
+            let map: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(record).unwrap();
+            let expected = event_time(entity, &map).unwrap();
+            assert_eq!(block_time(entity, record), Ok(expected), "{record}");
+            assert_eq!(expected.timestamp_micros(), 1_772_352_000_500_000);
+        }
+        assert_eq!(block_time(entity, "[1]"), Err("that is not a JSON object"));
+        assert_eq!(block_time(entity, r#"{"block_number": 1}"#), Err("without a block time"));
+        assert_eq!(
+            block_time(entity, r#"{"block_timestamp": "yesterday"}"#),
+            Err("without a block time")
+        );
     }
 }

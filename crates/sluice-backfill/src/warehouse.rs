@@ -27,11 +27,11 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::properties::WriterProperties;
 use parquet::file::statistics::Statistics;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::storage::{LocalStorage, ObjectReader, Storage};
 
 mod compaction;
+pub(crate) mod fields;
 use crate::tables::{ColumnKind, KEY_COLUMN, RECORD_COLUMN, TIME_COLUMN, Table};
 pub use compaction::{
     COMPACT_MIN_FILES, COMPACTED_FILE_ROWS, Compacted, RETIRE_AFTER_US, Retired, SMALL_FILE_ROWS,
@@ -306,11 +306,12 @@ impl Warehouse {
         let mut start = 0;
         let mut n = 0;
         while start < rows.len() {
-            let day = day_of(rows[start].time_us);
+            let day_number = rows[start].time_us.div_euclid(DAY_US);
             let end = rows[start..]
                 .iter()
-                .position(|r| day_of(r.time_us) != day)
+                .position(|r| r.time_us.div_euclid(DAY_US) != day_number)
                 .map_or(rows.len(), |p| start + p);
+            let day = day_of(rows[start].time_us);
             let relative = format!("date={day}/part-{:08}-{n:04}.parquet", manifest.version);
             let path = format!("{}/{relative}", table.name);
             let file =
@@ -478,6 +479,9 @@ fn matches_filter(values: &ArrayRef, kind: ColumnKind, row: usize, set: &HashSet
     }
 }
 
+/// Microseconds in a day (UTC days have no leap seconds in Unix time).
+const DAY_US: i64 = 86_400_000_000;
+
 /// `YYYY-MM-DD` of a Unix-microsecond time (UTC).
 fn day_of(time_us: i64) -> String {
     chrono::DateTime::from_timestamp_micros(time_us)
@@ -492,11 +496,26 @@ fn version_of(file: &str) -> Option<u64> {
 
 /// `rows` (sorted by time) as the bytes of one parquet file.
 fn encode_file(table: &Table, rows: &[Row]) -> Result<Vec<u8>, parquet::errors::ParquetError> {
-    let props = WriterProperties::builder()
+    let mut props = WriterProperties::builder()
         .set_max_row_group_size(ROW_GROUP_ROWS)
-        .set_compression(parquet::basic::Compression::SNAPPY)
-        .build();
-    let mut writer = ArrowWriter::try_new(Vec::new(), table.schema.clone(), Some(props))?;
+        .set_compression(parquet::basic::Compression::SNAPPY);
+    // The key and the record are unique per row: a dictionary of them never pays, and
+    // min/max statistics of them help no query (scans prune by time).
+    for unique in [KEY_COLUMN, RECORD_COLUMN] {
+        let column = parquet::schema::types::ColumnPath::from(unique);
+        props = props
+            .set_column_dictionary_enabled(column.clone(), false)
+            .set_column_statistics_enabled(
+                column,
+                parquet::file::properties::EnabledStatistics::None,
+            );
+    }
+    let props = props.build();
+    // About a fifth of the records' JSON, from the measured 590 → 105 bytes a row: room for
+    // the file from the start rather than doubling into it.
+    let estimate = rows.iter().map(|r| r.record.len()).sum::<usize>() / 5;
+    let mut writer =
+        ArrowWriter::try_new(Vec::with_capacity(estimate), table.schema.clone(), Some(props))?;
     for slice in rows.chunks(ROW_GROUP_ROWS) {
         let batch = batch_of(table, slice)?;
         writer.write(&batch)?;
@@ -506,10 +525,21 @@ fn encode_file(table: &Table, rows: &[Row]) -> Result<Vec<u8>, parquet::errors::
 
 /// The arrow batch of `rows`: every column from the record's JSON.
 fn batch_of(table: &Table, rows: &[Row]) -> Result<RecordBatch, arrow_schema::ArrowError> {
-    let parsed: Vec<serde_json::Map<String, Value>> =
-        rows.iter().map(|row| serde_json::from_str(&row.record).unwrap_or_default()).collect();
+    // The record's own fields (not the time, key and record columns, which come from the row).
+    let wanted: Vec<&str> = table
+        .columns
+        .iter()
+        .filter(|(name, kind)| {
+            *kind != ColumnKind::Time && *name != KEY_COLUMN && *name != RECORD_COLUMN
+        })
+        .map(|(name, _)| *name)
+        .collect();
+    let parsed: Vec<Vec<Option<fields::Scalar<'_>>>> =
+        rows.iter().map(|row| fields::fields(&row.record, &wanted)).collect();
     let mut arrays: Vec<ArrayRef> = Vec::with_capacity(table.columns.len());
     for (name, kind) in &table.columns {
+        let field = wanted.iter().position(|w| w == name);
+        let values = || parsed.iter().map(move |row| field.and_then(|i| row[i].as_ref()));
         let array: ArrayRef = match (*name, kind) {
             (KEY_COLUMN, _) => {
                 Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.key.as_str())))
@@ -526,34 +556,22 @@ fn batch_of(table: &Table, rows: &[Row]) -> Result<RecordBatch, arrow_schema::Ar
             }
             (_, ColumnKind::Int) => {
                 let mut builder = Int64Builder::with_capacity(rows.len());
-                for record in &parsed {
-                    builder.append_option(
-                        record
-                            .get(*name)
-                            .and_then(|v| v.as_i64().or_else(|| v.as_str()?.parse().ok())),
-                    );
+                for value in values() {
+                    builder.append_option(value.and_then(fields::Scalar::as_i64));
                 }
                 Arc::new(builder.finish())
             }
             (_, ColumnKind::Float) => {
                 let mut builder = Float64Builder::with_capacity(rows.len());
-                for record in &parsed {
-                    builder.append_option(
-                        record
-                            .get(*name)
-                            .and_then(|v| v.as_f64().or_else(|| v.as_str()?.parse().ok())),
-                    );
+                for value in values() {
+                    builder.append_option(value.and_then(fields::Scalar::as_f64));
                 }
                 Arc::new(builder.finish())
             }
             (_, ColumnKind::Text) => {
                 let mut builder = StringBuilder::with_capacity(rows.len(), rows.len() * 32);
-                for record in &parsed {
-                    match record.get(*name) {
-                        None | Some(Value::Null) => builder.append_null(),
-                        Some(Value::String(text)) => builder.append_value(text),
-                        Some(other) => builder.append_value(other.to_string()),
-                    }
+                for value in values() {
+                    builder.append_option(value.and_then(fields::Scalar::as_text));
                 }
                 Arc::new(builder.finish())
             }
