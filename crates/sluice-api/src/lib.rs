@@ -14,6 +14,7 @@ pub mod auth;
 pub mod backfills;
 pub mod body;
 pub mod chains;
+pub mod console;
 pub mod datasets;
 pub mod deployments;
 pub mod error;
@@ -364,6 +365,7 @@ pub fn app(state: AppState) -> NormalizePath<Router> {
     let limit = state.limits.max_body_bytes;
     let (router, _) = routes_with_doc(&state.limits).split_for_parts();
     let router = router
+        .merge(console::router())
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::map_response(error::json_for_bare_errors))
         .layer(TraceLayer::new_for_http())

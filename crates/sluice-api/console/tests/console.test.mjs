@@ -1,0 +1,216 @@
+// Browser tests of the console: headless Chromium (Debian's) driven by playwright-core,
+// against a real `sluice serve` this script starts on a free port with a new data dir.
+//
+// Environment (scripts/test sets them):
+//   SLUICE_BIN        the `sluice` binary
+//   PLAYWRIGHT_CORE   playwright-core's entry module (index.mjs), installed outside the clone
+//   CONSOLE_TEST_OUT  where screenshots go (made when missing)
+//   CHROMIUM          the browser (default /usr/bin/chromium)
+//
+// Run: node --test crates/sluice-api/console/tests/console.test.mjs
+
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync, spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const need = (name) => {
+  const value = process.env[name];
+  assert.ok(value, `${name} must be set (scripts/test sets it)`);
+  return value;
+};
+const sluice = need('SLUICE_BIN');
+const { chromium } = await import(need('PLAYWRIGHT_CORE'));
+const out = need('CONSOLE_TEST_OUT');
+mkdirSync(out, { recursive: true });
+
+const freePort = () => new Promise((resolve, reject) => {
+  const server = createServer();
+  server.on('error', reject);
+  server.listen(0, '127.0.0.1', () => {
+    const { port } = server.address();
+    server.close(() => resolve(port));
+  });
+});
+
+const dataDir = mkdtempSync(join(tmpdir(), 'sluice-console-'));
+const port = await freePort();
+const base = `http://127.0.0.1:${port}`;
+const server = spawn(sluice, ['serve', '--data-dir', dataDir, '--listen', `127.0.0.1:${port}`], {
+  stdio: ['ignore', 'ignore', 'pipe'],
+  env: { ...process.env, SLUICE_LOG: 'warn' },
+});
+let serverLog = '';
+server.stderr.on('data', (chunk) => { serverLog += chunk; });
+for (let i = 0; ; i++) {
+  try {
+    if ((await fetch(`${base}/readyz`)).ok) break;
+  } catch { /* not yet */ }
+  assert.ok(i < 300, `sluice serve did not become ready:\n${serverLog}`);
+  await new Promise((r) => setTimeout(r, 100));
+}
+
+// Keys made on the running server's store: the owner is an operator (stream ingest needs
+// one); the reader is a member of the same team, who reads the team's pipelines and may not
+// change them.
+const key = (user, ...flags) => execFileSync(sluice, [
+  'admin', 'create-key', '--data-dir', dataDir, '--org', 'acme', '--team', 'data', '--user', user, ...flags,
+]).toString().trim();
+const ownerKey = key('ann', '--operator');
+const readerKey = key('rita');
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking'],
+});
+
+process.on('exit', () => {
+  server.kill('SIGKILL');
+  rmSync(dataDir, { recursive: true, force: true });
+});
+
+const shot = (page, name) => page.screenshot({ path: join(out, `${name}.png`), fullPage: true });
+
+async function signIn(page, apiKey) {
+  await page.goto(`${base}/`);
+  await page.getByLabel('API key').fill(apiKey);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.getByRole('heading', { name: 'Pipelines' }).waitFor();
+}
+
+/** Transfers `from..to` of USDC on Base, ingested through the API. */
+async function ingest(from, to) {
+  const lines = [];
+  for (let n = from; n < to; n++) {
+    lines.push(JSON.stringify({
+      n, block_number: 1000 + n, block_timestamp: new Date().toISOString(),
+      transaction_hash: '0x' + n.toString(16).padStart(64, '0'), log_index: 0,
+      token_address: '0x833589fcd6edb6e08f4c7c32d4f71b54bda02913',
+      from_address: '0x' + '1'.repeat(40), to_address: '0x' + '2'.repeat(40), amount_str: '1.5',
+    }));
+  }
+  const response = await fetch(`${base}/api/v1/streams/base/erc20_token_transfer/records`, {
+    method: 'POST', headers: { 'X-API-Key': ownerKey }, body: lines.join('\n') + '\n',
+  });
+  assert.equal(response.status, 200, await response.text());
+}
+
+let pipelineUrl = null;
+
+test('the console at work', { timeout: 120_000 }, async (t) => {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const page = await context.newPage();
+  const problems = [];
+  page.on('pageerror', (error) => problems.push(error.message));
+  // Chromium logs every non-2xx response as "Failed to load resource"; the 401 and 422 below
+  // are meant. Anything else logged as an error, or thrown, is a problem.
+  page.on('console', (message) => {
+    if (message.type() === 'error' && !message.text().startsWith('Failed to load resource')) {
+      problems.push(message.text());
+    }
+  });
+
+  await t.test('a wrong key is refused next to the field, the right one signs in', async () => {
+    await page.goto(`${base}/`);
+    await page.getByLabel('API key').fill('sk_not_a_key');
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    await page.locator('#key-error', { hasText: 'That API key is not valid.' }).waitFor();
+    assert.equal(await page.getByLabel('API key').getAttribute('aria-invalid'), 'true');
+    await shot(page, '01-sign-in-refused');
+    await signIn(page, ownerKey);
+    assert.equal(await page.evaluate(() => location.href.includes('sk_')), false, 'no key in the URL');
+    await shot(page, '02-pipelines-empty');
+  });
+
+  await t.test('a pipeline with a mistake shows the 422 next to the field; fixed, it is created', async () => {
+    await page.getByRole('link', { name: 'New pipeline' }).first().click();
+    await page.getByLabel('Name', { exact: true }).fill('usdc watch');
+    await page.getByLabel('Description').fill('USDC transfers on Base');
+    // A sink name with a space: the server refuses it at pipeline_config.sinks[0].name.
+    await page.getByLabel('Managed sink name').fill('usdc out');
+    await page.getByRole('button', { name: 'Create pipeline' }).click();
+    await page.locator('#sink-name-error', { hasText: 'usable as a topic name' }).waitFor();
+    assert.equal(await page.locator('#sink-name').getAttribute('aria-invalid'), 'true');
+    assert.equal(await page.locator('#name').getAttribute('aria-invalid'), null, 'only the field named');
+    assert.equal(await page.evaluate(() => document.activeElement.id), 'sink-name', 'focus on the field');
+    await shot(page, '03-create-422');
+    await page.getByLabel('Managed sink name').fill('usdc-out');
+    await page.getByRole('button', { name: 'Create pipeline' }).click();
+    await page.getByRole('heading', { name: 'usdc watch' }).waitFor();
+    pipelineUrl = page.url();
+    assert.match(pipelineUrl, /#\/p\//);
+  });
+
+  await t.test('deploy, see records arrive live, pause and resume', async () => {
+    await page.getByRole('button', { name: 'Deploy' }).click();
+    await page.locator('.badge.running').waitFor();
+    await page.locator('#tail').waitFor();
+    await ingest(0, 25);
+    await page.locator('#tail li').nth(24).waitFor({ timeout: 30_000 });
+    const shown = await page.locator('#tail li').allTextContents();
+    for (let n = 0; n < 25; n++) assert.ok(shown.some((line) => line.includes(`"n":${n},`)), `record ${n}`);
+    assert.equal(await page.getByText('null', { exact: true }).count(), 0, 'no stray text');
+    await shot(page, '04-pipeline-live');
+    await page.getByRole('button', { name: 'Pause' }).click();
+    await page.locator('#action-result', { hasText: 'successfully paused' }).waitFor();
+    assert.equal(await page.locator('.badge.running').count(), 0);
+    await page.getByRole('button', { name: 'Deploy' }).click();
+    await page.locator('.badge.running').waitFor();
+    await ingest(25, 30);
+    await page.locator('#tail li', { hasText: '"n":29' }).waitFor({ timeout: 30_000 });
+    await shot(page, '05-resumed');
+  });
+
+  await t.test('keyboard alone reaches the lifecycle buttons', async () => {
+    await page.goto(`${base}/#/`);
+    await page.getByRole('heading', { name: 'Pipelines' }).waitFor();
+    const reached = [];
+    for (let i = 0; i < 12; i++) {
+      await page.keyboard.press('Tab');
+      reached.push(await page.evaluate(() => document.activeElement?.textContent?.trim()));
+    }
+    assert.ok(reached.includes('usdc watch'), `tab order: ${reached.join(' | ')}`);
+  });
+
+  await t.test('a reader sees the pipeline but no button that changes it', async () => {
+    const readerContext = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+    const reader = await readerContext.newPage();
+    await signIn(reader, readerKey);
+    await reader.getByRole('link', { name: 'usdc watch' }).click();
+    await reader.getByRole('heading', { name: 'usdc watch' }).waitFor();
+    await reader.locator('#read-only').waitFor();
+    for (const name of ['Deploy', 'Redeploy', 'Pause', 'Tear down', 'Delete']) {
+      assert.equal(await reader.getByRole('button', { name, exact: true }).count(), 0, name);
+    }
+    await shot(reader, '06-reader');
+    await readerContext.close();
+  });
+
+  await t.test('at a phone width the list fits the screen', async () => {
+    const phone = await browser.newContext({ viewport: { width: 390, height: 844 } });
+    const small = await phone.newPage();
+    await signIn(small, ownerKey);
+    await small.getByRole('link', { name: 'usdc watch' }).waitFor();
+    const overflow = await small.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(overflow <= 0, `the page is ${overflow}px wider than the screen`);
+    await shot(small, '07-phone');
+    await phone.close();
+  });
+
+  await t.test('sign out forgets the key', async () => {
+    await page.getByRole('button', { name: 'Sign out' }).click();
+    await page.getByLabel('API key').waitFor();
+    assert.equal(await page.evaluate(() => sessionStorage.length), 0);
+  });
+
+  assert.deepEqual(problems, [], 'no script errors in the page');
+  await context.close();
+});
+
+test.after(async () => {
+  await browser.close();
+  server.kill('SIGTERM');
+});
