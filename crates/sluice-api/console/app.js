@@ -62,10 +62,14 @@ async function api(method, path, body) {
 
 /** h('tag.class#id', {attr: value, onclick: fn}, ...children) */
 function h(spec, attrs = {}, ...children) {
-  const [tagAndClasses, id] = spec.split('#');
-  const [tag, ...classes] = tagAndClasses.split('.');
+  // 'tag', then any of '#id' and '.class' in any order.
+  const [tag] = spec.match(/^[a-z0-9]*/);
   const el = document.createElement(tag || 'div');
-  if (id) el.id = id;
+  const classes = [];
+  for (const [, kind, name] of spec.slice(tag.length).matchAll(/([#.])([^#.]+)/g)) {
+    if (kind === '#') el.id = name;
+    else classes.push(name);
+  }
   if (classes.length) el.className = classes.join(' ');
   for (const [name, value] of Object.entries(attrs || {})) {
     if (value === undefined || value === null || value === false) continue;
@@ -140,6 +144,7 @@ function renderNav() {
   nav.replaceChildren(
     h('a', { href: '#/' }, 'Pipelines'),
     h('a', { href: '#/new' }, 'New pipeline'),
+    h('a', { href: '#/backfills' }, 'Backfills'),
     h('span.who', {}, me.is_operator ? 'operator' : 'member', ' · ', me.organization_id.slice(0, 8)),
     h('button.secondary', { type: 'button', onclick: () => signOut('Signed out.') }, 'Sign out'),
   );
@@ -321,6 +326,12 @@ async function pipelineView(id) {
     h('td', {}, w.name), h('td', {}, w.status), h('td', {}, w.is_ready ? 'yes' : 'no'),
     h('td.hide-narrow', {}, String(w.restart_count)), h('td', {}, w.last_error || '—')));
   const managed = pipeline.pipeline_config.sinks.filter((s) => s.type === 'kafka');
+  const transforms = pipeline.pipeline_config.transforms.map((t) => h('li', {},
+    h('code', {}, t.uid), ' ',
+    t.type === 'redis_set_filter'
+      ? [`set filter on ${t.filter_expr.replace(/^root = this\./, '')} · `,
+        h('a', { href: `#/p/${encodeURIComponent(id)}/values/${encodeURIComponent(t.uid)}` }, 'filter values')]
+      : 'v8 script'));
   const tail = h('ol.tail#tail', { 'aria-label': 'Records arriving in the sink' });
   show(
     h('h1', {}, pipeline.name),
@@ -336,12 +347,16 @@ async function pipelineView(id) {
       : h('p.muted#read-only', {}, 'You can read this pipeline but not change it.'),
     result,
     stats.stale_sinks?.length ? notice(`Redeploy to use changed secrets of: ${stats.stale_sinks.join(', ')}`) : null,
+    h('h2', {}, 'Transforms'),
+    transforms.length ? h('ul', {}, transforms) : h('p.muted', {}, 'None: every record of the stream goes to the sink.'),
     h('h2', {}, 'Workers'),
     workers.length
       ? h('div.table-wrap', {}, h('table', { 'aria-label': 'Workers' },
         h('thead', {}, h('tr', {}, h('th', {}, 'Worker'), h('th', {}, 'Status'), h('th', {}, 'Ready'), h('th.hide-narrow', {}, 'Restarts'), h('th', {}, 'Last error'))),
         h('tbody', {}, workers)))
       : h('p.muted', {}, 'No workers: deploy the pipeline to start them.'),
+    h('h2', {}, 'Metrics'),
+    metricsSection(path),
     h('h2', {}, 'Live records'),
     managed.length && running
       ? tail
@@ -350,6 +365,280 @@ async function pipelineView(id) {
     h('pre', {}, JSON.stringify(pipeline.pipeline_config, null, 2)),
   );
   if (managed.length && running) startTail(`${path}/sinks/${encodeURIComponent(managed[0].uid)}/records/stream`, tail);
+}
+
+/** What each metric type measures, for its chart's title. */
+const METRIC_TITLES = {
+  messages_received: 'Records read per second',
+  messages_sent: 'Records delivered per second',
+  total_latency: 'Ingest-to-sink latency p99 (ms)',
+  processing_latency: 'Processing latency p99 (ms)',
+  processor_error: 'Transform errors per second',
+  output_error: 'Sink errors per second',
+  data_age: 'Data age (s)',
+};
+
+/** The seven metrics of a deployment as charts over 1h, 1d or 1w. */
+function metricsSection(path) {
+  const charts = h('div#metric-charts.charts');
+  const buttons = ['1h', '1d', '1w'].map((range) => h('button.secondary', {
+    type: 'button', 'data-range': range, 'aria-pressed': range === '1h' ? 'true' : 'false',
+    onclick: () => draw(range),
+  }, range));
+  const draw = async (range) => {
+    for (const button of buttons) button.setAttribute('aria-pressed', String(button.dataset.range === range));
+    charts.replaceChildren(h('p.muted', {}, 'Loading…'));
+    try {
+      const body = await api('GET', `${path}/deploy/metrics?time_range=${range}`);
+      charts.replaceChildren();
+      const width = Math.max(260, Math.min(charts.clientWidth || main.clientWidth, 1060) / (main.clientWidth > 700 ? 2 : 1) - 40);
+      for (const series of body.metrics) {
+        const figure = h('figure.chart', { 'data-metric': series.metric_type },
+          h('figcaption', {}, METRIC_TITLES[series.metric_type] || series.metric_type));
+        charts.append(figure);
+        const xs = series.points.map((p) => Date.parse(p.timestamp) / 1000);
+        const ys = series.points.map((p) => p.value);
+        const [from, to] = [Math.min(...xs), Math.max(...xs)];
+        // eslint-disable-next-line no-undef
+        new uPlot({
+          width, height: 150,
+          legend: { show: false },
+          scales: { x: { time: true, range: () => [from, to] }, y: { range: (u, min, max) => [0, Math.max(1, max ?? 1) * 1.1] } },
+          series: [{}, { label: series.metric_type, stroke: '#0b5fff', width: 1.5, fill: 'rgba(11,95,255,.08)', points: { show: true, size: 3 } }],
+          axes: [{ size: 30 }, { size: 50 }],
+        }, [xs, ys], figure);
+      }
+    } catch (e) {
+      charts.replaceChildren(notice(e.message, 'error'));
+    }
+  };
+  setTimeout(() => draw('1h'), 0);
+  return h('section', { 'aria-label': 'Metrics' },
+    h('div.actions', { role: 'group', 'aria-label': 'Time range' }, buttons), charts);
+}
+
+/** Values sent per request when a file is uploaded (well under the body limit). */
+const UPLOAD_BATCH = 20000;
+
+async function valuesView(id, uid) {
+  const path = `/beam/${encodeURIComponent(id)}/transforms/${encodeURIComponent(uid)}/filter-values`;
+  const [pipeline, permissions, counted] = await Promise.all([
+    api('GET', `/beam/${encodeURIComponent(id)}`),
+    api('GET', `/beam/${encodeURIComponent(id)}/permissions`).catch(() => ({ owner: null, editors: [] })),
+    api('GET', `${path}/count`),
+  ]);
+  const editable = canEdit(permissions);
+  const count = h('p#value-count', { 'aria-live': 'polite' }, `${counted.count.toLocaleString('en')} values`);
+  const refreshCount = async () => {
+    const { count: n } = await api('GET', `${path}/count`);
+    count.textContent = `${n.toLocaleString('en')} values`;
+  };
+
+  // Upload: a text or CSV file, values split on new lines and commas, sent in batches.
+  const file = h('input#values-file', { type: 'file', accept: '.txt,.csv,text/plain,text/csv' });
+  const progress = h('progress#upload-progress', { max: 1, value: 0, 'aria-label': 'Upload progress' });
+  const uploadStatus = h('p#upload-status', { 'aria-live': 'polite' });
+  const upload = async () => {
+    if (!file.files.length) return;
+    const text = await file.files[0].text();
+    const values = text.split(/[\r\n,]+/).map((v) => v.trim()).filter((v) => v.length > 0);
+    progress.max = Math.max(values.length, 1);
+    progress.value = 0;
+    let added = 0;
+    try {
+      for (let at = 0; at < values.length; at += UPLOAD_BATCH) {
+        const batch = values.slice(at, at + UPLOAD_BATCH);
+        const answer = await api('POST', path, { values: batch });
+        added += answer.added;
+        progress.value = at + batch.length;
+        uploadStatus.textContent = `${(at + batch.length).toLocaleString('en')} of ${values.length.toLocaleString('en')} values sent, ${added.toLocaleString('en')} new`;
+      }
+      uploadStatus.textContent = `Done: ${values.length.toLocaleString('en')} values sent, ${added.toLocaleString('en')} new.`;
+      await refreshCount();
+      await page(null);
+    } catch (e) {
+      uploadStatus.textContent = `Stopped at ${progress.value.toLocaleString('en')} of ${values.length.toLocaleString('en')}: ${e.message}`;
+    }
+  };
+
+  // Search: one value, looked up exactly (lowercased, as the filter matches).
+  const query = h('input#value-search', { type: 'search', name: 'value' });
+  const found = h('p#search-result', { 'aria-live': 'polite' });
+  const search = h('form.stack', {
+    role: 'search',
+    onsubmit: async (event) => {
+      event.preventDefault();
+      if (!query.value.trim()) return;
+      try {
+        const answer = await api('GET', `${path}/check?value=${encodeURIComponent(query.value.trim())}`);
+        found.textContent = answer.is_member ? `${answer.value} is in the set.` : `${answer.value} is not in the set.`;
+      } catch (e) {
+        found.textContent = e.message;
+      }
+    },
+  }, h('label', { for: 'value-search' }, 'Look up a value', query), h('div', {}, h('button', { type: 'submit' }, 'Look up')));
+
+  // Pages of 100, in the set's order.
+  const list = h('ol.tail#values-page', { 'aria-label': 'Filter values' });
+  const next = h('button.secondary#next-page', { type: 'button', disabled: true }, 'Next page');
+  let nextCursor = null;
+  const page = async (cursor) => {
+    const answer = await api('GET', `${path}?count=100${cursor === null ? '' : `&cursor=${cursor}`}`);
+    list.replaceChildren(...answer.values.map((v) => h('li', {}, v)));
+    nextCursor = answer.cursor;
+    next.disabled = nextCursor === null;
+  };
+  next.addEventListener('click', () => page(nextCursor));
+
+  show(
+    h('p', {}, h('a', { href: `#/p/${encodeURIComponent(id)}` }, `← ${pipeline.name}`)),
+    h('h1', {}, `Filter values of ${uid}`),
+    count,
+    editable
+      ? h('section', { 'aria-label': 'Upload values' },
+        h('h2', {}, 'Add values from a file'),
+        h('p.muted', {}, 'One value per line (or separated by commas); values already there count once.'),
+        h('div.actions', {}, h('label', { for: 'values-file' }, 'File', file),
+          h('button#upload', { type: 'button', onclick: upload }, 'Upload')),
+        progress, uploadStatus)
+      : null,
+    h('h2', {}, 'Search'),
+    search, found,
+    h('h2', {}, 'Values'),
+    h('div.actions', {}, h('button.secondary', { type: 'button', onclick: () => page(null) }, 'First page'), next),
+    list,
+  );
+  await page(null);
+}
+
+// ---------------------------------------------------------------------------
+// Backfills
+
+/** `<input type="datetime-local">` value, read as UTC, to RFC 3339. */
+const utc = (local) => (local ? `${local.length === 16 ? local + ':00' : local}Z` : '');
+const localValue = (date) => date.toISOString().slice(0, 16);
+
+async function backfillsView() {
+  const jobs = await api('GET', '/beam/backfills');
+  const rows = jobs.slice().reverse().map((job) => {
+    const total = job.num_chunks;
+    const done = total === null ? 0 : total - job.chunks_left;
+    const bar = h('progress', { max: Math.max(total ?? 1, 1), value: total === null ? 0 : done, 'aria-label': `Progress of ${job.job_name}` });
+    const active = job.status === 'staging' || job.status === 'transporting';
+    return h('tr', { 'data-job': job.job_id },
+      h('td', {}, job.job_name, h('div.muted', {}, job.table)),
+      h('td', {}, h('span.badge' + (job.status === 'completed' ? '.running' : ''), { 'data-status': job.status }, job.status),
+        job.error_message ? h('div.field-error', {}, job.error_message) : null),
+      h('td', {}, bar, h('div.muted', {}, total === null ? 'staging…' : `${done}/${total} chunks`)),
+      h('td.hide-narrow', {}, `${job.rows_delivered.toLocaleString('en')} of ${job.rows_staged.toLocaleString('en')} rows`),
+      h('td', {}, active ? h('button.danger', {
+        type: 'button',
+        onclick: async () => {
+          try {
+            await api('POST', `/beam/backfills/${encodeURIComponent(job.job_id)}/cancel`, {});
+          } catch (e) {
+            alert(e.message);
+          }
+          await backfillsView();
+        },
+      }, 'Cancel') : time(job.time_completed)));
+  });
+  show(
+    h('h1', {}, 'Backfills'),
+    h('div.actions', {}, h('a', { href: '#/backfills/new' }, 'New backfill')),
+    jobs.length === 0
+      ? h('p.muted', {}, 'No backfill jobs yet.')
+      : h('div.table-wrap', {}, h('table', { 'aria-label': 'Backfill jobs' },
+        h('thead', {}, h('tr', {}, h('th', {}, 'Job'), h('th', {}, 'Status'), h('th', {}, 'Progress'), h('th.hide-narrow', {}, 'Rows'), h('th', {}, ''))),
+        h('tbody', {}, rows))),
+  );
+  // While a job runs, the page follows it.
+  if (jobs.some((job) => job.status === 'staging' || job.status === 'transporting')) {
+    const timer = setTimeout(() => { if (location.hash === '#/backfills') backfillsView().catch(() => {}); }, 1000);
+    leaving.push(() => clearTimeout(timer));
+  }
+}
+
+const BACKFILL_FIELDS = [
+  [['body', 'job_name'], 'job-name'],
+  [['body', 'table'], 'table'],
+  [['body', 'backfill_window', 'start'], 'start'],
+  [['body', 'backfill_window', 'end'], 'end'],
+  [['body', 'backfill_window'], 'start'],
+  [['body', 'filter', 'column'], 'filter-column'],
+  [['body', 'filter', 'values'], 'filter-values'],
+  [['body', 'filter'], 'filter-column'],
+  [['body', 'destinations'], 'destination'],
+];
+
+async function newBackfillView() {
+  const tables = (await api('GET', '/beam/backfills/tables')).filter((t) => t.backfillable);
+  const field = (id, label, control, hint) => h('div', {},
+    h('label', { for: id }, label, control),
+    hint ? h('p.muted', {}, hint) : null,
+    h('p.field-error', { id: `${id}-error`, role: 'alert' }));
+  const jobName = h('input#job-name', { 'aria-describedby': 'job-name-error' });
+  const table = h('select#table', { 'aria-describedby': 'table-error' },
+    tables.map((t) => h('option', { value: t.name }, `${t.name} (${t.row_count.toLocaleString('en')} rows)`)));
+  const now = new Date();
+  const start = h('input#start', { type: 'datetime-local', value: localValue(new Date(now - 90 * 86400e3)), 'aria-describedby': 'start-error' });
+  const end = h('input#end', { type: 'datetime-local', value: localValue(now), 'aria-describedby': 'end-error' });
+  const column = h('select#filter-column', { 'aria-describedby': 'filter-column-error' });
+  const fillColumns = () => {
+    const chosen = tables.find((t) => t.name === table.value);
+    column.replaceChildren(h('option', { value: '' }, '(no filter)'),
+      ...(chosen?.columns || []).map((c) => h('option', { value: c.name }, c.name)));
+  };
+  table.addEventListener('change', fillColumns);
+  fillColumns();
+  const values = h('textarea#filter-values', { rows: 4, 'aria-describedby': 'filter-values-error' });
+  const destination = h('input#destination', { value: 'backfill', 'aria-describedby': 'destination-error' });
+  const status = h('div');
+  const form = h('form.stack', {
+    'aria-label': 'New backfill',
+    onsubmit: async (event) => {
+      event.preventDefault();
+      for (const el of main.querySelectorAll('.field-error')) el.textContent = '';
+      for (const el of main.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
+      status.replaceChildren();
+      const body = {
+        job_name: jobName.value,
+        table: table.value,
+        backfill_window: { partition_key: 'block_timestamp', start: utc(start.value), end: utc(end.value) },
+        destinations: [{ type: 'kafka', name: destination.value }],
+      };
+      const chosenValues = values.value.split(/[\r\n,]+/).map((v) => v.trim()).filter(Boolean);
+      if (column.value) body.filter = { column: column.value, values: chosenValues };
+      try {
+        await api('POST', '/beam/backfills', body);
+        location.hash = '#/backfills';
+      } catch (e) {
+        if (!e.violations.length) {
+          status.replaceChildren(notice(e.message, 'error'));
+          return;
+        }
+        for (const violation of e.violations) {
+          const loc = violation.loc || [];
+          const id = BACKFILL_FIELDS.find(([prefix]) => prefix.every((part, i) => loc[i] === part))?.[1] || 'job-name';
+          const error = document.getElementById(`${id}-error`);
+          error.textContent = (error.textContent ? error.textContent + '\n' : '') + violation.msg;
+          document.getElementById(id).setAttribute('aria-invalid', 'true');
+        }
+        status.replaceChildren(notice('The server refused the backfill; see the fields marked.', 'error'));
+      }
+    },
+  },
+  field('job-name', 'Job name', jobName),
+  field('table', 'Table', table, 'Only base-chain tables can be backfilled.'),
+  field('start', 'From (UTC, included)', start),
+  field('end', 'To (UTC, excluded)', end),
+  field('filter-column', 'Filter column', column),
+  field('filter-values', 'Filter values (one per line)', values),
+  field('destination', 'Managed sink name', destination, 'Rows go to a managed topic, one message per row.'),
+  status,
+  h('div', {}, h('button', { type: 'submit' }, 'Start backfill')));
+  show(h('p', {}, h('a', { href: '#/backfills' }, '← Backfills')), h('h1', {}, 'New backfill'), form);
+  jobName.focus();
 }
 
 /** Follows a sink's live tail (Server-Sent Events over fetch, so the key stays in a header). */
@@ -403,8 +692,12 @@ async function route() {
     if (!me) me = await api('GET', '/me');
     renderNav();
     const hash = location.hash || '#/';
-    const pipeline = /^#\/p\/(.+)$/.exec(hash);
+    const pipeline = /^#\/p\/([^/]+)$/.exec(hash);
+    const values = /^#\/p\/([^/]+)\/values\/([^/]+)$/.exec(hash);
     if (hash === '#/new') await newPipelineView();
+    else if (hash === '#/backfills') await backfillsView();
+    else if (hash === '#/backfills/new') await newBackfillView();
+    else if (values) await valuesView(decodeURIComponent(values[1]), decodeURIComponent(values[2]));
     else if (pipeline) await pipelineView(decodeURIComponent(pipeline[1]));
     else await pipelinesView();
     if (document.activeElement === document.body) main.focus({ preventScroll: true });

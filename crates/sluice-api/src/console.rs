@@ -8,11 +8,23 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-/// The console's files: `(name, content type, bytes)`.
-const FILES: [(&str, &str, &str); 3] = [
+/// The console's files: `(name, content type, bytes)`. `vendor/` holds uPlot 1.6.32 (MIT,
+/// `npm pack uplot@1.6.32`, its `dist/uPlot.iife.min.js` and `dist/uPlot.min.css` as they
+/// come), the charting library of the metrics page.
+const FILES: [(&str, &str, &str); 5] = [
     ("app.js", "text/javascript; charset=utf-8", include_str!("../console/app.js")),
     ("style.css", "text/css; charset=utf-8", include_str!("../console/style.css")),
     ("index.html", "text/html; charset=utf-8", include_str!("../console/index.html")),
+    (
+        "vendor/uPlot.iife.min.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../console/vendor/uPlot.iife.min.js"),
+    ),
+    (
+        "vendor/uPlot.min.css",
+        "text/css; charset=utf-8",
+        include_str!("../console/vendor/uPlot.min.css"),
+    ),
 ];
 
 /// Scripts and styles only from this origin, no inline code, no framing: a value an API
@@ -26,6 +38,10 @@ pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/", get(|| async { file("index.html") }))
         .route("/console/{file}", get(|Path(name): Path<String>| async move { file(&name) }))
+        .route(
+            "/console/vendor/{file}",
+            get(|Path(name): Path<String>| async move { file(&format!("vendor/{name}")) }),
+        )
 }
 
 fn file(name: &str) -> Response {
@@ -74,6 +90,7 @@ mod tests {
         assert!(index.contains(r#"<script type="module" src="/console/app.js"></script>"#));
         assert!(index.contains(r#"href="/console/style.css""#));
         assert!(!index.contains("http://") && !index.contains("https://"), "no CDN");
+        assert!(index.contains(r#"src="/console/vendor/uPlot.iife.min.js""#));
         let app = FILES.iter().find(|(n, _, _)| *n == "app.js").unwrap().2;
         assert!(!app.contains("innerHTML"), "values reach the page as text only");
         assert!(!app.contains("localStorage"), "the key stays in sessionStorage");

@@ -12,7 +12,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -39,7 +39,8 @@ const freePort = () => new Promise((resolve, reject) => {
 const dataDir = mkdtempSync(join(tmpdir(), 'sluice-console-'));
 const port = await freePort();
 const base = `http://127.0.0.1:${port}`;
-const server = spawn(sluice, ['serve', '--data-dir', dataDir, '--listen', `127.0.0.1:${port}`], {
+// The archiver flushes every second, so records reach the warehouse (and backfills) at once.
+const server = spawn(sluice, ['serve', '--data-dir', dataDir, '--listen', `127.0.0.1:${port}`, '--warehouse-flush-secs', '1'], {
   stdio: ['ignore', 'ignore', 'pipe'],
   env: { ...process.env, SLUICE_LOG: 'warn' },
 });
@@ -162,6 +163,93 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     await ingest(25, 30);
     await page.locator('#tail li', { hasText: '"n":29' }).waitFor({ timeout: 30_000 });
     await shot(page, '05-resumed');
+    // The seven metrics as charts, over each range.
+    await page.locator('#metric-charts figure.chart .uplot').nth(6).waitFor();
+    assert.equal(await page.locator('#metric-charts figure.chart').count(), 7);
+    const read = page.locator('figure.chart[data-metric="messages_received"]');
+    assert.equal(await read.locator('figcaption').textContent(), 'Records read per second');
+    for (const range of ['1d', '1w']) {
+      await page.getByRole('button', { name: range, exact: true }).click();
+      await page.locator(`button[data-range="${range}"][aria-pressed="true"]`).waitFor();
+      await page.locator('#metric-charts figure.chart .uplot').nth(6).waitFor();
+    }
+    await page.locator('#metric-charts').scrollIntoViewIfNeeded();
+    await shot(page, '05b-metrics');
+  });
+
+  await t.test('a set filter made through the JSON body takes 100,000 values from a file', async () => {
+    await page.goto(`${base}/#/new`);
+    await page.getByRole('heading', { name: 'New pipeline' }).waitFor();
+    await page.getByText('JSON body').click();
+    await page.getByLabel('send this JSON instead of the form').check();
+    const body = {
+      name: 'watched wallets', description: 'transfers to 100,000 wallets',
+      pipeline_config: {
+        source: { chain: 'base', entity: 'erc20_token_transfer' },
+        transforms: [{ type: 'redis_set_filter', uid: 'wallets', filter_expr: 'root = this.to_address' }],
+        sinks: [{ type: 'kafka', name: 'watched' }],
+      },
+    };
+    await page.getByLabel('Request body').fill(JSON.stringify(body));
+    await page.getByRole('button', { name: 'Create pipeline' }).click();
+    await page.getByRole('heading', { name: 'watched wallets' }).waitFor();
+    await page.getByRole('link', { name: 'filter values' }).click();
+    await page.getByRole('heading', { name: 'Filter values of wallets' }).waitFor();
+    const file = join(out, 'wallets.txt');
+    const wallets = Array.from({ length: 100_000 }, (_, i) => '0x' + (i + 1).toString(16).padStart(40, '0'));
+    writeFileSync(file, wallets.join('\n') + '\n');
+    await page.locator('#values-file').setInputFiles(file);
+    await page.getByRole('button', { name: 'Upload' }).click();
+    await page.locator('#upload-status', { hasText: 'Done: 100,000 values sent, 100,000 new.' }).waitFor({ timeout: 60_000 });
+    assert.equal(await page.locator('#upload-progress').evaluate((p) => p.value === p.max && p.max === 100000), true);
+    await page.locator('#value-count', { hasText: '100,000 values' }).waitFor();
+    await shot(page, '06-values-uploaded');
+    await page.getByLabel('Look up a value').fill(wallets[4242].toUpperCase().replace('0X', '0x'));
+    await page.getByRole('button', { name: 'Look up' }).click();
+    await page.locator('#search-result', { hasText: `${wallets[4242]} is in the set.` }).waitFor();
+    await page.getByLabel('Look up a value').fill('0x' + 'f'.repeat(40));
+    await page.getByRole('button', { name: 'Look up' }).click();
+    await page.locator('#search-result', { hasText: 'is not in the set.' }).waitFor();
+    assert.equal(await page.locator('#values-page li').count(), 100);
+    const first = await page.locator('#values-page li').first().textContent();
+    await page.getByRole('button', { name: 'Next page' }).click();
+    await page.waitForFunction((before) => document.querySelector('#values-page li')?.textContent !== before, first);
+    assert.equal(await page.locator('#values-page li').count(), 100);
+  });
+
+  await t.test('a backfill refused, fixed, started and followed until it completes', async () => {
+    // The 30 transfers ingested above, archived.
+    for (let i = 0; ; i++) {
+      const tables = await (await fetch(`${base}/api/v1/beam/backfills/tables`, { headers: { 'X-API-Key': ownerKey } })).json();
+      if (tables.find((table) => table.name === 'base.assets.erc20_token_transfers')?.row_count >= 30) break;
+      assert.ok(i < 100, 'the transfers never reached the warehouse');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    await page.getByRole('link', { name: 'Backfills' }).click();
+    await page.getByRole('heading', { name: 'Backfills' }).waitFor();
+    await page.getByRole('link', { name: 'New backfill' }).click();
+    await page.getByLabel('Table').selectOption('base.assets.erc20_token_transfers');
+    const hour = 3600e3;
+    const local = (date) => date.toISOString().slice(0, 16);
+    // The window backwards: the server refuses it at backfill_window.end.
+    await page.getByLabel('From (UTC, included)').fill(local(new Date(Date.now() + hour)));
+    await page.getByLabel('To (UTC, excluded)').fill(local(new Date(Date.now() - hour)));
+    await page.getByLabel('Job name').fill('usdc today');
+    await page.getByRole('button', { name: 'Start backfill' }).click();
+    await page.locator('#end-error', { hasText: 'start must be before end' }).waitFor();
+    assert.equal(await page.locator('#end').getAttribute('aria-invalid'), 'true');
+    await shot(page, '06-backfill-422');
+    await page.getByLabel('From (UTC, included)').fill(local(new Date(Date.now() - hour)));
+    await page.getByLabel('To (UTC, excluded)').fill(local(new Date(Date.now() + hour)));
+    await page.getByLabel('Filter column').selectOption('token_address');
+    await page.getByLabel('Filter values (one per line)').fill('0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913');
+    await page.getByRole('button', { name: 'Start backfill' }).click();
+    await page.getByRole('heading', { name: 'Backfills' }).waitFor();
+    const row = page.locator('tr', { hasText: 'usdc today' });
+    await row.locator('[data-status="completed"]').waitFor({ timeout: 60_000 });
+    assert.equal(await row.locator('progress').evaluate((p) => p.value === p.max), true);
+    assert.match(await row.textContent(), /30 of 30 rows/);
+    await shot(page, '06-backfill-completed');
   });
 
   await t.test('keyboard alone reaches the lifecycle buttons', async () => {
@@ -185,7 +273,7 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     for (const name of ['Deploy', 'Redeploy', 'Pause', 'Tear down', 'Delete']) {
       assert.equal(await reader.getByRole('button', { name, exact: true }).count(), 0, name);
     }
-    await shot(reader, '06-reader');
+    await shot(reader, '07-reader');
     await readerContext.close();
   });
 
@@ -196,7 +284,7 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     await small.getByRole('link', { name: 'usdc watch' }).waitFor();
     const overflow = await small.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
     assert.ok(overflow <= 0, `the page is ${overflow}px wider than the screen`);
-    await shot(small, '07-phone');
+    await shot(small, '08-phone');
     await phone.close();
   });
 
