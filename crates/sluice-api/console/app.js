@@ -357,6 +357,10 @@ async function pipelineView(id) {
       : h('p.muted', {}, 'No workers: deploy the pipeline to start them.'),
     h('h2', {}, 'Metrics'),
     metricsSection(path),
+    h('h2', {}, 'Dead letters'),
+    deadLettersSection(path, editable),
+    h('h2', {}, 'Script logs'),
+    logsSection(path),
     h('h2', {}, 'Live records'),
     managed.length && running
       ? tail
@@ -415,6 +419,63 @@ function metricsSection(path) {
   setTimeout(() => draw('1h'), 0);
   return h('section', { 'aria-label': 'Metrics' },
     h('div.actions', { role: 'group', 'aria-label': 'Time range' }, buttons), charts);
+}
+
+/** Records the transforms failed on (or a sink refused for good), with a replay button. */
+function deadLettersSection(path, editable) {
+  const body = h('div#dead-letters');
+  const result = h('div#replay-result', { 'aria-live': 'polite' });
+  const load = async () => {
+    try {
+      const page = await api('GET', `${path}/dead-letters?limit=100`);
+      if (!page.dead_letters.length) {
+        body.replaceChildren(h('p.muted', {}, 'None waiting to be replayed.'));
+        return;
+      }
+      body.replaceChildren(h('div.table-wrap', {}, h('table', { 'aria-label': 'Dead letters' },
+        h('thead', {}, h('tr', {}, h('th', {}, 'Offset'), h('th', {}, 'Key'), h('th', {}, 'Where'), h('th', {}, 'Error'), h('th.hide-narrow', {}, 'At'))),
+        h('tbody', {}, page.dead_letters.map((d) => h('tr', {},
+          h('td', {}, String(d.offset)), h('td', {}, d.key),
+          h('td', {}, d.transform_uid ? `transform ${d.transform_uid}` : `sink ${d.sink_uid}`),
+          h('td', {}, d.error), h('td.hide-narrow', {}, time(d.timestamp))))))));
+    } catch (e) {
+      body.replaceChildren(h('p.muted', {}, e.status === 404 ? 'Deploy the pipeline to see its dead letters.' : e.message));
+    }
+  };
+  const replay = h('button', {
+    type: 'button',
+    onclick: async () => {
+      try {
+        const answer = await api('POST', `${path}/dead-letters/replay`);
+        result.replaceChildren(notice(`${answer.message}: ${answer.replayed} replayed, ${answer.delivered} delivered, ${answer.dead_lettered} failed again.`, 'ok'));
+      } catch (e) {
+        result.replaceChildren(notice(e.message, 'error'));
+      }
+      await load();
+    },
+  }, 'Replay through the current transforms');
+  load();
+  return h('section', { 'aria-label': 'Dead letters' },
+    h('div.actions', {}, h('button.secondary', { type: 'button', onclick: load }, 'Refresh dead letters'), editable ? replay : null),
+    result, body);
+}
+
+/** The latest `console.*` lines of the pipeline's scripts. */
+function logsSection(path) {
+  const list = h('ol.tail#script-logs', { 'aria-label': 'Script log lines' });
+  const load = async () => {
+    try {
+      const { logs } = await api('GET', `${path}/logs?limit=200`);
+      list.replaceChildren(...(logs.length
+        ? logs.slice().reverse().map((l) => h('li', { 'data-level': l.level }, `${time(l.timestamp)}  ${l.level}  ${l.transform_uid}  ${l.message}`))
+        : [h('li.muted', {}, 'No lines yet.')]));
+    } catch (e) {
+      list.replaceChildren(h('li', {}, e.message));
+    }
+  };
+  load();
+  return h('section', { 'aria-label': 'Script logs' },
+    h('div.actions', {}, h('button.secondary', { type: 'button', onclick: load }, 'Refresh logs')), list);
 }
 
 /** Values sent per request when a file is uploaded (well under the body limit). */

@@ -252,9 +252,39 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     await shot(page, '06-backfill-completed');
   });
 
+  await t.test('a script that fails shows its dead letters and logs, and a replay answers', async () => {
+    const created = await (await fetch(`${base}/api/v1/beam`, {
+      method: 'POST', headers: { 'X-API-Key': ownerKey, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        name: 'picky', description: 'fails on every fifth record',
+        pipeline_config: {
+          source: { chain: 'base', entity: 'erc20_token_transfer' },
+          transforms: [{ type: 'v8', uid: 'picky', script: "function transform(r) { console.log('seen ' + r.n); if (r.n % 5 === 0) { throw new Error('no fives'); } return r; }" }],
+          sinks: [{ type: 'kafka', name: 'picked' }],
+        },
+      }),
+    })).json();
+    await page.goto(`${base}/#/p/${created.id}`);
+    await page.getByRole('button', { name: 'Deploy' }).click();
+    await page.locator('.badge.running').waitFor();
+    await ingest(100, 110);
+    for (let i = 0; ; i++) {
+      await page.getByRole('button', { name: 'Refresh dead letters' }).click();
+      if (await page.locator('table[aria-label="Dead letters"] tbody tr').count() === 2) break;
+      assert.ok(i < 100, 'the two dead letters never showed');
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    assert.match(await page.locator('table[aria-label="Dead letters"]').textContent(), /no fives/);
+    await page.getByRole('button', { name: 'Refresh logs' }).click();
+    await page.locator('#script-logs li', { hasText: 'seen 105' }).waitFor();
+    await shot(page, '07-dead-letters-and-logs');
+    await page.getByRole('button', { name: 'Replay through the current transforms' }).click();
+    await page.locator('#replay-result', { hasText: '2 replayed, 0 delivered, 2 failed again' }).waitFor();
+  });
+
   await t.test('keyboard alone reaches the lifecycle buttons', async () => {
     await page.goto(`${base}/#/`);
-    await page.getByRole('heading', { name: 'Pipelines' }).waitFor();
+    await page.getByRole('link', { name: 'usdc watch' }).waitFor();
     const reached = [];
     for (let i = 0; i < 12; i++) {
       await page.keyboard.press('Tab');
@@ -273,7 +303,7 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     for (const name of ['Deploy', 'Redeploy', 'Pause', 'Tear down', 'Delete']) {
       assert.equal(await reader.getByRole('button', { name, exact: true }).count(), 0, name);
     }
-    await shot(reader, '07-reader');
+    await shot(reader, '08-reader');
     await readerContext.close();
   });
 
@@ -284,7 +314,7 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     await small.getByRole('link', { name: 'usdc watch' }).waitFor();
     const overflow = await small.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
     assert.ok(overflow <= 0, `the page is ${overflow}px wider than the screen`);
-    await shot(small, '08-phone');
+    await shot(small, '09-phone');
     await phone.close();
   });
 
