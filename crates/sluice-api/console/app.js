@@ -36,6 +36,11 @@ function apiKey() {
 }
 
 async function api(method, path, body) {
+  return (await apiResponse(method, path, body)).data;
+}
+
+/** `api`, with the response's headers. */
+async function apiResponse(method, path, body) {
   const headers = { 'X-API-Key': apiKey() || '' };
   if (body !== undefined) headers['content-type'] = 'application/json';
   const response = await fetch('/api/v1' + path, {
@@ -54,7 +59,7 @@ async function api(method, path, body) {
     if (response.status === 401 && path !== '/me') signOut('Your API key was refused; sign in again.');
     throw new ApiError(response.status, data);
   }
-  return data;
+  return { data, headers: response.headers };
 }
 
 // ---------------------------------------------------------------------------
@@ -286,21 +291,20 @@ async function newPipelineView() {
   name.focus();
 }
 
-/** Whether the signed-in key may edit the pipeline (SPEC: owners and editors). */
-function canEdit(permissions) {
-  if (me.is_operator) return true;
-  return permissions.owner === me.user_id || (permissions.editors || []).includes(me.user_id);
+/** What the signed-in key may do to a pipeline: `GET /beam/{id}`'s `X-Sluice-Access`. */
+async function pipelineWithAccess(id) {
+  const { data, headers } = await apiResponse('GET', `/beam/${encodeURIComponent(id)}`);
+  const access = headers.get('x-sluice-access') || 'read';
+  return { pipeline: data, editable: access === 'edit' || access === 'manage', manages: access === 'manage' };
 }
 
 async function pipelineView(id) {
   show(h('h1', {}, 'Pipeline'), h('p.muted', {}, 'Loading…'));
   const path = `/beam/${encodeURIComponent(id)}`;
-  const [pipeline, stats, permissions] = await Promise.all([
-    api('GET', path),
+  const [{ pipeline, editable, manages }, stats] = await Promise.all([
+    pipelineWithAccess(id),
     api('GET', `${path}/deploy/stats`),
-    api('GET', `${path}/permissions`).catch(() => ({ owner: null, editors: [] })),
   ]);
-  const editable = canEdit(permissions);
   const result = h('div#action-result', { 'aria-live': 'polite' });
   const act = (label, method, suffix, kind = '', confirmText = null) => h(`button${kind ? '.' + kind : ''}`, {
     type: 'button',
@@ -366,7 +370,9 @@ async function pipelineView(id) {
       ? tail
       : h('p.muted', {}, managed.length ? 'Deploy the pipeline to watch its records arrive.' : 'This pipeline has no managed sink to watch.'),
     h('h2', {}, 'Configuration'),
-    h('pre', {}, JSON.stringify(pipeline.pipeline_config, null, 2)),
+    editable ? editSection(path, pipeline) : h('pre', {}, JSON.stringify(pipeline.pipeline_config, null, 2)),
+    manages ? h('h2', {}, 'Sharing') : null,
+    manages ? sharingSection(path) : null,
   );
   if (managed.length && running) startTail(`${path}/sinks/${encodeURIComponent(managed[0].uid)}/records/stream`, tail);
 }
@@ -419,6 +425,80 @@ function metricsSection(path) {
   setTimeout(() => draw('1h'), 0);
   return h('section', { 'aria-label': 'Metrics' },
     h('div.actions', { role: 'group', 'aria-label': 'Time range' }, buttons), charts);
+}
+
+/** The pipeline's editable fields as JSON, saved with `PUT /beam/{id}`. */
+function editSection(path, pipeline) {
+  const spec = {
+    name: pipeline.name, description: pipeline.description, tags: pipeline.tags,
+    static_egress_ip: pipeline.static_egress_ip, pod_size: pipeline.pod_size,
+    delivery_guarantee: pipeline.delivery_guarantee, pipeline_config: pipeline.pipeline_config,
+  };
+  const editor = h('textarea#edit-json', { spellcheck: 'false', 'aria-describedby': 'edit-json-error' });
+  editor.value = JSON.stringify(spec, null, 2);
+  const error = h('p.field-error#edit-json-error', { role: 'alert' });
+  const result = h('div#edit-result', { 'aria-live': 'polite' });
+  const save = async () => {
+    error.textContent = '';
+    editor.removeAttribute('aria-invalid');
+    let body;
+    try {
+      body = JSON.parse(editor.value);
+    } catch (e) {
+      error.textContent = `Not JSON: ${e.message}`;
+      editor.setAttribute('aria-invalid', 'true');
+      return;
+    }
+    try {
+      await api('PUT', path, body);
+      result.replaceChildren(notice('Saved. Deploy again to apply the change to the running pipeline.', 'ok'));
+    } catch (e) {
+      if (e.violations.length) {
+        error.textContent = e.violations.map((v) => `${(v.loc || []).join('.')}: ${v.msg}`).join('\n');
+        editor.setAttribute('aria-invalid', 'true');
+        editor.focus();
+      } else {
+        result.replaceChildren(notice(e.message, 'error'));
+      }
+    }
+  };
+  return h('section', { 'aria-label': 'Edit' },
+    h('label', { for: 'edit-json' }, 'Pipeline (JSON)', editor), error,
+    h('div.actions', {}, h('button', { type: 'button', onclick: save }, 'Save changes')), result);
+}
+
+/** Who the pipeline is shared with (`…/permissions`; the owner and operators manage it). */
+function sharingSection(path) {
+  const box = (id, label) => h('div', {}, h('label', { for: id }, label,
+    h(`textarea#${id}`, { rows: 3, spellcheck: 'false', 'aria-describedby': `${id}-error` })),
+  h('p.field-error', { id: `${id}-error`, role: 'alert' }));
+  const section = h('section', { 'aria-label': 'Sharing' },
+    h('p.muted', {}, 'User ids and team ids, one per line (GET /api/v1/me shows a user their ids).'),
+    box('share-editors', 'Editors (user ids)'), box('share-readers', 'Readers (user ids)'),
+    box('share-teams', 'Viewer teams (team ids)'));
+  const result = h('div#share-result', { 'aria-live': 'polite' });
+  const fields = { editors: 'share-editors', readers: 'share-readers', viewer_teams: 'share-teams' };
+  const lines = (id) => section.querySelector(`#${id}`).value.split(/\s+/).filter(Boolean);
+  api('GET', `${path}/permissions`).then((grants) => {
+    for (const [name, id] of Object.entries(fields)) section.querySelector(`#${id}`).value = (grants[name] || []).join('\n');
+  }).catch((e) => result.replaceChildren(notice(e.message, 'error')));
+  section.append(h('div.actions', {}, h('button', {
+    type: 'button',
+    onclick: async () => {
+      for (const id of Object.values(fields)) section.querySelector(`#${id}-error`).textContent = '';
+      try {
+        await api('PUT', `${path}/permissions`, Object.fromEntries(Object.entries(fields).map(([name, id]) => [name, lines(id)])));
+        result.replaceChildren(notice('Sharing saved.', 'ok'));
+      } catch (e) {
+        for (const v of e.violations) {
+          const id = fields[(v.loc || [])[1]] || 'share-editors';
+          section.querySelector(`#${id}-error`).textContent += `${v.msg}\n`;
+        }
+        result.replaceChildren(notice(e.message, 'error'));
+      }
+    },
+  }, 'Save sharing')), result);
+  return section;
 }
 
 /** Records the transforms failed on (or a sink refused for good), with a replay button. */
@@ -483,12 +563,10 @@ const UPLOAD_BATCH = 20000;
 
 async function valuesView(id, uid) {
   const path = `/beam/${encodeURIComponent(id)}/transforms/${encodeURIComponent(uid)}/filter-values`;
-  const [pipeline, permissions, counted] = await Promise.all([
-    api('GET', `/beam/${encodeURIComponent(id)}`),
-    api('GET', `/beam/${encodeURIComponent(id)}/permissions`).catch(() => ({ owner: null, editors: [] })),
+  const [{ pipeline, editable }, counted] = await Promise.all([
+    pipelineWithAccess(id),
     api('GET', `${path}/count`),
   ]);
-  const editable = canEdit(permissions);
   const count = h('p#value-count', { 'aria-live': 'polite' }, `${counted.count.toLocaleString('en')} values`);
   const refreshCount = async () => {
     const { count: n } = await api('GET', `${path}/count`);

@@ -91,12 +91,15 @@ pub async fn list_pipelines(
     Ok(Json(state.store.list_readable_pipelines(&caller.0).await?))
 }
 
-/// Read one pipeline (read permission).
+/// Read one pipeline (read permission). The `X-Sluice-Access` header says what the caller
+/// may do to it: `read`, `edit` or `manage` (the console shows only the buttons that work).
 #[utoipa::path(
     get, path = "/api/v1/beam/{config_id}", tag = "pipelines",
     params(("config_id" = String, Path, description = "Pipeline id")),
     responses(
-        (status = 200, description = "The pipeline", body = Pipeline),
+        (status = 200, description = "The pipeline", body = Pipeline, headers(
+            ("X-Sluice-Access" = String, description = "The caller's highest permission on it: `read`, `edit` or `manage`")
+        )),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
         (status = 404, description = "No such pipeline, or no read permission", body = ErrorBody),
@@ -107,11 +110,20 @@ pub async fn get_pipeline(
     State(state): State<AppState>,
     caller: Caller,
     path: PathParams,
-) -> Result<Json<Pipeline>, ApiError> {
+) -> Result<impl axum::response::IntoResponse, ApiError> {
     let config_id = path.get("config_id").to_owned();
-    let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Read).await?;
-    Ok(Json(pipeline))
+    let (pipeline, access) = caller.pipeline(&state, &config_id, Permission::Read).await?;
+    let held = match access.highest() {
+        Some(Permission::Manage) => "manage",
+        Some(Permission::Edit) => "edit",
+        _ => "read",
+    };
+    Ok(([(ACCESS_HEADER, axum::http::HeaderValue::from_static(held))], Json(pipeline)))
 }
+
+/// The response header of `GET /beam/{config_id}` naming the caller's permission.
+pub const ACCESS_HEADER: axum::http::HeaderName =
+    axum::http::HeaderName::from_static("x-sluice-access");
 
 /// Replace a pipeline's editable fields (edit permission). Server-managed fields keep their
 /// values and are ignored if sent. Filter values of transforms that are no longer set filters

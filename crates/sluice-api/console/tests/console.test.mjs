@@ -177,6 +177,21 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     await shot(page, '05b-metrics');
   });
 
+  await t.test('an edit with a mistake shows the 422 under the JSON; fixed, it saves', async () => {
+    await page.goto(pipelineUrl);
+    await page.getByLabel('Pipeline (JSON)').waitFor();
+    const spec = JSON.parse(await page.getByLabel('Pipeline (JSON)').inputValue());
+    await page.getByLabel('Pipeline (JSON)').fill(JSON.stringify({ ...spec, pod_size: 'XXL' }));
+    await page.getByRole('button', { name: 'Save changes' }).click();
+    await page.locator('#edit-json-error', { hasText: 'pod_size' }).waitFor();
+    await shot(page, '05c-edit-422');
+    await page.getByLabel('Pipeline (JSON)').fill(JSON.stringify({ ...spec, description: 'USDC transfers on Base, edited' }));
+    await page.getByRole('button', { name: 'Save changes' }).click();
+    await page.locator('#edit-result', { hasText: 'Saved.' }).waitFor();
+    await page.reload();
+    await page.getByText('USDC transfers on Base, edited', { exact: true }).waitFor();
+  });
+
   await t.test('a set filter made through the JSON body takes 100,000 values from a file', async () => {
     await page.goto(`${base}/#/new`);
     await page.getByRole('heading', { name: 'New pipeline' }).waitFor();
@@ -304,6 +319,21 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
       assert.equal(await reader.getByRole('button', { name, exact: true }).count(), 0, name);
     }
     await shot(reader, '08-reader');
+    await readerContext.close();
+  });
+
+  await t.test('sharing the pipeline with the reader as an editor gives them the buttons', async () => {
+    const rita = await (await fetch(`${base}/api/v1/me`, { headers: { 'X-API-Key': readerKey } })).json();
+    await page.goto(pipelineUrl);
+    await page.getByLabel('Editors (user ids)').fill(rita.user_id);
+    await page.getByRole('button', { name: 'Save sharing' }).click();
+    await page.locator('#share-result', { hasText: 'Sharing saved.' }).waitFor();
+    const readerContext = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+    const reader = await readerContext.newPage();
+    await signIn(reader, readerKey);
+    await reader.goto(pipelineUrl);
+    await reader.getByRole('button', { name: 'Pause' }).waitFor();
+    assert.equal(await reader.getByRole('button', { name: 'Save sharing' }).count(), 0, 'editors do not manage');
     await readerContext.close();
   });
 

@@ -131,6 +131,23 @@ impl Harness {
         (status, value)
     }
 
+    /// `GET path` as `user`: the status and the value of response header `header`.
+    pub async fn get_header(
+        &self,
+        path: &str,
+        user: &User,
+        header: &str,
+    ) -> (StatusCode, Option<String>) {
+        let request = Request::builder()
+            .uri(path)
+            .header("X-API-Key", &user.key)
+            .body(Body::empty())
+            .unwrap();
+        let response = sluice_api::app(self.state.clone()).oneshot(request).await.unwrap();
+        let value = response.headers().get(header).map(|v| v.to_str().unwrap().to_owned());
+        (response.status(), value)
+    }
+
     pub async fn get(&self, path: &str, user: &User) -> (StatusCode, Value) {
         self.call(Method::GET, path, Some(&user.key), None).await
     }

@@ -297,3 +297,20 @@ async fn org_secrets_are_listed_by_members_and_written_only_by_org_admins_and_op
     let (status, _) = w.h.delete("/api/v1/beam/secrets/HOOK", &admin).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
 }
+
+#[tokio::test]
+async fn reading_a_pipeline_tells_the_caller_what_they_may_do_to_it() {
+    let w = World::new().await;
+    let id = w.shared_pipeline().await;
+    let path = format!("/api/v1/beam/{id}");
+    for (user, held) in [
+        (&w.owner, Some("manage")),
+        (&w.editor, Some("edit")),
+        (&w.reader, Some("read")),
+        (&w.viewer, Some("read")),
+        (&w.stranger, None),
+    ] {
+        let (status, header) = w.h.get_header(&path, user, "x-sluice-access").await;
+        assert_eq!(header.as_deref(), held, "{status}");
+    }
+}
