@@ -150,6 +150,7 @@ function renderNav() {
     h('a', { href: '#/' }, 'Pipelines'),
     h('a', { href: '#/new' }, 'New pipeline'),
     h('a', { href: '#/backfills' }, 'Backfills'),
+    h('a', { href: '#/datasets' }, 'Datasets'),
     h('span.who', {}, me.is_operator ? 'operator' : 'member', ' · ', me.organization_id.slice(0, 8)),
     h('button.secondary', { type: 'button', onclick: () => signOut('Signed out.') }, 'Sign out'),
   );
@@ -651,6 +652,105 @@ async function valuesView(id, uid) {
 }
 
 // ---------------------------------------------------------------------------
+// Datasets (the caller's own; scripts read them with beam.contains)
+
+/** Values sent per request when a file is added to a dataset (the API takes 250,000). */
+const DATASET_BATCH = 50000;
+
+async function datasetsView() {
+  const datasets = await api('GET', '/beam/datasets');
+  const name = h('input#dataset-name', { 'aria-describedby': 'dataset-name-error' });
+  const error = h('p.field-error#dataset-name-error', { role: 'alert' });
+  const create = h('form.stack', {
+    'aria-label': 'New dataset',
+    onsubmit: async (event) => {
+      event.preventDefault();
+      error.textContent = '';
+      try {
+        const created = await api('POST', '/beam/datasets', { name: name.value });
+        location.hash = `#/datasets/${encodeURIComponent(created.id)}`;
+      } catch (e) {
+        error.textContent = e.violations.length ? e.violations.map((v) => v.msg).join('\n') : e.message;
+        name.setAttribute('aria-invalid', 'true');
+      }
+    },
+  }, h('label', { for: 'dataset-name' }, 'Name', name), error, h('div', {}, h('button', { type: 'submit' }, 'Create dataset')));
+  show(
+    h('h1', {}, 'Datasets'),
+    h('p.muted', {}, 'Sets of values your scripts look up with beam.contains(name, value).'),
+    datasets.length === 0
+      ? h('p.muted', {}, 'No datasets yet.')
+      : h('div.table-wrap', {}, h('table', { 'aria-label': 'Datasets' },
+        h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th.hide-narrow', {}, 'Created'), h('th', {}, 'Changed'))),
+        h('tbody', {}, datasets.map((d) => h('tr', {},
+          h('td', {}, h('a', { href: `#/datasets/${encodeURIComponent(d.id)}` }, d.name)),
+          h('td.hide-narrow', {}, time(d.created_at)), h('td', {}, time(d.updated_at))))))),
+    h('h2', {}, 'New dataset'),
+    create,
+  );
+}
+
+async function datasetView(id) {
+  const path = `/beam/datasets/${encodeURIComponent(id)}`;
+  const datasets = await api('GET', '/beam/datasets');
+  const dataset = datasets.find((d) => d.id === id);
+  if (!dataset) throw new ApiError(404, { detail: `Dataset ${id} not found` });
+  const total = h('p#entry-count', { 'aria-live': 'polite' });
+  const list = h('ol.tail#entries', { 'aria-label': 'Entries' });
+  const next = h('button.secondary', { type: 'button', disabled: true }, 'Next page');
+  let cursor = null;
+  const page = async (from) => {
+    const answer = await api('GET', `${path}/entries?limit=100${from ? `&cursor=${encodeURIComponent(from)}` : ''}`);
+    total.textContent = `${answer.total_count.toLocaleString('en')} entries`;
+    list.replaceChildren(...answer.values.map((v) => h('li', {}, v)));
+    cursor = answer.cursor;
+    next.disabled = cursor === null;
+  };
+  next.addEventListener('click', () => page(cursor));
+  const file = h('input#entries-file', { type: 'file', accept: '.txt,.csv,text/plain,text/csv' });
+  const progress = h('progress#entries-progress', { max: 1, value: 0, 'aria-label': 'Upload progress' });
+  const status = h('p#entries-status', { 'aria-live': 'polite' });
+  const upload = async () => {
+    if (!file.files.length) return;
+    const values = (await file.files[0].text()).split(/[\r\n,]+/).map((v) => v.trim()).filter(Boolean);
+    progress.max = Math.max(values.length, 1);
+    try {
+      for (let at = 0; at < values.length; at += DATASET_BATCH) {
+        const batch = values.slice(at, at + DATASET_BATCH);
+        await api('POST', `${path}/entries`, { values: batch });
+        progress.value = at + batch.length;
+        status.textContent = `${(at + batch.length).toLocaleString('en')} of ${values.length.toLocaleString('en')} values sent`;
+      }
+      status.textContent = `Done: ${values.length.toLocaleString('en')} values sent.`;
+      await page(null);
+    } catch (e) {
+      status.textContent = `Stopped: ${e.message}`;
+    }
+  };
+  const remove = h('button.danger', {
+    type: 'button',
+    onclick: async () => {
+      if (!confirm(`Delete the dataset ${dataset.name} and every entry of it?`)) return;
+      await api('DELETE', path);
+      location.hash = '#/datasets';
+    },
+  }, 'Delete dataset');
+  show(
+    h('p', {}, h('a', { href: '#/datasets' }, '← Datasets')),
+    h('h1', {}, dataset.name),
+    total,
+    h('h2', {}, 'Add entries from a file'),
+    h('div.actions', {}, h('label', { for: 'entries-file' }, 'File', file), h('button', { type: 'button', onclick: upload }, 'Add entries')),
+    progress, status,
+    h('h2', {}, 'Entries'),
+    h('div.actions', {}, h('button.secondary', { type: 'button', onclick: () => page(null) }, 'First page'), next),
+    list,
+    h('div.actions', {}, remove),
+  );
+  await page(null);
+}
+
+// ---------------------------------------------------------------------------
 // Backfills
 
 /** `<input type="datetime-local">` value, read as UTC, to RFC 3339. */
@@ -835,6 +935,8 @@ async function route() {
     const values = /^#\/p\/([^/]+)\/values\/([^/]+)$/.exec(hash);
     if (hash === '#/new') await newPipelineView();
     else if (hash === '#/backfills') await backfillsView();
+    else if (hash === '#/datasets') await datasetsView();
+    else if (/^#\/datasets\/[^/]+$/.test(hash)) await datasetView(decodeURIComponent(hash.slice('#/datasets/'.length)));
     else if (hash === '#/backfills/new') await newBackfillView();
     else if (values) await valuesView(decodeURIComponent(values[1]), decodeURIComponent(values[2]));
     else if (pipeline) await pipelineView(decodeURIComponent(pipeline[1]));

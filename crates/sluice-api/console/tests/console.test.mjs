@@ -297,6 +297,33 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     await page.locator('#replay-result', { hasText: '2 replayed, 0 delivered, 2 failed again' }).waitFor();
   });
 
+  await t.test('a dataset is created, filled from a file, paged and deleted', async () => {
+    await page.getByRole('link', { name: 'Datasets', exact: true }).click();
+    await page.getByRole('heading', { name: 'Datasets' }).waitFor();
+    await page.getByLabel('Name').fill('vips');
+    await page.getByRole('button', { name: 'Create dataset' }).click();
+    await page.getByRole('heading', { name: 'vips' }).waitFor();
+    const file = join(out, 'vips.csv');
+    writeFileSync(file, Array.from({ length: 250 }, (_, i) => `0xVIP${String(i).padStart(3, '0')}`).join(','));
+    await page.locator('#entries-file').setInputFiles(file);
+    await page.getByRole('button', { name: 'Add entries' }).click();
+    await page.locator('#entries-status', { hasText: 'Done: 250 values sent.' }).waitFor();
+    await page.locator('#entry-count', { hasText: '250 entries' }).waitFor();
+    assert.equal(await page.locator('#entries li').first().textContent(), '0xvip000', 'lowercased');
+    await page.getByRole('button', { name: 'Next page' }).click();
+    await page.locator('#entries li', { hasText: '0xvip100' }).first().waitFor();
+    await shot(page, '08-dataset');
+    // A second one with the same name is refused next to the field.
+    await page.getByRole('link', { name: 'Datasets', exact: true }).click();
+    await page.getByLabel('Name').fill('vips');
+    await page.getByRole('button', { name: 'Create dataset' }).click();
+    await page.locator('#dataset-name-error').filter({ hasText: /./ }).waitFor();
+    await page.getByRole('link', { name: 'vips' }).click();
+    page.once('dialog', (dialog) => dialog.accept());
+    await page.getByRole('button', { name: 'Delete dataset' }).click();
+    await page.getByText('No datasets yet.').waitFor();
+  });
+
   await t.test('keyboard alone reaches the lifecycle buttons', async () => {
     await page.goto(`${base}/#/`);
     await page.getByRole('link', { name: 'usdc watch' }).waitFor();
