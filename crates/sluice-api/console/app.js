@@ -151,6 +151,7 @@ function renderNav() {
     h('a', { href: '#/new' }, 'New pipeline'),
     h('a', { href: '#/backfills' }, 'Backfills'),
     h('a', { href: '#/datasets' }, 'Datasets'),
+    h('a', { href: '#/prices' }, 'Prices'),
     h('span.who', {}, me.is_operator ? 'operator' : 'member', ' · ', me.organization_id.slice(0, 8)),
     h('button.secondary', { type: 'button', onclick: () => signOut('Signed out.') }, 'Sign out'),
   );
@@ -751,6 +752,98 @@ async function datasetView(id) {
 }
 
 // ---------------------------------------------------------------------------
+// Token prices (the developer price API)
+
+const RANGES = { '1h': 3600e3, '1d': 86400e3, '1w': 7 * 86400e3 };
+
+async function pricesView() {
+  const chain = h('input#price-chain', { value: 'base', 'aria-describedby': 'price-error' });
+  const token = h('input#price-token', { placeholder: '0x…', 'aria-describedby': 'price-error' });
+  const granularity = h('select#price-granularity', {}, ['15s', '1m', '5m', '1h', '1d'].map((g) => h('option', { value: g }, g)));
+  granularity.value = '1m';
+  const range = h('select#price-range', {}, Object.keys(RANGES).map((r) => h('option', { value: r }, `last ${r}`)));
+  const error = h('p.field-error#price-error', { role: 'alert' });
+  const latest = h('div#latest-price', { 'aria-live': 'polite' });
+  const chart = h('div#candles');
+  const form = h('form.stack', {
+    'aria-label': 'Token price',
+    onsubmit: async (event) => {
+      event.preventDefault();
+      error.textContent = '';
+      latest.replaceChildren();
+      chart.replaceChildren();
+      const address = { chain: chain.value.trim(), token_address: token.value.trim() };
+      try {
+        const now = Date.now();
+        const [current, history] = await Promise.all([
+          api('POST', '/developer/prices', [address]),
+          api('POST', '/developer/prices/history', {
+            addresses: [address], time_granularity: granularity.value,
+            start_timestamp: new Date(now - RANGES[range.value]).toISOString(), end_timestamp: new Date(now).toISOString(),
+          }),
+        ]);
+        const item = current.items[0];
+        latest.replaceChildren(item
+          ? h('p', {}, h('strong', {}, `$${item.price.toPrecision(6)}`), ` · open ${item.open} · high ${item.high} · low ${item.low} · close ${item.close} · at ${time(item.timestamp)}`)
+          : h('p.muted', {}, 'No trade of this token in the retained minutes.'));
+        const points = history.items[0]?.prices || [];
+        if (!points.length) {
+          chart.replaceChildren(h('p.muted', {}, 'No candles in this range.'));
+          return;
+        }
+        drawCandles(chart, points);
+      } catch (e) {
+        error.textContent = e.violations.length ? e.violations.map((v) => `${(v.loc || []).join('.')}: ${v.msg}`).join('\n') : e.message;
+      }
+    },
+  },
+  h('label', { for: 'price-chain' }, 'Chain', chain),
+  h('label', { for: 'price-token' }, 'Token address', token),
+  h('label', { for: 'price-granularity' }, 'Candle', granularity),
+  h('label', { for: 'price-range' }, 'Range', range),
+  error,
+  h('div', {}, h('button', { type: 'submit' }, 'Look up')));
+  show(h('h1', {}, 'Token prices'), form, latest, chart);
+  token.focus();
+}
+
+/** Candlesticks of `points` (`{timestamp, open, high, low, close}`), drawn on a uPlot chart. */
+function drawCandles(into, points) {
+  const xs = points.map((p) => Date.parse(p.timestamp) / 1000);
+  const column = (key) => points.map((p) => p[key]);
+  const [open, high, low, close] = ['open', 'high', 'low', 'close'].map(column);
+  const candles = (u) => {
+    const { ctx } = u;
+    const step = xs.length > 1 ? (u.valToPos(xs[1], 'x', true) - u.valToPos(xs[0], 'x', true)) : 12;
+    const half = Math.max(1, Math.min(8, step * 0.35));
+    ctx.save();
+    for (let i = 0; i < xs.length; i++) {
+      const x = u.valToPos(xs[i], 'x', true);
+      const [o, h2, l, c] = [open[i], high[i], low[i], close[i]].map((v) => u.valToPos(v, 'y', true));
+      ctx.strokeStyle = ctx.fillStyle = close[i] >= open[i] ? '#067647' : '#b42318';
+      ctx.beginPath();
+      ctx.moveTo(x, h2);
+      ctx.lineTo(x, l);
+      ctx.stroke();
+      ctx.fillRect(x - half, Math.min(o, c), half * 2, Math.max(1, Math.abs(c - o)));
+    }
+    ctx.restore();
+  };
+  const width = Math.max(300, Math.min(main.clientWidth - 40, 1060));
+  into.replaceChildren();
+  const figure = h('figure.chart#candle-chart', { 'data-candles': String(points.length) }, h('figcaption', {}, `${points.length} candles, USD`));
+  into.append(figure);
+  // eslint-disable-next-line no-undef
+  new uPlot({
+    width, height: 260, legend: { show: false },
+    scales: { x: { time: true }, y: { range: () => [Math.min(...low) * 0.995, Math.max(...high) * 1.005] } },
+    series: [{}, { label: 'close', stroke: 'transparent', points: { show: false } }],
+    axes: [{}, { size: 70 }],
+    hooks: { draw: [candles] },
+  }, [xs, close], figure);
+}
+
+// ---------------------------------------------------------------------------
 // Backfills
 
 /** `<input type="datetime-local">` value, read as UTC, to RFC 3339. */
@@ -936,6 +1029,7 @@ async function route() {
     if (hash === '#/new') await newPipelineView();
     else if (hash === '#/backfills') await backfillsView();
     else if (hash === '#/datasets') await datasetsView();
+    else if (hash === '#/prices') await pricesView();
     else if (/^#\/datasets\/[^/]+$/.test(hash)) await datasetView(decodeURIComponent(hash.slice('#/datasets/'.length)));
     else if (hash === '#/backfills/new') await newBackfillView();
     else if (values) await valuesView(decodeURIComponent(values[1]), decodeURIComponent(values[2]));

@@ -324,6 +324,38 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     await page.getByText('No datasets yet.').waitFor();
   });
 
+  await t.test("a token's price and its candles", async () => {
+    // Trades of a token over the last ten minutes, one a minute, the price rising.
+    const token = '0x' + 'c'.repeat(40);
+    const minute = 60e3;
+    const start = Math.floor(Date.now() / minute) * minute - 10 * minute;
+    const lines = [];
+    for (let i = 0; i < 10; i++) {
+      lines.push(JSON.stringify({
+        chain: 'base', token_address: token, token_decimals: 6, token_amount: '100', usd_amount: String(100 * (1 + i / 10)),
+        pool_address: '0x' + 'a'.repeat(40), token_reserve: '1000', block_number: 50_000_000 + i,
+        block_timestamp: new Date(start + i * minute + 5e3).toISOString(), transaction_hash: '0x' + (7000 + i).toString(16).padStart(64, '0'), log_index: 1,
+      }));
+    }
+    const response = await fetch(`${base}/api/v1/streams/base/dex_trade/records`, {
+      method: 'POST', headers: { 'X-API-Key': ownerKey }, body: lines.join('\n') + '\n',
+    });
+    assert.equal(response.status, 200, await response.text());
+    await page.getByRole('link', { name: 'Prices' }).click();
+    await page.getByLabel('Token address').fill(token);
+    for (let i = 0; ; i++) {
+      await page.getByRole('button', { name: 'Look up' }).click();
+      // Each look-up answers with a price (or says there is none) or an error.
+      await page.waitForFunction(() => document.querySelector('#latest-price')?.childElementCount
+        || document.querySelector('#price-error')?.textContent);
+      if (await page.locator('#candle-chart[data-candles="10"]').count()) break;
+      assert.ok(i < 100, `the candles never showed: ${await page.locator('main').textContent()}`);
+      await new Promise((r) => setTimeout(r, 300));
+    }
+    await page.locator('#latest-price', { hasText: '$1.90000' }).waitFor();
+    await shot(page, '10-prices');
+  });
+
   await t.test('keyboard alone reaches the lifecycle buttons', async () => {
     await page.goto(`${base}/#/`);
     await page.getByRole('link', { name: 'usdc watch' }).waitFor();
