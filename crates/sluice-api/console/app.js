@@ -89,6 +89,17 @@ function h(spec, attrs = {}, ...children) {
   return el;
 }
 
+/**
+ * Bumped by every route: a view's late answers (it awaited the API while the user moved on)
+ * must not replace the newer view's page.
+ */
+let generation = 0;
+
+/** `show`, unless a newer route started since `gen`. */
+function showIf(gen, ...nodes) {
+  if (gen === generation) show(...nodes);
+}
+
 function show(...nodes) {
   for (const cleanup of leaving) cleanup();
   leaving = [];
@@ -97,6 +108,43 @@ function show(...nodes) {
 
 function notice(text, kind = '') {
   return h(`div.notice${kind ? '.' + kind : ''}`, { role: kind === 'error' ? 'alert' : 'status' }, text);
+}
+
+/** A labelled control with its hint and the slot its 422 message goes to (`<id>-error`). */
+function field(id, label, control, hint) {
+  return h('div', {},
+    h('label', { for: id }, label, control),
+    hint ? h('p.muted', {}, hint) : null,
+    h('p.field-error', { id: `${id}-error`, role: 'alert' }));
+}
+
+/**
+ * Sends the values of the file chosen in `file` (split on new lines and commas) in batches
+ * of `batchSize` through `send(batch)`, moving `progress` and saying how far it got in
+ * `status`; `send` answers how many values were new, or null when the API does not say.
+ */
+async function uploadValues(file, batchSize, send, progress, status) {
+  if (!file.files.length) return false;
+  const values = (await file.files[0].text()).split(/[\r\n,]+/).map((v) => v.trim()).filter(Boolean);
+  progress.max = Math.max(values.length, 1);
+  progress.value = 0;
+  let added = 0;
+  const total = values.length.toLocaleString('en');
+  const news = (n) => (n === null ? '' : `, ${n.toLocaleString('en')} new`);
+  try {
+    for (let at = 0; at < values.length; at += batchSize) {
+      const batch = values.slice(at, at + batchSize);
+      const fresh = await send(batch);
+      added = fresh === null || added === null ? null : added + fresh;
+      progress.value = at + batch.length;
+      status.textContent = `${(at + batch.length).toLocaleString('en')} of ${total} values sent${news(added)}`;
+    }
+    status.textContent = `Done: ${total} values sent${news(added)}.`;
+    return true;
+  } catch (e) {
+    status.textContent = `Stopped at ${progress.value.toLocaleString('en')} of ${total}: ${e.message}`;
+    return false;
+  }
 }
 
 function time(text) {
@@ -161,7 +209,8 @@ function renderNav() {
 // Views
 
 async function pipelinesView() {
-  show(h('h1', {}, 'Pipelines'), h('p.muted', {}, 'Loading…'));
+  const gen = generation;
+  showIf(gen, h('h1', {}, 'Pipelines'), h('p.muted', {}, 'Loading…'));
   const pipelines = await api('GET', '/beam');
   const rows = pipelines.map((p) => {
     const source = p.pipeline_config.source;
@@ -172,7 +221,7 @@ async function pipelinesView() {
       h('td.hide-narrow', {}, sinks),
       h('td.hide-narrow', {}, time(p.created_at)));
   });
-  show(
+  showIf(gen, 
     h('h1', {}, 'Pipelines'),
     h('div.actions', {}, h('a', { href: '#/new' }, 'New pipeline')),
     pipelines.length === 0
@@ -200,12 +249,9 @@ function fieldOf(loc) {
 }
 
 async function newPipelineView() {
-  show(h('h1', {}, 'New pipeline'), h('p.muted', {}, 'Loading sources…'));
+  const gen = generation;
+  showIf(gen, h('h1', {}, 'New pipeline'), h('p.muted', {}, 'Loading sources…'));
   const { sources } = await api('GET', '/beam/sources');
-  const field = (id, label, control, hint) => h('div', {},
-    h('label', { for: id }, label, control),
-    hint ? h('p.muted', {}, hint) : null,
-    h('p.field-error', { id: `${id}-error`, role: 'alert' }));
   const name = h('input#name', { name: 'name', 'aria-describedby': 'name-error' });
   const description = h('input#description', { name: 'description', 'aria-describedby': 'description-error' });
   const source = h('select#source', { name: 'source', 'aria-describedby': 'source-error' },
@@ -289,7 +335,7 @@ async function newPipelineView() {
     field('json', 'Request body', json)),
   status,
   h('div', {}, h('button', { type: 'submit' }, 'Create pipeline')));
-  show(h('h1', {}, 'New pipeline'), form);
+  showIf(gen, h('h1', {}, 'New pipeline'), form);
   name.focus();
 }
 
@@ -301,7 +347,8 @@ async function pipelineWithAccess(id) {
 }
 
 async function pipelineView(id) {
-  show(h('h1', {}, 'Pipeline'), h('p.muted', {}, 'Loading…'));
+  const gen = generation;
+  showIf(gen, h('h1', {}, 'Pipeline'), h('p.muted', {}, 'Loading…'));
   const path = `/beam/${encodeURIComponent(id)}`;
   const [{ pipeline, editable, manages }, stats] = await Promise.all([
     pipelineWithAccess(id),
@@ -339,7 +386,7 @@ async function pipelineView(id) {
         h('a', { href: `#/p/${encodeURIComponent(id)}/values/${encodeURIComponent(t.uid)}` }, 'filter values')]
       : 'v8 script'));
   const tail = h('ol.tail#tail', { 'aria-label': 'Records arriving in the sink' });
-  show(
+  showIf(gen, 
     h('h1', {}, pipeline.name),
     h('p', {}, h('span.badge' + (running ? '.running' : ''), {}, running ? `running · ${health.healthy_workers}/${health.total_workers} workers healthy` : 'not running'),
       ' ', h('span.muted', {}, `${source.chain}.${source.entity}${source.is_zerolag ? '.zerolag' : ''} · ${pipeline.pod_size} · ${pipeline.delivery_guarantee}`)),
@@ -564,6 +611,7 @@ function logsSection(path) {
 const UPLOAD_BATCH = 20000;
 
 async function valuesView(id, uid) {
+  const gen = generation;
   const path = `/beam/${encodeURIComponent(id)}/transforms/${encodeURIComponent(uid)}/filter-values`;
   const [{ pipeline, editable }, counted] = await Promise.all([
     pipelineWithAccess(id),
@@ -580,25 +628,10 @@ async function valuesView(id, uid) {
   const progress = h('progress#upload-progress', { max: 1, value: 0, 'aria-label': 'Upload progress' });
   const uploadStatus = h('p#upload-status', { 'aria-live': 'polite' });
   const upload = async () => {
-    if (!file.files.length) return;
-    const text = await file.files[0].text();
-    const values = text.split(/[\r\n,]+/).map((v) => v.trim()).filter((v) => v.length > 0);
-    progress.max = Math.max(values.length, 1);
-    progress.value = 0;
-    let added = 0;
-    try {
-      for (let at = 0; at < values.length; at += UPLOAD_BATCH) {
-        const batch = values.slice(at, at + UPLOAD_BATCH);
-        const answer = await api('POST', path, { values: batch });
-        added += answer.added;
-        progress.value = at + batch.length;
-        uploadStatus.textContent = `${(at + batch.length).toLocaleString('en')} of ${values.length.toLocaleString('en')} values sent, ${added.toLocaleString('en')} new`;
-      }
-      uploadStatus.textContent = `Done: ${values.length.toLocaleString('en')} values sent, ${added.toLocaleString('en')} new.`;
+    const send = async (values) => (await api('POST', path, { values })).added;
+    if (await uploadValues(file, UPLOAD_BATCH, send, progress, uploadStatus)) {
       await refreshCount();
       await page(null);
-    } catch (e) {
-      uploadStatus.textContent = `Stopped at ${progress.value.toLocaleString('en')} of ${values.length.toLocaleString('en')}: ${e.message}`;
     }
   };
 
@@ -631,7 +664,7 @@ async function valuesView(id, uid) {
   };
   next.addEventListener('click', () => page(nextCursor));
 
-  show(
+  showIf(gen, 
     h('p', {}, h('a', { href: `#/p/${encodeURIComponent(id)}` }, `← ${pipeline.name}`)),
     h('h1', {}, `Filter values of ${uid}`),
     count,
@@ -659,6 +692,7 @@ async function valuesView(id, uid) {
 const DATASET_BATCH = 50000;
 
 async function datasetsView() {
+  const gen = generation;
   const datasets = await api('GET', '/beam/datasets');
   const name = h('input#dataset-name', { 'aria-describedby': 'dataset-name-error' });
   const error = h('p.field-error#dataset-name-error', { role: 'alert' });
@@ -676,7 +710,7 @@ async function datasetsView() {
       }
     },
   }, h('label', { for: 'dataset-name' }, 'Name', name), error, h('div', {}, h('button', { type: 'submit' }, 'Create dataset')));
-  show(
+  showIf(gen, 
     h('h1', {}, 'Datasets'),
     h('p.muted', {}, 'Sets of values your scripts look up with beam.contains(name, value).'),
     datasets.length === 0
@@ -692,6 +726,7 @@ async function datasetsView() {
 }
 
 async function datasetView(id) {
+  const gen = generation;
   const path = `/beam/datasets/${encodeURIComponent(id)}`;
   const datasets = await api('GET', '/beam/datasets');
   const dataset = datasets.find((d) => d.id === id);
@@ -712,21 +747,11 @@ async function datasetView(id) {
   const progress = h('progress#entries-progress', { max: 1, value: 0, 'aria-label': 'Upload progress' });
   const status = h('p#entries-status', { 'aria-live': 'polite' });
   const upload = async () => {
-    if (!file.files.length) return;
-    const values = (await file.files[0].text()).split(/[\r\n,]+/).map((v) => v.trim()).filter(Boolean);
-    progress.max = Math.max(values.length, 1);
-    try {
-      for (let at = 0; at < values.length; at += DATASET_BATCH) {
-        const batch = values.slice(at, at + DATASET_BATCH);
-        await api('POST', `${path}/entries`, { values: batch });
-        progress.value = at + batch.length;
-        status.textContent = `${(at + batch.length).toLocaleString('en')} of ${values.length.toLocaleString('en')} values sent`;
-      }
-      status.textContent = `Done: ${values.length.toLocaleString('en')} values sent.`;
-      await page(null);
-    } catch (e) {
-      status.textContent = `Stopped: ${e.message}`;
-    }
+    const send = async (values) => {
+      await api('POST', `${path}/entries`, { values });
+      return null;
+    };
+    if (await uploadValues(file, DATASET_BATCH, send, progress, status)) await page(null);
   };
   const remove = h('button.danger', {
     type: 'button',
@@ -736,7 +761,7 @@ async function datasetView(id) {
       location.hash = '#/datasets';
     },
   }, 'Delete dataset');
-  show(
+  showIf(gen, 
     h('p', {}, h('a', { href: '#/datasets' }, '← Datasets')),
     h('h1', {}, dataset.name),
     total,
@@ -757,6 +782,7 @@ async function datasetView(id) {
 const RANGES = { '1h': 3600e3, '1d': 86400e3, '1w': 7 * 86400e3 };
 
 async function pricesView() {
+  const gen = generation;
   const chain = h('input#price-chain', { value: 'base', 'aria-describedby': 'price-error' });
   const token = h('input#price-token', { placeholder: '0x…', 'aria-describedby': 'price-error' });
   const granularity = h('select#price-granularity', {}, ['15s', '1m', '5m', '1h', '1d'].map((g) => h('option', { value: g }, g)));
@@ -803,7 +829,7 @@ async function pricesView() {
   h('label', { for: 'price-range' }, 'Range', range),
   error,
   h('div', {}, h('button', { type: 'submit' }, 'Look up')));
-  show(h('h1', {}, 'Token prices'), form, latest, chart);
+  showIf(gen, h('h1', {}, 'Token prices'), form, latest, chart);
   token.focus();
 }
 
@@ -851,6 +877,7 @@ const utc = (local) => (local ? `${local.length === 16 ? local + ':00' : local}Z
 const localValue = (date) => date.toISOString().slice(0, 16);
 
 async function backfillsView() {
+  const gen = generation;
   const jobs = await api('GET', '/beam/backfills');
   const rows = jobs.slice().reverse().map((job) => {
     const total = job.num_chunks;
@@ -875,7 +902,7 @@ async function backfillsView() {
         },
       }, 'Cancel') : time(job.time_completed)));
   });
-  show(
+  showIf(gen, 
     h('h1', {}, 'Backfills'),
     h('div.actions', {}, h('a', { href: '#/backfills/new' }, 'New backfill')),
     jobs.length === 0
@@ -904,11 +931,8 @@ const BACKFILL_FIELDS = [
 ];
 
 async function newBackfillView() {
+  const gen = generation;
   const tables = (await api('GET', '/beam/backfills/tables')).filter((t) => t.backfillable);
-  const field = (id, label, control, hint) => h('div', {},
-    h('label', { for: id }, label, control),
-    hint ? h('p.muted', {}, hint) : null,
-    h('p.field-error', { id: `${id}-error`, role: 'alert' }));
   const jobName = h('input#job-name', { 'aria-describedby': 'job-name-error' });
   const table = h('select#table', { 'aria-describedby': 'table-error' },
     tables.map((t) => h('option', { value: t.name }, `${t.name} (${t.row_count.toLocaleString('en')} rows)`)));
@@ -969,7 +993,7 @@ async function newBackfillView() {
   field('destination', 'Managed sink name', destination, 'Rows go to a managed topic, one message per row.'),
   status,
   h('div', {}, h('button', { type: 'submit' }, 'Start backfill')));
-  show(h('p', {}, h('a', { href: '#/backfills' }, '← Backfills')), h('h1', {}, 'New backfill'), form);
+  showIf(gen, h('p', {}, h('a', { href: '#/backfills' }, '← Backfills')), h('h1', {}, 'New backfill'), form);
   jobName.focus();
 }
 
@@ -984,6 +1008,8 @@ function startTail(path, list) {
         signal: controller.signal,
       });
       if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
+      // Following from here on: records delivered from now appear.
+      list.dataset.live = 'true';
       const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
       let buffer = '';
       for (;;) {
@@ -1019,6 +1045,8 @@ function startTail(path, list) {
 // Routing
 
 async function route() {
+  generation += 1;
+  const gen = generation;
   if (!apiKey()) return signIn();
   try {
     if (!me) me = await api('GET', '/me');
@@ -1038,7 +1066,7 @@ async function route() {
     if (document.activeElement === document.body) main.focus({ preventScroll: true });
   } catch (e) {
     if (e.status === 401) return;
-    show(h('h1', {}, 'Something went wrong'), notice(e.message, 'error'));
+    showIf(gen, h('h1', {}, 'Something went wrong'), notice(e.message, 'error'));
   }
 }
 

@@ -148,7 +148,8 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
   await t.test('deploy, see records arrive live, pause and resume', async () => {
     await page.getByRole('button', { name: 'Deploy' }).click();
     await page.locator('.badge.running').waitFor();
-    await page.locator('#tail').waitFor();
+    // The tail follows from its start: ingest once it is connected.
+    await page.locator('#tail[data-live="true"]').waitFor();
     await ingest(0, 25);
     await page.locator('#tail li').nth(24).waitFor({ timeout: 30_000 });
     const shown = await page.locator('#tail li').allTextContents();
@@ -160,6 +161,7 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     assert.equal(await page.locator('.badge.running').count(), 0);
     await page.getByRole('button', { name: 'Deploy' }).click();
     await page.locator('.badge.running').waitFor();
+    await page.locator('#tail[data-live="true"]').waitFor();
     await ingest(25, 30);
     await page.locator('#tail li', { hasText: '"n":29' }).waitFor({ timeout: 30_000 });
     await shot(page, '05-resumed');
@@ -282,6 +284,7 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     await page.goto(`${base}/#/p/${created.id}`);
     await page.getByRole('button', { name: 'Deploy' }).click();
     await page.locator('.badge.running').waitFor();
+    await page.locator('#tail[data-live="true"]').waitFor();
     await ingest(100, 110);
     for (let i = 0; ; i++) {
       await page.getByRole('button', { name: 'Refresh dead letters' }).click();
