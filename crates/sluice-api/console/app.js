@@ -200,6 +200,7 @@ function renderNav() {
     h('a', { href: '#/backfills' }, 'Backfills'),
     h('a', { href: '#/datasets' }, 'Datasets'),
     h('a', { href: '#/prices' }, 'Prices'),
+    h('a', { href: '#/secrets' }, 'Secrets'),
     h('span.who', {}, me.is_operator ? 'operator' : 'member', ' · ', me.organization_id.slice(0, 8)),
     h('button.secondary', { type: 'button', onclick: () => signOut('Signed out.') }, 'Sign out'),
   );
@@ -777,6 +778,65 @@ async function datasetView(id) {
 }
 
 // ---------------------------------------------------------------------------
+// Organization secrets (sinks name them; values are never shown again)
+
+async function secretsView() {
+  const gen = generation;
+  const secrets = await api('GET', '/beam/secrets');
+  const manager = me.is_operator || me.is_org_admin;
+  const name = h('input#secret-name', { autocomplete: 'off', 'aria-describedby': 'secret-name-error' });
+  const value = h('input#secret-value', { type: 'password', autocomplete: 'new-password', 'aria-describedby': 'secret-value-error' });
+  const result = h('div#secret-result', { 'aria-live': 'polite' });
+  const form = h('form.stack', {
+    'aria-label': 'Set a secret',
+    onsubmit: async (event) => {
+      event.preventDefault();
+      for (const el of main.querySelectorAll('.field-error')) el.textContent = '';
+      try {
+        await api('PUT', `/beam/secrets/${encodeURIComponent(name.value)}`, { value: value.value });
+        value.value = '';
+        await secretsView();
+        document.getElementById('secret-result').replaceChildren(notice(`Secret ${name.value} stored.`, 'ok'));
+      } catch (e) {
+        for (const v of e.violations) {
+          const id = (v.loc || []).includes('value') ? 'secret-value' : 'secret-name';
+          document.getElementById(`${id}-error`).textContent = v.msg;
+        }
+        if (!e.violations.length) result.replaceChildren(notice(e.message, 'error'));
+      }
+    },
+  },
+  field('secret-name', 'Name', name, 'Letters, digits, ".", "_" and "-".'),
+  field('secret-value', 'Value', value, 'Stored encrypted; nobody can read it back, only replace or delete it.'),
+  h('div', {}, h('button', { type: 'submit' }, 'Store secret')));
+  const remove = (secret) => h('button.danger', {
+    type: 'button',
+    onclick: async () => {
+      if (!confirm(`Delete the secret ${secret}? Sinks naming it stop working at their next deploy.`)) return;
+      try {
+        await api('DELETE', `/beam/secrets/${encodeURIComponent(secret)}`);
+        await secretsView();
+      } catch (e) {
+        result.replaceChildren(notice(e.message, 'error'));
+      }
+    },
+  }, `Delete ${secret}`);
+  showIf(gen,
+    h('h1', {}, 'Secrets'),
+    h('p.muted', {}, 'Credentials and signing keys that sinks name (webhook hash_key, Kafka, NATS and SNS credentials).'),
+    secrets.length === 0
+      ? h('p.muted', {}, 'No secrets yet.')
+      : h('div.table-wrap', {}, h('table', { 'aria-label': 'Secrets' },
+        h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th', {}, 'Changed'), h('th', {}, ''))),
+        h('tbody', {}, secrets.map((secret) => h('tr', {},
+          h('td', {}, secret.name), h('td', {}, time(secret.updated_at)),
+          h('td', {}, manager ? remove(secret.name) : null)))))),
+    manager ? h('h2', {}, 'Set a secret') : h('p.muted#secrets-read-only', {}, 'Organization admins and operators manage secrets.'),
+    manager ? form : null,
+    result);
+}
+
+// ---------------------------------------------------------------------------
 // Token prices (the developer price API)
 
 const RANGES = { '1h': 3600e3, '1d': 86400e3, '1w': 7 * 86400e3 };
@@ -1058,6 +1118,7 @@ async function route() {
     else if (hash === '#/backfills') await backfillsView();
     else if (hash === '#/datasets') await datasetsView();
     else if (hash === '#/prices') await pricesView();
+    else if (hash === '#/secrets') await secretsView();
     else if (/^#\/datasets\/[^/]+$/.test(hash)) await datasetView(decodeURIComponent(hash.slice('#/datasets/'.length)));
     else if (hash === '#/backfills/new') await newBackfillView();
     else if (values) await valuesView(decodeURIComponent(values[1]), decodeURIComponent(values[2]));

@@ -359,6 +359,31 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     await shot(page, '10-prices');
   });
 
+  await t.test('a secret is stored, listed without its value, and deleted; members only read', async () => {
+    await page.getByRole('link', { name: 'Secrets' }).click();
+    await page.getByRole('heading', { name: 'Secrets' }).waitFor();
+    await page.getByLabel('Name').fill('bad name!');
+    await page.getByLabel('Value').fill('s3cr3t-value');
+    await page.getByRole('button', { name: 'Store secret' }).click();
+    await page.locator('#secret-name-error').filter({ hasText: /./ }).waitFor();
+    await page.getByLabel('Name').fill('HOOK_KEY');
+    await page.getByRole('button', { name: 'Store secret' }).click();
+    await page.locator('#secret-result', { hasText: 'Secret HOOK_KEY stored.' }).waitFor();
+    await page.locator('table[aria-label="Secrets"]', { hasText: 'HOOK_KEY' }).waitFor();
+    assert.equal(await page.getByText('s3cr3t-value').count(), 0, 'the value is never shown');
+    assert.equal(await page.getByLabel('Value').inputValue(), '', 'nor kept in the form');
+    const readerContext = await browser.newContext();
+    const reader = await readerContext.newPage();
+    await signIn(reader, readerKey);
+    await reader.goto(`${base}/#/secrets`);
+    await reader.locator('#secrets-read-only').waitFor();
+    assert.equal(await reader.getByRole('button', { name: 'Delete HOOK_KEY' }).count(), 0);
+    await readerContext.close();
+    page.once('dialog', (dialog) => dialog.accept());
+    await page.getByRole('button', { name: 'Delete HOOK_KEY' }).click();
+    await page.getByText('No secrets yet.').waitFor();
+  });
+
   await t.test('keyboard alone reaches the lifecycle buttons', async () => {
     await page.goto(`${base}/#/`);
     await page.getByRole('link', { name: 'usdc watch' }).waitFor();
