@@ -249,10 +249,15 @@ function fieldOf(loc) {
   return 'json';
 }
 
-async function newPipelineView() {
+/** The pipeline form: a new pipeline, or (with `id`) the form's fields of an existing one. */
+async function pipelineFormView(id = null) {
   const gen = generation;
-  showIf(gen, h('h1', {}, 'New pipeline'), h('p.muted', {}, 'Loading sources…'));
-  const { sources } = await api('GET', '/beam/sources');
+  const title = id ? 'Edit pipeline' : 'New pipeline';
+  showIf(gen, h('h1', {}, title), h('p.muted', {}, 'Loading…'));
+  const [{ sources }, existing] = await Promise.all([
+    api('GET', '/beam/sources'),
+    id ? pipelineWithAccess(id).then((found) => found.pipeline) : Promise.resolve(null),
+  ]);
   const name = h('input#name', { name: 'name', 'aria-describedby': 'name-error' });
   const description = h('input#description', { name: 'description', 'aria-describedby': 'description-error' });
   const source = h('select#source', { name: 'source', 'aria-describedby': 'source-error' },
@@ -263,15 +268,24 @@ async function newPipelineView() {
   const useJson = h('input#use-json', { type: 'checkbox' });
   const status = h('div#form-status');
 
+  // Editing keeps what the form has no field for (transforms, other sinks, sizes), and the
+  // first managed sink's uid.
+  const managedIndex = existing ? existing.pipeline_config.sinks.findIndex((s) => s.type === 'kafka') : -1;
   const body = () => {
     const [chain, entity] = source.value.split('/');
+    const sinks = existing ? existing.pipeline_config.sinks.map((s) => ({ ...s })) : [{ type: 'kafka', name: '' }];
+    sinks[Math.max(managedIndex, 0)].name = sinkName.value;
     return {
+      ...(existing ? {
+        tags: existing.tags, static_egress_ip: existing.static_egress_ip,
+        pod_size: existing.pod_size, delivery_guarantee: existing.delivery_guarantee,
+      } : {}),
       name: name.value,
       description: description.value,
       pipeline_config: {
         source: { chain, entity, is_zerolag: zerolag.checked },
-        transforms: [],
-        sinks: [{ type: 'kafka', name: sinkName.value }],
+        transforms: existing ? existing.pipeline_config.transforms : [],
+        sinks,
       },
     };
   };
@@ -280,8 +294,17 @@ async function newPipelineView() {
   };
   for (const control of [name, description, source, zerolag, sinkName]) control.addEventListener('input', sync);
   useJson.addEventListener('change', sync);
-  const preferred = sources.find((s) => s.chain === 'base' && s.entity === 'erc20_token_transfer');
-  if (preferred) source.value = `${preferred.chain}/${preferred.entity}`;
+  if (existing) {
+    const from = existing.pipeline_config.source;
+    name.value = existing.name;
+    description.value = existing.description || '';
+    source.value = `${from.chain}/${from.entity}`;
+    zerolag.checked = from.is_zerolag;
+    sinkName.value = existing.pipeline_config.sinks[Math.max(managedIndex, 0)]?.name || '';
+  } else {
+    const preferred = sources.find((s) => s.chain === 'base' && s.entity === 'erc20_token_transfer');
+    if (preferred) source.value = `${preferred.chain}/${preferred.entity}`;
+  }
   sync();
 
   const clearErrors = () => {
@@ -290,7 +313,7 @@ async function newPipelineView() {
     status.replaceChildren();
   };
   const form = h('form.stack', {
-    'aria-label': 'New pipeline',
+    'aria-label': title,
     onsubmit: async (event) => {
       event.preventDefault();
       clearErrors();
@@ -303,8 +326,10 @@ async function newPipelineView() {
         return;
       }
       try {
-        const created = await api('POST', '/beam', request);
-        location.hash = `#/p/${encodeURIComponent(created.id)}`;
+        const saved = id
+          ? await api('PUT', `/beam/${encodeURIComponent(id)}`, request)
+          : await api('POST', '/beam', request);
+        location.hash = `#/p/${encodeURIComponent(saved.id)}`;
       } catch (e) {
         if (!e.violations.length) {
           status.replaceChildren(notice(e.message, 'error'));
@@ -335,8 +360,8 @@ async function newPipelineView() {
     h('label.check', { for: 'use-json' }, useJson, 'send this JSON instead of the form'),
     field('json', 'Request body', json)),
   status,
-  h('div', {}, h('button', { type: 'submit' }, 'Create pipeline')));
-  showIf(gen, h('h1', {}, 'New pipeline'), form);
+  h('div', {}, h('button', { type: 'submit' }, id ? 'Save pipeline' : 'Create pipeline')));
+  showIf(gen, id ? h('p', {}, h('a', { href: `#/p/${encodeURIComponent(id)}` }, `← ${existing.name}`)) : null, h('h1', {}, title), form);
   name.focus();
 }
 
@@ -420,6 +445,7 @@ async function pipelineView(id) {
       ? tail
       : h('p.muted', {}, managed.length ? 'Deploy the pipeline to watch its records arrive.' : 'This pipeline has no managed sink to watch.'),
     h('h2', {}, 'Configuration'),
+    editable ? h('p', {}, h('a', { href: `#/p/${encodeURIComponent(id)}/edit` }, 'Edit with the form')) : null,
     editable ? editSection(path, pipeline) : h('pre', {}, JSON.stringify(pipeline.pipeline_config, null, 2)),
     manages ? h('h2', {}, 'Sharing') : null,
     manages ? sharingSection(path) : null,
@@ -1114,7 +1140,9 @@ async function route() {
     const hash = location.hash || '#/';
     const pipeline = /^#\/p\/([^/]+)$/.exec(hash);
     const values = /^#\/p\/([^/]+)\/values\/([^/]+)$/.exec(hash);
-    if (hash === '#/new') await newPipelineView();
+    const edit = /^#\/p\/([^/]+)\/edit$/.exec(hash);
+    if (hash === '#/new') await pipelineFormView();
+    else if (edit) await pipelineFormView(decodeURIComponent(edit[1]));
     else if (hash === '#/backfills') await backfillsView();
     else if (hash === '#/datasets') await datasetsView();
     else if (hash === '#/prices') await pricesView();

@@ -177,6 +177,9 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     }
     await page.locator('#metric-charts').scrollIntoViewIfNeeded();
     await shot(page, '05b-metrics');
+    // The README's picture: the top of the pipeline page, as a 1280×800 screen shows it.
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await page.screenshot({ path: join(out, 'readme-pipeline.png') });
   });
 
   await t.test('an edit with a mistake shows the 422 under the JSON; fixed, it saves', async () => {
@@ -192,6 +195,22 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     await page.locator('#edit-result', { hasText: 'Saved.' }).waitFor();
     await page.reload();
     await page.getByText('USDC transfers on Base, edited', { exact: true }).waitFor();
+  });
+
+  await t.test('the form edits a pipeline too, with its 422s next to the fields', async () => {
+    await page.goto(pipelineUrl);
+    await page.getByRole('link', { name: 'Edit with the form' }).click();
+    await page.getByRole('heading', { name: 'Edit pipeline' }).waitFor();
+    assert.equal(await page.getByLabel('Name', { exact: true }).inputValue(), 'usdc watch', 'prefilled');
+    assert.equal(await page.getByLabel('Managed sink name').inputValue(), 'usdc-out');
+    await page.getByLabel('Description').fill('edited with the form');
+    await page.getByLabel('Managed sink name').fill('usdc out');
+    await page.getByRole('button', { name: 'Save pipeline' }).click();
+    await page.locator('#sink-name-error', { hasText: 'usable as a topic name' }).waitFor();
+    await page.getByLabel('Managed sink name').fill('usdc-out');
+    await page.getByRole('button', { name: 'Save pipeline' }).click();
+    await page.getByText('edited with the form', { exact: true }).waitFor();
+    assert.equal(page.url(), pipelineUrl);
   });
 
   await t.test('a set filter made through the JSON body takes 100,000 values from a file', async () => {
