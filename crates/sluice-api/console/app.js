@@ -1036,6 +1036,28 @@ async function newBackfillView() {
   const values = h('textarea#filter-values', { rows: 4, 'aria-describedby': 'filter-values-error' });
   const destination = h('input#destination', { value: 'backfill', 'aria-describedby': 'destination-error' });
   const status = h('div');
+  // The whole body as JSON: transforms, external destinations (webhook, Kafka, NATS, SNS)
+  // and static_egress_ip have no form fields.
+  const json = h('textarea#backfill-json', { spellcheck: 'false', 'aria-describedby': 'backfill-json-error' });
+  const useJson = h('input#backfill-use-json', { type: 'checkbox' });
+  const formBody = () => {
+    const body = {
+      job_name: jobName.value,
+      table: table.value,
+      backfill_window: { partition_key: 'block_timestamp', start: utc(start.value), end: utc(end.value) },
+      destinations: [{ type: 'kafka', name: destination.value }],
+    };
+    const chosenValues = values.value.split(/[\r\n,]+/).map((v) => v.trim()).filter(Boolean);
+    if (column.value) body.filter = { column: column.value, values: chosenValues };
+    return body;
+  };
+  const sync = () => {
+    if (!useJson.checked) json.value = JSON.stringify(formBody(), null, 2);
+  };
+  for (const control of [jobName, table, start, end, column, values, destination]) control.addEventListener('input', sync);
+  table.addEventListener('change', sync);
+  useJson.addEventListener('change', sync);
+  sync();
   const form = h('form.stack', {
     'aria-label': 'New backfill',
     onsubmit: async (event) => {
@@ -1043,14 +1065,14 @@ async function newBackfillView() {
       for (const el of main.querySelectorAll('.field-error')) el.textContent = '';
       for (const el of main.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
       status.replaceChildren();
-      const body = {
-        job_name: jobName.value,
-        table: table.value,
-        backfill_window: { partition_key: 'block_timestamp', start: utc(start.value), end: utc(end.value) },
-        destinations: [{ type: 'kafka', name: destination.value }],
-      };
-      const chosenValues = values.value.split(/[\r\n,]+/).map((v) => v.trim()).filter(Boolean);
-      if (column.value) body.filter = { column: column.value, values: chosenValues };
+      let body;
+      try {
+        body = useJson.checked ? JSON.parse(json.value) : formBody();
+      } catch (e) {
+        document.getElementById('backfill-json-error').textContent = `Not JSON: ${e.message}`;
+        json.setAttribute('aria-invalid', 'true');
+        return;
+      }
       try {
         await api('POST', '/beam/backfills', body);
         location.hash = '#/backfills';
@@ -1061,9 +1083,11 @@ async function newBackfillView() {
         }
         for (const violation of e.violations) {
           const loc = violation.loc || [];
-          const id = BACKFILL_FIELDS.find(([prefix]) => prefix.every((part, i) => loc[i] === part))?.[1] || 'job-name';
+          const id = (useJson.checked && 'backfill-json')
+            || BACKFILL_FIELDS.find(([prefix]) => prefix.every((part, i) => loc[i] === part))?.[1] || 'backfill-json';
           const error = document.getElementById(`${id}-error`);
-          error.textContent = (error.textContent ? error.textContent + '\n' : '') + violation.msg;
+          const where = id === 'backfill-json' ? `${loc.join('.')}: ` : '';
+          error.textContent = (error.textContent ? error.textContent + '\n' : '') + where + violation.msg;
           document.getElementById(id).setAttribute('aria-invalid', 'true');
         }
         status.replaceChildren(notice('The server refused the backfill; see the fields marked.', 'error'));
@@ -1077,6 +1101,10 @@ async function newBackfillView() {
   field('filter-column', 'Filter column', column),
   field('filter-values', 'Filter values (one per line)', values),
   field('destination', 'Managed sink name', destination, 'Rows go to a managed topic, one message per row.'),
+  h('details', {},
+    h('summary', {}, 'JSON body (transforms, other destinations)'),
+    h('label.check', { for: 'backfill-use-json' }, useJson, 'send this JSON instead of the form'),
+    field('backfill-json', 'Backfill request body', json)),
   status,
   h('div', {}, h('button', { type: 'submit' }, 'Start backfill')));
   showIf(gen, h('p', {}, h('a', { href: '#/backfills' }, '← Backfills')), h('h1', {}, 'New backfill'), form);

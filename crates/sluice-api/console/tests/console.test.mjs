@@ -286,6 +286,21 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     assert.equal(await row.locator('progress').evaluate((p) => p.value === p.max), true);
     assert.match(await row.textContent(), /30 of 30 rows/);
     await shot(page, '06-backfill-completed');
+    // Through the JSON body: a script transform keeps the even transfers only.
+    await page.getByRole('link', { name: 'New backfill' }).click();
+    await page.getByLabel('Job name').fill('evens');
+    await page.getByLabel('Table').selectOption('base.assets.erc20_token_transfers');
+    await page.getByLabel('From (UTC, included)').fill(local(new Date(Date.now() - hour)));
+    await page.getByLabel('To (UTC, excluded)').fill(local(new Date(Date.now() + hour)));
+    await page.getByText('JSON body (transforms, other destinations)').click();
+    const body = JSON.parse(await page.getByLabel('Backfill request body').inputValue());
+    body.transforms = [{ type: 'v8', script: 'function transform(r) { return r.n % 2 === 0 ? r : null; }' }];
+    await page.getByLabel('send this JSON instead of the form').check();
+    await page.getByLabel('Backfill request body').fill(JSON.stringify(body));
+    await page.getByRole('button', { name: 'Start backfill' }).click();
+    const evens = page.locator('tr', { hasText: 'evens' });
+    await evens.locator('[data-status="completed"]').waitFor({ timeout: 60_000 });
+    assert.match(await evens.textContent(), /15 of 15 rows/);
   });
 
   await t.test('a script that fails shows its dead letters and logs, and a replay answers', async () => {
