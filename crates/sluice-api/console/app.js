@@ -118,6 +118,23 @@ function field(id, label, control, hint) {
     h('p.field-error', { id: `${id}-error`, role: 'alert' }));
 }
 
+/** Empties every field's error slot and unmarks the fields. */
+function clearFieldErrors() {
+  for (const el of main.querySelectorAll('.field-error')) el.textContent = '';
+  for (const el of main.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
+}
+
+/** The JSON in `textarea`; `undefined`, with the reason at `errorId`, when it does not parse. */
+function parseJsonField(textarea, errorId) {
+  try {
+    return JSON.parse(textarea.value);
+  } catch (e) {
+    document.getElementById(errorId).textContent = `Not JSON: ${e.message}`;
+    textarea.setAttribute('aria-invalid', 'true');
+    return undefined;
+  }
+}
+
 /**
  * Sends the values of the file chosen in `file` (split on new lines and commas) in batches
  * of `batchSize` through `send(batch)`, moving `progress` and saying how far it got in
@@ -307,24 +324,14 @@ async function pipelineFormView(id = null) {
   }
   sync();
 
-  const clearErrors = () => {
-    for (const el of main.querySelectorAll('.field-error')) el.textContent = '';
-    for (const el of main.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
-    status.replaceChildren();
-  };
   const form = h('form.stack', {
     'aria-label': title,
     onsubmit: async (event) => {
       event.preventDefault();
-      clearErrors();
-      let request;
-      try {
-        request = useJson.checked ? JSON.parse(json.value) : body();
-      } catch (e) {
-        document.getElementById('json-error').textContent = `Not JSON: ${e.message}`;
-        json.setAttribute('aria-invalid', 'true');
-        return;
-      }
+      clearFieldErrors();
+      status.replaceChildren();
+      const request = useJson.checked ? parseJsonField(json, 'json-error') : body();
+      if (request === undefined) return;
       try {
         const saved = id
           ? await api('PUT', `/beam/${encodeURIComponent(id)}`, request)
@@ -517,14 +524,8 @@ function editSection(path, pipeline) {
   const save = async () => {
     error.textContent = '';
     editor.removeAttribute('aria-invalid');
-    let body;
-    try {
-      body = JSON.parse(editor.value);
-    } catch (e) {
-      error.textContent = `Not JSON: ${e.message}`;
-      editor.setAttribute('aria-invalid', 'true');
-      return;
-    }
+    const body = parseJsonField(editor, 'edit-json-error');
+    if (body === undefined) return;
     try {
       await api('PUT', path, body);
       result.replaceChildren(notice('Saved. Deploy again to apply the change to the running pipeline.', 'ok'));
@@ -817,7 +818,7 @@ async function secretsView() {
     'aria-label': 'Set a secret',
     onsubmit: async (event) => {
       event.preventDefault();
-      for (const el of main.querySelectorAll('.field-error')) el.textContent = '';
+      clearFieldErrors();
       try {
         await api('PUT', `/beam/secrets/${encodeURIComponent(name.value)}`, { value: value.value });
         value.value = '';
@@ -1062,17 +1063,10 @@ async function newBackfillView() {
     'aria-label': 'New backfill',
     onsubmit: async (event) => {
       event.preventDefault();
-      for (const el of main.querySelectorAll('.field-error')) el.textContent = '';
-      for (const el of main.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
+      clearFieldErrors();
       status.replaceChildren();
-      let body;
-      try {
-        body = useJson.checked ? JSON.parse(json.value) : formBody();
-      } catch (e) {
-        document.getElementById('backfill-json-error').textContent = `Not JSON: ${e.message}`;
-        json.setAttribute('aria-invalid', 'true');
-        return;
-      }
+      const body = useJson.checked ? parseJsonField(json, 'backfill-json-error') : formBody();
+      if (body === undefined) return;
       try {
         await api('POST', '/beam/backfills', body);
         location.hash = '#/backfills';

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_bus::StreamLog;
-use sluice_core::streams::event_time;
+use sluice_core::streams::{event_time, time_value};
 use tokio::sync::watch;
 
 use crate::tables::Table;
@@ -57,21 +57,20 @@ pub enum ArchiverError {
     Task(String),
 }
 
-/// The block time of a record of `entity`: its time field read alone (the common case: a
-/// flat record), else the whole record parsed ([`event_time`] knows every shape). The error
-/// says what is wrong with the record.
+/// The block time of a record of `entity`: its time field read alone when it is a top-level
+/// field of a flat record (the common case), else the whole record parsed ([`event_time`]
+/// knows every shape). The error says what is wrong with the record.
 fn block_time(entity: &str, record: &str) -> Result<chrono::DateTime<chrono::Utc>, &'static str> {
-    if let Some(schema) = sluice_core::streams::entity_schema(entity) {
+    if let Some(schema) =
+        sluice_core::streams::entity_schema(entity).filter(|s| s.envelope.is_none())
+    {
         let value = match fields::fields(record, &[schema.time_field]).pop().flatten() {
             Some(Scalar::Text(text)) => Some(serde_json::Value::String(text.into_owned())),
             Some(Scalar::Int(n)) => Some(serde_json::Value::from(n)),
             _ => None,
         };
-        if let Some(value) = value {
-            let alone = serde_json::Map::from_iter([(schema.time_field.to_owned(), value)]);
-            if let Some(time) = event_time(entity, &alone) {
-                return Ok(time);
-            }
+        if let Some(time) = value.and_then(|v| time_value(entity, &v)) {
+            return Ok(time);
         }
     }
     let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(record) else {

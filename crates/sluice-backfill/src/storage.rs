@@ -362,18 +362,6 @@ impl Storage for ObjectStorage {
     }
 }
 
-/// Opens `url`: `s3://…` is object storage, anything else a local directory path.
-///
-/// # Errors
-/// As [`ObjectStorage::from_url`] or [`LocalStorage::new`].
-pub fn open(url: &str) -> io::Result<Arc<dyn Storage>> {
-    if url.contains("://") {
-        Ok(Arc::new(ObjectStorage::from_url(url)?))
-    } else {
-        Ok(Arc::new(LocalStorage::new(Path::new(url))?))
-    }
-}
-
 /// A parquet file of a storage, for the parquet reader: a local file is read in place; an
 /// object is read by ranges, those [`ObjectReader::prefetch`]ed first fetched together. Clones
 /// share the file and the fetched ranges.

@@ -23,7 +23,8 @@ use arrow_array::{
 };
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::file::metadata::RowGroupMetaData;
 use parquet::file::properties::WriterProperties;
 use parquet::file::statistics::Statistics;
 use serde::{Deserialize, Serialize};
@@ -374,61 +375,18 @@ impl Warehouse {
                 continue;
             }
             stats.files_read += 1;
-            let path = format!("{}/{}", table.name, entry.path);
-            let file = ObjectReader::open(&self.storage, &path, entry.bytes)
-                .map_err(io_at(&*self.storage, &path))?;
-            let builder = ParquetRecordBatchReaderBuilder::try_new(file.clone())
-                .map_err(pq_at(&*self.storage, &path))?;
-            let metadata = builder.metadata().clone();
-            let mut groups = Vec::new();
-            for (index, group) in metadata.row_groups().iter().enumerate() {
-                let meets = match group.column(time_index).statistics() {
-                    Some(Statistics::Int64(s)) => match (s.min_opt(), s.max_opt()) {
-                        (Some(min), Some(max)) => *max >= query.start_us && *min < query.end_us,
-                        _ => true,
-                    },
+            let meets = |group: &RowGroupMetaData| match group.column(time_index).statistics() {
+                Some(Statistics::Int64(s)) => match (s.min_opt(), s.max_opt()) {
+                    (Some(min), Some(max)) => *max >= query.start_us && *min < query.end_us,
                     _ => true,
-                };
-                if meets {
-                    groups.push(index);
-                } else {
-                    stats.row_groups_skipped += 1;
-                }
-            }
-            stats.row_groups_read += groups.len();
-            if groups.is_empty() {
-                continue;
-            }
-            let mut wanted = vec![TIME_COLUMN, KEY_COLUMN, RECORD_COLUMN];
-            if let Some((column, _, _)) = &filter {
-                wanted.push(column.as_str());
-            }
-            let indices: Vec<usize> = table
-                .columns
-                .iter()
-                .enumerate()
-                .filter(|(_, (name, _))| wanted.contains(name))
-                .map(|(i, _)| i)
-                .collect();
-            // From object storage, the column chunks to read come in as few requests as can be.
-            let meta = &*metadata;
-            let ranges = groups
-                .iter()
-                .flat_map(|g| {
-                    indices.iter().map(move |c| {
-                        let (start, length) = meta.row_group(*g).column(*c).byte_range();
-                        start..start + length
-                    })
-                })
-                .collect();
-            file.prefetch(ranges).map_err(io_at(&*self.storage, &path))?;
-            let mask = ProjectionMask::roots(metadata.file_metadata().schema_descr(), indices);
-            let reader = builder
-                .with_row_groups(groups)
-                .with_projection(mask)
-                .with_batch_size(8192)
-                .build()
-                .map_err(pq_at(&*self.storage, &path))?;
+                },
+                _ => true,
+            };
+            let extra = filter.as_ref().map(|(column, _, _)| column.as_str());
+            let (reader, read, skipped) = self.read_file(table, entry, meets, extra)?;
+            stats.row_groups_read += read;
+            stats.row_groups_skipped += skipped;
+            let Some(reader) = reader else { continue };
             for batch in reader {
                 let batch = batch?;
                 let times = column::<TimestampMicrosecondArray>(&batch, TIME_COLUMN)?;
@@ -452,6 +410,61 @@ impl Warehouse {
             }
         }
         Ok(stats)
+    }
+
+    /// A reader of one file of `table`: the row groups `meets` keeps, decoding the time, key
+    /// and record columns and `extra`; from object storage, their column chunks come in as few
+    /// requests as can be. Answers it (`None` when no row group is kept) with the row groups
+    /// kept and skipped.
+    fn read_file(
+        &self,
+        table: &Table,
+        entry: &FileEntry,
+        meets: impl Fn(&RowGroupMetaData) -> bool,
+        extra: Option<&str>,
+    ) -> Result<(Option<ParquetRecordBatchReader>, usize, usize)> {
+        let path = format!("{}/{}", table.name, entry.path);
+        let file = ObjectReader::open(&self.storage, &path, entry.bytes)
+            .map_err(io_at(&*self.storage, &path))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file.clone())
+            .map_err(pq_at(&*self.storage, &path))?;
+        let metadata = builder.metadata().clone();
+        let groups: Vec<usize> = (0..metadata.num_row_groups())
+            .filter(|index| meets(metadata.row_group(*index)))
+            .collect();
+        let skipped = metadata.num_row_groups() - groups.len();
+        if groups.is_empty() {
+            return Ok((None, 0, skipped));
+        }
+        let indices: Vec<usize> = table
+            .columns
+            .iter()
+            .enumerate()
+            .filter(|(_, (name, _))| {
+                [TIME_COLUMN, KEY_COLUMN, RECORD_COLUMN].contains(name) || extra == Some(*name)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let ranges = groups
+            .iter()
+            .flat_map(|g| {
+                let group = metadata.row_group(*g);
+                indices.iter().map(move |c| {
+                    let (start, length) = group.column(*c).byte_range();
+                    start..start + length
+                })
+            })
+            .collect();
+        file.prefetch(ranges).map_err(io_at(&*self.storage, &path))?;
+        let mask = ProjectionMask::roots(metadata.file_metadata().schema_descr(), indices);
+        let read = groups.len();
+        let reader = builder
+            .with_row_groups(groups)
+            .with_projection(mask)
+            .with_batch_size(8192)
+            .build()
+            .map_err(pq_at(&*self.storage, &path))?;
+        Ok((Some(reader), read, skipped))
     }
 }
 

@@ -456,7 +456,14 @@ fn push_key_part(key: &mut String, part: &str) {
 /// time chrono cannot represent.
 pub fn event_time(entity: &str, record: &Map<String, Value>) -> Option<DateTime<Utc>> {
     let schema = entity_schema(entity)?;
-    match body(schema, record).get(schema.time_field)? {
+    time_value(entity, body(schema, record).get(schema.time_field)?)
+}
+
+/// The time a value of `entity`'s time field stands for, as [`event_time`] reads it (for a
+/// caller that found the field without parsing the whole record).
+pub fn time_value(entity: &str, value: &Value) -> Option<DateTime<Utc>> {
+    let schema = entity_schema(entity)?;
+    match value {
         Value::String(text) => parse_time_text(text),
         Value::Number(n) => {
             let n = n.as_i64()?;

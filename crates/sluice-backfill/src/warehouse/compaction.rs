@@ -11,12 +11,9 @@
 use std::collections::{BTreeMap, HashSet};
 
 use arrow_array::{StringArray, TimestampMicrosecondArray};
-use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::{Deserialize, Serialize};
 
 use super::{FileEntry, Result, Row, Warehouse, column, day_of, encode_file, io_at, pq_at};
-use crate::storage::ObjectReader;
 use crate::tables::{KEY_COLUMN, RECORD_COLUMN, TIME_COLUMN, Table};
 
 /// A file under this many rows is small.
@@ -119,29 +116,9 @@ impl Warehouse {
 
     /// Every row of one file of `table`.
     fn read_rows(&self, table: &Table, entry: &FileEntry) -> Result<Vec<Row>> {
-        let path = format!("{}/{}", table.name, entry.path);
-        let file = ObjectReader::open(&self.storage, &path, entry.bytes)
-            .map_err(io_at(&*self.storage, &path))?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file.clone())
-            .map_err(pq_at(&*self.storage, &path))?;
-        let indices: Vec<usize> = table
-            .columns
-            .iter()
-            .enumerate()
-            .filter(|(_, (name, _))| [TIME_COLUMN, KEY_COLUMN, RECORD_COLUMN].contains(name))
-            .map(|(i, _)| i)
-            .collect();
-        let mask =
-            ProjectionMask::roots(builder.metadata().file_metadata().schema_descr(), indices);
-        let size = entry.bytes;
-        file.prefetch(std::iter::once(0..size).collect()).map_err(io_at(&*self.storage, &path))?;
-        let reader = builder
-            .with_projection(mask)
-            .with_batch_size(8192)
-            .build()
-            .map_err(pq_at(&*self.storage, &path))?;
+        let (reader, _, _) = self.read_file(table, entry, |_| true, None)?;
         let mut rows = Vec::with_capacity(entry.rows as usize);
-        for batch in reader {
+        for batch in reader.into_iter().flatten() {
             let batch = batch?;
             let times = column::<TimestampMicrosecondArray>(&batch, TIME_COLUMN)?;
             let keys = column::<StringArray>(&batch, KEY_COLUMN)?;
