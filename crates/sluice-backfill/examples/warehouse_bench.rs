@@ -81,7 +81,7 @@ async fn archive(dir: &std::path::Path, rows: usize) -> Result<(), BoxError> {
         let records = (from..(from + APPEND_ROWS).min(rows))
             .map(|n| {
                 let row = transfer(n, step_us);
-                NewRecord { key: row.key.into_bytes(), value: row.record.into_bytes() }
+                NewRecord::new(row.key.into_bytes(), row.record.into_bytes())
             })
             .collect();
         log.append(&table.stream(), records).await?;
@@ -228,10 +228,8 @@ async fn main() -> Result<(), BoxError> {
     for index in 0..staged.chunks {
         let rows = read_chunk(&staging, &chunk_path("bench", index))?;
         sent += rows.len() as u64;
-        let records = rows
-            .into_iter()
-            .map(|(k, r)| NewRecord { key: k.into_bytes(), value: r.into_bytes() })
-            .collect();
+        let records =
+            rows.into_iter().map(|(k, r)| NewRecord::new(k.into_bytes(), r.into_bytes())).collect();
         log.append(topic, records).await?;
     }
     let transport_secs = wall.elapsed().as_secs_f64();

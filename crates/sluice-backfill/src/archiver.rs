@@ -197,9 +197,7 @@ impl Archiver {
                     let records = self.log.read(&topic, *partition, *from, want).await?;
                     let Some(last) = records.last().map(|r| r.offset) else { break };
                     for record in records {
-                        let text = String::from_utf8(record.value).unwrap_or_else(|bad| {
-                            String::from_utf8_lossy(bad.as_bytes()).into_owned()
-                        });
+                        let text = String::from_utf8_lossy(&record.value).into_owned();
                         let time = match block_time(table.entity, &text) {
                             Ok(time) => time,
                             Err(problem) => {
@@ -208,9 +206,7 @@ impl Archiver {
                             }
                         };
                         rows.push(Row {
-                            key: String::from_utf8(record.key).unwrap_or_else(|bad| {
-                                String::from_utf8_lossy(bad.as_bytes()).into_owned()
-                            }),
+                            key: String::from_utf8_lossy(&record.key).into_owned(),
                             time_us: time.timestamp_micros(),
                             record: text,
                         });

@@ -444,13 +444,8 @@ impl Backfills {
             let rows = tokio::task::spawn_blocking(move || staging::read_chunk(&*storage, &path))
                 .await
                 .map_err(|error| BackfillError::Task(error.to_string()))??;
-            let records: Vec<NewRecord> = rows
-                .into_iter()
-                .map(|(key, record)| NewRecord {
-                    key: key.into_bytes(),
-                    value: record.into_bytes(),
-                })
-                .collect();
+            let records: Vec<NewRecord> =
+                rows.into_iter().map(|(key, record)| NewRecord::new(key, record)).collect();
             for destination in &destinations {
                 if !self.deliver(&job, index, destination, &records, cancelled).await? {
                     return Ok(());

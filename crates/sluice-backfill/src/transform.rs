@@ -85,8 +85,8 @@ impl RowTransformer {
                 .iter()
                 .enumerate()
                 .map(|(origin, (key, value))| Item {
-                    key: key.as_bytes().to_vec(),
-                    value: value.as_bytes().to_vec(),
+                    key: bytes::Bytes::copy_from_slice(key.as_bytes()),
+                    value: bytes::Bytes::copy_from_slice(value.as_bytes()),
                     origin,
                 })
                 .collect();

@@ -2,9 +2,17 @@
 //!
 //! Tables:
 //! - `topics`: topic name → its configuration (JSON).
-//! - `records/<topic>`: `(partition, offset)` → the encoded record (see `record.rs`).
-//! - `partitions`: `(topic, partition)` → next offset, retained bytes, last append time.
+//! - `batches/<topic>`: `(partition, base offset)` → a record batch (see `batch.rs`): the
+//!   records one append put in one partition, up to 256 KiB to an entry, all with the
+//!   append's time. Reads copy a batch once and hand out its records as slices.
+//! - `partition_state`: `(topic, partition)` → first retained offset, next offset, retained
+//!   bytes, last append time. Retention removes whole batches, and moves the first retained
+//!   offset inside a batch when `max_bytes` asks for part of one (the rest of that batch
+//!   stays stored, unread, until it is all past).
 //! - `groups`: `(group, topic, partition)` → committed offset.
+//!
+//! A database written before batches (one entry per record in `records/<topic>`, bookkeeping
+//! in `partitions`) is converted when opened, one topic per transaction.
 //!
 //! Every write goes through one writer thread that takes all the requests waiting for it,
 //! applies them in one write transaction and commits it durably (fsync) once, then answers
@@ -19,31 +27,40 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 use sluice_core::clock::Clock;
 use tokio::sync::{oneshot, watch};
 
-use crate::record::{decode, encode, key_of, partition_for_key, set_timestamp, timestamp_of};
+use crate::batch::{self, BatchBuilder};
+use crate::record::partition_for_key;
 use crate::topics::check_name;
 use crate::{
     AppendWatch, BusError, NewRecord, OffsetRange, Position, Record, Result, Retention, StreamLog,
     TopicConfig,
 };
 
+mod legacy;
+
 const TOPICS: TableDefinition<&str, &[u8]> = TableDefinition::new("topics");
-const PARTITIONS: TableDefinition<(&str, u32), (u64, u64, i64)> =
-    TableDefinition::new("partitions");
+/// `(topic, partition)` → `(start, next, bytes, last_timestamp_ms)`.
+const PARTITION_STATE: TableDefinition<(&str, u32), (u64, u64, u64, i64)> =
+    TableDefinition::new("partition_state");
 const GROUPS: TableDefinition<(&str, &str, u32), u64> = TableDefinition::new("groups");
 
-type RecordsTable<'a> = TableDefinition<'a, (u32, u64), &'static [u8]>;
+type BatchesTable<'a> = TableDefinition<'a, (u32, u64), &'static [u8]>;
 
-fn records_table(name: &str) -> RecordsTable<'_> {
+fn batches_table(name: &str) -> BatchesTable<'_> {
     TableDefinition::new(name)
 }
 
-fn records_table_name(topic: &str) -> String {
-    format!("records/{topic}")
+fn batches_table_name(topic: &str) -> String {
+    format!("batches/{topic}")
+}
+
+fn corrupt(topic: &str, partition: u32, base: u64, why: &str) -> BusError {
+    BusError::Corrupt(format!("{topic}/{partition} batch at {base}: {why}"))
 }
 
 /// Most write requests applied in one commit.
@@ -82,9 +99,21 @@ impl From<StoredTopic> for TopicConfig {
 /// Bookkeeping of one partition, kept by the writer.
 #[derive(Debug, Clone, Copy, Default)]
 struct PartitionState {
+    /// The first retained offset.
+    start: u64,
     next_offset: u64,
     bytes: u64,
     last_timestamp_ms: i64,
+}
+
+impl PartitionState {
+    fn from_row((start, next_offset, bytes, last_timestamp_ms): (u64, u64, u64, i64)) -> Self {
+        Self { start, next_offset, bytes, last_timestamp_ms }
+    }
+
+    fn row(self) -> (u64, u64, u64, i64) {
+        (self.start, self.next_offset, self.bytes, self.last_timestamp_ms)
+    }
 }
 
 /// A write the writer thread applies inside its transaction. It answers with what to tell
@@ -188,11 +217,12 @@ impl EmbeddedLog {
 }
 
 fn load_topics(db: &Database) -> Result<HashMap<String, (StoredTopic, Vec<PartitionState>)>> {
+    legacy::convert(db)?;
     let txn = db.begin_write().map_err(redb::Error::from)?;
     let mut topics = HashMap::new();
     {
         let table = txn.open_table(TOPICS).map_err(redb::Error::from)?;
-        let partitions = txn.open_table(PARTITIONS).map_err(redb::Error::from)?;
+        let partitions = txn.open_table(PARTITION_STATE).map_err(redb::Error::from)?;
         txn.open_table(GROUPS).map_err(redb::Error::from)?;
         for entry in table.iter().map_err(redb::Error::from)? {
             let (name, config) = entry.map_err(redb::Error::from)?;
@@ -204,8 +234,7 @@ fn load_topics(db: &Database) -> Result<HashMap<String, (StoredTopic, Vec<Partit
                 if let Some(row) =
                     partitions.get((name.as_str(), partition as u32)).map_err(redb::Error::from)?
                 {
-                    let (next_offset, bytes, last_timestamp_ms) = row.value();
-                    *state = PartitionState { next_offset, bytes, last_timestamp_ms };
+                    *state = PartitionState::from_row(row.value());
                 }
             }
             topics.insert(name, (stored, states));
@@ -295,7 +324,7 @@ impl Writer {
             .map_err(redb::Error::from)?
             .insert(topic, encoded.as_slice())
             .map_err(redb::Error::from)?;
-        txn.open_table(records_table(&records_table_name(topic))).map_err(redb::Error::from)?;
+        txn.open_table(batches_table(&batches_table_name(topic))).map_err(redb::Error::from)?;
         self.topics.insert(
             topic.to_owned(),
             (stored, vec![PartitionState::default(); config.partitions as usize]),
@@ -309,57 +338,65 @@ impl Writer {
             .map_err(redb::Error::from)?
             .remove(topic)
             .map_err(redb::Error::from)?;
-        let mut partitions = txn.open_table(PARTITIONS).map_err(redb::Error::from)?;
+        let mut partitions = txn.open_table(PARTITION_STATE).map_err(redb::Error::from)?;
         for partition in 0..stored.partitions {
             partitions.remove((topic, partition)).map_err(redb::Error::from)?;
         }
-        txn.delete_table(records_table(&records_table_name(topic))).map_err(redb::Error::from)?;
+        txn.delete_table(batches_table(&batches_table_name(topic))).map_err(redb::Error::from)?;
         let mut groups = txn.open_table(GROUPS).map_err(redb::Error::from)?;
         groups.retain(|(_, group_topic, _), _| group_topic != topic).map_err(redb::Error::from)?;
         Ok(true)
     }
 
-    /// Appends records already [`encode`]d by the caller (their time stamp is set here).
+    /// Appends `records`, each to its key's partition: per partition, in batches of up to
+    /// [`batch::BATCH_BYTES`], stamped with one append time.
     fn append(
         &mut self,
         txn: &WriteTransaction,
         topic: &str,
-        records: Vec<Vec<u8>>,
+        records: &[NewRecord],
     ) -> Result<Vec<Position>> {
         let now = self.clock.now().timestamp_millis();
         let Some((stored, states)) = self.topics.get_mut(topic) else {
             return Err(BusError::UnknownTopic(topic.to_owned()));
         };
+        let partition_of: Vec<u32> =
+            records.iter().map(|r| partition_for_key(&r.key, stored.partitions)).collect();
+        // The records' indexes grouped by partition, each group in append order.
+        let mut order: Vec<usize> = (0..records.len()).collect();
+        order.sort_by_key(|&i| partition_of[i]);
+        let mut positions = vec![Position { partition: 0, offset: 0 }; records.len()];
         let mut table =
-            txn.open_table(records_table(&records_table_name(topic))).map_err(redb::Error::from)?;
-        let mut positions = Vec::with_capacity(records.len());
-        let mut touched = vec![false; states.len()];
-        for mut encoded in records {
-            let partition = partition_for_key(key_of(&encoded), stored.partitions);
+            txn.open_table(batches_table(&batches_table_name(topic))).map_err(redb::Error::from)?;
+        let mut partitions = txn.open_table(PARTITION_STATE).map_err(redb::Error::from)?;
+        for group in order.chunk_by(|&a, &b| partition_of[a] == partition_of[b]) {
+            let partition = partition_of[group[0]];
             let state = &mut states[partition as usize];
             // Append time never goes back within a partition, so seek by time can bisect.
             let timestamp_ms = now.max(state.last_timestamp_ms);
-            set_timestamp(&mut encoded, timestamp_ms);
-            table
-                .insert((partition, state.next_offset), encoded.as_slice())
-                .map_err(redb::Error::from)?;
-            positions.push(Position { partition, offset: state.next_offset });
-            state.next_offset += 1;
-            state.bytes += encoded.len() as u64;
-            state.last_timestamp_ms = timestamp_ms;
-            touched[partition as usize] = true;
-        }
-        drop(table);
-        let mut partitions = txn.open_table(PARTITIONS).map_err(redb::Error::from)?;
-        for (partition, state) in states.iter().enumerate() {
-            if touched[partition] {
-                partitions
-                    .insert(
-                        (topic, partition as u32),
-                        (state.next_offset, state.bytes, state.last_timestamp_ms),
-                    )
+            let mut builder = BatchBuilder::new(timestamp_ms);
+            let mut base = state.next_offset;
+            for &i in group {
+                let record = &records[i];
+                builder.push(&record.key, &record.value);
+                positions[i] = Position { partition, offset: state.next_offset };
+                state.next_offset += 1;
+                state.bytes += batch::accounted_size(record.key.len(), record.value.len());
+                if builder.is_full() {
+                    let full = std::mem::replace(&mut builder, BatchBuilder::new(timestamp_ms));
+                    table
+                        .insert((partition, base), full.finish().as_slice())
+                        .map_err(redb::Error::from)?;
+                    base = state.next_offset;
+                }
+            }
+            if builder.count() > 0 {
+                table
+                    .insert((partition, base), builder.finish().as_slice())
                     .map_err(redb::Error::from)?;
             }
+            state.last_timestamp_ms = timestamp_ms;
+            partitions.insert((topic, partition), state.row()).map_err(redb::Error::from)?;
         }
         self.touched.push(topic.to_owned());
         Ok(positions)
@@ -383,18 +420,21 @@ impl Writer {
         Ok(())
     }
 
+    /// Removes what is past each topic's retention, oldest first: whole batches older than
+    /// `max_age`, then records (moving the partition's start) while it holds more than
+    /// `max_bytes`.
     fn enforce_retention(&mut self, txn: &WriteTransaction) -> Result<u64> {
         let now = self.clock.now().timestamp_millis();
         let mut removed = 0;
         for (topic, (stored, states)) in &mut self.topics {
             let cutoff = now.saturating_sub(i64::try_from(stored.max_age_ms).unwrap_or(i64::MAX));
             let mut table = txn
-                .open_table(records_table(&records_table_name(topic)))
+                .open_table(batches_table(&batches_table_name(topic)))
                 .map_err(redb::Error::from)?;
-            let mut partitions = txn.open_table(PARTITIONS).map_err(redb::Error::from)?;
+            let mut partitions = txn.open_table(PARTITION_STATE).map_err(redb::Error::from)?;
             for (partition, state) in states.iter_mut().enumerate() {
                 let partition = partition as u32;
-                let mut changed = false;
+                let before = *state;
                 loop {
                     let first = table
                         .range((partition, 0)..(partition, u64::MAX))
@@ -403,25 +443,42 @@ impl Writer {
                         .transpose()
                         .map_err(redb::Error::from)?
                         .map(|(key, value)| {
-                            (key.value().1, value.value().len() as u64, timestamp_of(value.value()))
+                            let stored = value.value();
+                            let sizes = batch::record_sizes(stored);
+                            let timestamp = batch::header(stored).map(|h| h.timestamp_ms);
+                            (key.value().1, sizes, timestamp)
                         });
-                    let Some((offset, size, timestamp)) = first else { break };
-                    let too_old = timestamp.is_some_and(|ts| ts < cutoff);
-                    let too_big = stored.max_bytes.is_some_and(|max| state.bytes > max);
-                    if !(too_old || too_big) {
+                    let Some((base, sizes, timestamp)) = first else { break };
+                    let sizes = sizes.map_err(|why| corrupt(topic, partition, base, why))?;
+                    let timestamp =
+                        timestamp.map_err(|why| corrupt(topic, partition, base, why))?;
+                    let end = base + sizes.len() as u64;
+                    state.start = state.start.max(base);
+                    let live = &sizes[((state.start - base) as usize).min(sizes.len())..];
+                    if timestamp < cutoff || end <= state.start {
+                        removed += live.len() as u64;
+                        state.bytes = state.bytes.saturating_sub(live.iter().sum());
+                        state.start = end;
+                        table.remove((partition, base)).map_err(redb::Error::from)?;
+                        continue;
+                    }
+                    let Some(max) = stored.max_bytes else { break };
+                    for size in live {
+                        if state.bytes <= max {
+                            break;
+                        }
+                        state.bytes = state.bytes.saturating_sub(*size);
+                        state.start += 1;
+                        removed += 1;
+                    }
+                    if state.start < end {
                         break;
                     }
-                    table.remove((partition, offset)).map_err(redb::Error::from)?;
-                    state.bytes = state.bytes.saturating_sub(size);
-                    removed += 1;
-                    changed = true;
+                    table.remove((partition, base)).map_err(redb::Error::from)?;
                 }
-                if changed {
+                if (state.start, state.bytes) != (before.start, before.bytes) {
                     partitions
-                        .insert(
-                            (topic.as_str(), partition),
-                            (state.next_offset, state.bytes, state.last_timestamp_ms),
-                        )
+                        .insert((topic.as_str(), partition), state.row())
                         .map_err(redb::Error::from)?;
                 }
             }
@@ -430,40 +487,117 @@ impl Writer {
     }
 }
 
-fn first_retained(
-    table: &impl ReadableTable<(u32, u64), &'static [u8]>,
+/// A partition's bookkeeping as last committed; `None` when it was never appended to (or
+/// the topic does not exist, which the caller tells apart).
+fn partition_state(
+    txn: &redb::ReadTransaction,
+    topic: &str,
     partition: u32,
-) -> Result<Option<u64>> {
-    Ok(table
-        .range((partition, 0)..(partition, u64::MAX))
-        .map_err(redb::Error::from)?
-        .next()
-        .transpose()
-        .map_err(redb::Error::from)?
-        .map(|(key, _)| key.value().1))
+) -> Result<Option<PartitionState>> {
+    let partitions = txn.open_table(PARTITION_STATE).map_err(redb::Error::from)?;
+    let row = partitions.get((topic, partition)).map_err(redb::Error::from)?;
+    Ok(row.map(|row| PartitionState::from_row(row.value())))
 }
 
-fn read_partition_state(db: &Database, topic: &str) -> Result<(StoredTopic, Vec<OffsetRange>)> {
-    let txn = db.begin_read().map_err(redb::Error::from)?;
+/// The topic's stored configuration, or [`BusError::UnknownTopic`].
+fn stored_topic(txn: &redb::ReadTransaction, topic: &str) -> Result<StoredTopic> {
     let topics = txn.open_table(TOPICS).map_err(redb::Error::from)?;
-    let stored: StoredTopic = match topics.get(topic).map_err(redb::Error::from)? {
-        Some(config) => serde_json::from_slice(config.value())
-            .map_err(|e| BusError::Corrupt(format!("topic {topic}: {e}")))?,
-        None => return Err(BusError::UnknownTopic(topic.to_owned())),
-    };
-    let partitions = txn.open_table(PARTITIONS).map_err(redb::Error::from)?;
-    let records =
-        txn.open_table(records_table(&records_table_name(topic))).map_err(redb::Error::from)?;
-    let mut ranges = Vec::with_capacity(stored.partitions as usize);
-    for partition in 0..stored.partitions {
-        let end = partitions
-            .get((topic, partition))
-            .map_err(redb::Error::from)?
-            .map_or(0, |row| row.value().0);
-        let start = first_retained(&records, partition)?.unwrap_or(end);
-        ranges.push(OffsetRange { start, end });
+    let found = topics.get(topic).map_err(redb::Error::from)?;
+    let Some(config) = found else { return Err(BusError::UnknownTopic(topic.to_owned())) };
+    serde_json::from_slice(config.value())
+        .map_err(|e| BusError::Corrupt(format!("topic {topic}: {e}")))
+}
+
+/// The state of `partition` of `topic`, checking that both exist.
+fn checked_partition_state(
+    txn: &redb::ReadTransaction,
+    topic: &str,
+    partition: u32,
+) -> Result<PartitionState> {
+    // A partition with a state row exists: the topic's configuration need not be read.
+    if let Some(state) = partition_state(txn, topic, partition)? {
+        return Ok(state);
     }
-    Ok((stored, ranges))
+    let stored = stored_topic(txn, topic)?;
+    if partition >= stored.partitions {
+        return Err(BusError::UnknownPartition { topic: topic.to_owned(), partition });
+    }
+    Ok(PartitionState::default())
+}
+
+/// The base offset and header of the stored batch holding `offset`, if any.
+fn batch_holding(
+    table: &impl ReadableTable<(u32, u64), &'static [u8]>,
+    topic: &str,
+    partition: u32,
+    offset: u64,
+) -> Result<Option<(u64, batch::BatchHeader)>> {
+    let found = table
+        .range((partition, 0)..=(partition, offset))
+        .map_err(redb::Error::from)?
+        .next_back()
+        .transpose()
+        .map_err(redb::Error::from)?;
+    let Some((key, value)) = found else { return Ok(None) };
+    let base = key.value().1;
+    let header =
+        batch::header(value.value()).map_err(|why| corrupt(topic, partition, base, why))?;
+    Ok((offset < base + u64::from(header.count)).then_some((base, header)))
+}
+
+fn read_records(
+    db: &Database,
+    topic: &str,
+    partition: u32,
+    from: u64,
+    max: usize,
+) -> Result<Vec<Record>> {
+    let txn = db.begin_read().map_err(redb::Error::from)?;
+    let state = checked_partition_state(&txn, topic, partition)?;
+    let from = from.max(state.start);
+    if from >= state.next_offset || max == 0 {
+        return Ok(Vec::new());
+    }
+    let table =
+        txn.open_table(batches_table(&batches_table_name(topic))).map_err(redb::Error::from)?;
+    let first = batch_holding(&table, topic, partition, from)?.map_or(from, |(base, _)| base);
+    let mut out = Vec::with_capacity(max.min((state.next_offset - from) as usize).min(65_536));
+    for entry in
+        table.range((partition, first)..(partition, u64::MAX)).map_err(redb::Error::from)?
+    {
+        if out.len() >= max {
+            break;
+        }
+        let (key, value) = entry.map_err(redb::Error::from)?;
+        let base = key.value().1;
+        // One copy of the batch; its records are slices of it.
+        let stored = Bytes::copy_from_slice(value.value());
+        batch::read_into(&stored, partition, base, from, max, &mut out)
+            .map_err(|why| corrupt(topic, partition, base, why))?;
+    }
+    Ok(out)
+}
+
+fn offset_for_time(db: &Database, topic: &str, partition: u32, timestamp_ms: i64) -> Result<u64> {
+    let txn = db.begin_read().map_err(redb::Error::from)?;
+    let state = checked_partition_state(&txn, topic, partition)?;
+    let table =
+        txn.open_table(batches_table(&batches_table_name(topic))).map_err(redb::Error::from)?;
+    // Offsets are dense between start and end, a batch's records share its time, and append
+    // times never decrease: bisect over batches.
+    let (mut low, mut high) = (state.start, state.next_offset);
+    while low < high {
+        let middle = low + (high - low) / 2;
+        match batch_holding(&table, topic, partition, middle)? {
+            Some((base, header)) if header.timestamp_ms < timestamp_ms => {
+                low = base + u64::from(header.count);
+            }
+            // Every offset from `low` to the batch's end has a time at or after the one asked.
+            Some((base, _)) => high = base.max(low),
+            None => return Err(corrupt(topic, partition, middle, "no batch holds this offset")),
+        }
+    }
+    Ok(low)
 }
 
 #[async_trait]
@@ -486,15 +620,11 @@ impl StreamLog for EmbeddedLog {
         let name = topic.to_owned();
         self.read_blocking(move |db| {
             let txn = db.begin_read().map_err(redb::Error::from)?;
-            let topics = txn.open_table(TOPICS).map_err(redb::Error::from)?;
-            let found = topics.get(name.as_str()).map_err(redb::Error::from)?;
-            found
-                .map(|config| {
-                    serde_json::from_slice::<StoredTopic>(config.value())
-                        .map(TopicConfig::from)
-                        .map_err(|e| BusError::Corrupt(format!("topic {name}: {e}")))
-                })
-                .transpose()
+            match stored_topic(&txn, &name) {
+                Ok(stored) => Ok(Some(stored.into())),
+                Err(BusError::UnknownTopic(_)) => Ok(None),
+                Err(error) => Err(error),
+            }
         })
         .await
     }
@@ -504,8 +634,7 @@ impl StreamLog for EmbeddedLog {
             return Ok(Vec::new());
         }
         let name = topic.to_owned();
-        let encoded = records.iter().map(|r| encode(0, &r.key, &r.value)).collect();
-        self.write(move |w, txn| w.append(txn, &name, encoded)).await
+        self.write(move |w, txn| w.append(txn, &name, &records)).await
     }
 
     async fn read(
@@ -516,76 +645,27 @@ impl StreamLog for EmbeddedLog {
         max: usize,
     ) -> Result<Vec<Record>> {
         let name = topic.to_owned();
-        self.read_blocking(move |db| {
-            let txn = db.begin_read().map_err(redb::Error::from)?;
-            let topics = txn.open_table(TOPICS).map_err(redb::Error::from)?;
-            let stored: StoredTopic = match topics.get(name.as_str()).map_err(redb::Error::from)? {
-                Some(config) => serde_json::from_slice(config.value())
-                    .map_err(|e| BusError::Corrupt(format!("topic {name}: {e}")))?,
-                None => return Err(BusError::UnknownTopic(name)),
-            };
-            if partition >= stored.partitions {
-                return Err(BusError::UnknownPartition { topic: name, partition });
-            }
-            let table = txn
-                .open_table(records_table(&records_table_name(&name)))
-                .map_err(redb::Error::from)?;
-            let mut out = Vec::with_capacity(max.min(4096));
-            for entry in
-                table.range((partition, from)..(partition, u64::MAX)).map_err(redb::Error::from)?
-            {
-                if out.len() >= max {
-                    break;
-                }
-                let (key, value) = entry.map_err(redb::Error::from)?;
-                let offset = key.value().1;
-                let record = decode(partition, offset, value.value()).ok_or_else(|| {
-                    BusError::Corrupt(format!("{name}/{partition}@{offset}: bad record encoding"))
-                })?;
-                out.push(record);
-            }
-            Ok(out)
-        })
-        .await
+        self.read_blocking(move |db| read_records(db, &name, partition, from, max)).await
     }
 
     async fn offsets(&self, topic: &str) -> Result<Vec<OffsetRange>> {
         let name = topic.to_owned();
-        self.read_blocking(move |db| read_partition_state(db, &name).map(|(_, ranges)| ranges))
-            .await
+        self.read_blocking(move |db| {
+            let txn = db.begin_read().map_err(redb::Error::from)?;
+            let stored = stored_topic(&txn, &name)?;
+            (0..stored.partitions)
+                .map(|partition| {
+                    let state = partition_state(&txn, &name, partition)?.unwrap_or_default();
+                    Ok(OffsetRange { start: state.start, end: state.next_offset })
+                })
+                .collect()
+        })
+        .await
     }
 
     async fn offset_for_time(&self, topic: &str, partition: u32, timestamp_ms: i64) -> Result<u64> {
         let name = topic.to_owned();
-        self.read_blocking(move |db| {
-            let (stored, ranges) = read_partition_state(db, &name)?;
-            if partition >= stored.partitions {
-                return Err(BusError::UnknownPartition { topic: name, partition });
-            }
-            let OffsetRange { start, end } = ranges[partition as usize];
-            let txn = db.begin_read().map_err(redb::Error::from)?;
-            let table = txn
-                .open_table(records_table(&records_table_name(&name)))
-                .map_err(redb::Error::from)?;
-            // Offsets are dense between start and end, and append times never decrease, so
-            // the first offset at or after the time can be bisected.
-            let (mut low, mut high) = (start, end);
-            while low < high {
-                let middle = low + (high - low) / 2;
-                let timestamp = table
-                    .get((partition, middle))
-                    .map_err(redb::Error::from)?
-                    .and_then(|value| timestamp_of(value.value()));
-                match timestamp {
-                    Some(ts) if ts < timestamp_ms => low = middle + 1,
-                    Some(_) => high = middle,
-                    // Removed by retention between the two read transactions: it was old.
-                    None => low = middle + 1,
-                }
-            }
-            Ok(low)
-        })
-        .await
+        self.read_blocking(move |db| offset_for_time(db, &name, partition, timestamp_ms)).await
     }
 
     async fn commit(&self, group: &str, topic: &str, offsets: &[(u32, u64)]) -> Result<()> {
@@ -600,24 +680,23 @@ impl StreamLog for EmbeddedLog {
         source: &str,
         offsets: &[(u32, u64)],
     ) -> Result<()> {
-        let encoded: Vec<(String, Vec<Vec<u8>>)> = appends
+        // Sharing the records' bytes, not copying them: the writer thread needs its own
+        // handles.
+        let appends: Vec<(String, Vec<NewRecord>)> = appends
             .iter()
             .filter(|(_, records)| !records.is_empty())
-            .map(|(topic, records)| {
-                let records = records.iter().map(|r| encode(0, &r.key, &r.value)).collect();
-                ((*topic).to_owned(), records)
-            })
+            .map(|(topic, records)| ((*topic).to_owned(), records.to_vec()))
             .collect();
         let (group, source, offsets) = (group.to_owned(), source.to_owned(), offsets.to_vec());
         self.write(move |w, txn| {
             // Every topic is checked before anything is written: a failure other than a
             // storage one would not abort the transaction.
-            if let Some((topic, _)) = encoded.iter().find(|(t, _)| !w.topics.contains_key(t)) {
+            if let Some((topic, _)) = appends.iter().find(|(t, _)| !w.topics.contains_key(t)) {
                 return Err(BusError::UnknownTopic(topic.clone()));
             }
             w.commit(txn, &group, &source, &offsets)?;
-            for (topic, records) in encoded {
-                w.append(txn, &topic, records)?;
+            for (topic, records) in &appends {
+                w.append(txn, topic, records)?;
             }
             Ok(())
         })

@@ -551,8 +551,8 @@ impl KafkaLog {
             let partition = partition_for_key(&record.key, config.partitions);
             let mut message = FutureRecord::to(&name)
                 .partition(partition as i32)
-                .key(&record.key)
-                .payload(&record.value)
+                .key(&record.key[..])
+                .payload(&record.value[..])
                 .timestamp(now_ms);
             loop {
                 match self.inner.producer.send_result(message) {

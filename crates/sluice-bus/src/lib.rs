@@ -8,6 +8,7 @@
 //! streams and sinks are built in [`topics`]. This crate must not depend on the store, the
 //! runtime or the API.
 
+mod batch;
 mod embedded;
 mod kafka;
 mod record;

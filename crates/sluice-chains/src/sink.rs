@@ -141,7 +141,7 @@ impl ChainSink for LogPositions {
             .into_iter()
             .map(|r| {
                 let (key, value) = r.into_parts();
-                NewRecord { key: key.into_bytes(), value }
+                NewRecord::new(key, value)
             })
             .collect();
         self.log.append(&topic, records).await?;
@@ -174,7 +174,7 @@ impl ChainSink for LogPositions {
         let topic = checkpoint_topic(chain);
         let value = serde_json::to_vec(checkpoint).expect("a checkpoint serializes");
         self.log.create_topic(&topic, CHECKPOINT_TOPIC).await?;
-        self.log.append(&topic, vec![NewRecord { key: chain.as_bytes().to_vec(), value }]).await?;
+        self.log.append(&topic, vec![NewRecord::new(chain.as_bytes().to_vec(), value)]).await?;
         Ok(())
     }
 }

@@ -43,11 +43,7 @@ impl Delivery {
     /// producing them; `now` stamps the dead letters.
     pub fn of(outcome: Outcome, engines: &Engines, now: chrono::DateTime<chrono::Utc>) -> Self {
         Self {
-            out: outcome
-                .out
-                .into_iter()
-                .map(|item| NewRecord { key: item.key, value: item.value })
-                .collect(),
+            out: outcome.out.into_iter().map(|item| NewRecord::new(item.key, item.value)).collect(),
             dead: outcome.failed.into_iter().map(|failed| dead_letter(failed, now)).collect(),
             logs: engines.take_logs().iter().map(log_record).collect(),
             made_at: now,
@@ -69,16 +65,13 @@ fn dead_letter(failed: Failed, now: chrono::DateTime<chrono::Utc>) -> NewRecord 
         "failed_at": sluice_core::time::format(now),
         "record": record,
     });
-    NewRecord {
-        key: item.key,
-        value: serde_json::to_vec(&value).expect("a dead letter serializes"),
-    }
+    NewRecord::new(item.key, serde_json::to_vec(&value).expect("a dead letter serializes"))
 }
 
 /// A script log line as a record of the logs topic (keyed by its transform).
 fn log_record(line: &LogLine) -> NewRecord {
-    NewRecord {
-        key: line.transform_uid.as_bytes().to_vec(),
-        value: serde_json::to_vec(line).expect("a log line serializes"),
-    }
+    NewRecord::new(
+        line.transform_uid.as_bytes().to_vec(),
+        serde_json::to_vec(line).expect("a log line serializes"),
+    )
 }

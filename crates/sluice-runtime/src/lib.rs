@@ -452,7 +452,7 @@ impl Runtime {
             .into_iter()
             .map(|record| {
                 let (key, value) = record.into_parts();
-                NewRecord { key: key.into_bytes(), value }
+                NewRecord::new(key, value)
             })
             .collect();
         self.log.append(&topic, records).await?;
@@ -849,5 +849,5 @@ fn replay_item(plan: &plan::BoundPlan, letter: sluice_bus::Record) -> Option<(us
         body["transform_uid"].as_str().and_then(|uid| plan.stage_of(uid)).unwrap_or(0)
     };
     let value = serde_json::to_vec(body.get("record")?).ok()?;
-    Some((first, plan::Item { key: letter.key, value, origin: 0 }))
+    Some((first, plan::Item { key: letter.key, value: value.into(), origin: 0 }))
 }

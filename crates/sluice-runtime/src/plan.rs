@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use sluice_bus::topics;
 use sluice_core::clock::Clock;
 use sluice_core::datasets::DatasetLookup;
@@ -177,8 +178,8 @@ impl std::fmt::Debug for BoundPlan {
 /// A record on its way through the stages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Item {
-    pub key: Vec<u8>,
-    pub value: Vec<u8>,
+    pub key: Bytes,
+    pub value: Bytes,
     /// The position, in the batch given to [`BoundPlan::run`], of the source record this
     /// item comes from (a fan-out's records share it); items stay in this order.
     pub origin: usize,
@@ -455,8 +456,7 @@ impl BoundPlan {
         // The n-th record's first call is `first_call + n` (see `LogSink::call_started`).
         let first_call = logs.next_call();
         let budget = batch_output_budget(self.plan.pod_size);
-        let results =
-            engine.run_batch_within(items.iter().map(|item| item.value.as_slice()), budget);
+        let results = engine.run_batch_within(items.iter().map(|item| &item.value[..]), budget);
         let mut items = items;
         let not_run = items.split_off(results.len());
         if let Some(first_not_run) = not_run.first() {
@@ -504,15 +504,19 @@ impl BoundPlan {
             match result {
                 Ok(outputs) if outputs.len() == 1 => {
                     let value = outputs.into_iter().next().expect("one output");
-                    next.push(Item { key: item.key, value, origin: item.origin });
+                    next.push(Item { key: item.key, value: value.into(), origin: item.origin });
                 }
                 Ok(outputs) => {
                     // Fan-out: each output gets the source key plus its position, stable
                     // across retries and redeploys, so consumers can still de-duplicate.
                     for (index, value) in outputs.into_iter().enumerate() {
-                        let mut key = item.key.clone();
+                        let mut key = item.key.to_vec();
                         key.extend_from_slice(format!("#{index}").as_bytes());
-                        next.push(Item { key, value, origin: item.origin });
+                        next.push(Item {
+                            key: key.into(),
+                            value: value.into(),
+                            origin: item.origin,
+                        });
                     }
                 }
                 Err(error) => {
@@ -562,7 +566,7 @@ impl BoundPlan {
 }
 
 fn values_of(items: &[Item]) -> Vec<&[u8]> {
-    items.iter().map(|item| item.value.as_slice()).collect()
+    items.iter().map(|item| &item.value[..]).collect()
 }
 
 #[cfg(test)]
@@ -586,8 +590,8 @@ mod tests {
     fn items(count: usize) -> Vec<Item> {
         (0..count)
             .map(|origin| Item {
-                key: format!("k{origin}").into_bytes(),
-                value: format!(r#"{{"n":{origin}}}"#).into_bytes(),
+                key: format!("k{origin}").into(),
+                value: format!(r#"{{"n":{origin}}}"#).into(),
                 origin,
             })
             .collect()

@@ -878,7 +878,7 @@ async fn a_batch_whose_script_output_passes_the_budget_is_finished_in_the_next_b
     let mut keys = Vec::new();
     for (partition, _) in ends.iter().enumerate() {
         for record in stack.log.read(&sink, partition as u32, 0, 100).await.unwrap() {
-            keys.push(String::from_utf8(record.key).unwrap());
+            keys.push(String::from_utf8(record.key.to_vec()).unwrap());
         }
     }
     keys.sort();

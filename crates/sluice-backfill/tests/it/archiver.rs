@@ -18,7 +18,7 @@ fn transfer(n: u64) -> NewRecord {
         "from_address": "0x1111111111111111111111111111111111111111",
         "to_address": "0x2222222222222222222222222222222222222222", "amount_str": "1.5",
     });
-    NewRecord { key: format!("0x{n:064x}:0").into_bytes(), value: record.to_string().into_bytes() }
+    NewRecord::new(format!("0x{n:064x}:0").into_bytes(), record.to_string().into_bytes())
 }
 
 async fn stack(dir: &std::path::Path) -> (Arc<dyn StreamLog>, Table) {
@@ -126,5 +126,5 @@ async fn a_record_is_archived_as_the_stream_carried_it_and_typed_columns_filter(
         })
         .unwrap();
     assert_eq!(got.len(), 1);
-    assert_eq!(got[0].1, String::from_utf8(transfer(12).value).unwrap());
+    assert_eq!(got[0].1, String::from_utf8(transfer(12).value.to_vec()).unwrap());
 }

@@ -106,8 +106,8 @@ impl Cursor {
                         partition: self.partition,
                         offset,
                         timestamp_ms: message.timestamp().to_millis().unwrap_or(0),
-                        key: message.key().unwrap_or_default().to_vec(),
-                        value: message.payload().unwrap_or_default().to_vec(),
+                        key: bytes::Bytes::copy_from_slice(message.key().unwrap_or_default()),
+                        value: bytes::Bytes::copy_from_slice(message.payload().unwrap_or_default()),
                     });
                     self.next = offset + 1;
                     self.at_end = false;

@@ -22,7 +22,7 @@ async fn two_processes() -> (KafkaLog, KafkaLog) {
 }
 
 fn record(key: &str, value: &str) -> NewRecord {
-    NewRecord { key: key.as_bytes().to_vec(), value: value.as_bytes().to_vec() }
+    NewRecord::new(key.to_owned(), value.to_owned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,7 +50,7 @@ async fn appends_made_by_another_process_wake_watches_and_are_read() {
         }
         watch.wait(Duration::from_millis(200)).await;
     }
-    assert_eq!(read.iter().map(|r| r.value.as_slice()).collect::<Vec<_>>(), [b"1", b"2"]);
+    assert_eq!(read.iter().map(|r| &r.value[..]).collect::<Vec<_>>(), [b"1", b"2"]);
     assert_eq!(reader.offsets("base.log").await.unwrap()[partition as usize].end, 2);
     // Offsets committed by one process are the other's.
     writer.commit("g", "base.log", &[(partition, 2)]).await.unwrap();
@@ -64,7 +64,7 @@ async fn a_read_past_the_end_is_empty_and_does_not_go_back_to_the_start() {
     log.create_topic("t", config).await.unwrap();
     log.append("t", vec![record("k", "1"), record("k", "2")]).await.unwrap();
     assert!(log.read("t", 0, 5, 10).await.unwrap().is_empty());
-    assert_eq!(log.read("t", 0, 1, 10).await.unwrap()[0].value, b"2");
+    assert_eq!(log.read("t", 0, 1, 10).await.unwrap()[0].value, &b"2"[..]);
     assert!(log.read("t", 0, 2, 10).await.unwrap().is_empty());
 }
 

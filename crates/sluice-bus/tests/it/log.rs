@@ -14,7 +14,7 @@ fn clock() -> Arc<ManualClock> {
 }
 
 fn record(key: &str, value: &str) -> NewRecord {
-    NewRecord { key: key.as_bytes().to_vec(), value: value.as_bytes().to_vec() }
+    NewRecord::new(key.to_owned(), value.to_owned())
 }
 
 fn config(partitions: u32) -> TopicConfig {
@@ -200,7 +200,7 @@ async fn retention_removes_records_older_than_the_max_age_and_offsets_stay_dense
     let from_zero = f.log.read("t", 0, 0, 10).await.unwrap();
     assert_eq!(from_zero.len(), 1);
     assert_eq!(from_zero[0].offset, 2);
-    assert_eq!(from_zero[0].value, b"new");
+    assert_eq!(from_zero[0].value, &b"new"[..]);
 }
 
 #[tokio::test]
@@ -212,6 +212,30 @@ async fn retention_by_size_drops_the_oldest_records_first() {
     f.log.append("t", (0..5).map(|_| record("k", &value)).collect()).await.unwrap();
     assert_eq!(f.log.enforce_retention().await.unwrap(), 3);
     assert_eq!(f.log.offsets("t").await.unwrap(), vec![OffsetRange { start: 3, end: 5 }]);
+}
+
+#[tokio::test]
+async fn retention_by_size_inside_one_append_keeps_its_place_after_a_reopen() {
+    let f = Fixture::embedded();
+    let retention = Retention { max_age: Duration::from_secs(3600), max_bytes: Some(100) };
+    f.log.create_topic("t", TopicConfig { partitions: 1, retention }).await.unwrap();
+    let value = "x".repeat(30); // 43 bytes each, as above
+    f.log.append("t", (0..5).map(|_| record("k", &value)).collect()).await.unwrap();
+    assert_eq!(f.log.enforce_retention().await.unwrap(), 3);
+    let f = f.reopen().await;
+    assert_eq!(f.log.offsets("t").await.unwrap(), vec![OffsetRange { start: 3, end: 5 }]);
+    assert_eq!(f.log.enforce_retention().await.unwrap(), 0);
+    let offsets: Vec<u64> =
+        f.log.read("t", 0, 0, 10).await.unwrap().iter().map(|r| r.offset).collect();
+    assert_eq!(offsets, vec![3, 4]);
+    f.log.append("t", vec![record("k", &value)]).await.unwrap();
+    assert_eq!(f.log.enforce_retention().await.unwrap(), 1);
+    let offsets: Vec<u64> =
+        f.log.read("t", 0, 0, 10).await.unwrap().iter().map(|r| r.offset).collect();
+    assert_eq!(offsets, vec![4, 5]);
+    f.clock.advance(chrono::Duration::minutes(61));
+    assert_eq!(f.log.enforce_retention().await.unwrap(), 2);
+    assert_eq!(f.log.offsets("t").await.unwrap(), vec![OffsetRange { start: 6, end: 6 }]);
 }
 
 async fn seek_by_time_finds_the_first_record_at_or_after_the_time(f: Fixture) {
@@ -301,7 +325,7 @@ async fn append_and_commit_writes_records_and_offsets_together_or_not_at_all(f: 
     f.log.append_and_commit(&appends, "g", "base.src", &[(0, 7), (1, 3)]).await.unwrap();
     let sunk = f.log.read("sink.out", 0, 0, 10).await.unwrap();
     assert_eq!(sunk.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![0, 1]);
-    assert_eq!(f.log.read("dead.out", 0, 0, 10).await.unwrap()[0].value, b"3");
+    assert_eq!(f.log.read("dead.out", 0, 0, 10).await.unwrap()[0].value, &b"3"[..]);
     let committed: Vec<_> = f.log.committed("g", "base.src").await.unwrap().into_iter().collect();
     assert_eq!(committed, vec![(0, 7), (1, 3)]);
 
@@ -327,7 +351,32 @@ async fn append_and_commit_writes_records_and_offsets_together_or_not_at_all(f: 
     assert_eq!(f.log.committed("g", "base.src").await.unwrap()[&1], 3);
 }
 
+/// Appends big enough to be stored in several pieces (the embedded log's batches are
+/// 256 KiB) read back record by record from any offset, in any slice, and seek by time
+/// lands on an append's first record.
+async fn big_appends_read_back_exactly_from_any_offset(f: Fixture) {
+    f.log.create_topic("t", config(1)).await.unwrap();
+    let value = |n: usize| format!("{n:06}-{}", "x".repeat(300));
+    let t0 = f.clock.now_ms();
+    f.log.append("t", (0..2000).map(|n| record("k", &value(n))).collect()).await.unwrap();
+    f.clock.advance(chrono::Duration::seconds(10));
+    f.log.append("t", (2000..2500).map(|n| record("k", &value(n))).collect()).await.unwrap();
+    for (from, max) in [(0, 2500), (1, 3), (799, 500), (843, 1), (1999, 2), (2499, 10), (2500, 10)]
+    {
+        let read = f.log.read("t", 0, from, max).await.unwrap();
+        let want: Vec<u64> = (from..2500).take(max).collect();
+        assert_eq!(read.iter().map(|r| r.offset).collect::<Vec<_>>(), want, "from {from}");
+        for r in &read {
+            assert_eq!(&r.value[..], value(r.offset as usize).as_bytes());
+            assert_eq!(&r.key[..], b"k");
+        }
+    }
+    assert_eq!(f.log.offset_for_time("t", 0, t0 + 1).await.unwrap(), 2000);
+    assert_eq!(f.log.offset_for_time("t", 0, t0).await.unwrap(), 0);
+}
+
 on_both_logs!(
+    big_appends_read_back_exactly_from_any_offset,
     appends_go_to_the_key_partition_in_order_and_read_back_from_any_offset,
     acknowledged_appends_and_commits_survive_reopening,
     create_is_idempotent_and_keeps_the_first_configuration,

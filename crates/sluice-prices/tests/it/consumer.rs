@@ -27,7 +27,7 @@ fn record(n: u64) -> NewRecord {
         "transaction_hash": format!("0x{n:064x}"),
         "log_index": 0,
     });
-    NewRecord { key: n.to_le_bytes().to_vec(), value: serde_json::to_vec(&value).unwrap() }
+    NewRecord::new(n.to_le_bytes().to_vec(), serde_json::to_vec(&value).unwrap())
 }
 
 fn clock() -> Arc<ManualClock> {

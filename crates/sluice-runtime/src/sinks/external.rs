@@ -219,9 +219,9 @@ impl ExternalSink {
             "failed_at": sluice_core::time::format(delivery.made_at),
             "record": body,
         });
-        NewRecord {
-            key: record.key.clone(),
-            value: serde_json::to_vec(&value).expect("a dead letter serializes"),
-        }
+        NewRecord::new(
+            record.key.clone(),
+            serde_json::to_vec(&value).expect("a dead letter serializes"),
+        )
     }
 }

@@ -96,7 +96,8 @@ impl Transport for ExternalKafkaTransport {
         let topic = self.config.topic.as_str();
         let mut pending = Vec::with_capacity(batch.records.len());
         for record in batch.records {
-            let mut message = FutureRecord::to(topic).key(&record.key).payload(&record.value);
+            let mut message =
+                FutureRecord::to(topic).key(&record.key[..]).payload(&record.value[..]);
             loop {
                 match self.producer.send_result(message) {
                     Ok(delivery) => {

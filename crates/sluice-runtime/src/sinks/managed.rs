@@ -196,7 +196,7 @@ mod tests {
     use super::*;
 
     fn record(key: &str) -> NewRecord {
-        NewRecord { key: key.as_bytes().to_vec(), value: b"{}".to_vec() }
+        NewRecord::new(key.as_bytes().to_vec(), &b"{}"[..])
     }
 
     #[tokio::test]

@@ -273,7 +273,7 @@ mod tests {
     use super::*;
 
     fn record(key: &str, value: &str) -> NewRecord {
-        NewRecord { key: key.as_bytes().to_vec(), value: value.as_bytes().to_vec() }
+        NewRecord::new(key.as_bytes().to_vec(), value.as_bytes().to_vec())
     }
 
     #[test]

@@ -71,7 +71,7 @@ fn transfer(n: u64, token: &str) -> NewRecord {
         "token_address": token,
         "block_timestamp": "2026-11-23T00:00:00Z",
     });
-    NewRecord { key: format!("t{n}").into_bytes(), value: value.to_string().into_bytes() }
+    NewRecord::new(format!("t{n}").into_bytes(), value.to_string().into_bytes())
 }
 
 /// Waits (up to a generous deadline) for `future`; the deadline only stops a hung test.

@@ -75,7 +75,7 @@ fn transport(subject: &str, url: String) -> NatsTransport {
 
 fn record(n: u64, size: usize) -> NewRecord {
     let value = json!({"n": n, "pad": "x".repeat(size)});
-    NewRecord { key: format!("0x{n:064x}:0").into_bytes(), value: value.to_string().into_bytes() }
+    NewRecord::new(format!("0x{n:064x}:0").into_bytes(), value.to_string().into_bytes())
 }
 
 #[tokio::test]

@@ -38,7 +38,7 @@ async fn a_record_over_the_message_limit_is_rejected_without_being_sent() {
     // Nothing listens there: had the record been sent, the send would fail as retryable.
     let sns = transport_at(&closed_endpoint());
     let big = json!({"pad": "x".repeat(MAX_MESSAGE_BYTES)}).to_string().into_bytes();
-    let records = [NewRecord { key: b"k".to_vec(), value: big }];
+    let records = [NewRecord::new(b"k".to_vec(), big)];
     let sent = sns.send(Batch { id: "b", records: &records }).await.unwrap();
     assert_eq!(sent.rejected.len(), 1);
     assert!(sent.rejected[0].1.contains("message limit"), "{:?}", sent.rejected);
@@ -47,7 +47,7 @@ async fn a_record_over_the_message_limit_is_rejected_without_being_sent() {
 #[tokio::test]
 async fn an_endpoint_that_does_not_answer_holds_the_batch_and_names_no_credential() {
     let sns = transport_at(&closed_endpoint());
-    let records = [NewRecord { key: b"k".to_vec(), value: b"{}".to_vec() }];
+    let records = [NewRecord::new(b"k".to_vec(), b"{}".to_vec())];
     let error = sns.send(Batch { id: "b", records: &records }).await.unwrap_err();
     assert!(matches!(error, TransportError::Retryable { .. }), "{error}");
     let text = error.to_string();
