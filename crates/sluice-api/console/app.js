@@ -546,21 +546,21 @@ function editSection(path, pipeline) {
 
 /** Who the pipeline is shared with (`…/permissions`; the owner and operators manage it). */
 function sharingSection(path) {
+  // The boxes and the button stay disabled until the current grants are in them: typed
+  // before that, a change would be overwritten by the load and lost on save.
   const box = (id, label) => h('div', {}, h('label', { for: id }, label,
-    h(`textarea#${id}`, { rows: 3, spellcheck: 'false', 'aria-describedby': `${id}-error` })),
+    h(`textarea#${id}`, { rows: 3, spellcheck: 'false', disabled: true, 'aria-describedby': `${id}-error` })),
   h('p.field-error', { id: `${id}-error`, role: 'alert' }));
-  const section = h('section', { 'aria-label': 'Sharing' },
+  const section = h('section', { 'aria-label': 'Sharing', 'aria-busy': 'true' },
     h('p.muted', {}, 'User ids and team ids, one per line (GET /api/v1/me shows a user their ids).'),
     box('share-editors', 'Editors (user ids)'), box('share-readers', 'Readers (user ids)'),
     box('share-teams', 'Viewer teams (team ids)'));
   const result = h('div#share-result', { 'aria-live': 'polite' });
   const fields = { editors: 'share-editors', readers: 'share-readers', viewer_teams: 'share-teams' };
   const lines = (id) => section.querySelector(`#${id}`).value.split(/\s+/).filter(Boolean);
-  api('GET', `${path}/permissions`).then((grants) => {
-    for (const [name, id] of Object.entries(fields)) section.querySelector(`#${id}`).value = (grants[name] || []).join('\n');
-  }).catch((e) => result.replaceChildren(notice(e.message, 'error')));
-  section.append(h('div.actions', {}, h('button', {
+  const save = h('button', {
     type: 'button',
+    disabled: true,
     onclick: async () => {
       for (const id of Object.values(fields)) section.querySelector(`#${id}-error`).textContent = '';
       try {
@@ -574,7 +574,17 @@ function sharingSection(path) {
         result.replaceChildren(notice(e.message, 'error'));
       }
     },
-  }, 'Save sharing')), result);
+  }, 'Save sharing');
+  api('GET', `${path}/permissions`).then((grants) => {
+    for (const [name, id] of Object.entries(fields)) {
+      const field = section.querySelector(`#${id}`);
+      field.value = (grants[name] || []).join('\n');
+      field.disabled = false;
+    }
+    save.disabled = false;
+    section.removeAttribute('aria-busy');
+  }).catch((e) => result.replaceChildren(notice(e.message, 'error')));
+  section.append(h('div.actions', {}, save), result);
   return section;
 }
 
