@@ -467,6 +467,15 @@ async fn throughput(
     let append_secs = append_time.as_secs_f64();
 
     let ends: Vec<u64> = log.offsets(&source).await?.iter().map(|range| range.end).collect();
+    // A profiling aid: `PIPELINE_BENCH_PAUSE_BEFORE_DRAIN=<seconds>` says when the drain
+    // starts, with the process id, so a profiler can attach to the drain alone.
+    if let Some(pause) = std::env::var("PIPELINE_BENCH_PAUSE_BEFORE_DRAIN")
+        .ok()
+        .and_then(|secs| secs.parse::<f64>().ok())
+    {
+        eprintln!("drain starts in {pause} s (pid {})", std::process::id());
+        tokio::time::sleep(Duration::from_secs_f64(pause)).await;
+    }
     let cpu_start = process_cpu_secs();
     let start = Instant::now();
     runtime.deploy(pipeline).await?;

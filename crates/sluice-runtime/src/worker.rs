@@ -4,7 +4,10 @@
 //! A batch is one round over the worker's partitions (up to `batch_size` records of each).
 //! Its sink records and its source offsets are written in one step of the log
 //! ([`StreamLog::append_and_commit`]): on the embedded log that is one durable transaction,
-//! so a crash leaves both or neither, and a round costs one disk flush.
+//! so a crash leaves both or neither, and a round costs one disk flush. The next round is
+//! read while a round is processed and delivered (on a task of its own); it is dropped and
+//! read again when the round committed less than it read (a script stage left records for
+//! the next batch), or when the worker stops.
 //!
 //! `at_least_once`: a batch's offsets are committed only with (or after) its records in the
 //! sink; a failed write is retried with doubling backoff and the worker reads nothing further
@@ -28,6 +31,52 @@ use crate::health::WorkerHealth;
 use crate::metrics::{BatchMetrics, PipelineMetrics};
 use crate::plan::{BoundPlan, Engines, Item};
 use crate::sinks::Settle;
+
+/// Reads a worker's rounds (on a task of its own when reading ahead).
+struct Reader {
+    log: Arc<dyn StreamLog>,
+    source: Arc<str>,
+    batch_size: usize,
+}
+
+/// One round's reads: the records of every partition read, in partition order, the offset
+/// after each partition's last record (partitions with none are left out), and the reads
+/// that failed.
+struct Round {
+    records: Vec<Record>,
+    offsets: Vec<(u32, u64)>,
+    errors: Vec<(u32, String)>,
+}
+
+impl Round {
+    /// A round whose reading task itself failed (it panicked or was cancelled).
+    fn failed(error: String) -> Self {
+        Self { records: Vec::new(), offsets: Vec::new(), errors: vec![(0, error)] }
+    }
+}
+
+impl Reader {
+    /// Up to `batch_size` records of each of `partitions`, from `next`.
+    async fn round(&self, partitions: &[u32], next: &HashMap<u32, u64>) -> Round {
+        let mut round = Round {
+            records: Vec::with_capacity(self.batch_size * partitions.len()),
+            offsets: Vec::with_capacity(partitions.len()),
+            errors: Vec::new(),
+        };
+        for &partition in partitions {
+            let from = next[&partition];
+            match self.log.read(&self.source, partition, from, self.batch_size).await {
+                Ok(records) => {
+                    let Some(last) = records.last().map(|r| r.offset) else { continue };
+                    round.offsets.push((partition, last + 1));
+                    round.records.extend(records);
+                }
+                Err(error) => round.errors.push((partition, error.to_string())),
+            }
+        }
+        round
+    }
+}
 
 /// The longest `Retry-After` a sink's receiver is obeyed for.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
@@ -63,28 +112,25 @@ impl Worker {
         let mut partitions: Vec<u32> = next.keys().copied().collect();
         partitions.sort_unstable();
         tracing::debug!(config_id = %plan.plan.pipeline_id, worker = self.index, ?partitions, "worker started");
+        // The next round's reads run while this round is processed and delivered (the
+        // worker's one sequence of steps would otherwise leave the log idle meanwhile).
+        let mut ahead: Option<tokio::task::JoinHandle<Round>> = None;
         while !self.stopping() {
             // One batch per round: up to `batch_size` records of each of this worker's
             // partitions, delivered and committed together.
-            let mut batch = Vec::with_capacity(self.settings.batch_size * partitions.len());
-            let mut offsets = Vec::with_capacity(partitions.len());
-            for &partition in &partitions {
-                let from = next[&partition];
-                match self.log.read(&source, partition, from, self.settings.batch_size).await {
-                    Ok(records) => {
-                        let Some(last) = records.last().map(|r| r.offset) else { continue };
-                        offsets.push((partition, last + 1));
-                        batch.extend(records);
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, %source, partition, "source read failed");
-                        if !self.pause_for(self.settings.initial_backoff).await {
-                            return;
-                        }
-                    }
+            let round = match ahead.take() {
+                Some(reading) => {
+                    reading.await.unwrap_or_else(|error| Round::failed(error.to_string()))
+                }
+                None => self.reader(&source).round(&partitions, &next).await,
+            };
+            for (partition, error) in &round.errors {
+                tracing::warn!(%error, %source, partition, "source read failed");
+                if !self.pause_for(self.settings.initial_backoff).await {
+                    return;
                 }
             }
-            if offsets.is_empty() {
+            if round.offsets.is_empty() {
                 let mut stop = self.stop.clone();
                 tokio::select! {
                     _ = watch.wait(self.settings.idle_wait) => {}
@@ -99,12 +145,39 @@ impl Worker {
                 plan = self.plan.borrow_and_update().clone();
                 engines.keep_only(&plan);
             }
-            let settled = self.process(&plan, batch, &mut engines, &group, &side, &offsets).await;
+            let mut after = next.clone();
+            after.extend(round.offsets.iter().copied());
+            let reader = self.reader(&source);
+            let read_partitions = partitions.clone();
+            ahead = Some(tokio::spawn(async move { reader.round(&read_partitions, &after).await }));
+            let settled = self
+                .process(&plan, round.records, &mut engines, &group, &side, &round.offsets)
+                .await;
             let Some(committed) = settled else {
                 // Stopped while the sink kept failing: offsets stay for the next start.
+                if let Some(reading) = ahead.take() {
+                    reading.abort();
+                }
                 return;
             };
+            if committed != round.offsets {
+                // Records were left for the next batch: read again from them.
+                if let Some(reading) = ahead.take() {
+                    reading.abort();
+                }
+            }
             next.extend(committed);
+        }
+        if let Some(reading) = ahead.take() {
+            reading.abort();
+        }
+    }
+
+    fn reader(&self, source: &str) -> Reader {
+        Reader {
+            log: self.log.clone(),
+            source: source.into(),
+            batch_size: self.settings.batch_size,
         }
     }
 
