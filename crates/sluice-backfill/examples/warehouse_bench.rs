@@ -88,6 +88,13 @@ async fn archive(dir: &std::path::Path, rows: usize) -> Result<(), BoxError> {
     }
     let warehouse = Warehouse::open(&dir.join("archive-warehouse"))?;
     let archiver = Archiver::new(warehouse, log, vec![table], ArchiverSettings::default());
+    // A profiling aid, as in pipeline_bench: say when the drain starts, with the process id.
+    if let Some(pause) =
+        std::env::var("WAREHOUSE_BENCH_PAUSE_BEFORE_DRAIN").ok().and_then(|s| s.parse::<f64>().ok())
+    {
+        eprintln!("drain starts in {pause} s (pid {})", std::process::id());
+        tokio::time::sleep(std::time::Duration::from_secs_f64(pause)).await;
+    }
     let (wall, cpu) = (Instant::now(), process_cpu_secs());
     let archived = archiver.drain().await?;
     let secs = wall.elapsed().as_secs_f64();

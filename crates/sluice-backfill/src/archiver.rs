@@ -79,6 +79,15 @@ fn block_time(entity: &str, record: &str) -> Result<chrono::DateTime<chrono::Utc
     event_time(entity, &map).ok_or("without a block time")
 }
 
+/// The text of a stream record's bytes (always UTF-8: ingest parses them as JSON), checked
+/// the fast way; invalid sequences would become U+FFFD.
+fn utf8_text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+    }
+}
+
 /// Archives `tables` from `log` into `warehouse`.
 #[derive(Clone)]
 pub struct Archiver {
@@ -197,7 +206,7 @@ impl Archiver {
                     let records = self.log.read(&topic, *partition, *from, want).await?;
                     let Some(last) = records.last().map(|r| r.offset) else { break };
                     for record in records {
-                        let text = String::from_utf8_lossy(&record.value).into_owned();
+                        let text = utf8_text(&record.value);
                         let time = match block_time(table.entity, &text) {
                             Ok(time) => time,
                             Err(problem) => {
@@ -206,7 +215,7 @@ impl Archiver {
                             }
                         };
                         rows.push(Row {
-                            key: String::from_utf8_lossy(&record.key).into_owned(),
+                            key: utf8_text(&record.key),
                             time_us: time.timestamp_micros(),
                             record: text,
                         });
