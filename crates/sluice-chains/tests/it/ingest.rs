@@ -253,3 +253,54 @@ async fn only_the_entities_the_catalog_lists_are_written() {
         assert!(records(&log, topic).await.is_empty(), "{topic}");
     }
 }
+
+/// `finality = "finalized_tag"` on a node that has the tag (Anvil's `finalized` block is two
+/// epochs, 64 blocks, behind its head): the zerolag streams get a transfer at once, the
+/// finalized streams only once the node calls its block finalized, and then exactly once.
+#[tokio::test]
+async fn the_finalized_tag_decides_what_the_finalized_streams_get() {
+    let anvil = Anvil::start().await;
+    let usdc = anvil.deploy("TestToken", vec![text("USD Coin"), text("USDC"), uint(6)]).await;
+    anvil.mine(70).await;
+    let minted =
+        anvil.invoke(ALICE, &usdc, "mint(address,uint256)", vec![address(BOB), uint(5)]).await;
+    let block =
+        u64::from_str_radix(minted["blockNumber"].as_str().unwrap().trim_start_matches("0x"), 16)
+            .unwrap();
+    anvil.mine(10).await;
+    let node_finalized = |header: Value| {
+        u64::from_str_radix(header["number"].as_str().unwrap().trim_start_matches("0x"), 16)
+            .unwrap()
+    };
+    let finalized_then =
+        node_finalized(anvil.call("eth_getBlockByNumber", json!(["finalized", false])).await);
+    assert!(finalized_then < block, "the node finalized the transfer's block already");
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = stream_log(dir.path(), "base").await;
+    let mut config = config(&anvil.url, 1);
+    config.finality = sluice_chains::Finality::Tag;
+    let status = Ingester::status_for(&config);
+    let mut ingester = Ingester::new(config, positions(&log), status.clone()).unwrap();
+    let snapshot = ingest_until(&mut ingester, &status, finalized_then).await;
+    assert_eq!(snapshot.finalized, Some(finalized_then));
+    assert_eq!(snapshot.ingested, Some(finalized_then), "past the node's finalized block");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while status.snapshot().zerolag_ingested < Some(block) {
+        assert!(Instant::now() < deadline, "the zerolag streams never reached the transfer");
+        if !ingester.step().await.unwrap() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(records(&log, "base.erc20_token_transfer.zerolag").await.len(), 1);
+    assert!(records(&log, "base.erc20_token_transfer").await.is_empty());
+
+    // Once the node calls the block finalized, the finalized streams take it, once.
+    anvil.mine(64).await;
+    let snapshot = ingest_until(&mut ingester, &status, block).await;
+    assert!(snapshot.finalized >= Some(block), "{snapshot:?}");
+    let finalized = records(&log, "base.erc20_token_transfer").await;
+    assert_eq!(finalized.len(), 1);
+    assert_eq!(finalized[0]["block_number"], json!(block));
+    assert_eq!(records(&log, "base.erc20_token_transfer.zerolag").await.len(), 1);
+}
