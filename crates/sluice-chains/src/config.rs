@@ -58,6 +58,9 @@ pub struct ChainConfig {
     pub finality: Finality,
     /// Head polling interval.
     pub poll_interval: Duration,
+    /// The node's WebSocket endpoint (`ws://`, `wss://`): when given, `newHeads` wakes the
+    /// ingester as soon as a block arrives; the head is still polled as well.
+    pub ws_url: Option<String>,
     /// Largest `eth_getLogs` block range tried.
     pub max_block_range: u64,
     /// Consecutive ranges read at once when behind the head.
@@ -79,6 +82,7 @@ impl ChainConfig {
             start_block: StartBlock::Latest,
             finality: Finality::Depth(default_confirmations(name)),
             poll_interval: Duration::from_secs(1),
+            ws_url: None,
             max_block_range: 2000,
             parallel_ranges: 4,
             entities: crate::records::ENTITIES.iter().map(|e| ((*e).to_owned(), true)).collect(),

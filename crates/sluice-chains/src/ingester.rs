@@ -107,6 +107,11 @@ impl Ingester {
     pub async fn run(mut self) {
         let chain = self.config.name.clone();
         tracing::info!(%chain, rpc = %self.rpc.display_url(), "chain ingester starting");
+        // New heads over WebSocket wake the idle wait early; the poll stays as the fallback.
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let _heads = self.config.ws_url.clone().map(|ws_url| {
+            AbortOnDrop(tokio::spawn(crate::heads::follow(chain.clone(), ws_url, wake.clone())))
+        });
         let mut failures = 0u32;
         loop {
             match self.step().await {
@@ -116,7 +121,10 @@ impl Ingester {
                     }
                     failures = 0;
                     if !progressed {
-                        tokio::time::sleep(self.config.poll_interval).await;
+                        tokio::select! {
+                            () = tokio::time::sleep(self.config.poll_interval) => {}
+                            () = wake.notified() => {}
+                        }
                     }
                 }
                 Err(error) => {
@@ -478,4 +486,13 @@ fn collect<'a>(
         .filter_map(|b| b.by_entity.get(entity))
         .flat_map(|records| records.iter().cloned())
         .collect()
+}
+
+/// Stops a task when dropped (the heads follower ends with its ingester).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -15,6 +15,7 @@
 pub mod config;
 pub mod events;
 pub mod fetch;
+pub mod heads;
 pub mod ingester;
 pub mod records;
 pub mod rpc;

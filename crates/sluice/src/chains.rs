@@ -21,6 +21,8 @@ use sluice_runtime::{Runtime, RuntimeError};
 pub struct ChainFileSettings {
     pub name: String,
     pub rpc_url: String,
+    /// The node's WebSocket endpoint, for `newHeads` (lower tip latency); optional.
+    pub ws_url: Option<String>,
     /// A block number, or `"latest"` (the default).
     #[serde(default)]
     pub start_block: Option<StartBlockSetting>,
@@ -49,6 +51,7 @@ impl ChainFileSettings {
         Self {
             name: name.to_owned(),
             rpc_url: rpc_url.to_owned(),
+            ws_url: None,
             start_block: None,
             confirmations: None,
             finality: None,
@@ -105,6 +108,14 @@ pub fn configs(
                 sluice_chains::rpc::redact_url(&chain.rpc_url)
             );
         }
+        if let Some(ws_url) = &chain.ws_url
+            && !(ws_url.starts_with("ws://") || ws_url.starts_with("wss://"))
+        {
+            bail!(
+                "chain {name}: ws_url {} must be ws:// or wss://",
+                sluice_chains::rpc::redact_url(ws_url)
+            );
+        }
         let entities: Vec<(String, bool)> = catalog
             .entries()
             .iter()
@@ -121,6 +132,7 @@ pub fn configs(
         }
         let mut config = ChainConfig::new(name, &chain.rpc_url);
         config.entities = entities;
+        config.ws_url.clone_from(&chain.ws_url);
         config.start_block = match &chain.start_block {
             None => StartBlock::Latest,
             Some(StartBlockSetting::Number(n)) => StartBlock::Number(*n),
@@ -295,6 +307,18 @@ mod tests {
         assert!(configs_err("hyperliquid", "http://x"));
         assert!(configs_err("mars", "http://x"));
         assert!(configs_err("base", "ws://x"));
+    }
+
+    #[test]
+    fn a_websocket_url_is_taken_only_as_ws() {
+        let mut chain = ChainFileSettings::new("base", "http://x");
+        chain.ws_url = Some("wss://node.example/v2/0123456789abcdef0123".to_owned());
+        let made = configs(std::slice::from_ref(&chain), &Catalog::default()).unwrap();
+        assert_eq!(made[0].ws_url.as_deref(), chain.ws_url.as_deref());
+        chain.ws_url = Some("https://node.example/v2/0123456789abcdef0123".to_owned());
+        let error = configs(&[chain], &Catalog::default()).unwrap_err().to_string();
+        assert!(error.contains("must be ws:// or wss://"), "{error}");
+        assert!(!error.contains("0123456789abcdef0123"), "the key is redacted: {error}");
     }
 
     fn configs_err(name: &str, url: &str) -> bool {

@@ -304,3 +304,36 @@ async fn the_finalized_tag_decides_what_the_finalized_streams_get() {
     assert_eq!(finalized[0]["block_number"], json!(block));
     assert_eq!(records(&log, "base.erc20_token_transfer.zerolag").await.len(), 1);
 }
+
+/// With the node's WebSocket endpoint, `newHeads` wakes the ingester as soon as a block is
+/// mined: with a 30-second head poll, a transfer still reaches the zerolag stream within
+/// seconds (without the subscription it would wait for the next poll).
+#[tokio::test]
+async fn new_heads_over_websocket_wake_the_ingester_before_its_poll() {
+    let anvil = Anvil::start().await;
+    let usdc = anvil.deploy("TestToken", vec![text("USD Coin"), text("USDC"), uint(6)]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = stream_log(dir.path(), "base").await;
+    let mut config = config(&anvil.url, 1);
+    config.poll_interval = Duration::from_secs(30);
+    config.ws_url = Some(anvil.url.replace("http://", "ws://"));
+    let status = Ingester::status_for(&config);
+    let ingester = Ingester::new(config, positions(&log), status.clone()).unwrap();
+    let running = tokio::spawn(ingester.run());
+    // Caught up with the head first (the first steps run without waiting)...
+    let head = anvil.head().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status.snapshot().zerolag_ingested < Some(head) {
+        assert!(Instant::now() < deadline, "never caught up: {:?}", status.snapshot());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...and idle in its 30-second wait, the subscription made, when the block comes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    anvil.invoke(ALICE, &usdc, "mint(address,uint256)", vec![address(BOB), uint(5)]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while records(&log, "base.erc20_token_transfer.zerolag").await.is_empty() {
+        assert!(Instant::now() < deadline, "the new head did not wake the ingester");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.abort();
+}
