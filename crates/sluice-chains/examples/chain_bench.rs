@@ -36,10 +36,14 @@ async fn main() {
         }
         Some("ingest") => ingest(&args[1], &args[2]).await,
         Some("latency") => {
-            latency(&args[1], args[2].parse().unwrap(), args[3].parse().unwrap()).await;
+            let ws_url = args.get(4).cloned();
+            latency(&args[1], args[2].parse().unwrap(), args[3].parse().unwrap(), ws_url).await;
         }
         _ => {
-            panic!("usage: chain_bench fill URL BLOCKS TXS_PER_BLOCK PER_TX | ingest URL all|erc20")
+            panic!(
+                "usage: chain_bench fill URL BLOCKS TXS_PER_BLOCK PER_TX | ingest URL all|erc20 \
+                 | latency URL SAMPLES POLL_MS [WS_URL]"
+            )
         }
     }
 }
@@ -153,7 +157,7 @@ async fn ingest(url: &str, entities: &str) {
     );
 }
 
-async fn latency(url: &str, samples: usize, poll_ms: u64) {
+async fn latency(url: &str, samples: usize, poll_ms: u64, ws_url: Option<String>) {
     let dir = tempfile::tempdir().unwrap();
     let log: Arc<dyn StreamLog> =
         Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), Arc::new(SystemClock)).unwrap());
@@ -161,6 +165,7 @@ async fn latency(url: &str, samples: usize, poll_ms: u64) {
     config.finality = Finality::Depth(10);
     config.start_block = StartBlock::Latest;
     config.poll_interval = Duration::from_millis(poll_ms);
+    config.ws_url = ws_url;
     config.entities = vec![("erc20_token_transfer".to_owned(), true)];
     let topic = TopicConfig { partitions: 8, retention: Retention::default() };
     for zerolag in [false, true] {
