@@ -164,6 +164,16 @@ async function uploadValues(file, batchSize, send, progress, status) {
   }
 }
 
+/**
+ * A table in its scrolling wrapper: `headers` are the column titles, `narrow` those of them
+ * hidden on a phone-width screen (their cells carry `.hide-narrow` too).
+ */
+function dataTable(label, headers, rows, narrow = []) {
+  return h('div.table-wrap', {}, h('table', { 'aria-label': label },
+    h('thead', {}, h('tr', {}, headers.map((title) => h(narrow.includes(title) ? 'th.hide-narrow' : 'th', {}, title)))),
+    h('tbody', {}, rows)));
+}
+
 function time(text) {
   return text ? new Date(text).toLocaleString() : '—';
 }
@@ -244,9 +254,7 @@ async function pipelinesView() {
     h('div.actions', {}, h('a', { href: '#/new' }, 'New pipeline')),
     pipelines.length === 0
       ? h('p.muted', {}, 'No pipelines yet.')
-      : h('div.table-wrap', {}, h('table', { 'aria-label': 'Pipelines' },
-        h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th', {}, 'Source'), h('th.hide-narrow', {}, 'Sinks'), h('th.hide-narrow', {}, 'Created'))),
-        h('tbody', {}, rows))),
+      : dataTable('Pipelines', ['Name', 'Source', 'Sinks', 'Created'], rows, ['Sinks', 'Created']),
   );
 }
 
@@ -437,9 +445,7 @@ async function pipelineView(id) {
     transforms.length ? h('ul', {}, transforms) : h('p.muted', {}, 'None: every record of the stream goes to the sink.'),
     h('h2', {}, 'Workers'),
     workers.length
-      ? h('div.table-wrap', {}, h('table', { 'aria-label': 'Workers' },
-        h('thead', {}, h('tr', {}, h('th', {}, 'Worker'), h('th', {}, 'Status'), h('th', {}, 'Ready'), h('th.hide-narrow', {}, 'Restarts'), h('th', {}, 'Last error'))),
-        h('tbody', {}, workers)))
+      ? dataTable('Workers', ['Worker', 'Status', 'Ready', 'Restarts', 'Last error'], workers, ['Restarts'])
       : h('p.muted', {}, 'No workers: deploy the pipeline to start them.'),
     h('h2', {}, 'Metrics'),
     metricsSection(path),
@@ -599,12 +605,11 @@ function deadLettersSection(path, editable) {
         body.replaceChildren(h('p.muted', {}, 'None waiting to be replayed.'));
         return;
       }
-      body.replaceChildren(h('div.table-wrap', {}, h('table', { 'aria-label': 'Dead letters' },
-        h('thead', {}, h('tr', {}, h('th', {}, 'Offset'), h('th', {}, 'Key'), h('th', {}, 'Where'), h('th', {}, 'Error'), h('th.hide-narrow', {}, 'At'))),
-        h('tbody', {}, page.dead_letters.map((d) => h('tr', {},
+      body.replaceChildren(dataTable('Dead letters', ['Offset', 'Key', 'Where', 'Error', 'At'],
+        page.dead_letters.map((d) => h('tr', {},
           h('td', {}, String(d.offset)), h('td', {}, d.key),
           h('td', {}, d.transform_uid ? `transform ${d.transform_uid}` : `sink ${d.sink_uid}`),
-          h('td', {}, d.error), h('td.hide-narrow', {}, time(d.timestamp))))))));
+          h('td', {}, d.error), h('td.hide-narrow', {}, time(d.timestamp)))), ['At']));
     } catch (e) {
       body.replaceChildren(h('p.muted', {}, e.status === 404 ? 'Deploy the pipeline to see its dead letters.' : e.message));
     }
@@ -753,11 +758,9 @@ async function datasetsView() {
     h('p.muted', {}, 'Sets of values your scripts look up with beam.contains(name, value).'),
     datasets.length === 0
       ? h('p.muted', {}, 'No datasets yet.')
-      : h('div.table-wrap', {}, h('table', { 'aria-label': 'Datasets' },
-        h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th.hide-narrow', {}, 'Created'), h('th', {}, 'Changed'))),
-        h('tbody', {}, datasets.map((d) => h('tr', {},
-          h('td', {}, h('a', { href: `#/datasets/${encodeURIComponent(d.id)}` }, d.name)),
-          h('td.hide-narrow', {}, time(d.created_at)), h('td', {}, time(d.updated_at))))))),
+      : dataTable('Datasets', ['Name', 'Created', 'Changed'], datasets.map((d) => h('tr', {},
+        h('td', {}, h('a', { href: `#/datasets/${encodeURIComponent(d.id)}` }, d.name)),
+        h('td.hide-narrow', {}, time(d.created_at)), h('td', {}, time(d.updated_at)))), ['Created']),
     h('h2', {}, 'New dataset'),
     create,
   );
@@ -863,11 +866,9 @@ async function secretsView() {
     h('p.muted', {}, 'Credentials and signing keys that sinks name (webhook hash_key, Kafka, NATS and SNS credentials).'),
     secrets.length === 0
       ? h('p.muted', {}, 'No secrets yet.')
-      : h('div.table-wrap', {}, h('table', { 'aria-label': 'Secrets' },
-        h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th', {}, 'Changed'), h('th', {}, ''))),
-        h('tbody', {}, secrets.map((secret) => h('tr', {},
-          h('td', {}, secret.name), h('td', {}, time(secret.updated_at)),
-          h('td', {}, manager ? remove(secret.name) : null)))))),
+      : dataTable('Secrets', ['Name', 'Changed', ''], secrets.map((secret) => h('tr', {},
+        h('td', {}, secret.name), h('td', {}, time(secret.updated_at)),
+        h('td', {}, manager ? remove(secret.name) : null)))),
     manager ? h('h2', {}, 'Set a secret') : h('p.muted#secrets-read-only', {}, 'Organization admins and operators manage secrets.'),
     manager ? form : null,
     result);
@@ -1004,9 +1005,7 @@ async function backfillsView() {
     h('div.actions', {}, h('a', { href: '#/backfills/new' }, 'New backfill')),
     jobs.length === 0
       ? h('p.muted', {}, 'No backfill jobs yet.')
-      : h('div.table-wrap', {}, h('table', { 'aria-label': 'Backfill jobs' },
-        h('thead', {}, h('tr', {}, h('th', {}, 'Job'), h('th', {}, 'Status'), h('th', {}, 'Progress'), h('th.hide-narrow', {}, 'Rows'), h('th', {}, ''))),
-        h('tbody', {}, rows))),
+      : dataTable('Backfill jobs', ['Job', 'Status', 'Progress', 'Rows', ''], rows, ['Rows']),
   );
   // While a job runs, the page follows it.
   if (jobs.some((job) => job.status === 'staging' || job.status === 'transporting')) {

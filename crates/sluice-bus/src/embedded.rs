@@ -487,15 +487,14 @@ impl Writer {
     }
 }
 
-/// A partition's bookkeeping as last committed; `None` when it was never appended to (or
-/// the topic does not exist, which the caller tells apart).
+/// A partition's bookkeeping as last committed, from the `partition_state` table; `None`
+/// when it was never appended to (or the topic does not exist, which the caller tells apart).
 fn partition_state(
-    txn: &redb::ReadTransaction,
+    table: &impl ReadableTable<(&'static str, u32), (u64, u64, u64, i64)>,
     topic: &str,
     partition: u32,
 ) -> Result<Option<PartitionState>> {
-    let partitions = txn.open_table(PARTITION_STATE).map_err(redb::Error::from)?;
-    let row = partitions.get((topic, partition)).map_err(redb::Error::from)?;
+    let row = table.get((topic, partition)).map_err(redb::Error::from)?;
     Ok(row.map(|row| PartitionState::from_row(row.value())))
 }
 
@@ -515,7 +514,8 @@ fn checked_partition_state(
     partition: u32,
 ) -> Result<PartitionState> {
     // A partition with a state row exists: the topic's configuration need not be read.
-    if let Some(state) = partition_state(txn, topic, partition)? {
+    let table = txn.open_table(PARTITION_STATE).map_err(redb::Error::from)?;
+    if let Some(state) = partition_state(&table, topic, partition)? {
         return Ok(state);
     }
     let stored = stored_topic(txn, topic)?;
@@ -653,9 +653,10 @@ impl StreamLog for EmbeddedLog {
         self.read_blocking(move |db| {
             let txn = db.begin_read().map_err(redb::Error::from)?;
             let stored = stored_topic(&txn, &name)?;
+            let table = txn.open_table(PARTITION_STATE).map_err(redb::Error::from)?;
             (0..stored.partitions)
                 .map(|partition| {
-                    let state = partition_state(&txn, &name, partition)?.unwrap_or_default();
+                    let state = partition_state(&table, &name, partition)?.unwrap_or_default();
                     Ok(OffsetRange { start: state.start, end: state.next_offset })
                 })
                 .collect()

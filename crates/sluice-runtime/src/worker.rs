@@ -48,6 +48,16 @@ struct Round {
     errors: Vec<(u32, String)>,
 }
 
+/// The next round's reads on their own task, cancelled when dropped (the worker stops, or
+/// the reads start from the wrong place).
+struct ReadAhead(tokio::task::JoinHandle<Round>);
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl Round {
     /// A round whose reading task itself failed (it panicked or was cancelled).
     fn failed(error: String) -> Self {
@@ -114,13 +124,13 @@ impl Worker {
         tracing::debug!(config_id = %plan.plan.pipeline_id, worker = self.index, ?partitions, "worker started");
         // The next round's reads run while this round is processed and delivered (the
         // worker's one sequence of steps would otherwise leave the log idle meanwhile).
-        let mut ahead: Option<tokio::task::JoinHandle<Round>> = None;
+        let mut ahead: Option<ReadAhead> = None;
         while !self.stopping() {
             // One batch per round: up to `batch_size` records of each of this worker's
             // partitions, delivered and committed together.
             let round = match ahead.take() {
-                Some(reading) => {
-                    reading.await.unwrap_or_else(|error| Round::failed(error.to_string()))
+                Some(mut reading) => {
+                    (&mut reading.0).await.unwrap_or_else(|error| Round::failed(error.to_string()))
                 }
                 None => self.reader(&source).round(&partitions, &next).await,
             };
@@ -149,27 +159,21 @@ impl Worker {
             after.extend(round.offsets.iter().copied());
             let reader = self.reader(&source);
             let read_partitions = partitions.clone();
-            ahead = Some(tokio::spawn(async move { reader.round(&read_partitions, &after).await }));
+            ahead = Some(ReadAhead(tokio::spawn(async move {
+                reader.round(&read_partitions, &after).await
+            })));
             let settled = self
                 .process(&plan, round.records, &mut engines, &group, &side, &round.offsets)
                 .await;
             let Some(committed) = settled else {
                 // Stopped while the sink kept failing: offsets stay for the next start.
-                if let Some(reading) = ahead.take() {
-                    reading.abort();
-                }
                 return;
             };
             if committed != round.offsets {
                 // Records were left for the next batch: read again from them.
-                if let Some(reading) = ahead.take() {
-                    reading.abort();
-                }
+                ahead = None;
             }
             next.extend(committed);
-        }
-        if let Some(reading) = ahead.take() {
-            reading.abort();
         }
     }
 
