@@ -19,6 +19,7 @@ pub mod datasets;
 pub mod deployments;
 pub mod error;
 pub mod filter_values;
+pub mod nodes;
 pub mod openapi_rules;
 pub mod ops;
 pub mod params;
@@ -102,6 +103,9 @@ pub struct AppState {
     pub egress: Option<std::net::IpAddr>,
     /// Backfill jobs and the warehouse; `None` in a process that runs none (503).
     pub backfills: Option<Arc<sluice_backfill::jobs::Backfills>>,
+    /// This node's name, for `GET /api/v1/nodes` on a node of its own (a cluster node's
+    /// runtime knows its name).
+    pub node_name: Arc<str>,
     openapi_json: axum::body::Bytes,
 }
 
@@ -127,11 +131,19 @@ impl AppState {
             prices: None,
             metrics_token: None,
             chains: None,
+            node_name: Arc::from("local"),
             secrets: None,
             egress: None,
             backfills: None,
             openapi_json: openapi_json.into(),
         }
+    }
+
+    /// Names this node in `GET /api/v1/nodes`.
+    #[must_use]
+    pub fn with_node_name(mut self, name: &str) -> Self {
+        self.node_name = Arc::from(name);
+        self
     }
 
     /// Runs pipelines on `runtime`, whose set indexes then hear every filter-value change.
@@ -321,6 +333,7 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(stats::deploy_metrics))
         .routes(routes!(stats::prometheus))
         .routes(routes!(chains::list_chains))
+        .routes(routes!(nodes::list_nodes))
         .routes(routes!(secrets::list_secrets))
         .routes(routes!(backfills::create_backfill, backfills::list_backfills))
         .routes(routes!(backfills::list_tables))

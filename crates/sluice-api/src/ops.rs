@@ -27,7 +27,7 @@ pub async fn healthz() -> Json<StatusBody> {
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready", body = StatusBody),
-        (status = 503, description = "The store or the stream log does not answer", body = ErrorBody),
+        (status = 503, description = "The store or the stream log does not answer, or this cluster node is cut off", body = ErrorBody),
     ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, ApiError> {
     if let Err(error) = state.store.ping().await {
@@ -40,6 +40,15 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, A
         tracing::warn!(%error, "readiness check failed");
         return Err(ApiError::Unavailable(
             "the stream log is not reachable; deployments hold until it is back".to_owned(),
+        ));
+    }
+    if let Some(runtime) = &state.runtime
+        && !runtime.in_cluster()
+    {
+        return Err(ApiError::Unavailable(
+            "this node has not written its cluster heartbeat within the node timeout; the \
+             other nodes run its workers"
+                .to_owned(),
         ));
     }
     Ok(Json(StatusBody { status: "ok" }))

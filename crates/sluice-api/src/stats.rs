@@ -52,6 +52,10 @@ pub struct WorkerHealthItem {
     pub is_blocked_on_sink: bool,
     /// Since when it is blocked on its sink; null when it is not.
     pub blocked_since: Option<String>,
+    /// The node it runs on, when several `sluice serve` nodes share the work; absent on a
+    /// node of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// SPEC "Deployment worker health".
@@ -89,7 +93,8 @@ impl WorkersHealth {
                 .into_iter()
                 .map(|w| WorkerHealthItem {
                     name: w.name,
-                    status: w.status.to_owned(),
+                    status: w.status,
+                    node: w.node,
                     is_ready: w.is_ready,
                     is_crash_looping: w.is_crash_looping,
                     is_oom_killed: w.is_oom_killed,

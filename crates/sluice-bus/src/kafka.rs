@@ -252,7 +252,9 @@ impl KafkaLog {
 
     /// The offsets of one partition: its earliest, and its end read from a fetch (a fetch's
     /// high watermark is exact on every broker this was run on; tansu 0.6 answers
-    /// `ListOffsets(latest)` with the last record batch's base offset + 1).
+    /// `ListOffsets(latest)` with the last record batch's base offset + 1). The fetch goes on
+    /// until the cursor reaches the partition's end: with several processes appending, the
+    /// batches after the listed one need not come in the first fetch.
     async fn partition_offsets(&self, topic: &str, partition: u32) -> Result<OffsetRange> {
         let name = self.name(topic);
         let meta = self.inner.meta.clone();
@@ -262,11 +264,16 @@ impl KafkaLog {
                 .map_err(backend)?;
         let start = u64::try_from(low).unwrap_or(0);
         let listed = u64::try_from(high).unwrap_or(0);
-        let mut end = listed.max(start);
-        if end > start {
-            let last = self.read_with_cursor(topic, partition, end - 1, usize::MAX).await?;
-            if let Some(record) = last.last() {
-                end = end.max(record.offset + 1);
+        let mut end = listed.max(start).max(self.inner.readers.known_end(topic, partition));
+        let mut from = end.saturating_sub(1).max(start);
+        while end > start {
+            let read = self.read_with_cursor(topic, partition, from, usize::MAX).await?;
+            match read.last() {
+                Some(record) if record.offset + 1 > end => {
+                    end = record.offset + 1;
+                    from = end;
+                }
+                _ => break,
             }
         }
         self.inner.readers.learn_end(topic, partition, end);
@@ -513,6 +520,30 @@ impl StreamLog for KafkaLog {
                 }
             }
         })
+    }
+
+    async fn release_topic(&self, topic: &str) {
+        self.inner.readers.forget(topic);
+        let tails = self.inner.tails.clone();
+        let name = self.name(topic);
+        if tokio::task::spawn_blocking(move || tails.stop(&name)).await.is_err() {
+            tracing::warn!(%topic, "stopping a tail failed");
+        }
+    }
+
+    fn open_topics(&self) -> Vec<String> {
+        let prefixed = self.name("");
+        let mut topics = self.inner.readers.topics();
+        topics.extend(
+            self.inner
+                .tails
+                .running()
+                .into_iter()
+                .filter_map(|name| name.strip_prefix(&prefixed).map(str::to_owned)),
+        );
+        topics.sort_unstable();
+        topics.dedup();
+        topics
     }
 
     fn client_access(&self, topic: &str) -> Option<ClientAccess> {

@@ -206,6 +206,19 @@ pub trait StreamLog: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Closes what this process holds open on `topic` (readers fetching ahead, a tail
+    /// following appends) because another process is about to delete it; reading or
+    /// watching it again opens them again. No effect on the embedded log.
+    async fn release_topic(&self, topic: &str) {
+        let _ = topic;
+    }
+
+    /// The topics this process holds readers or a tail open on (what another process must
+    /// wait for before deleting one).
+    fn open_topics(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// How a Kafka client reaches `topic` of this log, when one can (a Kafka cluster); `None`
     /// for the embedded log, whose topics are read over Sluice's HTTP API.
     fn client_access(&self, topic: &str) -> Option<ClientAccess> {

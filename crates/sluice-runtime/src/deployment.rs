@@ -1,5 +1,6 @@
 //! A running deployment: its workers, the plan they run, and their counters.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,29 +45,65 @@ impl Counters {
     }
 }
 
-/// The workers of one deployment.
+/// The workers of one deployment that run in this process: all of them on a node of its
+/// own, or the slots the cluster gives this node ([`crate::cluster`]). Worker `i` (slot `i`)
+/// reads the source partitions `p` with `p % workers == i`, wherever it runs.
 pub(crate) struct Running {
     plan: watch::Sender<Arc<BoundPlan>>,
+    /// Every worker of the deployment, in all processes (from its pod size).
+    workers: usize,
+    /// The stored deployment this runs (its `updated_at`), to notice a newer one.
+    version: String,
+    /// The workers running here, by slot.
+    slots: BTreeMap<usize, Slot>,
+    guarantee: DeliveryGuarantee,
+    log: Arc<dyn StreamLog>,
+    clock: Arc<dyn Clock>,
+    settings: RuntimeSettings,
+    entity: Arc<str>,
+    metrics: Arc<PipelineMetrics>,
+    counters: Arc<Counters>,
+}
+
+/// One worker and its supervisor.
+struct Slot {
     stop: watch::Sender<bool>,
-    /// The supervisor task of each worker.
-    workers: Vec<JoinHandle<()>>,
-    view: RunningView,
+    supervisor: JoinHandle<()>,
+    health: Arc<WorkerHealth>,
 }
 
 /// What readers (health, stats, `/metrics`) see of a running deployment: shared handles
 /// the workers update, read without waiting on the deployment's lifecycle lock.
 #[derive(Clone)]
 pub(crate) struct RunningView {
-    health: Vec<Arc<WorkerHealth>>,
+    health: Vec<(usize, Arc<WorkerHealth>)>,
     clock: Arc<dyn Clock>,
     counters: Arc<Counters>,
+    workers: usize,
+    version: String,
 }
 
 impl RunningView {
-    /// The health of each worker, in worker order.
+    /// The health of each worker running here, in slot order.
     pub(crate) fn health(&self) -> Vec<WorkerStatus> {
         let now = self.clock.now();
-        self.health.iter().map(|health| health.status(now)).collect()
+        self.health.iter().map(|(_, health)| health.status(now)).collect()
+    }
+
+    /// The slots running here, with their health.
+    pub(crate) fn slots(&self) -> Vec<(usize, WorkerStatus)> {
+        let now = self.clock.now();
+        self.health.iter().map(|(slot, health)| (*slot, health.status(now))).collect()
+    }
+
+    /// The stored deployment the workers run (its `updated_at`).
+    pub(crate) fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Every worker of the deployment, here or elsewhere.
+    pub(crate) fn workers(&self) -> usize {
+        self.workers
     }
 
     pub(crate) fn counters(&self) -> Arc<Counters> {
@@ -74,64 +111,113 @@ impl RunningView {
     }
 }
 
+/// How a deployment's workers run, whichever slots run here.
+pub(crate) struct RunSpec {
+    pub workers: usize,
+    pub version: String,
+    pub guarantee: DeliveryGuarantee,
+    pub log: Arc<dyn StreamLog>,
+    pub clock: Arc<dyn Clock>,
+    pub settings: RuntimeSettings,
+    /// The source's entity, to read block times.
+    pub entity: Arc<str>,
+    pub metrics: Arc<PipelineMetrics>,
+}
+
 impl Running {
-    /// Starts `workers` workers, each under a supervisor that restarts it with backoff when
-    /// it panics or ends while the deployment runs; worker `i` reads the source partitions `p`
-    /// with `p % workers == i`. `entity` is the source's entity (to read block times).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn start(
-        plan: Arc<BoundPlan>,
-        workers: usize,
-        guarantee: DeliveryGuarantee,
-        log: Arc<dyn StreamLog>,
-        clock: Arc<dyn Clock>,
-        settings: RuntimeSettings,
-        entity: Arc<str>,
-        metrics: Arc<PipelineMetrics>,
-    ) -> Self {
-        let (plan_tx, plan_rx) = watch::channel(plan);
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let counters = Arc::new(Counters::default());
-        let pipeline_id = plan_rx.borrow().plan.pipeline_id.clone();
-        let health: Vec<Arc<WorkerHealth>> = (0..workers)
-            .map(|index| {
-                Arc::new(WorkerHealth::new(format!("{pipeline_id}-worker-{index}"), clock.now()))
-            })
-            .collect();
-        let handles = (0..workers)
-            .map(|index| {
-                let worker = Worker {
-                    index,
-                    workers,
-                    guarantee,
-                    log: log.clone(),
-                    clock: clock.clone(),
-                    settings,
-                    plan: plan_rx.clone(),
-                    stop: stop_rx.clone(),
-                    counters: counters.clone(),
-                    health: health[index].clone(),
-                    metrics: metrics.clone(),
-                    entity: entity.clone(),
-                };
-                tokio::spawn(supervise(worker))
-            })
-            .collect();
+    /// A deployment running `plan` with no worker here yet ([`Running::start_slot`]).
+    pub(crate) fn new(plan: Arc<BoundPlan>, spec: RunSpec) -> Self {
+        let (plan, _) = watch::channel(plan);
         Self {
-            plan: plan_tx,
-            stop: stop_tx,
-            workers: handles,
-            view: RunningView { health, clock, counters },
+            plan,
+            workers: spec.workers,
+            version: spec.version,
+            slots: BTreeMap::new(),
+            guarantee: spec.guarantee,
+            log: spec.log,
+            clock: spec.clock,
+            settings: spec.settings,
+            entity: spec.entity,
+            metrics: spec.metrics,
+            counters: Arc::new(Counters::default()),
         }
+    }
+
+    /// A deployment running every one of its workers here.
+    pub(crate) fn start(plan: Arc<BoundPlan>, spec: RunSpec) -> Self {
+        let mut running = Self::new(plan, spec);
+        for slot in 0..running.workers {
+            running.start_slot(slot);
+        }
+        running
+    }
+
+    /// Starts worker `slot` here, under a supervisor that restarts it with backoff when it
+    /// panics or ends while the deployment runs. No effect when it runs already.
+    pub(crate) fn start_slot(&mut self, slot: usize) {
+        if self.slots.contains_key(&slot) || slot >= self.workers {
+            return;
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        let pipeline_id = self.plan.borrow().plan.pipeline_id.clone();
+        let health =
+            Arc::new(WorkerHealth::new(format!("{pipeline_id}-worker-{slot}"), self.clock.now()));
+        let worker = Worker {
+            index: slot,
+            workers: self.workers,
+            guarantee: self.guarantee,
+            log: self.log.clone(),
+            clock: self.clock.clone(),
+            settings: self.settings,
+            plan: self.plan.subscribe(),
+            stop: stop_rx,
+            counters: self.counters.clone(),
+            health: health.clone(),
+            metrics: self.metrics.clone(),
+            entity: self.entity.clone(),
+        };
+        let supervisor = tokio::spawn(supervise(worker));
+        self.slots.insert(slot, Slot { stop, supervisor, health });
+    }
+
+    /// Stops the workers of `slots` running here (each finishes and commits its batch) and
+    /// waits for them.
+    pub(crate) async fn stop_slots(&mut self, slots: &[usize]) {
+        let stopping: Vec<Slot> = slots.iter().filter_map(|slot| self.slots.remove(slot)).collect();
+        for slot in &stopping {
+            slot.stop.send_replace(true);
+        }
+        for slot in stopping {
+            if let Err(error) = slot.supervisor.await {
+                tracing::error!(%error, "a worker supervisor ended abnormally");
+            }
+        }
+    }
+
+    /// The slots running here.
+    pub(crate) fn slots(&self) -> Vec<usize> {
+        self.slots.keys().copied().collect()
     }
 
     /// What readers see of this deployment.
     pub(crate) fn view(&self) -> RunningView {
-        self.view.clone()
+        RunningView {
+            health: self.slots.iter().map(|(slot, s)| (*slot, s.health.clone())).collect(),
+            clock: self.clock.clone(),
+            counters: self.counters.clone(),
+            workers: self.workers,
+            version: self.version.clone(),
+        }
     }
 
+    /// Every worker of the deployment, here or elsewhere.
     pub(crate) fn workers(&self) -> usize {
-        self.workers.len()
+        self.workers
+    }
+
+    /// The stored deployment this runs.
+    pub(crate) fn version(&self) -> &str {
+        &self.version
     }
 
     /// The source topic the workers read.
@@ -139,9 +225,11 @@ impl Running {
         self.plan.borrow().plan.source.clone()
     }
 
-    /// Hands the workers a new plan; each takes it at its next batch boundary.
-    pub(crate) fn replace_plan(&self, plan: Arc<BoundPlan>) {
+    /// Hands the workers a new plan (of stored deployment `version`); each takes it at its
+    /// next batch boundary.
+    pub(crate) fn replace_plan(&mut self, plan: Arc<BoundPlan>, version: String) {
         self.plan.send_replace(plan);
+        self.version = version;
     }
 
     /// The configuration the workers run.
@@ -149,15 +237,11 @@ impl Running {
         self.plan.borrow().clone()
     }
 
-    /// Asks every worker to stop after its current batch and waits for them.
-    pub(crate) async fn stop(self) {
+    /// Asks every worker here to stop after its current batch and waits for them.
+    pub(crate) async fn stop(mut self) {
         let plan = self.plan();
-        self.stop.send_replace(true);
-        for worker in self.workers {
-            if let Err(error) = worker.await {
-                tracing::error!(%error, "a worker supervisor ended abnormally");
-            }
-        }
+        let slots = self.slots();
+        self.stop_slots(&slots).await;
         // No worker delivers any more: the sinks' clients and connections go.
         for sink in &plan.plan.sinks {
             sink.close().await;

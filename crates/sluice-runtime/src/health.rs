@@ -46,14 +46,15 @@ pub(crate) struct WorkerHealth {
     state: Mutex<State>,
 }
 
-/// A worker's health as the stats endpoint reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A worker's health as the stats endpoint reports it (and as a node reports its workers to
+/// the others).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkerStatus {
     /// `<config_id>-worker-<index>`.
     pub name: String,
     /// `Running`, `Restarting` (waiting to start again after a crash) or `CrashLoopBackOff`
     /// (waiting, and crash-looping).
-    pub status: &'static str,
+    pub status: String,
     /// Running and reading its partitions.
     pub is_ready: bool,
     pub is_crash_looping: bool,
@@ -71,6 +72,8 @@ pub struct WorkerStatus {
     pub is_blocked_on_sink: bool,
     /// Since when it is blocked on its sink.
     pub blocked_since: Option<DateTime<Utc>>,
+    /// The node it runs on, on a cluster (`None` on a node of its own).
+    pub node: Option<String>,
 }
 
 impl WorkerHealth {
@@ -143,7 +146,8 @@ impl WorkerHealth {
         };
         WorkerStatus {
             name: self.name.clone(),
-            status,
+            status: status.to_owned(),
+            node: None,
             is_ready: state.running,
             is_crash_looping,
             is_oom_killed,
@@ -192,7 +196,7 @@ mod tests {
         assert_eq!(health.crashed(at(10), "boom".into()), 1);
         let status = health.status(at(10));
         assert_eq!(
-            (status.status, status.is_ready, status.is_crash_looping),
+            (status.status.as_str(), status.is_ready, status.is_crash_looping),
             ("Restarting", false, false)
         );
         health.restarted(at(11));
@@ -205,7 +209,10 @@ mod tests {
         assert_eq!(status.last_error.as_deref(), Some("boom again"));
         health.restarted(at(40));
         let status = health.status(at(40));
-        assert_eq!((status.status, status.is_ready, status.start_time), ("Running", true, at(40)));
+        assert_eq!(
+            (status.status.as_str(), status.is_ready, status.start_time),
+            ("Running", true, at(40))
+        );
         assert!(status.is_crash_looping);
         // Five minutes after the first two, only one restart is recent.
         assert!(!health.status(at(325)).is_crash_looping);

@@ -11,6 +11,7 @@
 //! [`delivery`] for workers and dead-letter replay alike. This crate must not depend on the
 //! API.
 
+mod cluster;
 pub mod datasets;
 pub mod delivery;
 mod deployment;
@@ -37,8 +38,10 @@ use sluice_core::streams::StreamRecord;
 use sluice_store::{MetadataStore, Secrets, SecretsError, StoreError};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
+use cluster::Cluster;
+pub use cluster::{ClusterSettings, NodeInfo};
 pub use deployment::Counters;
-use deployment::{Running, RunningView};
+use deployment::{RunSpec, Running, RunningView};
 pub use health::WorkerStatus;
 use metrics::MetricsHub;
 pub use plan::PlanError;
@@ -169,6 +172,10 @@ pub struct Runtime {
     sink_env: SinkEnv,
     /// The secrets each running deployment's sinks started with (stale-sink checks).
     secret_uses: RwLock<HashMap<String, SecretUse>>,
+    /// This node's part in a cluster (`None`: a node of its own, running every worker).
+    cluster: Option<Arc<Cluster>>,
+    /// Set by [`Runtime::shutdown`]: the cluster loop stops following.
+    shut_down: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -223,7 +230,29 @@ impl Runtime {
         sets: Arc<dyn SetSource>,
         sink_env: SinkEnv,
     ) -> Result<Arc<Self>> {
+        Self::start_node(store, log, catalog, clock, settings, sets, sink_env, None).await
+    }
+
+    /// [`Runtime::start_with_sinks`], as a node of a cluster when `cluster` is given: it runs
+    /// its share of every deployment's workers and follows the desired state that every
+    /// node's lifecycle calls store ([`ClusterSettings`]; the store must be PostgreSQL and
+    /// the log Kafka, shared by every node).
+    ///
+    /// # Errors
+    /// As [`Runtime::start`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_node(
+        store: Arc<dyn MetadataStore>,
+        log: Arc<dyn StreamLog>,
+        catalog: Arc<Catalog>,
+        clock: Arc<dyn Clock>,
+        settings: RuntimeSettings,
+        sets: Arc<dyn SetSource>,
+        sink_env: SinkEnv,
+        cluster: Option<ClusterSettings>,
+    ) -> Result<Arc<Self>> {
         let sets = Arc::new(SetIndexes::new(sets));
+        let cluster = cluster.map(|settings| Arc::new(Cluster::new(settings, clock.now())));
         let metrics = Arc::new(MetricsHub::new(store.clone(), clock.clone()));
         tokio::spawn(MetricsHub::run_jobs(Arc::downgrade(&metrics)));
         let runtime = Arc::new(Self {
@@ -239,8 +268,15 @@ impl Runtime {
             views: RwLock::default(),
             sink_env,
             secret_uses: RwLock::default(),
+            cluster,
+            shut_down: std::sync::atomic::AtomicBool::new(false),
         });
         runtime.create_chain_topics().await?;
+        if let Some(cluster) = &runtime.cluster {
+            // The deployments run as the cluster assigns them, from the first round on.
+            tokio::spawn(cluster::follow(Arc::downgrade(&runtime), cluster.clone()));
+            return Ok(runtime);
+        }
         for record in runtime.store.list_deployments().await? {
             if record.state == DeploymentState::Deployed {
                 let mut running = runtime.lifecycle(&record.pipeline_id).await;
@@ -250,7 +286,11 @@ impl Runtime {
                     runtime.create_pipeline_topics(&plan).await?;
                     runtime.pin_start_offsets(&plan).await?;
                     let bound = runtime.bind(plan).await?;
-                    Ok::<_, RuntimeError>((runtime.start_workers(&record.pipeline, bound), uses))
+                    let version = cluster::version_of(&record);
+                    Ok::<_, RuntimeError>((
+                        runtime.start_workers(&record.pipeline, bound, version),
+                        uses,
+                    ))
                 };
                 match started.await {
                     Ok((workers, uses)) => {
@@ -467,6 +507,11 @@ impl Runtime {
     /// A configuration the runtime cannot run, or a store or log failure.
     pub async fn deploy(&self, pipeline: &Pipeline) -> Result<Deployed> {
         let (plan, uses) = self.compile(pipeline).await?;
+        // On a cluster, one lifecycle call of a pipeline at a time on every node.
+        let cluster_lock = match &self.cluster {
+            Some(_) => Some(self.store.cluster_lock(&pipeline.id).await?),
+            None => None,
+        };
         let mut running = self.lifecycle(&pipeline.id).await;
         let now = self.clock.now();
         let existing = self.store.deployment(&pipeline.id).await?;
@@ -482,6 +527,7 @@ impl Runtime {
             updated_at: now,
         };
         self.store.put_deployment(&record).await?;
+        let version = cluster::version_of(&record);
         let sinks = plan
             .sinks
             .iter()
@@ -494,25 +540,55 @@ impl Runtime {
                 connection
             })
             .collect();
+        if let (Some(cluster), Some(lock)) = (&self.cluster, cluster_lock) {
+            drop(running);
+            let was_running =
+                existing.as_ref().is_some_and(|e| e.state == DeploymentState::Deployed);
+            // The freshest view of who is alive, and the others hear what runs here before
+            // they start anything.
+            self.refresh_peers(cluster).await;
+            self.reconcile(cluster, &pipeline.id, Some(&record)).await;
+            self.signal_cluster().await;
+            let workers = pipeline.pod_size.workers();
+            let everywhere = self
+                .converge(cluster, |nodes| {
+                    let at_version: std::collections::BTreeSet<usize> = nodes
+                        .iter()
+                        .flat_map(|node| &node.workers)
+                        .filter(|w| w.pipeline_id == pipeline.id && w.version == version)
+                        .map(|w| w.slot)
+                        .collect();
+                    at_version.len() == workers
+                })
+                .await;
+            if !everywhere {
+                tracing::warn!(config_id = %pipeline.id, "not every node runs the deployment yet; they follow it on their next rounds");
+            }
+            lock.release().await;
+            tracing::info!(config_id = %pipeline.id, was_running, "pipeline deployed");
+            return Ok(Deployed { sinks, was_running });
+        }
         let source = plan.source.clone();
         let bound = self.bind(plan).await?;
-        let was_running = match running.as_ref() {
+        let was_running = match running.as_mut() {
             Some(current)
                 if current.workers() == pipeline.pod_size.workers()
                     && current.source() == source =>
             {
-                current.replace_plan(bound);
+                current.replace_plan(bound, version);
+                let view = current.view();
+                self.views_mut().insert(pipeline.id.clone(), view);
                 self.secret_uses_mut().insert(pipeline.id.clone(), uses);
                 true
             }
             Some(_) => {
                 self.stop_running(&pipeline.id, &mut running).await;
-                let started = self.start_workers(pipeline, bound);
+                let started = self.start_workers(pipeline, bound, version);
                 self.set_running(&pipeline.id, &mut running, started, uses);
                 true
             }
             None => {
-                let started = self.start_workers(pipeline, bound);
+                let started = self.start_workers(pipeline, bound, version);
                 self.set_running(&pipeline.id, &mut running, started, uses);
                 false
             }
@@ -521,12 +597,56 @@ impl Runtime {
         Ok(Deployed { sinks, was_running })
     }
 
+    /// Wakes the other nodes of a cluster to follow a change of the desired state, after
+    /// telling them what runs here now.
+    async fn signal_cluster(&self) {
+        if let Some(cluster) = &self.cluster {
+            self.heartbeat(cluster).await;
+        }
+        if let Err(error) = self.store.signal_cluster().await {
+            tracing::warn!(%error, "cannot signal the other nodes; they follow on their next heartbeat");
+        }
+    }
+
+    /// On a cluster: waits until no live node runs a worker of `pipeline_id`.
+    async fn converge_stopped(&self, pipeline_id: &str) {
+        let Some(cluster) = &self.cluster else { return };
+        let stopped = self
+            .converge(cluster, |nodes| {
+                nodes.iter().flat_map(|node| &node.workers).all(|w| w.pipeline_id != pipeline_id)
+            })
+            .await;
+        if !stopped {
+            tracing::warn!(config_id = %pipeline_id, "a node still reports workers of the pipeline");
+        }
+    }
+
+    /// On a cluster: waits until no other live node holds any of `topics` open.
+    async fn converge_released(&self, topics: &[String]) {
+        let Some(cluster) = &self.cluster else { return };
+        let released = self
+            .converge(cluster, |nodes| {
+                nodes
+                    .iter()
+                    .skip(1)
+                    .all(|node| !node.open_topics.iter().any(|t| topics.contains(t)))
+            })
+            .await;
+        if !released {
+            tracing::warn!(?topics, "a node still holds topics open that a teardown deletes");
+        }
+    }
+
     /// Pauses a deployed pipeline: its workers finish their batch and stop; offsets, sinks
     /// and topics stay. No effect on a pipeline that is not deployed.
     ///
     /// # Errors
     /// A store failure.
     pub async fn pause(&self, pipeline_id: &str) -> Result<Paused> {
+        let cluster_lock = match &self.cluster {
+            Some(_) => Some(self.store.cluster_lock(pipeline_id).await?),
+            None => None,
+        };
         let mut running = self.lifecycle(pipeline_id).await;
         let Some(mut record) = self.store.deployment(pipeline_id).await? else {
             return Ok(Paused::NotDeployed);
@@ -538,6 +658,12 @@ impl Runtime {
         record.state = DeploymentState::Paused;
         record.updated_at = self.clock.now();
         self.store.put_deployment(&record).await?;
+        drop(running);
+        if let Some(lock) = cluster_lock {
+            self.signal_cluster().await;
+            self.converge_stopped(pipeline_id).await;
+            lock.release().await;
+        }
         tracing::info!(config_id = %pipeline_id, "pipeline paused");
         Ok(Paused::Paused)
     }
@@ -549,11 +675,27 @@ impl Runtime {
     /// # Errors
     /// A store or log failure.
     pub async fn teardown(&self, pipeline_id: &str) -> Result<bool> {
+        let cluster_lock = match &self.cluster {
+            Some(_) => Some(self.store.cluster_lock(pipeline_id).await?),
+            None => None,
+        };
         let mut running = self.lifecycle(pipeline_id).await;
         self.stop_running(pipeline_id, &mut running).await;
-        let Some(record) = self.store.deployment(pipeline_id).await? else {
+        let Some(mut record) = self.store.deployment(pipeline_id).await? else {
             return Ok(false);
         };
+        if cluster_lock.is_some() && record.state == DeploymentState::Deployed {
+            // Every node's workers stop (and commit) before the topics and offsets go; a
+            // teardown cut short leaves the deployment paused, and a new one finishes it.
+            record.state = DeploymentState::Paused;
+            record.updated_at = self.clock.now();
+            self.store.put_deployment(&record).await?;
+            self.signal_cluster().await;
+            self.converge_stopped(pipeline_id).await;
+        }
+        if cluster_lock.is_some() {
+            self.converge_released(&cluster::pipeline_topics(&record)).await;
+        }
         for (_, topic) in &plan::Plan::managed_topics(&record.pipeline) {
             self.log.delete_topic(topic).await?;
         }
@@ -562,6 +704,10 @@ impl Runtime {
         self.log.delete_group(&topics::deployment_group(pipeline_id)).await?;
         self.store.delete_deployment(pipeline_id).await?;
         self.sets.release_pipeline(pipeline_id);
+        if let Some(lock) = cluster_lock {
+            self.signal_cluster().await;
+            lock.release().await;
+        }
         tracing::info!(config_id = %pipeline_id, "pipeline torn down");
         Ok(true)
     }
@@ -595,6 +741,7 @@ impl Runtime {
     /// Stops every worker (each finishes and commits its batch); deployments stay stored as
     /// they are, so the next start runs them again.
     pub async fn shutdown(&self) {
+        self.shut_down.store(true, std::sync::atomic::Ordering::SeqCst);
         let lifecycles: Vec<(String, Arc<Mutex<Option<Running>>>)> = self
             .lifecycles
             .lock()
@@ -610,18 +757,65 @@ impl Runtime {
             }
         }
         self.metrics.flush(None, None).await;
+        if let Some(cluster) = &self.cluster {
+            // The others take this node's work at once instead of after the node timeout.
+            let stale = i64::try_from(Duration::from_secs(86_400).as_millis()).unwrap_or(i64::MAX);
+            if let Err(error) = self.store.remove_nodes(Some(cluster.name()), stale).await {
+                tracing::warn!(%error, "cannot remove this node from the cluster's nodes");
+            }
+            if let Err(error) = self.store.signal_cluster().await {
+                tracing::warn!(%error, "cannot signal the other nodes");
+            }
+        }
+    }
+
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The live nodes of the cluster, this one first; `None` on a node of its own.
+    pub fn nodes(&self) -> Option<Vec<NodeInfo>> {
+        self.cluster.as_ref().map(|cluster| self.node_infos(cluster))
+    }
+
+    /// This node's name on a cluster.
+    pub fn node_name(&self) -> Option<&str> {
+        self.cluster.as_ref().map(|cluster| cluster.name())
+    }
+
+    /// On a cluster: whether this node wrote its heartbeat within the node timeout (the
+    /// others count it alive).
+    pub fn in_cluster(&self) -> bool {
+        self.cluster.as_ref().is_none_or(|cluster| cluster.heartbeat_fresh())
     }
 
     /// The health of each worker of a running deployment, in worker order; empty when the
     /// pipeline is not deployed or paused (it has no workers). Never waits on a lifecycle
     /// call.
     pub async fn worker_health(&self, pipeline_id: &str) -> Vec<WorkerStatus> {
+        if let Some(cluster) = &self.cluster {
+            return self.cluster_workers(cluster, pipeline_id);
+        }
         self.views().get(pipeline_id).map(RunningView::health).unwrap_or_default()
     }
 
     /// The health of the workers of every running deployment, by pipeline id. Never waits
     /// on a lifecycle call.
     pub async fn all_worker_health(&self) -> Vec<(String, Vec<WorkerStatus>)> {
+        if let Some(cluster) = &self.cluster {
+            let mut ids: std::collections::BTreeSet<String> =
+                self.views().keys().cloned().collect();
+            for peer in cluster.live_peers() {
+                ids.extend(peer.report.workers.into_iter().map(|w| w.pipeline_id));
+            }
+            return ids
+                .into_iter()
+                .map(|id| {
+                    let workers = self.cluster_workers(cluster, &id);
+                    (id, workers)
+                })
+                .collect();
+        }
         let mut all: Vec<(String, Vec<WorkerStatus>)> =
             self.views().iter().map(|(id, view)| (id.clone(), view.health())).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
@@ -794,17 +988,36 @@ impl Runtime {
 
     /// Starts the workers of `bound`, compiled from `pipeline`; its start offsets must be
     /// pinned already.
-    fn start_workers(&self, pipeline: &Pipeline, bound: Arc<plan::BoundPlan>) -> Running {
-        Running::start(
-            bound,
-            pipeline.pod_size.workers(),
-            pipeline.delivery_guarantee,
-            self.log.clone(),
-            self.clock.clone(),
-            self.settings,
-            Arc::from(pipeline.pipeline_config.source.entity.as_str()),
-            self.metrics.pipeline(&pipeline.id),
-        )
+    fn start_workers(
+        &self,
+        pipeline: &Pipeline,
+        bound: Arc<plan::BoundPlan>,
+        version: String,
+    ) -> Running {
+        Running::start(bound, self.run_spec(pipeline, version))
+    }
+
+    /// A deployment of `bound` (compiled from `pipeline`) with no worker started yet.
+    fn new_running(
+        &self,
+        pipeline: &Pipeline,
+        bound: Arc<plan::BoundPlan>,
+        version: String,
+    ) -> Running {
+        Running::new(bound, self.run_spec(pipeline, version))
+    }
+
+    fn run_spec(&self, pipeline: &Pipeline, version: String) -> RunSpec {
+        RunSpec {
+            workers: pipeline.pod_size.workers(),
+            version,
+            guarantee: pipeline.delivery_guarantee,
+            log: self.log.clone(),
+            clock: self.clock.clone(),
+            settings: self.settings,
+            entity: Arc::from(pipeline.pipeline_config.source.entity.as_str()),
+            metrics: self.metrics.pipeline(&pipeline.id),
+        }
     }
 }
 

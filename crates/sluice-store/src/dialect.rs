@@ -83,6 +83,24 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// `price_candles p`, read through its index of rows without a packed point.
     const WITHOUT_POINT: &'static str;
 
+    /// The database's clock as milliseconds since the epoch (an `i64` expression).
+    const NOW_MS: &'static str;
+
+    /// Waits for and takes the cluster-wide lifecycle lock of pipeline `key`.
+    fn cluster_lock(
+        pool: &Pool<Self>,
+        key: &str,
+    ) -> impl Future<Output = Result<crate::nodes::ClusterLock>> + Send;
+
+    /// Signals the other processes listening on `channel`.
+    fn signal(pool: &Pool<Self>, channel: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Hears signals on `channel` from now on; `None` where the database has none.
+    fn listen(
+        pool: &Pool<Self>,
+        channel: &str,
+    ) -> impl Future<Output = Result<Option<tokio::sync::mpsc::Receiver<()>>>> + Send;
+
     /// Rows a statement changed (sqlx has no trait for it).
     fn rows_affected(done: &<Self::Db as Database>::QueryResult) -> u64;
 

@@ -10,7 +10,8 @@
 //!   [`IdentityStore`] (`identity.rs`), [`PipelineStore`] (`pipelines.rs`),
 //!   [`FilterValueStore`] (`filter_values.rs`, with its in-memory sets in `filter_sets.rs`),
 //!   [`DeploymentStore`] (`deployments.rs`), [`DatasetStore`] (`datasets.rs`),
-//!   [`MetricsStore`] (`metrics.rs`) and [`PriceStore`] (`prices.rs`, `prices/role.rs`,
+//!   [`MetricsStore`] (`metrics.rs`), [`NodeStore`] (`nodes.rs`, the cluster's nodes and
+//!   locks) and [`PriceStore`] (`prices.rs`, `prices/role.rs`,
 //!   `prices/ingest.rs`). All are implemented for [`Store<D>`](Store) (`store.rs`).
 //! - What a backend must supply is the [`Dialect`] trait; the two backends implement it in
 //!   `sqlite.rs` and `postgres.rs`, with their bulk statements in `datasets/` and `prices/`.
@@ -28,6 +29,7 @@ mod filter_values;
 mod identity;
 pub mod metrics;
 mod migrations;
+mod nodes;
 mod pipelines;
 mod postgres;
 pub mod prices;
@@ -46,6 +48,7 @@ pub use dialect::Dialect;
 pub use filter_values::{FilterValuePage, FilterValueStore};
 pub use identity::{Identity, IdentityStore, KeyCandidate, NewApiKey, UnknownMembers};
 pub use metrics::{MetricSample, MetricsStore};
+pub use nodes::{CLUSTER_CHANNEL, ClusterLock, NodeRow, NodeStore};
 pub use pipelines::PipelineStore;
 pub use postgres::{PgDialect, PgStore};
 pub use prices::{PriceStore, open_prices};
@@ -81,6 +84,7 @@ pub trait MetadataStore:
     + PriceStore
     + SecretStore
     + BackfillStore
+    + NodeStore
     + Send
     + Sync
     + 'static
@@ -100,7 +104,8 @@ where
         + MetricsStore
         + PriceStore
         + SecretStore
-        + BackfillStore,
+        + BackfillStore
+        + NodeStore,
 {
     fn into_prices(self: Arc<Self>) -> Arc<dyn PriceStore> {
         self

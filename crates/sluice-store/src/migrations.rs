@@ -154,6 +154,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "backfill_jobs",
         sql: Sql::Portable(include_str!("migrations/0013_backfill_jobs.sql")),
     },
+    Migration {
+        version: 14,
+        name: "nodes",
+        sql: Sql::Portable(include_str!("migrations/0014_nodes.sql")),
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

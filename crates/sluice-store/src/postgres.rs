@@ -5,6 +5,10 @@ use std::str::FromStr;
 use sluice_core::prices::{Candle, CandleKey, Trade};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+/// The first key of pipelines' cluster lifecycle locks (`pg_advisory_xact_lock(int, int)`),
+/// apart from the price writers' single-key lock.
+const CLUSTER_LOCK_CLASS: i32 = 0x51C3;
+
 /// The PostgreSQL [`Dialect`](crate::Dialect).
 #[derive(Debug, Clone, Copy)]
 pub struct PgDialect;
@@ -77,6 +81,61 @@ impl crate::Dialect for PgDialect {
 
     /// Candle rows without a packed point (the planner takes their partial index).
     const WITHOUT_POINT: &str = "price_candles p";
+
+    const NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
+
+    /// A transaction-scoped advisory lock in the class of pipeline lifecycle locks, keyed
+    /// by a hash of the pipeline id (two ids sharing a hash only wait for each other).
+    async fn cluster_lock(
+        pool: &sqlx::Pool<Self::Db>,
+        key: &str,
+    ) -> crate::Result<crate::nodes::ClusterLock> {
+        let mut tx = pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+            .bind(CLUSTER_LOCK_CLASS)
+            .bind(key)
+            .execute(&mut *tx)
+            .await?;
+        Ok(crate::nodes::ClusterLock::held(tx))
+    }
+
+    async fn signal(pool: &sqlx::Pool<Self::Db>, channel: &str) -> crate::Result<()> {
+        sqlx::query("SELECT pg_notify($1, '')").bind(channel).execute(pool).await?;
+        Ok(())
+    }
+
+    /// `LISTEN` on a connection of its own, forwarded by a task; sqlx reconnects it after a
+    /// lost connection (signals sent meanwhile are lost).
+    async fn listen(
+        pool: &sqlx::Pool<Self::Db>,
+        channel: &str,
+    ) -> crate::Result<Option<tokio::sync::mpsc::Receiver<()>>> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+        listener.listen(channel).await?;
+        let (sender, receiver) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            loop {
+                match listener.recv().await {
+                    // A full channel already holds a wake-up.
+                    Ok(_) => {
+                        if let Err(tokio::sync::mpsc::error::TrySendError::Closed(())) =
+                            sender.try_send(())
+                        {
+                            return;
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cluster signal listener; reconnecting");
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        if sender.is_closed() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Some(receiver))
+    }
 
     fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
         done.rows_affected()

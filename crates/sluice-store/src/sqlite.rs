@@ -115,6 +115,27 @@ impl crate::Dialect for SqliteDialect {
     /// would otherwise scan the series' rows of the primary key a second time.
     const WITHOUT_POINT: &str = "price_candles p INDEXED BY price_candles_without_point";
 
+    const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+    /// One process uses a SQLite file: its own per-pipeline lock serialises.
+    async fn cluster_lock(
+        _pool: &sqlx::Pool<Self::Db>,
+        _key: &str,
+    ) -> crate::Result<crate::nodes::ClusterLock> {
+        Ok(crate::nodes::ClusterLock::local())
+    }
+
+    async fn signal(_pool: &sqlx::Pool<Self::Db>, _channel: &str) -> crate::Result<()> {
+        Ok(())
+    }
+
+    async fn listen(
+        _pool: &sqlx::Pool<Self::Db>,
+        _channel: &str,
+    ) -> crate::Result<Option<tokio::sync::mpsc::Receiver<()>>> {
+        Ok(None)
+    }
+
     fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
         done.rows_affected()
     }

@@ -10,7 +10,7 @@ use sluice_bus::{EmbeddedLog, KafkaLog};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::{Clock, SystemClock};
 use sluice_runtime::datasets::DatasetIndex;
-use sluice_runtime::{Runtime, RuntimeSettings};
+use sluice_runtime::{ClusterSettings, Runtime, RuntimeSettings};
 use sluice_store::MetadataStore;
 
 use crate::settings::{Bus, ServeArgs, Settings};
@@ -49,7 +49,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         secrets: Some(secrets.clone()),
         egress: settings.egress_bind_addr,
     };
-    let runtime = Runtime::start_with_sinks(
+    let node_name = settings.node_name();
+    let cluster = settings.is_cluster().then(|| {
+        let mut cluster =
+            ClusterSettings::new(node_name.clone(), format!("http://{}", settings.listen));
+        cluster.node_timeout = Duration::from_secs(settings.node_timeout_secs);
+        tracing::info!(node = %node_name, "a cluster node: PostgreSQL holds the desired state, workers spread over the live nodes");
+        cluster
+    });
+    let runtime = Runtime::start_node(
         store.clone(),
         log.clone(),
         Arc::new(catalog.clone()),
@@ -57,6 +65,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         RuntimeSettings::default(),
         Arc::new(sluice_runtime::sets::StoreSetSource(store.clone())),
         sink_env,
+        cluster,
     )
     .await
     .context("starting the pipeline runtime")?;
@@ -133,6 +142,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
     )
     .with_runtime(runtime.clone())
+    .with_node_name(&node_name)
     .with_sinks(secrets, settings.egress_bind_addr)
     .with_backfills(backfills)
     .with_dataset_listener(datasets)

@@ -97,6 +97,14 @@ pub struct ServeArgs {
     /// Rows per staged chunk of a backfill job [default: 100000].
     #[arg(long, env = "SLUICE_BACKFILL_CHUNK_ROWS", value_name = "ROWS")]
     pub backfill_chunk_rows: Option<usize>,
+    /// This node's name among several `sluice serve` nodes on one PostgreSQL and Kafka
+    /// (see docs/scaling.md) [default: <hostname>:<port>].
+    #[arg(long, env = "SLUICE_NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// Seconds without a heartbeat after which a node counts as dead and its workers move
+    /// to the others [default: 10].
+    #[arg(long, env = "SLUICE_NODE_TIMEOUT_SECS", value_name = "SECS")]
+    pub node_timeout_secs: Option<u64>,
 }
 
 /// The config file: every setting, all optional.
@@ -121,6 +129,8 @@ struct FileSettings {
     warehouse_flush_secs: Option<u64>,
     warehouse_url: Option<String>,
     backfill_chunk_rows: Option<usize>,
+    node_name: Option<String>,
+    node_timeout_secs: Option<u64>,
 }
 
 /// Where the stream log lives.
@@ -156,6 +166,9 @@ pub struct Settings {
     /// Object storage of the warehouse; `None`: `<data dir>/warehouse`.
     pub warehouse_url: Option<String>,
     pub backfill_chunk_rows: usize,
+    /// This node's name on a cluster (`None`: `<hostname>:<port>`).
+    pub node_name: Option<String>,
+    pub node_timeout_secs: u64,
 }
 
 /// Shortest metrics token accepted: a guessable token would expose every tenant's metrics.
@@ -216,6 +229,16 @@ impl Settings {
         if backfill_chunk_rows == 0 {
             bail!("backfill_chunk_rows must be at least 1");
         }
+        let node_timeout_secs = args.node_timeout_secs.or(file.node_timeout_secs).unwrap_or(10);
+        if node_timeout_secs < 2 {
+            bail!("node_timeout_secs must be at least 2 (nodes write a heartbeat every second)");
+        }
+        let node_name = args.node_name.clone().or(file.node_name);
+        if let Some(name) = &node_name
+            && (name.trim().is_empty() || name.len() > 200 || name.trim() != name)
+        {
+            bail!("node_name must be 1 to 200 characters, without surrounding spaces");
+        }
         let bus = resolve_bus(
             args.bus_url.clone().or(file.bus),
             args.bus_topic_prefix.clone().or(file.bus_topic_prefix),
@@ -251,6 +274,29 @@ impl Settings {
             warehouse_flush_secs,
             warehouse_url: args.warehouse_url.clone().or(file.warehouse_url),
             backfill_chunk_rows,
+            node_name,
+            node_timeout_secs,
+        })
+    }
+
+    /// Whether this process is a node of a cluster: its store is PostgreSQL and its log
+    /// Kafka, which other nodes may share (one node alone behaves as before).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.bus, Bus::Kafka(_))
+            && (self.database_url.starts_with("postgres://")
+                || self.database_url.starts_with("postgresql://"))
+    }
+
+    /// This node's name: the configured one, or `<hostname>:<port>`.
+    pub fn node_name(&self) -> String {
+        self.node_name.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|name| name.trim().to_owned())
+                .filter(|name| !name.is_empty())
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .unwrap_or_else(|| "localhost".to_owned());
+            format!("{host}:{}", self.listen.port())
         })
     }
 

@@ -1233,3 +1233,34 @@ fn read_lines(python: &str, script: &str, count: usize) -> Vec<String> {
     );
     lines
 }
+
+#[tokio::test]
+async fn a_node_of_its_own_lists_itself_with_its_workers_to_operators_only() {
+    let stack = Stack::new().await;
+    let id = stack.create(&[USDC], json!({"pod_size": "M"})).await;
+    stack.action(&id, "deploy").await;
+    let (status, body) = stack.call(Method::GET, "/api/v1/nodes", &stack.operator, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let nodes = body["items"].as_array().unwrap();
+    assert_eq!(nodes.len(), 1, "{body}");
+    assert_eq!(nodes[0]["is_self"], true);
+    let workers: Vec<&str> = nodes[0]["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(workers, [format!("{id}-worker-0"), format!("{id}-worker-1")]);
+    assert!(nodes[0]["workers"].as_array().unwrap().iter().all(|w| w["config_id"] == id.as_str()));
+    // Worker health on a node of its own names no node.
+    let (_, stats) = stack
+        .call(Method::GET, &format!("/api/v1/beam/{id}/deploy/stats"), &stack.owner, None)
+        .await;
+    assert!(stats["workers_health"]["workers"][0].get("node").is_none(), "{stats}");
+
+    let (status, body) = stack.call(Method::GET, "/api/v1/nodes", &stack.owner, None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    stack.action(&id, "pause").await;
+    let (_, body) = stack.call(Method::GET, "/api/v1/nodes", &stack.operator, None).await;
+    assert_eq!(body["items"][0]["workers"], json!([]));
+}

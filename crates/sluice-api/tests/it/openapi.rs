@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 54] = [
+const ROUTES: [(&str, &str); 55] = [
     ("post", "/api/v1/warehouse/tables/{table}/rows"),
     ("post", "/api/v1/beam/backfills"),
     ("get", "/api/v1/beam/backfills"),
@@ -61,6 +61,7 @@ const ROUTES: [(&str, &str); 54] = [
     ("get", "/api/v1/beam/{config_id}/deploy/metrics"),
     ("get", "/metrics"),
     ("get", "/api/v1/chains"),
+    ("get", "/api/v1/nodes"),
 ];
 
 #[tokio::test]
@@ -132,6 +133,7 @@ async fn every_schema_reference_resolves_and_authenticated_routes_declare_the_ke
                 || path.starts_with("/api/v1/developer/prices")
                 || path == "/api/v1/me"
                 || path == "/api/v1/chains"
+                || path == "/api/v1/nodes"
                 || path == "/metrics";
             assert_eq!(secured, needs_key, "{method} {path}");
         }

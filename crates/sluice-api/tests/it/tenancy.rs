@@ -451,6 +451,8 @@ pub fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<P
         ("delete", "/api/v1/beam/secrets/{name}") => ("", None, Status(StatusCode::FORBIDDEN)),
         // The server's chain ingesters (none here) belong to no tenant.
         ("get", "/api/v1/chains") => ("", None, Status(StatusCode::OK)),
+        // The cluster's nodes list every tenant's workers: operators only.
+        ("get", "/api/v1/nodes") => ("", None, Status(StatusCode::FORBIDDEN)),
         ("post", "/api/v1/developer/prices") => {
             let tokens = json!([{"chain": "base", "token_address": USDC}]);
             ("", Some(tokens.to_string()), Status(StatusCode::OK))

@@ -191,6 +191,15 @@ impl Readers {
         ends.get(&(topic.to_owned(), partition)).copied().unwrap_or(0)
     }
 
+    /// The topics with a cursor in the pool.
+    pub(super) fn topics(&self) -> Vec<String> {
+        let idle = self.idle.lock().expect("reader pool mutex is never poisoned");
+        idle.iter()
+            .filter(|(_, cursors)| cursors.iter().any(|c| c.last_used.elapsed() < IDLE_CLOSE))
+            .map(|((topic, _), _)| topic.clone())
+            .collect()
+    }
+
     /// Forgets a topic (deleted): its cursors close and its ends start again from zero.
     pub(super) fn forget(&self, topic: &str) {
         self.idle

@@ -91,6 +91,15 @@ impl Tails {
         }
     }
 
+    /// The Kafka topics a tail follows now.
+    pub(super) fn running(&self) -> Vec<String> {
+        self.channels()
+            .iter()
+            .filter(|(_, entry)| entry.tail.as_ref().is_some_and(|r| !r.thread.is_finished()))
+            .map(|(topic, _)| topic.clone())
+            .collect()
+    }
+
     /// Forgets `topic`'s channel when nobody watches it any more; true when forgotten.
     fn remove_if_unwatched(&self, topic: &str) -> bool {
         let mut channels = self.channels();

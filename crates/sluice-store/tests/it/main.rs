@@ -61,4 +61,5 @@ macro_rules! on_both_backends {
 mod conformance;
 mod datasets;
 mod metrics;
+mod nodes;
 mod prices;

@@ -4,6 +4,7 @@
 
 mod backfills;
 mod chains;
+mod cluster;
 mod crash;
 mod hardening;
 mod kafka_bus;

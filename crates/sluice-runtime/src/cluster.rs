@@ -1,0 +1,619 @@
+//! Several `sluice serve` nodes on one PostgreSQL and one Kafka cluster: who is alive, which
+//! node runs which worker of each deployment, and how a node follows the desired state.
+//!
+//! - **Desired state** is the `deployments` table: deployed (with the pipeline as deployed
+//!   and its `updated_at`, the *version*), paused, or gone. Lifecycle calls change it under
+//!   the pipeline's cluster lock ([`sluice_store::NodeStore::cluster_lock`]), then signal
+//!   the other nodes (`NOTIFY`).
+//! - **Nodes** write a heartbeat row every [`ClusterSettings::heartbeat`] with a report of
+//!   the workers they run; a node whose row is older than [`ClusterSettings::node_timeout`]
+//!   (by the database's clock) is dead.
+//! - **Assignment**: a deployment has `workers(pod_size)` slots; slot `i` of deployment `d`
+//!   belongs to live node `(h(d) + i) mod n` of the `n` live nodes sorted by name, so each
+//!   deployment's slots spread evenly and deployments start on different nodes. Worker `i`
+//!   reads partitions `p` with `p mod workers = i`, on whichever node it runs.
+//! - **Handoff**: a node starts a slot only once no other live node reports running a
+//!   worker of that deployment on it (or any worker of another pod size), so a slot runs on
+//!   one node at a time: the old owner finishes its batch, commits and reports it stopped;
+//!   the new owner then reads from that commit. A node that dies stops reporting; after
+//!   `node_timeout` its slots move.
+//! - **Following**: every node reconciles its workers with the desired state on each
+//!   heartbeat, and at once when signalled. A node that cannot write its heartbeat for
+//!   `node_timeout` while it knew other live nodes stops its workers (the others take them
+//!   over), so a node cut off from PostgreSQL does not go on running work that moved.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sluice_core::deployment::{DeploymentRecord, DeploymentState};
+use sluice_store::NodeRow;
+
+use crate::Runtime;
+use crate::health::WorkerStatus;
+
+/// How a node takes part in a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    /// This node's name, unique in the cluster.
+    pub node_name: String,
+    /// Where this node's API answers (shown by `GET /api/v1/nodes`).
+    pub address: String,
+    /// How often the node writes its heartbeat and reconciles.
+    pub heartbeat: Duration,
+    /// A node silent this long is dead: its workers move to the others.
+    pub node_timeout: Duration,
+    /// How long a lifecycle call waits for every node to follow it before answering.
+    pub converge_timeout: Duration,
+}
+
+impl ClusterSettings {
+    /// Defaults for node `node_name` answering at `address`: heartbeat every second, dead
+    /// after 10 s, lifecycle calls wait up to 20 s for the others.
+    pub fn new(node_name: impl Into<String>, address: impl Into<String>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            address: address.into(),
+            heartbeat: Duration::from_secs(1),
+            node_timeout: Duration::from_secs(10),
+            converge_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// What a node tells the others each heartbeat.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct NodeReport {
+    pub address: String,
+    pub started_at: Option<DateTime<Utc>>,
+    pub workers: Vec<ReportedWorker>,
+    /// Topics the node holds readers or a tail open on: a teardown deletes a pipeline's
+    /// topics only once no node does (a Kafka client fetching a deleted topic can crash).
+    #[serde(default)]
+    pub open_topics: Vec<String>,
+}
+
+/// One worker a node runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ReportedWorker {
+    pub pipeline_id: String,
+    pub slot: usize,
+    /// The deployment's workers in all (its pod size).
+    pub workers: usize,
+    /// The stored deployment it runs (`updated_at`).
+    pub version: String,
+    pub health: WorkerStatus,
+}
+
+/// A node as the others see it.
+#[derive(Debug, Clone)]
+pub(crate) struct Peer {
+    pub name: String,
+    pub age: Duration,
+    pub report: NodeReport,
+}
+
+/// A node of the cluster, for `GET /api/v1/nodes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    pub address: String,
+    pub started_at: Option<DateTime<Utc>>,
+    /// Since its last heartbeat.
+    pub last_seen: Duration,
+    /// The node that answers.
+    pub is_self: bool,
+    /// `(pipeline id, worker name)` of each worker it runs.
+    pub workers: Vec<(String, String)>,
+}
+
+/// A node's cluster state.
+pub(crate) struct Cluster {
+    pub settings: ClusterSettings,
+    started_at: DateTime<Utc>,
+    /// The other nodes, as last read.
+    peers: RwLock<Vec<Peer>>,
+    /// When this node last wrote its heartbeat.
+    last_heartbeat: std::sync::Mutex<Instant>,
+    /// Wakes the loop for an early reconcile.
+    wake: tokio::sync::Notify,
+    /// The topics of each deployment as last read (to release a pipeline's topics here
+    /// when it stops being deployed, also when it is gone).
+    topics: std::sync::Mutex<BTreeMap<String, Vec<String>>>,
+}
+
+impl Cluster {
+    pub(crate) fn new(settings: ClusterSettings, now: DateTime<Utc>) -> Self {
+        Self {
+            settings,
+            started_at: now,
+            peers: RwLock::default(),
+            last_heartbeat: std::sync::Mutex::new(Instant::now()),
+            wake: tokio::sync::Notify::new(),
+            topics: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Whether this node wrote its heartbeat within the node timeout.
+    pub(crate) fn heartbeat_fresh(&self) -> bool {
+        self.last_heartbeat.lock().expect("heartbeat lock is never poisoned").elapsed()
+            <= self.settings.node_timeout
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.settings.node_name
+    }
+
+    pub(crate) fn peers(&self) -> Vec<Peer> {
+        self.peers.read().expect("peers lock is never poisoned").clone()
+    }
+
+    /// The other nodes alive now.
+    pub(crate) fn live_peers(&self) -> Vec<Peer> {
+        self.peers().into_iter().filter(|peer| peer.age <= self.settings.node_timeout).collect()
+    }
+
+    /// The live nodes' names, this one included, sorted.
+    pub(crate) fn live_names(&self) -> Vec<String> {
+        let mut names: BTreeSet<String> =
+            self.live_peers().into_iter().map(|peer| peer.name).collect();
+        names.insert(self.name().to_owned());
+        names.into_iter().collect()
+    }
+
+    fn set_peers(&self, rows: Vec<NodeRow>) {
+        let peers = rows
+            .into_iter()
+            .filter(|row| row.name != self.settings.node_name)
+            .map(|row| Peer {
+                age: Duration::from_millis(u64::try_from(row.age_ms).unwrap_or(0)),
+                report: serde_json::from_str(&row.report).unwrap_or_else(|error| {
+                    tracing::warn!(node = %row.name, %error, "unreadable node report");
+                    NodeReport::default()
+                }),
+                name: row.name,
+            })
+            .collect();
+        *self.peers.write().expect("peers lock is never poisoned") = peers;
+    }
+
+    /// Whether another live node runs a worker of `pipeline_id` that a worker of slot
+    /// `slot` (of `workers` in all) would overlap: the same slot, or any slot of another
+    /// pod size.
+    pub(crate) fn taken_elsewhere(&self, pipeline_id: &str, slot: usize, workers: usize) -> bool {
+        self.live_peers().iter().any(|peer| {
+            peer.report.workers.iter().any(|worker| {
+                worker.pipeline_id == pipeline_id
+                    && (worker.slot == slot || worker.workers != workers)
+            })
+        })
+    }
+}
+
+/// The slots of a deployment of `workers` workers that node `me` runs, among `live` nodes
+/// (sorted names).
+pub(crate) fn assigned_slots(
+    pipeline_id: &str,
+    workers: usize,
+    live: &[String],
+    me: &str,
+) -> Vec<usize> {
+    let Some(position) = live.iter().position(|name| name == me) else { return Vec::new() };
+    let start = usize::try_from(fnv1a(pipeline_id.as_bytes()) % live.len() as u64).unwrap_or(0);
+    (0..workers).filter(|slot| (start + slot) % live.len() == position).collect()
+}
+
+/// FNV-1a, 64 bits: a hash that is the same in every process and version.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Every topic a deployment writes (its managed sinks', dead letters', script logs').
+pub(crate) fn pipeline_topics(record: &DeploymentRecord) -> Vec<String> {
+    let id = &record.pipeline_id;
+    let mut topics: Vec<String> = crate::plan::Plan::managed_topics(&record.pipeline)
+        .into_iter()
+        .map(|(_, topic)| topic)
+        .collect();
+    topics.push(sluice_bus::topics::dead_letter_topic(id));
+    topics.push(sluice_bus::topics::logs_topic(id));
+    topics
+}
+
+/// The version of a stored deployment.
+pub(crate) fn version_of(record: &DeploymentRecord) -> String {
+    sluice_core::time::format(record.updated_at)
+}
+
+impl Runtime {
+    /// This node's report: the workers it runs.
+    fn node_report(&self, cluster: &Cluster) -> NodeReport {
+        let views = self.views();
+        let mut workers = Vec::new();
+        for (pipeline_id, view) in views.iter() {
+            for (slot, mut health) in view.slots() {
+                health.node = Some(cluster.name().to_owned());
+                workers.push(ReportedWorker {
+                    pipeline_id: pipeline_id.clone(),
+                    slot,
+                    workers: view.workers(),
+                    version: view.version().to_owned(),
+                    health,
+                });
+            }
+        }
+        workers.sort_by(|a, b| (&a.pipeline_id, a.slot).cmp(&(&b.pipeline_id, b.slot)));
+        NodeReport {
+            address: cluster.settings.address.clone(),
+            started_at: Some(cluster.started_at),
+            workers,
+            open_topics: self.log.open_topics(),
+        }
+    }
+
+    /// Writes this node's heartbeat; false when the store did not take it.
+    pub(crate) async fn heartbeat(&self, cluster: &Cluster) -> bool {
+        if self.is_shut_down() {
+            // Gone from the nodes table for good: do not write the row back.
+            return false;
+        }
+        let report = serde_json::to_string(&self.node_report(cluster))
+            .expect("a node report always serialises");
+        match self.store.heartbeat(cluster.name(), &report).await {
+            Ok(()) => {
+                *cluster.last_heartbeat.lock().expect("heartbeat lock is never poisoned") =
+                    Instant::now();
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot write this node's heartbeat");
+                false
+            }
+        }
+    }
+
+    /// Reads the other nodes' rows.
+    pub(crate) async fn refresh_peers(&self, cluster: &Cluster) -> bool {
+        match self.store.nodes().await {
+            Ok(rows) => {
+                cluster.set_peers(rows);
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the cluster's nodes");
+                false
+            }
+        }
+    }
+
+    /// One round of following the desired state: heartbeat, read the others, bring every
+    /// deployment's workers here in line, and tell the others when that changed anything.
+    pub(crate) async fn cluster_round(&self, cluster: &Cluster) {
+        let wrote = self.heartbeat(cluster).await;
+        let silent =
+            cluster.last_heartbeat.lock().expect("heartbeat lock is never poisoned").elapsed();
+        if !wrote && silent > cluster.settings.node_timeout && !cluster.live_peers().is_empty() {
+            // The others count this node as dead and take its work: stop it here. (A node
+            // that was alone goes on: nobody can take its work, and stopping would turn a
+            // PostgreSQL restart into a processing stop.)
+            if self.stop_all_local().await {
+                tracing::error!(
+                    ?silent,
+                    "no heartbeat written for the node timeout: this node's workers stopped"
+                );
+            }
+            return;
+        }
+        if !self.refresh_peers(cluster).await {
+            return;
+        }
+        let records = match self.store.list_deployments().await {
+            Ok(records) => records,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the desired state");
+                return;
+            }
+        };
+        let mut changed = false;
+        let mut seen = BTreeSet::new();
+        let mut idle_topics = BTreeSet::new();
+        let mut known =
+            std::mem::take(&mut *cluster.topics.lock().expect("topics lock is never poisoned"));
+        for record in records {
+            seen.insert(record.pipeline_id.clone());
+            changed |= self.reconcile(cluster, &record.pipeline_id.clone(), Some(&record)).await;
+            let topics = pipeline_topics(&record);
+            if record.state != DeploymentState::Deployed {
+                idle_topics.extend(topics.iter().cloned());
+            }
+            known.insert(record.pipeline_id.clone(), topics);
+        }
+        let gone: Vec<String> =
+            self.views().keys().filter(|id| !seen.contains(*id)).cloned().collect();
+        for id in gone {
+            changed |= self.reconcile(cluster, &id, None).await;
+        }
+        known.retain(|id, topics| {
+            if !seen.contains(id) {
+                idle_topics.extend(topics.iter().cloned());
+            }
+            seen.contains(id)
+        });
+        *cluster.topics.lock().expect("topics lock is never poisoned") = known;
+        // A paused or gone pipeline's topics may be deleted by a teardown on another node:
+        // nothing stays open on them here.
+        for topic in self.log.open_topics() {
+            if idle_topics.contains(&topic) {
+                self.log.release_topic(&topic).await;
+                changed = true;
+            }
+        }
+        if changed {
+            self.heartbeat(cluster).await;
+            if let Err(error) = self.store.signal_cluster().await {
+                tracing::warn!(%error, "cannot signal the other nodes");
+            }
+        }
+    }
+
+    /// Brings the workers of one deployment on this node in line with its stored `record`
+    /// (`None`: not deployed). True when it started or stopped a worker.
+    pub(crate) async fn reconcile(
+        &self,
+        cluster: &Cluster,
+        pipeline_id: &str,
+        record: Option<&DeploymentRecord>,
+    ) -> bool {
+        let mut running = self.lifecycle(pipeline_id).await;
+        // A node shutting down starts nothing.
+        let record = record.filter(|_| !self.is_shut_down());
+        let Some(record) = record.filter(|r| r.state == DeploymentState::Deployed) else {
+            let was = running.is_some();
+            self.stop_running(pipeline_id, &mut running).await;
+            return was;
+        };
+        let pipeline = &record.pipeline;
+        let workers = pipeline.pod_size.workers();
+        let version = version_of(record);
+        let mine = assigned_slots(pipeline_id, workers, &cluster.live_names(), cluster.name());
+        let mut changed = false;
+        // A newer deployment: the new plan at the next batch boundary, or new workers.
+        if running.as_ref().is_some_and(|current| current.version() != version) {
+            match self.compile(pipeline).await {
+                Ok((plan, uses)) => {
+                    let same_shape = running.as_ref().is_some_and(|current| {
+                        current.workers() == workers && current.source() == plan.source
+                    });
+                    if same_shape {
+                        match self.bind(plan).await {
+                            Ok(bound) => {
+                                if let Some(current) = running.as_mut() {
+                                    current.replace_plan(bound, version.clone());
+                                }
+                                self.secret_uses_mut().insert(pipeline_id.to_owned(), uses);
+                            }
+                            Err(error) => {
+                                tracing::error!(%error, config_id = %pipeline_id, "cannot run the new deployment here");
+                            }
+                        }
+                    } else {
+                        self.stop_running(pipeline_id, &mut running).await;
+                        changed = true;
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(%error, config_id = %pipeline_id, "cannot run the new deployment here");
+                }
+            }
+        }
+        if running.is_none() && !mine.is_empty() {
+            let started = async {
+                let (plan, uses) = self.compile(pipeline).await?;
+                let bound = self.bind(plan).await?;
+                Ok::<_, crate::RuntimeError>((
+                    self.new_running(pipeline, bound, version.clone()),
+                    uses,
+                ))
+            };
+            match started.await {
+                Ok((fresh, uses)) => self.set_running(pipeline_id, &mut running, fresh, uses),
+                Err(error) => {
+                    tracing::error!(%error, config_id = %pipeline_id, "cannot run deployment here");
+                    return changed;
+                }
+            }
+        }
+        let Some(current) = running.as_mut() else { return changed };
+        let here: BTreeSet<usize> = current.slots().into_iter().collect();
+        let wanted: BTreeSet<usize> = mine.iter().copied().collect();
+        let leaving: Vec<usize> = here.difference(&wanted).copied().collect();
+        if !leaving.is_empty() {
+            current.stop_slots(&leaving).await;
+            changed = true;
+        }
+        for slot in wanted.difference(&here) {
+            if !cluster.taken_elsewhere(pipeline_id, *slot, workers) {
+                current.start_slot(*slot);
+                changed = true;
+            }
+        }
+        if current.slots().is_empty() && mine.is_empty() {
+            self.stop_running(pipeline_id, &mut running).await;
+        } else if changed {
+            let view = current.view();
+            self.views_mut().insert(pipeline_id.to_owned(), view);
+        }
+        if changed {
+            tracing::info!(config_id = %pipeline_id, slots = ?running.as_ref().map(|r| r.slots()), "this node's workers changed");
+        }
+        changed
+    }
+
+    /// Waits until the reports of every live node (this one's included) are what `done`
+    /// asks, or the converge timeout passes; false on timeout.
+    pub(crate) async fn converge(
+        &self,
+        cluster: &Cluster,
+        done: impl Fn(&[NodeReport]) -> bool,
+    ) -> bool {
+        let deadline = Instant::now() + cluster.settings.converge_timeout;
+        loop {
+            let mut all = vec![self.node_report(cluster)];
+            all.extend(cluster.live_peers().into_iter().map(|peer| peer.report));
+            if done(&all) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            self.refresh_peers(cluster).await;
+        }
+    }
+
+    /// The workers of `pipeline_id` on every live node, by slot.
+    pub(crate) fn cluster_workers(
+        &self,
+        cluster: &Cluster,
+        pipeline_id: &str,
+    ) -> Vec<WorkerStatus> {
+        let mut by_slot: BTreeMap<usize, WorkerStatus> = BTreeMap::new();
+        for peer in cluster.live_peers() {
+            for worker in peer.report.workers {
+                if worker.pipeline_id == pipeline_id {
+                    by_slot.insert(worker.slot, worker.health);
+                }
+            }
+        }
+        // This node's own view is the freshest.
+        for worker in self.node_report(cluster).workers {
+            if worker.pipeline_id == pipeline_id {
+                by_slot.insert(worker.slot, worker.health);
+            }
+        }
+        by_slot.into_values().collect()
+    }
+
+    /// The live nodes, this one first.
+    pub(crate) fn node_infos(&self, cluster: &Cluster) -> Vec<NodeInfo> {
+        let info =
+            |name: String, report: NodeReport, last_seen: Duration, is_self: bool| NodeInfo {
+                name,
+                address: report.address,
+                started_at: report.started_at,
+                last_seen,
+                is_self,
+                workers: report
+                    .workers
+                    .into_iter()
+                    .map(|worker| (worker.pipeline_id, worker.health.name))
+                    .collect(),
+            };
+        let mut nodes = vec![info(
+            cluster.name().to_owned(),
+            self.node_report(cluster),
+            cluster.last_heartbeat.lock().expect("heartbeat lock is never poisoned").elapsed(),
+            true,
+        )];
+        for peer in cluster.live_peers() {
+            nodes.push(info(peer.name, peer.report, peer.age, false));
+        }
+        nodes
+    }
+
+    /// Stops every worker of this node; true when some ran.
+    pub(crate) async fn stop_all_local(&self) -> bool {
+        let ids: Vec<String> = self.views().keys().cloned().collect();
+        for id in &ids {
+            let mut running = self.lifecycle(id).await;
+            self.stop_running(id, &mut running).await;
+        }
+        !ids.is_empty()
+    }
+}
+
+/// Follows the desired state until the runtime goes: a round every heartbeat, and at once
+/// when another node signals or a lifecycle call here asks.
+pub(crate) async fn follow(runtime: Weak<Runtime>, cluster: Arc<Cluster>) {
+    let listener = match runtime.upgrade() {
+        Some(runtime) => runtime.store.listen_cluster().await.unwrap_or_else(|error| {
+            tracing::warn!(%error, "cannot listen for the other nodes' signals; following on the heartbeat alone");
+            None
+        }),
+        None => return,
+    };
+    let mut listener = listener;
+    loop {
+        {
+            let Some(runtime) = runtime.upgrade() else { return };
+            if runtime.is_shut_down() {
+                return;
+            }
+            runtime.cluster_round(&cluster).await;
+        }
+        let signal = async {
+            match listener.as_mut() {
+                Some(receiver) => {
+                    if receiver.recv().await.is_none() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(cluster.settings.heartbeat) => {}
+            () = cluster.wake.notified() => {}
+            () = signal => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    #[test]
+    fn every_slot_has_exactly_one_node_and_slots_spread_evenly() {
+        let live = names(&["a", "b", "c"]);
+        for workers in [1, 2, 4, 8] {
+            let mut all: Vec<usize> = Vec::new();
+            let mut counts = Vec::new();
+            for me in &live {
+                let mine = assigned_slots("pipeline-x", workers, &live, me);
+                counts.push(mine.len());
+                all.extend(mine);
+            }
+            all.sort_unstable();
+            assert_eq!(all, (0..workers).collect::<Vec<_>>());
+            let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+            assert!(max - min <= 1, "{workers} workers over 3 nodes: {counts:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_not_alive_runs_nothing_and_one_node_runs_everything() {
+        assert!(assigned_slots("p", 4, &names(&["a", "b"]), "c").is_empty());
+        assert_eq!(assigned_slots("p", 4, &names(&["a"]), "a"), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn deployments_of_one_slot_start_on_different_nodes() {
+        let live = names(&["a", "b", "c"]);
+        let owners: BTreeSet<String> = (0..30)
+            .map(|i| {
+                let id = format!("pipeline-{i}");
+                live.iter().find(|me| assigned_slots(&id, 1, &live, me) == vec![0]).unwrap().clone()
+            })
+            .collect();
+        assert_eq!(owners.len(), 3);
+    }
+}

@@ -1,0 +1,175 @@
+//! The cluster role ([`NodeStore`]): which `sluice serve` nodes are alive and what each runs,
+//! a lock per pipeline that lifecycle calls of every node take, and a wake-up signal for
+//! changes of the desired state.
+//!
+//! On PostgreSQL the lock is a transaction-scoped advisory lock and the signal is
+//! `LISTEN`/`NOTIFY`. On SQLite (one process) the lock is nothing, the process's own lock
+//! serialises, and there is no signal: a node there has no peers to hear from.
+
+use async_trait::async_trait;
+use sqlx::Row as _;
+
+use crate::dialect::{Conn, Dialect, Row};
+use crate::{Result, Store};
+
+/// The channel nodes signal each other on after a change of the desired state (a deploy,
+/// pause or teardown) or of what they run.
+pub const CLUSTER_CHANNEL: &str = "sluice_cluster";
+
+/// One node's row: its name, how long ago (by the database's clock) it last wrote, and its
+/// report (JSON the runtime writes and reads).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRow {
+    pub name: String,
+    pub age_ms: i64,
+    pub report: String,
+}
+
+/// A pipeline's cluster-wide lifecycle lock, held until [`ClusterLock::release`] or drop.
+#[derive(Debug)]
+pub struct ClusterLock(Option<sqlx::Transaction<'static, sqlx::Postgres>>);
+
+impl ClusterLock {
+    /// A lock that holds nothing (one process: its own lock is enough).
+    pub(crate) fn local() -> Self {
+        Self(None)
+    }
+
+    pub(crate) fn held(tx: sqlx::Transaction<'static, sqlx::Postgres>) -> Self {
+        Self(Some(tx))
+    }
+
+    /// Lets the next node's lifecycle call of the pipeline go.
+    pub async fn release(mut self) {
+        if let Some(tx) = self.0.take()
+            && let Err(error) = tx.commit().await
+        {
+            // The connection is gone, and its session's locks with it.
+            tracing::warn!(%error, "releasing a pipeline's cluster lock");
+        }
+    }
+}
+
+impl Drop for ClusterLock {
+    fn drop(&mut self) {
+        // Dropped on an error path (or a cancelled call): end the transaction, so the
+        // connection goes back to the pool without the lock.
+        if let Some(tx) = self.0.take()
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            handle.spawn(async move {
+                if let Err(error) = tx.rollback().await {
+                    tracing::warn!(%error, "releasing a pipeline's cluster lock");
+                }
+            });
+        }
+    }
+}
+
+/// Nodes, their reports, the per-pipeline cluster lock and the change signal.
+#[async_trait]
+pub trait NodeStore: Send + Sync + 'static {
+    /// Writes node `name`'s report and marks it alive now.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn heartbeat(&self, name: &str, report: &str) -> Result<()>;
+
+    /// Every node row, by name, with its age.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn nodes(&self) -> Result<Vec<NodeRow>>;
+
+    /// Forgets node `name` (it stops), and rows that have not written for `stale_ms`.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn remove_nodes(&self, name: Option<&str>, stale_ms: i64) -> Result<u64>;
+
+    /// Waits for and takes pipeline `pipeline_id`'s lifecycle lock, shared by every node on
+    /// this database.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn cluster_lock(&self, pipeline_id: &str) -> Result<ClusterLock>;
+
+    /// Wakes every node listening on [`CLUSTER_CHANNEL`] (no effect on SQLite).
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn signal_cluster(&self) -> Result<()>;
+
+    /// Signals on [`CLUSTER_CHANNEL`] from now on (`None` on SQLite). A signal lost while
+    /// the listener reconnects is not replayed: listeners also look on a timer.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn listen_cluster(&self) -> Result<Option<tokio::sync::mpsc::Receiver<()>>>;
+}
+
+#[async_trait]
+impl<D: Dialect> NodeStore for Store<D>
+where
+    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
+    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    &'static str: sqlx::ColumnIndex<Row<D>>,
+{
+    async fn heartbeat(&self, name: &str, report: &str) -> Result<()> {
+        let now = D::NOW_MS;
+        sqlx::query(&format!(
+            "INSERT INTO nodes (name, heartbeat_ms, report) VALUES ($1, {now}, $2) \
+             ON CONFLICT (name) DO UPDATE SET heartbeat_ms = excluded.heartbeat_ms, \
+             report = excluded.report"
+        ))
+        .bind(name)
+        .bind(report)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRow>> {
+        let now = D::NOW_MS;
+        let rows = sqlx::query(&format!(
+            "SELECT name, {now} - heartbeat_ms AS age_ms, report FROM nodes ORDER BY name"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(NodeRow {
+                    name: row.try_get("name")?,
+                    age_ms: row.try_get("age_ms")?,
+                    report: row.try_get("report")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn remove_nodes(&self, name: Option<&str>, stale_ms: i64) -> Result<u64> {
+        let now = D::NOW_MS;
+        let done =
+            sqlx::query(&format!("DELETE FROM nodes WHERE name = $1 OR heartbeat_ms < {now} - $2"))
+                .bind(name.unwrap_or(""))
+                .bind(stale_ms)
+                .execute(&self.pool)
+                .await?;
+        Ok(D::rows_affected(&done))
+    }
+
+    async fn cluster_lock(&self, pipeline_id: &str) -> Result<ClusterLock> {
+        D::cluster_lock(&self.pool, pipeline_id).await
+    }
+
+    async fn signal_cluster(&self) -> Result<()> {
+        D::signal(&self.pool, CLUSTER_CHANNEL).await
+    }
+
+    async fn listen_cluster(&self) -> Result<Option<tokio::sync::mpsc::Receiver<()>>> {
+        D::listen(&self.pool, CLUSTER_CHANNEL).await
+    }
+}

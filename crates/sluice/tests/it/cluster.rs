@@ -1,0 +1,351 @@
+//! Three `sluice serve` nodes on one PostgreSQL and one Kafka-API broker (both started by
+//! `scripts/test`): lifecycle calls on any node, work spread over the nodes and moved when
+//! one is killed, nothing acknowledged lost, and a restarted node taking work again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::crash::{KEY, batch, send};
+use crate::process::{Server, data_dir_args, free_port, sluice};
+
+const SECRETS_KEY: &str = "4f2c1b0a9e8d7c6b5a49382716051f2e3d4c5b6a79881726354a5b6c7d8e9f00";
+
+/// One node: its name, port and data directory (kept across a restart).
+struct Node {
+    name: String,
+    port: u16,
+    dir: tempfile::TempDir,
+    server: Option<Server>,
+}
+
+impl Node {
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+struct Cluster {
+    database_url: String,
+    bus: String,
+    prefix: String,
+    nodes: Vec<Node>,
+}
+
+impl Cluster {
+    fn start_node(&mut self, index: usize) {
+        let node = &self.nodes[index];
+        let mut command = sluice();
+        command
+            .arg("serve")
+            .args(data_dir_args(node.dir.path()))
+            .args(["--listen", &format!("127.0.0.1:{}", node.port)])
+            .args(["--bus", &self.bus, "--bus-topic-prefix", &self.prefix])
+            .args(["--node-name", &node.name, "--node-timeout-secs", "3"])
+            .env("SLUICE_DATABASE_URL", &self.database_url)
+            .env("SLUICE_SECRETS_KEY", SECRETS_KEY)
+            .env("SLUICE_BOOTSTRAP_API_KEY", KEY);
+        let server = Server::start(command, node.port);
+        self.nodes[index].server = Some(server);
+    }
+
+    /// Fails when a node's process exited.
+    fn assert_alive(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(server) = &mut node.server
+                && let Some(status) = server.child.try_wait().unwrap()
+            {
+                panic!("{} exited: {status}", node.name);
+            }
+        }
+    }
+}
+
+/// A fresh PostgreSQL database of its own on the server `scripts/test` started.
+async fn fresh_database(name: &str) -> String {
+    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
+        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
+    let database = format!("{name}_{}", std::process::id());
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}")).execute(&admin).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {database}")).execute(&admin).await.unwrap();
+    let (prefix, _) = url.rsplit_once('/').unwrap();
+    format!("{prefix}/{database}")
+}
+
+/// The pipeline's workers as node `base` reports them: worker name → node.
+async fn workers(client: &reqwest::Client, base: &str, id: &str) -> BTreeMap<String, String> {
+    let url = format!("{base}/api/v1/beam/{id}/deploy/stats");
+    let response = client.get(&url).header("x-api-key", KEY).send().await;
+    let response = response.unwrap_or_else(|error| panic!("GET {url}: {error:?}"));
+    assert_eq!(response.status(), 200, "{url}");
+    let stats: Value = response.json().await.unwrap();
+    stats["workers_health"]["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| (w["name"].as_str().unwrap().to_owned(), w["node"].as_str().unwrap().to_owned()))
+        .collect()
+}
+
+/// Waits until `check` holds of the workers node `base` reports.
+async fn wait_for_workers(
+    client: &reqwest::Client,
+    base: &str,
+    id: &str,
+    within: Duration,
+    what: &str,
+    check: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> BTreeMap<String, String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let seen = workers(client, base, id).await;
+        if check(&seen) {
+            return seen;
+        }
+        assert!(Instant::now() < deadline, "{what}: workers seen from {base}: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Reads the sink from `offset` on until every number of `expected` arrived; answers what
+/// arrived and the next offset.
+async fn read_until(
+    client: &reqwest::Client,
+    records_url: &str,
+    mut offset: u64,
+    expected: &BTreeSet<u64>,
+    delivered: &mut BTreeSet<u64>,
+) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !expected.is_subset(delivered) {
+        assert!(
+            Instant::now() < deadline,
+            "never delivered: {:?}",
+            expected.difference(delivered).take(10).collect::<Vec<_>>()
+        );
+        let url = format!("{records_url}?offset={offset}&limit=10000&wait_ms=300");
+        let (status, page) = send(client, reqwest::Method::GET, &url, None).await;
+        assert_eq!(status, 200, "{page}");
+        for record in page["records"].as_array().unwrap() {
+            let n = record["value"]["n"].as_u64().unwrap();
+            assert_ne!(n % 3, 0, "a non-matching record was delivered");
+            delivered.insert(n);
+        }
+        offset = page["next_offset"].as_u64().unwrap();
+    }
+    offset
+}
+
+fn matching(from: u64, to: u64) -> BTreeSet<u64> {
+    (from..to).filter(|n| n % 3 != 0).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_nodes_share_a_deployment_follow_each_others_lifecycle_calls_and_survive_a_kill() {
+    let bus = std::env::var("SLUICE_TEST_KAFKA_URL")
+        .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let mut cluster = Cluster {
+        database_url: fresh_database("cluster").await,
+        bus,
+        prefix: format!("cluster{nanos:x}."),
+        nodes: ["node-a", "node-b", "node-c"]
+            .into_iter()
+            .map(|name| Node {
+                name: name.to_owned(),
+                port: free_port(),
+                dir: tempfile::tempdir().unwrap(),
+                server: None,
+            })
+            .collect(),
+    };
+    for index in 0..3 {
+        cluster.start_node(index);
+    }
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let [a, b, c] = [0, 1, 2].map(|i| cluster.nodes[i].base());
+
+    // Every node sees the three.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, nodes) =
+            send(&client, reqwest::Method::GET, &format!("{c}/api/v1/nodes"), None).await;
+        assert_eq!(status, 200, "{nodes}");
+        let names: BTreeSet<&str> = nodes["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["name"].as_str().unwrap())
+            .collect();
+        if names == BTreeSet::from(["node-a", "node-b", "node-c"]) {
+            assert_eq!(nodes["items"][0]["name"], "node-c");
+            assert_eq!(nodes["items"][0]["is_self"], true);
+            break;
+        }
+        assert!(Instant::now() < deadline, "nodes seen: {nodes}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Created and deployed on A: its four workers spread over the three nodes.
+    let body = json!({
+        "name": "cluster", "description": "three nodes", "pod_size": "L",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [{"type": "redis_set_filter", "uid": "tf-1", "filter_expr": "root = this.token_address", "set_values": [crate::crash::USDC]}],
+            "sinks": [{"type": "kafka", "uid": "sk-1", "name": "out"}]
+        }
+    });
+    let (status, created) =
+        send(&client, reqwest::Method::POST, &format!("{a}/api/v1/beam"), Some(body.to_string()))
+            .await;
+    assert_eq!(status, 200, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let (status, deployed) =
+        send(&client, reqwest::Method::POST, &format!("{a}/api/v1/beam/{id}/deploy"), None).await;
+    assert_eq!(status, 200, "{deployed}");
+    // The deploy answers once every node runs its share; B sees them within its next
+    // heartbeat.
+    wait_for_workers(
+        &client,
+        &b,
+        &id,
+        Duration::from_secs(5),
+        "four workers on three nodes",
+        |seen| seen.len() == 4 && seen.values().collect::<BTreeSet<_>>().len() == 3,
+    )
+    .await;
+
+    // Records ingested on C reach the sink, read on B.
+    let ingest = |base: &str| format!("{base}/api/v1/streams/base/erc20_token_transfer/records");
+    let records_url = format!("{b}/api/v1/beam/{id}/sinks/sk-1/records");
+    let mut delivered = BTreeSet::new();
+    assert_eq!(send(&client, reqwest::Method::POST, &ingest(&c), Some(batch(0, 300))).await.0, 200);
+    let mut offset = read_until(&client, &records_url, 0, &matching(0, 300), &mut delivered).await;
+
+    // Paused on B: no node runs a worker, and nothing new is delivered.
+    let (status, paused) =
+        send(&client, reqwest::Method::POST, &format!("{b}/api/v1/beam/{id}/pause"), None).await;
+    assert_eq!(status, 200, "{paused}");
+    assert!(workers(&client, &b, &id).await.is_empty(), "the pause answers once all stopped");
+    for base in [&a, &c] {
+        wait_for_workers(&client, base, &id, Duration::from_secs(5), "paused", BTreeMap::is_empty)
+            .await;
+    }
+    let (status, nodes) =
+        send(&client, reqwest::Method::GET, &format!("{a}/api/v1/nodes"), None).await;
+    assert_eq!(status, 200);
+    for node in nodes["items"].as_array().unwrap() {
+        assert_eq!(node["workers"], json!([]), "{nodes}");
+    }
+    assert_eq!(
+        send(&client, reqwest::Method::POST, &ingest(&a), Some(batch(300, 300))).await.0,
+        200
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let url = format!("{records_url}?offset={offset}&limit=10000&wait_ms=200");
+    let (status, page) = send(&client, reqwest::Method::GET, &url, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(page["records"], json!([]), "delivered while paused");
+
+    // Resumed on C: everything from the pause on arrives.
+    let (status, resumed) =
+        send(&client, reqwest::Method::POST, &format!("{c}/api/v1/beam/{id}/deploy"), None).await;
+    assert_eq!(status, 200, "{resumed}");
+    wait_for_workers(&client, &a, &id, Duration::from_secs(5), "resumed", |seen| seen.len() == 4)
+        .await;
+    offset = read_until(&client, &records_url, offset, &matching(0, 600), &mut delivered).await;
+
+    cluster.assert_alive();
+    // A steady feed into B while C is killed: C's workers move to A and B within 30 s, and
+    // every acknowledged matching record is delivered.
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(u64, u64)>::new()));
+    let feeder = {
+        let (client, url, acked) = (client.clone(), ingest(&b), acked.clone());
+        tokio::spawn(async move {
+            let mut next = 600u64;
+            while next < 4600 {
+                let (status, _) =
+                    send(&client, reqwest::Method::POST, &url, Some(batch(next, 50))).await;
+                if status == 200 {
+                    acked.lock().unwrap().push((next, 50));
+                    next += 50;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while acked.lock().unwrap().len() < 10 {
+        assert!(Instant::now() < deadline, "ingest made no progress");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut killed = cluster.nodes[2].server.take().unwrap();
+    killed.child.kill().unwrap(); // SIGKILL: no goodbye, its heartbeat just stops
+    killed.child.wait().unwrap();
+    let killed_at = Instant::now();
+    drop(killed);
+    let moved = wait_for_workers(
+        &client,
+        &a,
+        &id,
+        Duration::from_secs(30),
+        "the killed node's workers move to the others",
+        |seen| seen.len() == 4 && seen.values().all(|node| node != "node-c"),
+    )
+    .await;
+    let failover = killed_at.elapsed();
+    println!("failover after kill -9: {failover:?}; workers now {moved:?}");
+    feeder.await.unwrap();
+    let expected: BTreeSet<u64> = acked
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|(from, count)| *from..from + count)
+        .filter(|n| n % 3 != 0)
+        .chain(matching(0, 600))
+        .collect();
+    offset = read_until(&client, &records_url, offset, &expected, &mut delivered).await;
+
+    // C comes back under its name and takes a share again.
+    cluster.start_node(2);
+    wait_for_workers(
+        &client,
+        &b,
+        &id,
+        Duration::from_secs(30),
+        "the restarted node takes workers again",
+        |seen| seen.len() == 4 && seen.values().any(|node| node == "node-c"),
+    )
+    .await;
+    assert_eq!(
+        send(&client, reqwest::Method::POST, &ingest(&c), Some(batch(4600, 300))).await.0,
+        200
+    );
+    let expected: BTreeSet<u64> = expected.union(&matching(4600, 4900)).copied().collect();
+    read_until(&client, &records_url, offset, &expected, &mut delivered).await;
+
+    cluster.assert_alive();
+    // Torn down on A: no node runs a worker, and the sink topic is gone.
+    let (status, torn) =
+        send(&client, reqwest::Method::POST, &format!("{a}/api/v1/beam/{id}/teardown"), None).await;
+    assert_eq!(status, 200, "{torn}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.assert_alive();
+    for base in [&a, &b, &c] {
+        wait_for_workers(
+            &client,
+            base,
+            &id,
+            Duration::from_secs(5),
+            "torn down",
+            BTreeMap::is_empty,
+        )
+        .await;
+    }
+    let (status, gone) = send(&client, reqwest::Method::GET, &records_url, None).await;
+    assert_ne!(status, 200, "{gone}");
+    let _: Value = gone;
+}
