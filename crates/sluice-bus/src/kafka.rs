@@ -238,7 +238,24 @@ impl KafkaLog {
         from: u64,
         max: usize,
     ) -> Result<Vec<Record>> {
+        self.read_placed(topic, partition, from, max, false).await
+    }
+
+    /// [`KafkaLog::read_with_cursor`]; with `fresh`, the cursor fetches from `from` afresh
+    /// (a pooled cursor's view of the end may be old: appends made by other processes reach
+    /// it only by its own fetches).
+    async fn read_placed(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        fresh: bool,
+    ) -> Result<Vec<Record>> {
         let mut cursor = self.cursor(topic, partition, from)?;
+        if fresh {
+            cursor.replace();
+        }
         let known_end = self.inner.readers.known_end(topic, partition);
         let (cursor, read) = tokio::task::spawn_blocking(move || {
             let read = cursor.read(from, max, known_end);
@@ -266,8 +283,10 @@ impl KafkaLog {
         let listed = u64::try_from(high).unwrap_or(0);
         let mut end = listed.max(start).max(self.inner.readers.known_end(topic, partition));
         let mut from = end.saturating_sub(1).max(start);
+        let mut fresh = true;
         while end > start {
-            let read = self.read_with_cursor(topic, partition, from, usize::MAX).await?;
+            let read = self.read_placed(topic, partition, from, usize::MAX, fresh).await?;
+            fresh = false;
             match read.last() {
                 Some(record) if record.offset + 1 > end => {
                     end = record.offset + 1;

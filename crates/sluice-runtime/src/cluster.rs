@@ -311,6 +311,17 @@ impl Runtime {
         if !self.refresh_peers(cluster).await {
             return;
         }
+        // Filter values and datasets changed through other nodes.
+        if let Err(error) = self.sets.refresh().await {
+            tracing::warn!(%error, "cannot refresh the set-filter indexes");
+        }
+        let index =
+            self.dataset_index.read().expect("dataset index lock is never poisoned").clone();
+        if let Some(index) = index
+            && let Err(error) = index.refresh(self.store.as_ref()).await
+        {
+            tracing::warn!(%error, "cannot refresh the dataset index");
+        }
         let records = match self.store.list_deployments().await {
             Ok(records) => records,
             Err(error) => {

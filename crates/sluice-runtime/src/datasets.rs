@@ -124,6 +124,57 @@ impl DatasetIndex {
         }
     }
 
+    /// Reads again every dataset changed, created or deleted through another process (a
+    /// node of a cluster: its changes do not pass through this process's listener), by
+    /// comparing each stored dataset's `(seq, version)` with the index's; answers how many
+    /// changed. A change made through this process meanwhile is in what is read, or
+    /// applies on top by its version.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn refresh(&self, store: &dyn MetadataStore) -> Result<usize> {
+        let stored = store.all_datasets().await?;
+        let mut changed = 0;
+        let mut live = std::collections::HashSet::new();
+        for dataset in &stored {
+            live.insert((dataset.owner_user_id.clone(), dataset.name.clone()));
+            let current = self.lookup(&dataset.owner_user_id, &dataset.name).is_some_and(|entry| {
+                entry.seq == dataset.seq
+                    && entry.state.read().expect("dataset entry lock is never poisoned").version
+                        >= dataset.version
+            });
+            if current {
+                continue;
+            }
+            if let Some(values) = Self::read(store, dataset).await? {
+                self.install(dataset, values);
+                changed += 1;
+            }
+        }
+        // Deleted elsewhere.
+        let gone: Vec<(String, String, i64)> = {
+            let owners = self.owners.read().expect("dataset index lock is never poisoned");
+            owners
+                .iter()
+                .flat_map(|(owner, names)| {
+                    names.iter().map(move |(name, entry)| (owner.clone(), name.clone(), entry.seq))
+                })
+                .filter(|(owner, name, _)| !live.contains(&(owner.clone(), name.clone())))
+                .collect()
+        };
+        for (owner, name, seq) in gone {
+            // Only when it is still gone: a dataset created here meanwhile stays.
+            if store.dataset_by_name(&owner, &name).await?.is_none() {
+                self.drop_dataset(DatasetRef { owner_user_id: &owner, name: &name, seq });
+                changed += 1;
+            }
+        }
+        if changed > 0 {
+            tracing::info!(changed, "datasets changed elsewhere: index read again");
+        }
+        Ok(changed)
+    }
+
     fn install(&self, dataset: &Dataset, values: ValueSet) {
         let state = State { version: dataset.version, values, pending: BTreeMap::new() };
         let entry = Arc::new(Entry { seq: dataset.seq, state: RwLock::new(state) });

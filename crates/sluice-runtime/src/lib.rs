@@ -174,6 +174,8 @@ pub struct Runtime {
     secret_uses: RwLock<HashMap<String, SecretUse>>,
     /// This node's part in a cluster (`None`: a node of its own, running every worker).
     cluster: Option<Arc<Cluster>>,
+    /// The process's dataset index, read again on a cluster when other nodes change datasets.
+    dataset_index: RwLock<Option<Arc<datasets::DatasetIndex>>>,
     /// Set by [`Runtime::shutdown`]: the cluster loop stops following.
     shut_down: std::sync::atomic::AtomicBool,
 }
@@ -269,10 +271,22 @@ impl Runtime {
             sink_env,
             secret_uses: RwLock::default(),
             cluster,
+            dataset_index: RwLock::default(),
             shut_down: std::sync::atomic::AtomicBool::new(false),
         });
         runtime.create_chain_topics().await?;
         if let Some(cluster) = &runtime.cluster {
+            // A filter-value change made here wakes the other nodes to refresh their
+            // indexes.
+            let store = runtime.store.clone();
+            runtime.sets.on_change(Arc::new(move || {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    if let Err(error) = store.signal_cluster().await {
+                        tracing::warn!(%error, "cannot signal the other nodes");
+                    }
+                });
+            }));
             // The deployments run as the cluster assigns them, from the first round on.
             tokio::spawn(cluster::follow(Arc::downgrade(&runtime), cluster.clone()));
             return Ok(runtime);
@@ -320,6 +334,22 @@ impl Runtime {
     /// running pipelines too.
     pub fn use_datasets(&self, lookup: Arc<dyn DatasetLookup>) {
         *self.datasets.0.write().expect("dataset lookup lock is never poisoned") = lookup;
+    }
+
+    /// Answers scripts' `beam.contains` from `index` and keeps it current: the returned
+    /// listener is what the API tells of dataset changes (on a cluster it also wakes the
+    /// other nodes, whose rounds read the changed datasets again).
+    pub fn follow_datasets(
+        &self,
+        index: Arc<datasets::DatasetIndex>,
+    ) -> Arc<dyn sluice_core::datasets::DatasetListener> {
+        self.use_datasets(index.clone());
+        *self.dataset_index.write().expect("dataset index lock is never poisoned") =
+            Some(index.clone());
+        match &self.cluster {
+            None => index,
+            Some(_) => Arc::new(SignallingDatasets { index, store: self.store.clone() }),
+        }
     }
 
     /// The dead-letter topic of a deployed (or paused) pipeline; `None` when it is not
@@ -1032,6 +1062,29 @@ impl DatasetLookup for DatasetSlot {
             dataset,
             values,
         )
+    }
+}
+
+/// A dataset listener of a cluster node: the index hears the change, the other nodes a
+/// signal.
+struct SignallingDatasets {
+    index: Arc<datasets::DatasetIndex>,
+    store: Arc<dyn MetadataStore>,
+}
+
+impl sluice_core::datasets::DatasetListener for SignallingDatasets {
+    fn changed(
+        &self,
+        dataset: sluice_core::datasets::DatasetRef<'_>,
+        change: sluice_core::datasets::DatasetChange<'_>,
+    ) {
+        self.index.changed(dataset, change);
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(error) = store.signal_cluster().await {
+                tracing::warn!(%error, "cannot signal the other nodes");
+            }
+        });
     }
 }
 

@@ -121,7 +121,7 @@ impl Worker {
         let mut engines = Engines::default();
         let mut partitions: Vec<u32> = next.keys().copied().collect();
         partitions.sort_unstable();
-        tracing::debug!(config_id = %plan.plan.pipeline_id, worker = self.index, ?partitions, "worker started");
+        tracing::debug!(config_id = %plan.plan.pipeline_id, worker = self.index, ?next, "worker started");
         // The next round's reads run while this round is processed and delivered (the
         // worker's one sequence of steps would otherwise leave the log idle meanwhile).
         let mut ahead: Option<ReadAhead> = None;

@@ -117,6 +117,18 @@ pub trait FilterValueStore: Send + Sync + 'static {
         transform_uid: &str,
     ) -> Result<sluice_filter::ValueSet>;
 
+    /// The stored `(set id, version)` of one transform's set (`None`: never written, or
+    /// dropped). Every write of a set gives it a new version; a set dropped and made again
+    /// has a new id.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn filter_set_version(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+    ) -> Result<Option<(i64, i64)>>;
+
     /// Whether `value` (normalised by the caller) is in the set of one transform.
     ///
     /// # Errors
@@ -557,6 +569,23 @@ where
             tokio::spawn(async move { sets.snapshots.save(key, copy).await });
         }
         Ok(values)
+    }
+
+    async fn filter_set_version(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+    ) -> Result<Option<(i64, i64)>> {
+        let row = sqlx::query(
+            "SELECT id, version FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2",
+        )
+        .bind(pipeline_id)
+        .bind(transform_uid)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row
+            .map(|row| row.try_get("id").and_then(|id| Ok((id, row.try_get("version")?))))
+            .transpose()?)
     }
 
     fn keep_set_snapshots(&self, dir: std::path::PathBuf) {

@@ -129,7 +129,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // engine's `DatasetLookup`.
     let datasets =
         Arc::new(DatasetIndex::load(store.as_ref()).await.context("loading the dataset index")?);
-    runtime.use_datasets(datasets.clone());
+    let dataset_listener = runtime.follow_datasets(datasets.clone());
 
     let snapshot_store = store.clone();
     let state = AppState::new(
@@ -145,7 +145,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .with_node_name(&node_name)
     .with_sinks(secrets, settings.egress_bind_addr)
     .with_backfills(backfills)
-    .with_dataset_listener(datasets)
+    .with_dataset_listener(dataset_listener)
     .with_price_slot(prices);
     let state = match chains.status {
         Some(chains) => state.with_chains(chains),

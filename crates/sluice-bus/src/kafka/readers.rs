@@ -46,6 +46,8 @@ pub(super) struct Cursor {
     /// Whether the cursor has fetched everything up to `next`.
     at_end: bool,
     placed: bool,
+    /// Whether it has fetched a record since it was placed (then `next` is a known end).
+    fetched: bool,
     last_used: Instant,
 }
 
@@ -58,6 +60,7 @@ impl Cursor {
             next: 0,
             at_end: false,
             placed: false,
+            fetched: false,
             last_used: Instant::now(),
         }
     }
@@ -74,6 +77,7 @@ impl Cursor {
                 .map_err(super::backend)?;
             self.consumer.assign(&list).map_err(super::backend)?;
             self.placed = true;
+            self.fetched = false;
             self.next = from;
             self.at_end = false;
         }
@@ -110,6 +114,7 @@ impl Cursor {
                         value: bytes::Bytes::copy_from_slice(message.payload().unwrap_or_default()),
                     });
                     self.next = offset + 1;
+                    self.fetched = true;
                     self.at_end = false;
                 }
                 Some(Err(KafkaError::PartitionEOF(_))) => {
@@ -130,6 +135,12 @@ impl Cursor {
         }
         self.last_used = Instant::now();
         Ok(records)
+    }
+
+    /// Makes the next read place the cursor again, fetching afresh instead of trusting
+    /// what it fetched before (and whether that was the end).
+    pub(super) fn replace(&mut self) {
+        self.placed = false;
     }
 
     /// The end this cursor saw, when it has fetched to it.
@@ -163,9 +174,11 @@ impl Readers {
 
     /// Returns a cursor to the pool after a read.
     pub(super) fn put(&self, topic: &str, cursor: Cursor) {
-        if let Some(end) = cursor.end_seen() {
-            self.learn_end(topic, cursor.partition, end);
-        }
+        // What a cursor read is there: the end is at least past it (appends made by other
+        // processes are learnt only this way).
+        let read_to = if cursor.placed && cursor.fetched { cursor.next } else { 0 };
+        let end = cursor.end_seen().unwrap_or(read_to);
+        self.learn_end(topic, cursor.partition, end);
         let mut idle = self.idle.lock().expect("reader pool mutex is never poisoned");
         // Cursors nobody used for a while close, whatever partition they read.
         for cursors in idle.values_mut() {

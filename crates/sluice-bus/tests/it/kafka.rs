@@ -11,14 +11,22 @@ use sluice_core::clock::ManualClock;
 use crate::log::unique_prefix;
 
 async fn two_processes() -> (KafkaLog, KafkaLog) {
+    let [one, two] = processes().await;
+    (one, two)
+}
+
+/// `N` clients of one cluster under one topic prefix, as `N` processes would be.
+async fn processes<const N: usize>() -> [KafkaLog; N] {
     let url = std::env::var("SLUICE_TEST_KAFKA_URL")
         .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
     let mut settings = KafkaSettings::parse(&url).unwrap();
     settings.topic_prefix = unique_prefix();
     let clock = Arc::new(ManualClock::new(Utc::now()));
-    let one = KafkaLog::connect(settings.clone(), clock.clone()).await.unwrap();
-    let two = KafkaLog::connect(settings, clock).await.unwrap();
-    (one, two)
+    let mut logs = Vec::new();
+    for _ in 0..N {
+        logs.push(KafkaLog::connect(settings.clone(), clock.clone()).await.unwrap());
+    }
+    logs.try_into().unwrap_or_else(|_| unreachable!())
 }
 
 fn record(key: &str, value: &str) -> NewRecord {
@@ -80,4 +88,31 @@ async fn a_cluster_that_does_not_answer_is_a_clear_error_naming_its_url() {
     assert!(matches!(error, BusError::Unreachable { .. }), "{shown}");
     assert!(shown.contains(&format!("kafka://127.0.0.1:{port}")), "{shown}");
     assert!(!shown.contains("hunter2"), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_third_process_sees_the_exact_ends_of_partitions_two_others_append_to() {
+    let [one, two, three] = processes().await;
+    let config = TopicConfig { partitions: 8, retention: Default::default() };
+    one.create_topic("base.ends", config).await.unwrap();
+    // Interleaved appends of different sizes from two producers, as two nodes' workers make.
+    let mut total = 0u64;
+    for round in 0..20u64 {
+        let (first, second) = (round % 5 + 1, (round * 7) % 4 + 1);
+        let records = |n: u64, tag: &str| {
+            (0..n).map(|i| record(&format!("k{round}{tag}{i}"), "v")).collect::<Vec<_>>()
+        };
+        one.append("base.ends", records(first, "a")).await.unwrap();
+        two.append("base.ends", records(second, "b")).await.unwrap();
+        total += first + second;
+    }
+    // Asked before it read anything: it knows only what the broker answers.
+    let ends = three.offsets("base.ends").await.unwrap();
+    let mut actual = Vec::new();
+    for partition in 0..8 {
+        actual.push(three.read("base.ends", partition, 0, 10_000).await.unwrap().len() as u64);
+    }
+    assert_eq!(actual.iter().sum::<u64>(), total);
+    let seen: Vec<u64> = ends.iter().map(|range| range.end).collect();
+    assert_eq!(seen, actual, "the ends a third process reads");
 }

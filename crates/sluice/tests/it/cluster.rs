@@ -114,9 +114,22 @@ async fn wait_for_workers(
 async fn read_until(
     client: &reqwest::Client,
     records_url: &str,
+    offset: u64,
+    expected: &BTreeSet<u64>,
+    delivered: &mut BTreeSet<u64>,
+) -> u64 {
+    read_until_widened(client, records_url, offset, expected, delivered, u64::MAX).await
+}
+
+/// [`read_until`], where records from number `widened_from` on match whatever their token
+/// (a filter value added for the other token).
+async fn read_until_widened(
+    client: &reqwest::Client,
+    records_url: &str,
     mut offset: u64,
     expected: &BTreeSet<u64>,
     delivered: &mut BTreeSet<u64>,
+    widened_from: u64,
 ) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(90);
     while !expected.is_subset(delivered) {
@@ -130,7 +143,7 @@ async fn read_until(
         assert_eq!(status, 200, "{page}");
         for record in page["records"].as_array().unwrap() {
             let n = record["value"]["n"].as_u64().unwrap();
-            assert_ne!(n % 3, 0, "a non-matching record was delivered");
+            assert!(n % 3 != 0 || n >= widened_from, "a non-matching record {n} was delivered");
             delivered.insert(n);
         }
         offset = page["next_offset"].as_u64().unwrap();
@@ -325,7 +338,82 @@ async fn three_nodes_share_a_deployment_follow_each_others_lifecycle_calls_and_s
         200
     );
     let expected: BTreeSet<u64> = expected.union(&matching(4600, 4900)).copied().collect();
-    read_until(&client, &records_url, offset, &expected, &mut delivered).await;
+    offset = read_until(&client, &records_url, offset, &expected, &mut delivered).await;
+
+    // A filter value added on A filters on every node: the other token's records (every
+    // third) now pass too, whichever node's worker reads their partition.
+    let (status, added) = send(
+        &client,
+        reqwest::Method::POST,
+        &format!("{a}/api/v1/beam/{id}/transforms/tf-1/filter-values"),
+        Some(json!({"values": ["0x1111111111111111111111111111111111111111"]}).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{added}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        send(&client, reqwest::Method::POST, &ingest(&b), Some(batch(4900, 300))).await.0,
+        200
+    );
+    let expected: BTreeSet<u64> = expected.union(&(4900..5200).collect()).copied().collect();
+    read_until_widened(&client, &records_url, offset, &expected, &mut delivered, 4900).await;
+
+    // A dataset entry added on B reaches the scripts of a pipeline whose workers run on
+    // every node.
+    let script = "function transform(record) { return beam.contains('watched', [record.to_address]) ? record : null; }";
+    let body = json!({
+        "name": "watch", "description": "dataset across nodes", "pod_size": "L",
+        "pipeline_config": {
+            "source": {"chain": "base", "entity": "erc20_token_transfer"},
+            "transforms": [{"type": "v8", "uid": "tf-js", "script": script}],
+            "sinks": [{"type": "kafka", "uid": "sk-1", "name": "watched"}]
+        }
+    });
+    let (status, created) =
+        send(&client, reqwest::Method::POST, &format!("{c}/api/v1/beam"), Some(body.to_string()))
+            .await;
+    assert_eq!(status, 200, "{created}");
+    let watch = created["id"].as_str().unwrap().to_owned();
+    let (status, _) =
+        send(&client, reqwest::Method::POST, &format!("{c}/api/v1/beam/{watch}/deploy"), None)
+            .await;
+    assert_eq!(status, 200);
+    let (status, dataset) = send(
+        &client,
+        reqwest::Method::POST,
+        &format!("{a}/api/v1/beam/datasets"),
+        Some(json!({"name": "watched"}).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{dataset}");
+    let watch_url = format!("{c}/api/v1/beam/{watch}/sinks/sk-1/records");
+    assert_eq!(
+        send(&client, reqwest::Method::POST, &ingest(&a), Some(batch(6000, 100))).await.0,
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, added) = send(
+        &client,
+        reqwest::Method::POST,
+        &format!("{b}/api/v1/beam/datasets/entries"),
+        Some(
+            json!({"name": "watched", "values": ["0x3333333333333333333333333333333333333333"]})
+                .to_string(),
+        ),
+    )
+    .await;
+    assert_eq!((status, added["count"].clone()), (200, json!(1)), "{added}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        send(&client, reqwest::Method::POST, &ingest(&a), Some(batch(6100, 100))).await.0,
+        200
+    );
+    // Every record arriving after the entry passes, on whichever node its partition's
+    // worker runs (without the entry a node's scripts drop them). Records sent before it
+    // may pass too: a worker may run them after the entry was added.
+    let mut watched = BTreeSet::new();
+    read_until_widened(&client, &watch_url, 0, &(6100..6200).collect(), &mut watched, 0).await;
+    assert!(watched.iter().all(|n| (6000..6200).contains(n)), "{watched:?}");
 
     cluster.assert_alive();
     // Torn down on A: no node runs a worker, and the sink topic is gone.
