@@ -69,18 +69,6 @@ fn start(
     Server::start(command, port)
 }
 
-/// A fresh database on the PostgreSQL `scripts/test` starts.
-async fn postgres_database(name: &str) -> String {
-    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
-        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
-    let database = format!("{name}_{}", std::process::id());
-    let admin = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}")).execute(&admin).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {database}")).execute(&admin).await.unwrap();
-    let (prefix, _) = url.rsplit_once('/').unwrap();
-    format!("{prefix}/{database}")
-}
-
 /// A webhook receiver that takes 30 ms per request and keeps every record's `n`.
 async fn slow_receiver() -> (String, Arc<Mutex<Vec<u64>>>) {
     let got: Arc<Mutex<Vec<u64>>> = Arc::default();
@@ -121,7 +109,7 @@ async fn sigkill_mid_transport_then_restart_delivers_every_row() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn on_postgres_and_s3_sigkill_mid_transport_then_restart_delivers_every_row() {
-    let database = postgres_database("backfill").await;
+    let database = crate::process::fresh_postgres_database("backfill").await;
     sigkill_mid_transport(Some(database), true).await;
 }
 

@@ -62,18 +62,6 @@ impl Cluster {
     }
 }
 
-/// A fresh PostgreSQL database of its own on the server `scripts/test` started.
-async fn fresh_database(name: &str) -> String {
-    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
-        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
-    let database = format!("{name}_{}", std::process::id());
-    let admin = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}")).execute(&admin).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {database}")).execute(&admin).await.unwrap();
-    let (prefix, _) = url.rsplit_once('/').unwrap();
-    format!("{prefix}/{database}")
-}
-
 /// The pipeline's workers as node `base` reports them: worker name → node.
 async fn workers(client: &reqwest::Client, base: &str, id: &str) -> BTreeMap<String, String> {
     let url = format!("{base}/api/v1/beam/{id}/deploy/stats");
@@ -162,7 +150,7 @@ async fn three_nodes_share_a_deployment_follow_each_others_lifecycle_calls_and_s
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let mut cluster = Cluster {
-        database_url: fresh_database("cluster").await,
+        database_url: crate::process::fresh_postgres_database("cluster").await,
         bus,
         prefix: format!("cluster{nanos:x}."),
         nodes: ["node-a", "node-b", "node-c"]

@@ -52,14 +52,8 @@ async fn four_sigkills_under_ingest_lose_no_acknowledged_record_and_duplicates_a
 
 #[tokio::test(flavor = "multi_thread")]
 async fn four_sigkills_with_metadata_in_postgres_lose_no_acknowledged_record() {
-    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
-        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
-    let database = format!("kill_loop_{}", std::process::id());
-    let admin_pool = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}")).execute(&admin_pool).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {database}")).execute(&admin_pool).await.unwrap();
-    let (prefix, _) = url.rsplit_once('/').unwrap();
-    kill_loop(Some(&format!("{prefix}/{database}"))).await;
+    let database_url = crate::process::fresh_postgres_database("kill_loop").await;
+    kill_loop(Some(&database_url)).await;
 }
 
 /// Ingests from two clients while the server is SIGKILLed [`KILLS`] times and restarted on

@@ -44,14 +44,7 @@ async fn delivered(client: &reqwest::Client, url: &str, count: usize) -> Vec<u64
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pipelines_run_on_postgres_follow_filter_changes_and_survive_a_restart() {
-    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
-        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
-    let database = format!("runtime_{}", std::process::id());
-    let admin_pool = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}")).execute(&admin_pool).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {database}")).execute(&admin_pool).await.unwrap();
-    let (prefix, _) = url.rsplit_once('/').unwrap();
-    let database_url = format!("{prefix}/{database}");
+    let database_url = crate::process::fresh_postgres_database("runtime").await;
 
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();

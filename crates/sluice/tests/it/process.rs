@@ -132,3 +132,17 @@ fn is_ready(url: &str) -> std::io::Result<bool> {
     stream.read_to_string(&mut response)?;
     Ok(response.starts_with("HTTP/1.1 200"))
 }
+
+/// A fresh database named `<name>_<pid>` on the PostgreSQL `scripts/test` starts
+/// (`SLUICE_TEST_POSTGRES_URL`; the test fails without it); answers its URL.
+pub async fn fresh_postgres_database(name: &str) -> String {
+    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
+        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
+    let database = format!("{name}_{}", std::process::id());
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}")).execute(&admin).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {database}")).execute(&admin).await.unwrap();
+    admin.close().await;
+    let (prefix, _) = url.rsplit_once('/').unwrap();
+    format!("{prefix}/{database}")
+}

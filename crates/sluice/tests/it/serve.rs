@@ -139,14 +139,7 @@ async fn first_start_prints_one_key_and_admin_commands_work_while_serving() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_is_one_setting_away() {
-    let url = std::env::var("SLUICE_TEST_POSTGRES_URL")
-        .expect("SLUICE_TEST_POSTGRES_URL must name a PostgreSQL database; run scripts/test");
-    let database = format!("e2e_{}", std::process::id());
-    let admin_pool = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}")).execute(&admin_pool).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {database}")).execute(&admin_pool).await.unwrap();
-    let (prefix, _) = url.rsplit_once('/').unwrap();
-    let database_url = format!("{prefix}/{database}");
+    let database_url = crate::process::fresh_postgres_database("e2e").await;
 
     let port = free_port();
     let bootstrap = "slk_e2e_bootstrap_key_0123456789";
@@ -174,7 +167,6 @@ async fn postgres_is_one_setting_away() {
     assert_eq!(call(reqwest::Method::GET, &format!("{beam}/{id}"), &ann, None).await.0, 404);
     trade_shows_up_in_prices(&server.base, bootstrap).await;
     assert!(server.terminate());
-    admin_pool.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
