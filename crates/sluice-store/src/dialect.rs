@@ -92,6 +92,12 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         key: &str,
     ) -> impl Future<Output = Result<crate::nodes::ClusterLock>> + Send;
 
+    /// Takes role `key` if no other process holds it.
+    fn try_role(
+        pool: &Pool<Self>,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<crate::nodes::RoleLock>>> + Send;
+
     /// Signals the other processes listening on `channel`.
     fn signal(pool: &Pool<Self>, channel: &str) -> impl Future<Output = Result<()>> + Send;
 

@@ -66,6 +66,40 @@ impl Drop for ClusterLock {
     }
 }
 
+/// A role one node of a cluster plays at a time (the archiver of a shared warehouse): held
+/// while the database session that took it lives, given up when dropped.
+#[derive(Debug)]
+pub struct RoleLock(Option<sqlx::pool::PoolConnection<sqlx::Postgres>>);
+
+impl RoleLock {
+    /// A role held without a lock (one process).
+    pub(crate) fn local() -> Self {
+        Self(None)
+    }
+
+    pub(crate) fn held_by(connection: sqlx::pool::PoolConnection<sqlx::Postgres>) -> Self {
+        Self(Some(connection))
+    }
+
+    /// Whether the role is still this process's: its session answers (a session that
+    /// broke lost its locks, and another node may hold the role now).
+    pub async fn still_held(&mut self) -> bool {
+        match &mut self.0 {
+            None => true,
+            Some(connection) => sqlx::query("SELECT 1").execute(&mut **connection).await.is_ok(),
+        }
+    }
+}
+
+impl Drop for RoleLock {
+    fn drop(&mut self) {
+        // Closing the session gives the lock up; a connection back in the pool would keep it.
+        if let Some(connection) = self.0.take() {
+            drop(connection.detach());
+        }
+    }
+}
+
 /// Nodes, their reports, the per-pipeline cluster lock and the change signal.
 #[async_trait]
 pub trait NodeStore: Send + Sync + 'static {
@@ -93,6 +127,13 @@ pub trait NodeStore: Send + Sync + 'static {
     /// # Errors
     /// A database failure.
     async fn cluster_lock(&self, pipeline_id: &str) -> Result<ClusterLock>;
+
+    /// Takes role `role` when no other process holds it (`None`: another does). Always
+    /// taken on SQLite (one process).
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn try_role(&self, role: &str) -> Result<Option<RoleLock>>;
 
     /// Wakes every node listening on [`CLUSTER_CHANNEL`] (no effect on SQLite).
     ///
@@ -163,6 +204,10 @@ where
 
     async fn cluster_lock(&self, pipeline_id: &str) -> Result<ClusterLock> {
         D::cluster_lock(&self.pool, pipeline_id).await
+    }
+
+    async fn try_role(&self, role: &str) -> Result<Option<RoleLock>> {
+        D::try_role(&self.pool, role).await
     }
 
     async fn signal_cluster(&self) -> Result<()> {

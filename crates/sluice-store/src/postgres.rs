@@ -9,6 +9,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 /// apart from the price writers' single-key lock.
 const CLUSTER_LOCK_CLASS: i32 = 0x51C3;
 
+/// The first key of roles one node plays at a time (`pg_try_advisory_lock(int, int)`).
+const ROLE_LOCK_CLASS: i32 = 0x51C4;
+
 /// The PostgreSQL [`Dialect`](crate::Dialect).
 #[derive(Debug, Clone, Copy)]
 pub struct PgDialect;
@@ -97,6 +100,21 @@ impl crate::Dialect for PgDialect {
             .execute(&mut *tx)
             .await?;
         Ok(crate::nodes::ClusterLock::held(tx))
+    }
+
+    /// A session-scoped advisory lock in the class of roles, on a connection kept out of
+    /// the pool for as long as the role is held.
+    async fn try_role(
+        pool: &sqlx::Pool<Self::Db>,
+        key: &str,
+    ) -> crate::Result<Option<crate::nodes::RoleLock>> {
+        let mut connection = pool.acquire().await?;
+        let taken: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext($2))")
+            .bind(ROLE_LOCK_CLASS)
+            .bind(key)
+            .fetch_one(&mut *connection)
+            .await?;
+        Ok(taken.then(|| crate::nodes::RoleLock::held_by(connection)))
     }
 
     async fn signal(pool: &sqlx::Pool<Self::Db>, channel: &str) -> crate::Result<()> {

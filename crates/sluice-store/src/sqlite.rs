@@ -125,6 +125,13 @@ impl crate::Dialect for SqliteDialect {
         Ok(crate::nodes::ClusterLock::local())
     }
 
+    async fn try_role(
+        _pool: &sqlx::Pool<Self::Db>,
+        _key: &str,
+    ) -> crate::Result<Option<crate::nodes::RoleLock>> {
+        Ok(Some(crate::nodes::RoleLock::local()))
+    }
+
     async fn signal(_pool: &sqlx::Pool<Self::Db>, _channel: &str) -> crate::Result<()> {
         Ok(())
     }

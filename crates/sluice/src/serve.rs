@@ -87,7 +87,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
     );
-    let archiver_task = tokio::spawn(archiver.run(archiver_stop));
+    let archiver_task = if settings.is_cluster() && settings.warehouse_url.is_some() {
+        // One warehouse shared by every node: one archiver at a time.
+        tokio::spawn(archive_as_the_one(store.clone(), archiver, archiver_stop))
+    } else {
+        tokio::spawn(archiver.run(archiver_stop))
+    };
     let backfills = sluice_backfill::jobs::Backfills::new(
         store.clone(),
         warehouse,
@@ -191,6 +196,61 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("sluice stopped");
     Ok(())
+}
+
+/// How often a node that does not archive tries to take the role, and the archiving node
+/// checks it still holds it.
+const ARCHIVER_ROLE_CHECK: Duration = Duration::from_secs(5);
+
+/// Runs the archiver while this node holds the cluster's archiver role (PostgreSQL session
+/// lock), until `stop`: two archivers of one shared warehouse would race on its tables'
+/// manifests. Another node takes the role within [`ARCHIVER_ROLE_CHECK`] of this one
+/// stopping or losing its database session; the manifests say where to go on.
+async fn archive_as_the_one(
+    store: Arc<dyn MetadataStore>,
+    archiver: sluice_backfill::archiver::Archiver,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        match store.try_role("archiver").await {
+            Ok(Some(mut role)) => {
+                tracing::info!("this node archives the shared warehouse");
+                let (end_term, term) = tokio::sync::watch::channel(false);
+                let mut run = tokio::spawn(archiver.clone().run(term));
+                let stopping = loop {
+                    tokio::select! {
+                        _ = stop.changed() => break true,
+                        ended = &mut run => {
+                            tracing::warn!(?ended, "the archiver ended; the role is given up");
+                            break false;
+                        }
+                        () = tokio::time::sleep(ARCHIVER_ROLE_CHECK) => {
+                            if !role.still_held().await {
+                                tracing::warn!("the archiver role was lost (database session); archiving stops here");
+                                break false;
+                            }
+                        }
+                    }
+                };
+                end_term.send_replace(true);
+                if !run.is_finished()
+                    && let Err(error) = run.await
+                {
+                    tracing::warn!(%error, "the archiver ended abnormally");
+                }
+                drop(role);
+                if stopping {
+                    return;
+                }
+            }
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "cannot take the archiver role"),
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(ARCHIVER_ROLE_CHECK) => {}
+        }
+    }
 }
 
 /// The stream log: embedded in the data directory (whichever database holds metadata), or

@@ -71,6 +71,27 @@ async fn on_postgres_the_cluster_lock_holds_off_another_process_and_signals_reac
 }
 
 #[tokio::test]
+async fn on_postgres_a_role_is_one_process_s_until_it_lets_go() {
+    let fixture = crate::postgres(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
+    let mut held = fixture.store.try_role("archiver").await.unwrap().expect("nobody holds it");
+    assert!(held.still_held().await);
+    assert!(fixture.other.try_role("archiver").await.unwrap().is_none(), "held elsewhere");
+    assert!(fixture.store.try_role("archiver").await.unwrap().is_none(), "once per session");
+    let other_role = fixture.other.try_role("another role").await.unwrap();
+    assert!(other_role.is_some(), "roles are independent");
+    drop(held);
+    // The session that held it closes; the role is free for the other process.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if fixture.other.try_role("archiver").await.unwrap().is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a dropped role is given up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
 async fn on_sqlite_one_process_needs_no_cluster_lock_and_hears_no_signals() {
     let fixture = crate::sqlite(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
     let first = fixture.store.cluster_lock("pipeline-1").await.unwrap();
@@ -82,5 +103,7 @@ async fn on_sqlite_one_process_needs_no_cluster_lock_and_hears_no_signals() {
     first.release().await;
     second.release().await;
     assert!(fixture.store.listen_cluster().await.unwrap().is_none());
+    let mut role = fixture.store.try_role("archiver").await.unwrap().expect("always taken");
+    assert!(role.still_held().await);
     fixture.store.signal_cluster().await.unwrap();
 }

@@ -425,3 +425,103 @@ async fn three_nodes_share_a_deployment_follow_each_others_lifecycle_calls_and_s
     assert_ne!(status, 200, "{gone}");
     let _: Value = gone;
 }
+
+/// A node on one shared S3 warehouse (moto, started by `scripts/test`), its log lines kept.
+fn start_archiving_node(
+    name: &str,
+    database_url: &str,
+    bus: &str,
+    prefix: &str,
+    bucket_url: &str,
+    endpoint: &str,
+) -> (Server, std::sync::mpsc::Receiver<String>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut command = sluice();
+    command
+        .arg("serve")
+        .args(data_dir_args(dir.path()))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--bus", bus, "--bus-topic-prefix", prefix])
+        .args(["--node-name", name, "--warehouse-url", bucket_url])
+        .env("SLUICE_DATABASE_URL", database_url)
+        .env("SLUICE_SECRETS_KEY", SECRETS_KEY)
+        .env("SLUICE_BOOTSTRAP_API_KEY", KEY)
+        .env("AWS_ENDPOINT", endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test");
+    let (server, lines) = Server::start_logged(command, port);
+    (server, lines, dir)
+}
+
+/// Waits up to `within` for a line containing `text` among `lines` (what was read is kept
+/// in `seen`).
+fn logged(
+    lines: &std::sync::mpsc::Receiver<String>,
+    seen: &mut Vec<String>,
+    text: &str,
+    within: Duration,
+) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if seen.iter().any(|line| line.contains(text)) {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        if let Ok(line) = lines.recv_timeout(left.min(Duration::from_millis(200))) {
+            seen.push(line);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nodes_on_one_shared_warehouse_archive_one_at_a_time_and_take_over_from_a_dead_one() {
+    const ARCHIVES: &str = "this node archives the shared warehouse";
+    let bus = std::env::var("SLUICE_TEST_KAFKA_URL")
+        .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
+    let endpoint = std::env::var("SLUICE_TEST_S3_URL")
+        .expect("SLUICE_TEST_S3_URL must name the S3-compatible server (scripts/test starts moto)");
+    let bucket = format!("shared-{}", std::process::id());
+    let client = reqwest::Client::new();
+    // moto makes a bucket on an unsigned PUT.
+    assert!(client.put(format!("{endpoint}/{bucket}")).send().await.unwrap().status().is_success());
+    let database_url = crate::process::fresh_postgres_database("archivers").await;
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let prefix = format!("archivers{nanos:x}.");
+    let url = format!("s3://{bucket}/wh");
+    let mut nodes: Vec<_> = ["node-a", "node-b"]
+        .into_iter()
+        .map(|name| start_archiving_node(name, &database_url, &bus, &prefix, &url, &endpoint))
+        .collect();
+    let mut seen = [Vec::new(), Vec::new()];
+    // One of them takes the role; the other waits (it tries every 5 s).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let archiving = loop {
+        if let Some(index) = (0..2)
+            .find(|&i| logged(&nodes[i].1, &mut seen[i], ARCHIVES, Duration::from_millis(100)))
+        {
+            break index;
+        }
+        assert!(Instant::now() < deadline, "no node took the archiver role");
+    };
+    let waiting = 1 - archiving;
+    assert!(
+        !logged(&nodes[waiting].1, &mut seen[waiting], ARCHIVES, Duration::from_secs(7)),
+        "both nodes archive"
+    );
+    // The archiving node dies: the other takes over once the database ends its session.
+    let (mut server, _, _) = nodes.remove(archiving);
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let survivor = &nodes[0];
+    assert!(
+        logged(&survivor.1, &mut seen[waiting], ARCHIVES, Duration::from_secs(20)),
+        "the survivor did not take the archiver role"
+    );
+}
