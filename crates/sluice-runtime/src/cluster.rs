@@ -122,6 +122,9 @@ pub(crate) struct Cluster {
     /// The topics of each deployment as last read (to release a pipeline's topics here
     /// when it stops being deployed, also when it is gone).
     topics: std::sync::Mutex<BTreeMap<String, Vec<String>>>,
+    /// Each stored deployment as last read, by pipeline id: a round reads only the versions
+    /// and then the records that changed.
+    records: std::sync::Mutex<BTreeMap<String, DeploymentRecord>>,
 }
 
 impl Cluster {
@@ -133,6 +136,7 @@ impl Cluster {
             last_heartbeat: std::sync::Mutex::new(Instant::now()),
             wake: tokio::sync::Notify::new(),
             topics: std::sync::Mutex::default(),
+            records: std::sync::Mutex::default(),
         }
     }
 
@@ -322,13 +326,7 @@ impl Runtime {
         {
             tracing::warn!(%error, "cannot refresh the dataset index");
         }
-        let records = match self.store.list_deployments().await {
-            Ok(records) => records,
-            Err(error) => {
-                tracing::warn!(%error, "cannot read the desired state");
-                return;
-            }
-        };
+        let Some(records) = self.desired_state(cluster).await else { return };
         let mut changed = false;
         let mut seen = BTreeSet::new();
         let mut idle_topics = BTreeSet::new();
@@ -369,6 +367,43 @@ impl Runtime {
                 tracing::warn!(%error, "cannot signal the other nodes");
             }
         }
+    }
+
+    /// Every stored deployment: the versions read, and a record read again only when its
+    /// version or state moved since the last round. `None` when the store fails.
+    async fn desired_state(&self, cluster: &Cluster) -> Option<Vec<DeploymentRecord>> {
+        let versions = match self.store.deployment_versions().await {
+            Ok(versions) => versions,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the desired state");
+                return None;
+            }
+        };
+        let mut known =
+            std::mem::take(&mut *cluster.records.lock().expect("records lock is never poisoned"));
+        let mut records = Vec::with_capacity(versions.len());
+        let mut failed = false;
+        for (id, state, version) in versions {
+            let current = known
+                .remove(&id)
+                .filter(|record| record.state == state && version_of(record) == version);
+            let record = match current {
+                Some(record) => Some(record),
+                None => match self.store.deployment(&id).await {
+                    Ok(record) => record,
+                    Err(error) => {
+                        tracing::warn!(%error, config_id = %id, "cannot read a deployment");
+                        failed = true;
+                        None
+                    }
+                },
+            };
+            records.extend(record);
+        }
+        *cluster.records.lock().expect("records lock is never poisoned") =
+            records.iter().map(|record| (record.pipeline_id.clone(), record.clone())).collect();
+        // A deployment that could not be read is not taken for gone.
+        (!failed).then_some(records)
     }
 
     /// Brings the workers of one deployment on this node in line with its stored `record`

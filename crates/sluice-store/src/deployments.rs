@@ -76,6 +76,14 @@ pub trait DeploymentStore: Send + Sync + 'static {
     /// A database failure, or a stored record that cannot be read.
     async fn list_deployments(&self) -> Result<Vec<DeploymentRecord>>;
 
+    /// Every stored deployment's pipeline id, state and version (its `updated_at` as stored,
+    /// the text [`sluice_core::time::format`] gives): what a cluster node compares with what
+    /// it runs each second, reading a whole record only when it changed.
+    ///
+    /// # Errors
+    /// A database failure, or a stored state that cannot be read.
+    async fn deployment_versions(&self) -> Result<Vec<(String, DeploymentState, String)>>;
+
     /// Forgets a pipeline's deployment (teardown); false when none was stored. Deleting the
     /// pipeline deletes its deployment too.
     ///
@@ -170,6 +178,26 @@ where
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(Self::deployment_row).collect()
+    }
+
+    async fn deployment_versions(&self) -> Result<Vec<(String, DeploymentState, String)>> {
+        let rows = sqlx::query(
+            "SELECT pipeline_id, state, updated_at FROM deployments ORDER BY deployed_at, pipeline_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let id: String = row.try_get("pipeline_id")?;
+                let state: String = row.try_get("state")?;
+                let state =
+                    DeploymentState::from_name(&state).ok_or_else(|| StoreError::Corrupt {
+                        what: "deployment",
+                        detail: format!("{id}: state {state:?}"),
+                    })?;
+                Ok((id, state, row.try_get("updated_at")?))
+            })
+            .collect()
     }
 
     async fn delete_deployment(&self, pipeline_id: &str) -> Result<bool> {

@@ -678,6 +678,14 @@ async fn deployment_round_trips_and_upserts(store: Arc<dyn MetadataStore>) {
     store.put_deployment(&first).await.unwrap();
     assert_eq!(store.deployment(&p.id).await.unwrap(), Some(first.clone()));
     assert_eq!(store.list_deployments().await.unwrap(), [first.clone(), later.clone()]);
+    let versions = store.deployment_versions().await.unwrap();
+    assert_eq!(
+        versions,
+        [
+            (p.id.clone(), DeploymentState::Deployed, sluice_core::time::format(first.updated_at)),
+            (q.id.clone(), DeploymentState::Deployed, sluice_core::time::format(later.updated_at)),
+        ]
+    );
 
     let mut paused = first.clone();
     paused.state = DeploymentState::Paused;
