@@ -119,11 +119,8 @@ pub(crate) struct Cluster {
     last_heartbeat: std::sync::Mutex<Instant>,
     /// Wakes the loop for an early reconcile.
     wake: tokio::sync::Notify,
-    /// The topics of each deployment as last read (to release a pipeline's topics here
-    /// when it stops being deployed, also when it is gone).
-    topics: std::sync::Mutex<BTreeMap<String, Vec<String>>>,
     /// Each stored deployment as last read, by pipeline id: a round reads only the versions
-    /// and then the records that changed.
+    /// and then the records that changed (and knows the topics of one that is gone).
     records: std::sync::Mutex<BTreeMap<String, DeploymentRecord>>,
 }
 
@@ -135,7 +132,6 @@ impl Cluster {
             peers: RwLock::default(),
             last_heartbeat: std::sync::Mutex::new(Instant::now()),
             wake: tokio::sync::Notify::new(),
-            topics: std::sync::Mutex::default(),
             records: std::sync::Mutex::default(),
         }
     }
@@ -150,13 +146,10 @@ impl Cluster {
         &self.settings.node_name
     }
 
-    pub(crate) fn peers(&self) -> Vec<Peer> {
-        self.peers.read().expect("peers lock is never poisoned").clone()
-    }
-
     /// The other nodes alive now.
     pub(crate) fn live_peers(&self) -> Vec<Peer> {
-        self.peers().into_iter().filter(|peer| peer.age <= self.settings.node_timeout).collect()
+        let peers = self.peers.read().expect("peers lock is never poisoned");
+        peers.iter().filter(|peer| peer.age <= self.settings.node_timeout).cloned().collect()
     }
 
     /// The live nodes' names, this one included, sorted.
@@ -234,8 +227,18 @@ pub(crate) fn version_of(record: &DeploymentRecord) -> String {
 }
 
 impl Runtime {
-    /// This node's report: the workers it runs.
+    /// This node's report: the workers it runs, the topics it holds open.
     fn node_report(&self, cluster: &Cluster) -> NodeReport {
+        NodeReport {
+            address: cluster.settings.address.clone(),
+            started_at: Some(cluster.started_at),
+            workers: self.local_workers(cluster),
+            open_topics: self.log.open_topics(),
+        }
+    }
+
+    /// The workers this node runs, by pipeline and slot.
+    fn local_workers(&self, cluster: &Cluster) -> Vec<ReportedWorker> {
         let views = self.views();
         let mut workers = Vec::new();
         for (pipeline_id, view) in views.iter() {
@@ -251,12 +254,7 @@ impl Runtime {
             }
         }
         workers.sort_by(|a, b| (&a.pipeline_id, a.slot).cmp(&(&b.pipeline_id, b.slot)));
-        NodeReport {
-            address: cluster.settings.address.clone(),
-            started_at: Some(cluster.started_at),
-            workers,
-            open_topics: self.log.open_topics(),
-        }
+        workers
     }
 
     /// Writes this node's heartbeat; false when the store did not take it.
@@ -326,35 +324,24 @@ impl Runtime {
         {
             tracing::warn!(%error, "cannot refresh the dataset index");
         }
-        let Some(records) = self.desired_state(cluster).await else { return };
+        let Some((records, gone)) = self.desired_state(cluster).await else { return };
         let mut changed = false;
         let mut seen = BTreeSet::new();
-        let mut idle_topics = BTreeSet::new();
-        let mut known =
-            std::mem::take(&mut *cluster.topics.lock().expect("topics lock is never poisoned"));
-        for record in records {
-            seen.insert(record.pipeline_id.clone());
-            changed |= self.reconcile(cluster, &record.pipeline_id.clone(), Some(&record)).await;
-            let topics = pipeline_topics(&record);
-            if record.state != DeploymentState::Deployed {
-                idle_topics.extend(topics.iter().cloned());
-            }
-            known.insert(record.pipeline_id.clone(), topics);
-        }
-        let gone: Vec<String> =
-            self.views().keys().filter(|id| !seen.contains(*id)).cloned().collect();
-        for id in gone {
-            changed |= self.reconcile(cluster, &id, None).await;
-        }
-        known.retain(|id, topics| {
-            if !seen.contains(id) {
-                idle_topics.extend(topics.iter().cloned());
-            }
-            seen.contains(id)
-        });
-        *cluster.topics.lock().expect("topics lock is never poisoned") = known;
         // A paused or gone pipeline's topics may be deleted by a teardown on another node:
         // nothing stays open on them here.
+        let mut idle_topics: BTreeSet<String> = gone.iter().flat_map(pipeline_topics).collect();
+        for record in &records {
+            seen.insert(record.pipeline_id.as_str());
+            changed |= self.reconcile(cluster, &record.pipeline_id, Some(record)).await;
+            if record.state != DeploymentState::Deployed {
+                idle_topics.extend(pipeline_topics(record));
+            }
+        }
+        let stopped: Vec<String> =
+            self.views().keys().filter(|id| !seen.contains(id.as_str())).cloned().collect();
+        for id in stopped {
+            changed |= self.reconcile(cluster, &id, None).await;
+        }
         for topic in self.log.open_topics() {
             if idle_topics.contains(&topic) {
                 self.log.release_topic(&topic).await;
@@ -362,16 +349,17 @@ impl Runtime {
             }
         }
         if changed {
-            self.heartbeat(cluster).await;
-            if let Err(error) = self.store.signal_cluster().await {
-                tracing::warn!(%error, "cannot signal the other nodes");
-            }
+            self.signal_cluster().await;
         }
     }
 
-    /// Every stored deployment: the versions read, and a record read again only when its
-    /// version or state moved since the last round. `None` when the store fails.
-    async fn desired_state(&self, cluster: &Cluster) -> Option<Vec<DeploymentRecord>> {
+    /// Every stored deployment, and those gone since the last round: the versions read, and
+    /// a record read again only when its version or state moved. `None` when the store
+    /// fails (what was known stays known).
+    async fn desired_state(
+        &self,
+        cluster: &Cluster,
+    ) -> Option<(Vec<DeploymentRecord>, Vec<DeploymentRecord>)> {
         let versions = match self.store.deployment_versions().await {
             Ok(versions) => versions,
             Err(error) => {
@@ -400,14 +388,21 @@ impl Runtime {
             };
             records.extend(record);
         }
-        *cluster.records.lock().expect("records lock is never poisoned") =
+        let mut now_known: BTreeMap<String, DeploymentRecord> =
             records.iter().map(|record| (record.pipeline_id.clone(), record.clone())).collect();
-        // A deployment that could not be read is not taken for gone.
-        (!failed).then_some(records)
+        if failed {
+            // A deployment that could not be read is not taken for gone.
+            now_known.append(&mut known);
+            *cluster.records.lock().expect("records lock is never poisoned") = now_known;
+            return None;
+        }
+        *cluster.records.lock().expect("records lock is never poisoned") = now_known;
+        Some((records, known.into_values().collect()))
     }
 
     /// Brings the workers of one deployment on this node in line with its stored `record`
-    /// (`None`: not deployed). True when it started or stopped a worker.
+    /// (`None`: not deployed). True when what this node reports changed: a worker started
+    /// or stopped, or its workers took a newer deployment.
     pub(crate) async fn reconcile(
         &self,
         cluster: &Cluster,
@@ -441,6 +436,7 @@ impl Runtime {
                                     current.replace_plan(bound, version.clone());
                                 }
                                 self.secret_uses_mut().insert(pipeline_id.to_owned(), uses);
+                                changed = true;
                             }
                             Err(error) => {
                                 tracing::error!(%error, config_id = %pipeline_id, "cannot run the new deployment here");
@@ -521,27 +517,15 @@ impl Runtime {
         }
     }
 
-    /// The workers of `pipeline_id` on every live node, by slot.
-    pub(crate) fn cluster_workers(
-        &self,
-        cluster: &Cluster,
-        pipeline_id: &str,
-    ) -> Vec<WorkerStatus> {
-        let mut by_slot: BTreeMap<usize, WorkerStatus> = BTreeMap::new();
-        for peer in cluster.live_peers() {
-            for worker in peer.report.workers {
-                if worker.pipeline_id == pipeline_id {
-                    by_slot.insert(worker.slot, worker.health);
-                }
-            }
+    /// The workers on every live node, by pipeline id, each pipeline's in slot order.
+    pub(crate) fn cluster_workers(&self, cluster: &Cluster) -> BTreeMap<String, Vec<WorkerStatus>> {
+        let mut by_slot: BTreeMap<String, BTreeMap<usize, WorkerStatus>> = BTreeMap::new();
+        let peers = cluster.live_peers().into_iter().flat_map(|peer| peer.report.workers);
+        // This node's own view comes last: it is the freshest.
+        for worker in peers.chain(self.local_workers(cluster)) {
+            by_slot.entry(worker.pipeline_id).or_default().insert(worker.slot, worker.health);
         }
-        // This node's own view is the freshest.
-        for worker in self.node_report(cluster).workers {
-            if worker.pipeline_id == pipeline_id {
-                by_slot.insert(worker.slot, worker.health);
-            }
-        }
-        by_slot.into_values().collect()
+        by_slot.into_iter().map(|(id, slots)| (id, slots.into_values().collect())).collect()
     }
 
     /// The live nodes, this one first.

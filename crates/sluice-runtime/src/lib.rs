@@ -279,14 +279,7 @@ impl Runtime {
             // A filter-value change made here wakes the other nodes to refresh their
             // indexes.
             let store = runtime.store.clone();
-            runtime.sets.on_change(Arc::new(move || {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    if let Err(error) = store.signal_cluster().await {
-                        tracing::warn!(%error, "cannot signal the other nodes");
-                    }
-                });
-            }));
+            runtime.sets.on_change(Arc::new(move || signal_in_background(&store)));
             // The deployments run as the cluster assigns them, from the first round on.
             tokio::spawn(cluster::follow(Arc::downgrade(&runtime), cluster.clone()));
             return Ok(runtime);
@@ -538,10 +531,7 @@ impl Runtime {
     pub async fn deploy(&self, pipeline: &Pipeline) -> Result<Deployed> {
         let (plan, uses) = self.compile(pipeline).await?;
         // On a cluster, one lifecycle call of a pipeline at a time on every node.
-        let cluster_lock = match &self.cluster {
-            Some(_) => Some(self.store.cluster_lock(&pipeline.id).await?),
-            None => None,
-        };
+        let cluster_lock = self.cluster_lock(&pipeline.id).await?;
         let mut running = self.lifecycle(&pipeline.id).await;
         let now = self.clock.now();
         let existing = self.store.deployment(&pipeline.id).await?;
@@ -627,6 +617,14 @@ impl Runtime {
         Ok(Deployed { sinks, was_running })
     }
 
+    /// On a cluster, waits for and takes the pipeline's cluster-wide lifecycle lock.
+    async fn cluster_lock(&self, pipeline_id: &str) -> Result<Option<sluice_store::ClusterLock>> {
+        match &self.cluster {
+            Some(_) => Ok(Some(self.store.cluster_lock(pipeline_id).await?)),
+            None => Ok(None),
+        }
+    }
+
     /// Wakes the other nodes of a cluster to follow a change of the desired state, after
     /// telling them what runs here now.
     async fn signal_cluster(&self) {
@@ -673,10 +671,7 @@ impl Runtime {
     /// # Errors
     /// A store failure.
     pub async fn pause(&self, pipeline_id: &str) -> Result<Paused> {
-        let cluster_lock = match &self.cluster {
-            Some(_) => Some(self.store.cluster_lock(pipeline_id).await?),
-            None => None,
-        };
+        let cluster_lock = self.cluster_lock(pipeline_id).await?;
         let mut running = self.lifecycle(pipeline_id).await;
         let Some(mut record) = self.store.deployment(pipeline_id).await? else {
             return Ok(Paused::NotDeployed);
@@ -705,10 +700,7 @@ impl Runtime {
     /// # Errors
     /// A store or log failure.
     pub async fn teardown(&self, pipeline_id: &str) -> Result<bool> {
-        let cluster_lock = match &self.cluster {
-            Some(_) => Some(self.store.cluster_lock(pipeline_id).await?),
-            None => None,
-        };
+        let cluster_lock = self.cluster_lock(pipeline_id).await?;
         let mut running = self.lifecycle(pipeline_id).await;
         self.stop_running(pipeline_id, &mut running).await;
         let Some(mut record) = self.store.deployment(pipeline_id).await? else {
@@ -808,11 +800,6 @@ impl Runtime {
         self.cluster.as_ref().map(|cluster| self.node_infos(cluster))
     }
 
-    /// This node's name on a cluster.
-    pub fn node_name(&self) -> Option<&str> {
-        self.cluster.as_ref().map(|cluster| cluster.name())
-    }
-
     /// On a cluster: whether this node wrote its heartbeat within the node timeout (the
     /// others count it alive).
     pub fn in_cluster(&self) -> bool {
@@ -824,7 +811,7 @@ impl Runtime {
     /// call.
     pub async fn worker_health(&self, pipeline_id: &str) -> Vec<WorkerStatus> {
         if let Some(cluster) = &self.cluster {
-            return self.cluster_workers(cluster, pipeline_id);
+            return self.cluster_workers(cluster).remove(pipeline_id).unwrap_or_default();
         }
         self.views().get(pipeline_id).map(RunningView::health).unwrap_or_default()
     }
@@ -833,18 +820,7 @@ impl Runtime {
     /// on a lifecycle call.
     pub async fn all_worker_health(&self) -> Vec<(String, Vec<WorkerStatus>)> {
         if let Some(cluster) = &self.cluster {
-            let mut ids: std::collections::BTreeSet<String> =
-                self.views().keys().cloned().collect();
-            for peer in cluster.live_peers() {
-                ids.extend(peer.report.workers.into_iter().map(|w| w.pipeline_id));
-            }
-            return ids
-                .into_iter()
-                .map(|id| {
-                    let workers = self.cluster_workers(cluster, &id);
-                    (id, workers)
-                })
-                .collect();
+            return self.cluster_workers(cluster).into_iter().collect();
         }
         let mut all: Vec<(String, Vec<WorkerStatus>)> =
             self.views().iter().map(|(id, view)| (id.clone(), view.health())).collect();
@@ -1079,13 +1055,18 @@ impl sluice_core::datasets::DatasetListener for SignallingDatasets {
         change: sluice_core::datasets::DatasetChange<'_>,
     ) {
         self.index.changed(dataset, change);
-        let store = self.store.clone();
-        tokio::spawn(async move {
-            if let Err(error) = store.signal_cluster().await {
-                tracing::warn!(%error, "cannot signal the other nodes");
-            }
-        });
+        signal_in_background(&self.store);
     }
+}
+
+/// Wakes the other nodes of a cluster from a listener, which cannot wait.
+fn signal_in_background(store: &Arc<dyn MetadataStore>) {
+    let store = store.clone();
+    tokio::spawn(async move {
+        if let Err(error) = store.signal_cluster().await {
+            tracing::warn!(%error, "cannot signal the other nodes");
+        }
+    });
 }
 
 /// Dead letters read per step of a replay.
