@@ -339,12 +339,7 @@ impl StreamLog for KafkaLog {
         let name = self.name(topic);
         // Readers and the tail of the topic close first: none is left fetching a topic
         // that is gone (librdkafka 2.12.1 crashed on tansu when one was).
-        self.inner.readers.forget(topic);
-        let tails = self.inner.tails.clone();
-        let tail_name = name.clone();
-        tokio::task::spawn_blocking(move || tails.stop(&tail_name))
-            .await
-            .map_err(|_| BusError::Closed)?;
+        self.release_topic(topic).await;
         let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
         let results = self.inner.admin.delete_topics(&[&name], &options).await.map_err(backend)?;
         self.inner.topics.lock().expect("topic cache mutex").remove(topic);
