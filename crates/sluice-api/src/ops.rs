@@ -23,7 +23,7 @@ pub async fn healthz() -> Json<StatusBody> {
     Json(StatusBody { status: "ok" })
 }
 
-/// Readiness: the metadata store and the stream log answer.
+/// Readiness: the metadata store (and the set store, when apart) and the stream log answer.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready", body = StatusBody),
@@ -32,7 +32,11 @@ pub async fn healthz() -> Json<StatusBody> {
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, ApiError> {
     if let Err(error) = state.store.ping().await {
         tracing::warn!(%error, "readiness check failed");
-        return Err(ApiError::Unavailable("the metadata store is not reachable".to_owned()));
+        let what = match error {
+            sluice_store::StoreError::Redis(_) => "the set store (Redis)",
+            _ => "the metadata store",
+        };
+        return Err(ApiError::Unavailable(format!("{what} is not reachable")));
     }
     if let Some(runtime) = &state.runtime
         && let Err(error) = runtime.log().ready().await

@@ -7,6 +7,7 @@ use sqlx::Row as _;
 
 use crate::dialect::{Conn, Dialect, Row};
 use crate::filter_sets::Slot;
+use crate::redis_sets::{RedisSets, SetRef};
 use crate::set_snapshots::SnapshotKey;
 use crate::{Result, Store, StoreError};
 
@@ -140,6 +141,13 @@ pub trait FilterValueStore: Send + Sync + 'static {
         value: &str,
     ) -> Result<bool>;
 
+    /// A reader of the change feed every write of a shared set store appends to (`None`
+    /// when the values live in this store's own tables, which have no feed).
+    ///
+    /// # Errors
+    /// When the set store does not answer.
+    async fn set_feed(&self) -> Result<Option<crate::SetFeed>>;
+
     /// Keeps snapshots of large sets in `dir` from now on: the first use of a set after a
     /// restart reads its snapshot (when it is of the set's current version) instead of every
     /// value from the database.
@@ -171,6 +179,41 @@ where
     &'static str: sqlx::ColumnIndex<Row<D>>,
     usize: sqlx::ColumnIndex<Row<D>>,
 {
+    /// Redis mode: locks pipeline `id` in `tx` and answers the id of its set `uid` when
+    /// `uid` is one of its set filters; `create` makes the set when missing (clearing
+    /// whatever a rolled-back write may have left under the new id).
+    async fn redis_set_for_write(
+        redis: &RedisSets,
+        tx: &mut sqlx::Transaction<'_, D::Db>,
+        id: &str,
+        uid: &str,
+        create: bool,
+    ) -> Result<Option<i64>> {
+        if !Self::lock_set_filter(tx, id, uid).await? {
+            return Ok(None);
+        }
+        if let Some((set, _)) = Self::set_row(tx, id, uid, false).await? {
+            return Ok(Some(set));
+        }
+        if !create {
+            return Ok(None);
+        }
+        let (set, _) = Self::set_row(tx, id, uid, true).await?.ok_or(sqlx::Error::RowNotFound)?;
+        redis.clear(set).await?;
+        Ok(Some(set))
+    }
+
+    /// The id of pipeline `id`'s set `uid` (`None`: never written, or dropped).
+    async fn set_id(&self, id: &str, uid: &str) -> Result<Option<i64>> {
+        let row =
+            sqlx::query("SELECT id FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2")
+                .bind(id)
+                .bind(uid)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|row| row.try_get("id")).transpose()?)
+    }
+
     /// Locks pipeline `id` against other filter-value writers, updates and deletion
     /// until `tx` ends, and tells whether `uid` is one of its set filters. Writers that
     /// get false change nothing.
@@ -350,6 +393,12 @@ where
     usize: sqlx::ColumnIndex<Row<D>>,
 {
     async fn filter_value_count(&self, pipeline_id: &str, transform_uid: &str) -> Result<u64> {
+        if let Some(redis) = &self.redis {
+            return match self.set_id(pipeline_id, transform_uid).await? {
+                Some(set) => redis.count(set).await,
+                None => Ok(0),
+            };
+        }
         let row = sqlx::query(
             "SELECT value_count FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2",
         )
@@ -367,6 +416,20 @@ where
         transform_uid: &str,
         values: &[String],
     ) -> Result<u64> {
+        if let Some(redis) = &self.redis {
+            let mut tx = D::begin_write(&self.pool).await?;
+            if values.is_empty() {
+                return Ok(0);
+            }
+            let Some(id) =
+                Self::redis_set_for_write(redis, &mut tx, pipeline_id, transform_uid, true).await?
+            else {
+                return Ok(0);
+            };
+            let added = redis.add(SetRef { pipeline_id, transform_uid, id }, values).await?;
+            tx.commit().await?;
+            return Ok(added);
+        }
         let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
         let mut tx = D::begin_write(&self.pool).await?;
         if values.is_empty() || !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
@@ -402,6 +465,18 @@ where
         transform_uid: &str,
         values: &[String],
     ) -> Result<u64> {
+        if let Some(redis) = &self.redis {
+            let mut tx = D::begin_write(&self.pool).await?;
+            let Some(id) =
+                Self::redis_set_for_write(redis, &mut tx, pipeline_id, transform_uid, false)
+                    .await?
+            else {
+                return Ok(0);
+            };
+            let removed = redis.remove(SetRef { pipeline_id, transform_uid, id }, values).await?;
+            tx.commit().await?;
+            return Ok(removed);
+        }
         let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
         let mut tx = D::begin_write(&self.pool).await?;
         if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
@@ -447,6 +522,28 @@ where
         transform_uid: &str,
         values: &[String],
     ) -> Result<u64> {
+        if let Some(redis) = &self.redis {
+            let mut tx = D::begin_write(&self.pool).await?;
+            let create = !values.is_empty();
+            let Some(id) =
+                Self::redis_set_for_write(redis, &mut tx, pipeline_id, transform_uid, create)
+                    .await?
+            else {
+                return Ok(0);
+            };
+            let set = SetRef { pipeline_id, transform_uid, id };
+            if values.is_empty() {
+                // As on the tables: an emptied set is dropped, and its next write makes a
+                // new one.
+                Self::drop_set(&mut tx, id).await?;
+                tx.commit().await?;
+                redis.drop_set(set, true).await?;
+                return Ok(0);
+            }
+            let count = redis.replace(set, values).await?;
+            tx.commit().await?;
+            return Ok(count);
+        }
         let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
         slot.loaded = None;
         let mut tx = D::begin_write(&self.pool).await?;
@@ -507,6 +604,12 @@ where
         after: Option<i64>,
         limit: u32,
     ) -> Result<FilterValuePage> {
+        if let Some(redis) = &self.redis {
+            return match self.set_id(pipeline_id, transform_uid).await? {
+                Some(set) => redis.page(set, after, limit).await,
+                None => Ok(FilterValuePage::default()),
+            };
+        }
         let limit = limit.max(1);
         let mut tx = self.pool.begin().await?;
         for statement in D::INDEX_ORDER {
@@ -535,6 +638,12 @@ where
     }
 
     async fn filter_value_set(&self, pipeline_id: &str, transform_uid: &str) -> Result<ValueSet> {
+        if let Some(redis) = &self.redis {
+            return match self.set_id(pipeline_id, transform_uid).await? {
+                Some(set) => redis.load(set).await,
+                None => Ok(ValueSet::new()),
+            };
+        }
         // Slot first, connection second, as every user of a slot does.
         {
             let slot = self.sets.lock(pipeline_id, transform_uid).await;
@@ -576,6 +685,12 @@ where
         pipeline_id: &str,
         transform_uid: &str,
     ) -> Result<Option<(i64, i64)>> {
+        if let Some(redis) = &self.redis {
+            return match self.set_id(pipeline_id, transform_uid).await? {
+                Some(set) => Ok(Some((set, redis.version(set).await?))),
+                None => Ok(None),
+            };
+        }
         let row = sqlx::query(
             "SELECT id, version FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2",
         )
@@ -586,6 +701,13 @@ where
         Ok(row
             .map(|row| row.try_get("id").and_then(|id| Ok((id, row.try_get("version")?))))
             .transpose()?)
+    }
+
+    async fn set_feed(&self) -> Result<Option<crate::SetFeed>> {
+        match &self.redis {
+            Some(redis) => Ok(Some(redis.feed().await?)),
+            None => Ok(None),
+        }
     }
 
     fn keep_set_snapshots(&self, dir: std::path::PathBuf) {
@@ -618,6 +740,12 @@ where
         transform_uid: &str,
         value: &str,
     ) -> Result<bool> {
+        if let Some(redis) = &self.redis {
+            return match self.set_id(pipeline_id, transform_uid).await? {
+                Some(set) => redis.contains(set, value).await,
+                None => Ok(false),
+            };
+        }
         let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
         let row = sqlx::query(
             "SELECT id, version FROM filter_sets WHERE pipeline_id = $1 AND transform_uid = $2",

@@ -75,7 +75,7 @@ impl KeyRow {
 /// Identities and API keys. Every method is one transaction.
 #[async_trait]
 pub trait IdentityStore: Send + Sync + 'static {
-    /// Checks the database answers.
+    /// Checks the database answers (and the set store, when the values live apart).
     async fn ping(&self) -> Result<()>;
 
     /// Whether any user exists (the first start creates the operator).
@@ -177,6 +177,9 @@ where
 {
     async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
+        if let Some(redis) = &self.redis {
+            redis.ping().await?;
+        }
         Ok(())
     }
 

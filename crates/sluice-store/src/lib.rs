@@ -33,6 +33,7 @@ mod nodes;
 mod pipelines;
 mod postgres;
 pub mod prices;
+mod redis_sets;
 pub mod secrets;
 mod set_snapshots;
 mod sqlite;
@@ -52,6 +53,7 @@ pub use nodes::{CLUSTER_CHANNEL, ClusterLock, NodeRow, NodeStore, RoleLock};
 pub use pipelines::PipelineStore;
 pub use postgres::{PgDialect, PgStore};
 pub use prices::{PriceStore, open_prices};
+pub use redis_sets::{RedisSets, SetFeed, SetFeedChange, SetFeedEntry};
 pub use secrets::{SecretStore, Secrets, SecretsError};
 pub use sqlite::{SqliteDialect, SqliteStore};
 pub use store::Store;
@@ -65,6 +67,8 @@ pub enum StoreError {
     Migration { version: i64, name: &'static str, source: sqlx::Error },
     #[error("stored {what} could not be read: {detail}")]
     Corrupt { what: &'static str, detail: String },
+    #[error("redis error: {0}")]
+    Redis(#[from] redis::RedisError),
     #[error("unsupported database URL '{0}': use sqlite://<path> or postgres://…")]
     UnsupportedUrl(String),
 }

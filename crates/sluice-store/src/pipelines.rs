@@ -10,6 +10,7 @@ use sqlx::Row as _;
 use crate::dialect::Query;
 use crate::dialect::{Conn, Dialect, Row};
 use crate::filter_values::sorted_unique;
+use crate::redis_sets::SetRef;
 use crate::{Result, Store, StoreError};
 
 pub(crate) const PIPELINE_COLUMNS: &str = "p.id, p.organization_id, p.owner_user_id, p.name, \
@@ -139,6 +140,17 @@ where
     &'static str: sqlx::ColumnIndex<Row<D>>,
     usize: sqlx::ColumnIndex<Row<D>>,
 {
+    /// Redis mode: deletes the values of set `set`, whose row a committed transaction
+    /// deleted. A failure leaves values under an id nothing names any more; it is logged,
+    /// not answered, as the deletion itself is done.
+    async fn drop_redis_set(&self, pipeline_id: &str, transform_uid: &str, set: i64) {
+        let Some(redis) = &self.redis else { return };
+        let set_ref = SetRef { pipeline_id, transform_uid, id: set };
+        if let Err(error) = redis.drop_set(set_ref, false).await {
+            tracing::warn!(%error, pipeline_id, transform_uid, set, "the values of a deleted set stay in Redis");
+        }
+    }
+
     fn pipeline_row(row: &Row<D>) -> Result<Pipeline> {
         PipelineRow {
             id: row.try_get("id")?,
@@ -223,6 +235,16 @@ where
             let (set, _) = Self::set_row(&mut tx, &pipeline.id, uid, true)
                 .await?
                 .ok_or(sqlx::Error::RowNotFound)?;
+            if let Some(redis) = &self.redis {
+                // Written before the commit: should the commit fail, the values stay under
+                // a set id nothing names (and that a rolled-back id's next user clears).
+                let values: Vec<String> =
+                    sorted_unique(values).into_iter().map(str::to_owned).collect();
+                redis.clear(set).await?;
+                let set = SetRef { pipeline_id: &pipeline.id, transform_uid: uid, id: set };
+                redis.add(set, &values).await?;
+                continue;
+            }
             let added =
                 D::insert_values(&mut tx, set, &mut sorted_unique(values).into_iter()).await?;
             Self::mark_written(&mut tx, set, added as i64).await?;
@@ -304,13 +326,15 @@ where
         for row in &sets {
             let uid: String = row.try_get("transform_uid")?;
             if !kept.contains(&uid.as_str()) {
-                Self::drop_set(&mut tx, row.try_get("id")?).await?;
-                dropped.push(uid);
+                let set: i64 = row.try_get("id")?;
+                Self::drop_set(&mut tx, set).await?;
+                dropped.push((uid, set));
             }
         }
         tx.commit().await?;
-        for uid in &dropped {
+        for (uid, set) in &dropped {
             self.sets.forget(&pipeline.id, Some(uid));
+            self.drop_redis_set(&pipeline.id, uid, *set).await;
         }
         Ok(true)
     }
@@ -323,6 +347,10 @@ where
         if sqlx::query(D::LOCK_PIPELINE).bind(id).fetch_optional(&mut *tx).await?.is_none() {
             return Ok(false);
         }
+        let sets = sqlx::query("SELECT id, transform_uid FROM filter_sets WHERE pipeline_id = $1")
+            .bind(id)
+            .fetch_all(&mut *tx)
+            .await?;
         sqlx::query(
             "DELETE FROM filter_values WHERE set_id IN \
              (SELECT id FROM filter_sets WHERE pipeline_id = $1)",
@@ -334,6 +362,10 @@ where
             sqlx::query("DELETE FROM pipelines WHERE id = $1").bind(id).execute(&mut *tx).await?;
         tx.commit().await?;
         self.sets.forget(id, None);
+        for row in &sets {
+            let uid: String = row.try_get("transform_uid")?;
+            self.drop_redis_set(id, &uid, row.try_get("id")?).await;
+        }
         Ok(D::rows_affected(&done) == 1)
     }
 

@@ -43,6 +43,23 @@ on_both_backends!(
     backfill_jobs_list_per_org_in_creation_order_and_update_only_from_the_given_states,
 );
 
+// The set-filter suite again, with the values in Redis.
+on_redis_sets!(
+    |store| Arc::new(store) as Arc<dyn MetadataStore>;
+    update_replaces_fields_and_drops_values_of_removed_set_filters,
+    delete_removes_pipeline_grants_and_filter_values,
+    filter_value_counts_ignore_repeats_and_absent_values,
+    replace_makes_the_set_exactly_the_values_and_empty_clears_it,
+    bulk_changes_cross_statement_chunks,
+    listing_pages_in_insertion_order_with_an_exact_last_page,
+    values_added_between_pages_list_after_and_nothing_repeats,
+    paging_while_another_task_adds_is_a_prefix_of_the_final_listing,
+    filter_values_are_isolated_per_transform_and_pipeline,
+    values_are_stored_only_for_set_filters_of_the_stored_config,
+    delete_pipeline_removes_its_values_and_deployment,
+    a_set_filter_removed_and_added_again_starts_empty,
+);
+
 /// Two stores on one database, as two server processes: each decides membership from its
 /// own copy of a set in memory, so each must see the other's writes before its next one.
 mod two_processes {
@@ -93,6 +110,13 @@ mod two_processes {
     #[tokio::test]
     async fn on_postgres() {
         let fixture = crate::postgres(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
+        writes_of_another_process_are_seen_before_the_next_write(fixture.store, fixture.other)
+            .await;
+    }
+
+    #[tokio::test]
+    async fn on_redis_sets() {
+        let fixture = crate::postgres_with_redis(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
         writes_of_another_process_are_seen_before_the_next_write(fixture.store, fixture.other)
             .await;
     }
@@ -393,7 +417,7 @@ async fn unknown_members_are_reported_per_org(store: Arc<dyn MetadataStore>) {
     );
 }
 
-fn strings(values: &[&str]) -> Vec<String> {
+pub(crate) fn strings(values: &[&str]) -> Vec<String> {
     values.iter().map(|v| (*v).to_owned()).collect()
 }
 
@@ -422,7 +446,7 @@ fn filter_pipeline(owner: &Identity, name: &str, age_minutes: i64) -> Pipeline {
     p
 }
 
-async fn stored_pipeline(store: &dyn MetadataStore) -> (Identity, Pipeline) {
+pub(crate) async fn stored_pipeline(store: &dyn MetadataStore) -> (Identity, Pipeline) {
     let owner = store.ensure_identity("o", "t", "u", false).await.unwrap();
     let p = filter_pipeline(&owner, "p", 0);
     store.insert_pipeline(&p, &owner.team.id, &[]).await.unwrap();

@@ -33,6 +33,36 @@ async fn postgres<S: ?Sized>(view: impl Fn(PgStore) -> Arc<S>) -> Fixture<S> {
     Fixture { store: view(store), other: view(other), _dir: None }
 }
 
+/// A fresh PostgreSQL schema as [`postgres`] gives, with set-filter values in the Redis
+/// server `scripts/test` starts (`SLUICE_TEST_REDIS_URL`; the tests fail without it), under
+/// a key prefix of its own. Both stores share the prefix, as two nodes would.
+async fn postgres_with_redis<S: ?Sized>(view: impl Fn(PgStore) -> Arc<S>) -> Fixture<S> {
+    let url = std::env::var("SLUICE_TEST_REDIS_URL")
+        .expect("SLUICE_TEST_REDIS_URL must name a Redis server; run scripts/test");
+    let url = format!("{url}?prefix=t{}", uuid::Uuid::new_v4().simple());
+    let options = sluice_store::testing::fresh_postgres_schema().await;
+    let redis = || async { Arc::new(sluice_store::RedisSets::connect(&url).await.unwrap()) };
+    let store = PgStore::open_with(options.clone()).await.unwrap().with_redis_sets(redis().await);
+    let other = PgStore::open_with(options).await.unwrap().with_redis_sets(redis().await);
+    Fixture { store: view(store), other: view(other), _dir: None }
+}
+
+/// Runs each named `async fn(Arc<S>)` of the calling module on PostgreSQL with the values
+/// of set filters in Redis.
+macro_rules! on_redis_sets {
+    ($view:expr; $($name:ident),* $(,)?) => {
+        mod on_redis_sets {
+            use super::*;
+
+            $(#[tokio::test]
+            async fn $name() {
+                let fixture = crate::postgres_with_redis($view).await;
+                super::$name(fixture.store.clone()).await;
+            })*
+        }
+    };
+}
+
 /// Runs each named `async fn(Arc<S>)` of the calling module once on SQLite and once on
 /// PostgreSQL, the store seen through `$view` (e.g. `|s| Arc::new(s) as Arc<dyn MetadataStore>`).
 macro_rules! on_both_backends {
@@ -63,3 +93,4 @@ mod datasets;
 mod metrics;
 mod nodes;
 mod prices;
+mod set_feed;

@@ -1,0 +1,128 @@
+//! The change feed of the Redis set store: what every node's indexes follow.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_store::{IdentityStore as _, MetadataStore, SetFeedChange, SetFeedEntry};
+
+use crate::conformance::{stored_pipeline, strings};
+
+/// Every entry the feed has after `feed`'s position, until it is quiet for a moment.
+async fn drain(feed: &mut sluice_store::SetFeed) -> Vec<SetFeedEntry> {
+    let mut all = Vec::new();
+    loop {
+        let entries = feed.next(Duration::from_millis(200)).await.unwrap();
+        if entries.is_empty() {
+            return all;
+        }
+        all.extend(entries);
+    }
+}
+
+#[tokio::test]
+async fn every_change_is_one_entry_with_the_next_version_and_its_values() {
+    let fixture = crate::postgres_with_redis(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
+    let store = fixture.store;
+    let (_, p) = stored_pipeline(store.as_ref()).await;
+    let mut feed = fixture.other.set_feed().await.unwrap().expect("a Redis store has a feed");
+    assert!(store.set_feed().await.unwrap().is_some());
+
+    store.add_filter_values(&p.id, "f1", &strings(&["0xa", "0xb"])).await.unwrap();
+    // Changes that change nothing are not entries.
+    store.add_filter_values(&p.id, "f1", &strings(&["0xa"])).await.unwrap();
+    store.remove_filter_values(&p.id, "f1", &strings(&["0xz"])).await.unwrap();
+    store.remove_filter_values(&p.id, "f1", &strings(&["0xa", "0xz"])).await.unwrap();
+    store.replace_filter_values(&p.id, "f1", &strings(&["0xc"])).await.unwrap();
+    let (set, version) = store.filter_set_version(&p.id, "f1").await.unwrap().unwrap();
+    assert_eq!(version, 3);
+
+    let entries = drain(&mut feed).await;
+    let changes: Vec<(i64, i64, &SetFeedChange)> =
+        entries.iter().map(|e| (e.set_id, e.version, &e.change)).collect();
+    assert_eq!(
+        changes,
+        [
+            (set, 1, &SetFeedChange::Added(strings(&["0xa", "0xb"]))),
+            (set, 2, &SetFeedChange::Removed(strings(&["0xa", "0xz"]))),
+            (set, 3, &SetFeedChange::Replaced(strings(&["0xc"]))),
+        ]
+    );
+    assert!(entries.iter().all(|e| e.pipeline_id == p.id && e.transform_uid == "f1"));
+
+    // Emptied: the set is dropped (its version would restart), told as an empty replace.
+    store.replace_filter_values(&p.id, "f1", &[]).await.unwrap();
+    assert_eq!(store.filter_set_version(&p.id, "f1").await.unwrap(), None);
+    let entries = drain(&mut feed).await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!((entries[0].set_id, entries[0].version), (set, 4));
+    assert_eq!(entries[0].change, SetFeedChange::Replaced(vec![]));
+
+    // A replace too large to carry says only that the set changed.
+    let many: Vec<String> = (0..100_001).map(|i| format!("0x{i:040x}")).collect();
+    store.replace_filter_values(&p.id, "f1", &many).await.unwrap();
+    let entries = drain(&mut feed).await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].change, SetFeedChange::Reload);
+    assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 100_001);
+
+    // A pipeline deleted drops each of its sets.
+    store.add_filter_values(&p.id, "f2", &strings(&["0xd"])).await.unwrap();
+    assert!(store.delete_pipeline(&p.id).await.unwrap());
+    let entries = drain(&mut feed).await;
+    let dropped: Vec<&str> = entries
+        .iter()
+        .filter(|e| e.change == SetFeedChange::Dropped)
+        .map(|e| e.transform_uid.as_str())
+        .collect();
+    assert_eq!(entries.len(), 3, "f2's add, then two drops: {entries:?}");
+    assert!(dropped.contains(&"f1") && dropped.contains(&"f2"));
+}
+
+#[tokio::test]
+async fn a_replace_keeps_the_cursor_of_values_it_keeps_and_lists_new_ones_after() {
+    let fixture = crate::postgres_with_redis(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
+    let store = fixture.store;
+    let (_, p) = stored_pipeline(store.as_ref()).await;
+    store.add_filter_values(&p.id, "f1", &strings(&["0xa", "0xb", "0xc"])).await.unwrap();
+    let first = store.list_filter_values(&p.id, "f1", None, 1).await.unwrap();
+    assert_eq!(first.values, ["0xa"]);
+    assert_eq!(
+        store
+            .replace_filter_values(&p.id, "f1", &strings(&["0xd", "0xc", "0xa", "0xd"]))
+            .await
+            .unwrap(),
+        3
+    );
+    let rest = store.list_filter_values(&p.id, "f1", first.next, 10).await.unwrap();
+    assert_eq!(rest.values, ["0xc", "0xd"], "0xc keeps its place, 0xd lists after it");
+}
+
+/// `ping` covers Redis: a store whose Redis stopped is not ready.
+#[tokio::test]
+async fn ping_fails_when_redis_stops() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server is installed (scripts/test installs it)");
+    let url = format!("redis://127.0.0.1:{port}");
+    let redis = loop {
+        match sluice_store::RedisSets::connect(&url).await {
+            Ok(redis) => break redis,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let options = sluice_store::testing::fresh_postgres_schema().await;
+    let store =
+        sluice_store::PgStore::open_with(options).await.unwrap().with_redis_sets(Arc::new(redis));
+    store.ping().await.unwrap();
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let error = store.ping().await.expect_err("Redis is gone");
+    assert!(matches!(error, sluice_store::StoreError::Redis(_)), "{error}");
+}
