@@ -236,9 +236,36 @@ pub async fn change_filter_values(
             ),
         };
         state.filter_listener.changed(id, uid, heard);
+        if state.filter_listener.follows_feed() {
+            wait_for_feed(&state, id, uid).await?;
+        }
         Ok(count)
     })
     .await
+}
+
+/// The longest a filter-value change waits for this node's index to hold it.
+const FEED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// On a shared set store, waits (up to [`FEED_WAIT`]) until this node's index of the set,
+/// if it has one, holds the set's stored version: the change came back through the feed.
+/// Past the wait the answer goes anyway; the index follows.
+async fn wait_for_feed(state: &AppState, id: &str, uid: &str) -> Result<(), ApiError> {
+    let stored = state.store.filter_set_version(id, uid).await?;
+    let started = std::time::Instant::now();
+    while !state.filter_listener.caught_up(id, uid, stored) {
+        if started.elapsed() >= FEED_WAIT {
+            tracing::warn!(
+                config_id = id,
+                transform_uid = uid,
+                ?stored,
+                "the set index did not take the change within the wait; answering anyway"
+            );
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    Ok(())
 }
 
 /// Creates the dataset `name` of `owner` and tells the dataset index.

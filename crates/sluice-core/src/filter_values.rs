@@ -29,6 +29,26 @@ pub enum FilterValuesChange<'a> {
 /// Hears committed filter-value changes.
 pub trait FilterValuesListener: Send + Sync + 'static {
     fn changed(&self, pipeline_id: &str, transform_uid: &str, change: FilterValuesChange<'_>);
+
+    /// Whether changes reach this listener from a change feed rather than through
+    /// [`FilterValuesListener::changed`]; the writer then waits for
+    /// [`FilterValuesListener::caught_up`] before it answers.
+    fn follows_feed(&self) -> bool {
+        false
+    }
+
+    /// Whether this listener's copy of one set holds the set's stored `(id, version)`
+    /// `stored`, read after a write (`None`: the set is gone or empty). A listener without
+    /// a copy of the set holds it.
+    fn caught_up(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        stored: Option<(i64, i64)>,
+    ) -> bool {
+        let _ = (pipeline_id, transform_uid, stored);
+        true
+    }
 }
 
 /// A listener for a process that keeps no in-memory copies (tools, and API tests that run

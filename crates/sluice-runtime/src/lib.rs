@@ -275,6 +275,10 @@ impl Runtime {
             shut_down: std::sync::atomic::AtomicBool::new(false),
         });
         runtime.create_chain_topics().await?;
+        if let Some(feed) = runtime.store.set_feed().await? {
+            // A shared set store: every node's indexes follow its change feed.
+            tokio::spawn(sets::follow_feed(Arc::downgrade(&runtime.sets), feed));
+        }
         if let Some(cluster) = &runtime.cluster {
             // A filter-value change made here wakes the other nodes to refresh their
             // indexes.

@@ -8,15 +8,24 @@
 //! batch sees them.
 //!
 //! Changes made through another process (another node of a cluster) do not pass through
-//! this process's listener: [`SetIndexes::refresh`] compares each index's stored version with
-//! the one it loaded, and loads the sets that changed again (the old values serve meanwhile).
+//! this process's listener. With the values in the store's own tables,
+//! [`SetIndexes::refresh`] compares each index's stored version with the one it loaded, and
+//! loads the sets that changed again (the old values serve meanwhile). With a shared set
+//! store (`--sets redis://…`) every node follows its change feed instead ([`follow_feed`]):
+//! each entry brings one set to its next version and is applied in order; an entry that does
+//! not follow the version an index holds (a gap: entries trimmed while this node was away),
+//! or that says only "changed", makes the index load again. On a feed, changes told through
+//! [`FilterValuesListener::changed`] are not applied (the feed brings them, with their
+//! version); [`FilterValuesListener::caught_up`] lets the API answer once they are in.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 use sluice_core::filter_values::{FilterValuesChange, FilterValuesListener};
 use sluice_filter::ValueSet;
-use sluice_store::{MetadataStore, StoreError};
+use sluice_store::{MetadataStore, SetFeed, SetFeedChange, SetFeedEntry, StoreError};
 
 use crate::Result;
 
@@ -80,6 +89,16 @@ enum Change {
 }
 
 impl Change {
+    /// The change a feed entry carries (`None`: read the set again).
+    fn from_feed(change: SetFeedChange) -> Option<Self> {
+        match change {
+            SetFeedChange::Added(values) => Some(Self::Added(values)),
+            SetFeedChange::Removed(values) => Some(Self::Removed(values)),
+            SetFeedChange::Replaced(values) => Some(Self::Replaced(values)),
+            SetFeedChange::Reload | SetFeedChange::Dropped => None,
+        }
+    }
+
     fn apply(&self, set: &mut ValueSet) {
         match self {
             Self::Added(values) => values.iter().for_each(|v| {
@@ -98,15 +117,48 @@ impl Change {
     }
 }
 
+/// A change heard while an index loads: `version` is the stored `(set id, version)` a feed
+/// entry brings the set to (`None`: told by this process, without one); `change` is `None`
+/// when the entry says only that the set changed.
+#[derive(Debug)]
+struct Queued {
+    version: Option<(i64, i64)>,
+    change: Option<Change>,
+}
+
+/// How a feed entry's version stands to the version an index holds.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// The index already holds it.
+    Stale,
+    /// The very next version: apply it.
+    Next,
+    /// Versions between are missing (or the set was made again): load the set again.
+    Gap,
+}
+
+fn step(held: Option<(i64, i64)>, set: i64, version: i64) -> Step {
+    match held {
+        Some((id, v)) if id == set && version <= v => Step::Stale,
+        Some((id, v)) if id == set && version == v + 1 => Step::Next,
+        // Loaded before the set was ever written (so empty): its first write follows.
+        None if version == 1 => Step::Next,
+        _ => Step::Gap,
+    }
+}
+
 /// One set filter's index.
 #[derive(Debug, Default)]
 pub struct SetHandle {
     values: RwLock<ValueSet>,
     /// `Some` while the index loads: changes wait here to be replayed.
-    pending: Mutex<Option<Vec<Change>>>,
-    /// The stored version read before the values were loaded (the values are at least that
-    /// recent).
+    pending: Mutex<Option<Vec<Queued>>>,
+    /// The stored version the values hold: read before they were loaded (they are at least
+    /// that recent), then moved by each feed entry applied.
     version: Mutex<Option<(i64, i64)>>,
+    /// On a feed: the stored version a refresh last found this index behind of. An index
+    /// still behind of the same version at the next refresh missed an entry.
+    behind: Mutex<Option<Option<(i64, i64)>>>,
 }
 
 impl SetHandle {
@@ -117,6 +169,7 @@ impl SetHandle {
             values: RwLock::new(values),
             pending: Mutex::new(None),
             version: Mutex::new(None),
+            behind: Mutex::new(None),
         })
     }
 
@@ -128,11 +181,19 @@ impl SetHandle {
     fn apply(&self, change: Change) {
         let mut pending = self.pending.lock().expect("pending-changes lock is never poisoned");
         match pending.as_mut() {
-            Some(queue) => queue.push(change),
+            Some(queue) => queue.push(Queued { version: None, change: Some(change) }),
             None => {
                 change.apply(&mut self.values.write().expect("set index lock is never poisoned"))
             }
         }
+    }
+
+    fn held_version(&self) -> Option<(i64, i64)> {
+        *self.version.lock().expect("set version lock is never poisoned")
+    }
+
+    fn is_loading(&self) -> bool {
+        self.pending.lock().expect("pending-changes lock is never poisoned").is_some()
     }
 }
 
@@ -142,6 +203,8 @@ pub struct SetIndexes {
     handles: Mutex<HashMap<(String, String), Arc<SetHandle>>>,
     /// Called after each change heard (a cluster node tells the others to refresh).
     on_change: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+    /// Whether a change feed keeps the indexes current ([`follow_feed`]).
+    on_feed: AtomicBool,
 }
 
 impl std::fmt::Debug for SetIndexes {
@@ -152,7 +215,16 @@ impl std::fmt::Debug for SetIndexes {
 
 impl SetIndexes {
     pub fn new(source: Arc<dyn SetSource>) -> Self {
-        Self { source, handles: Mutex::new(HashMap::new()), on_change: Mutex::new(None) }
+        Self {
+            source,
+            handles: Mutex::new(HashMap::new()),
+            on_change: Mutex::new(None),
+            on_feed: AtomicBool::new(false),
+        }
+    }
+
+    fn follows_a_feed(&self) -> bool {
+        self.on_feed.load(Ordering::Relaxed)
     }
 
     /// Calls `hook` after every change this process hears of.
@@ -187,29 +259,80 @@ impl SetIndexes {
         }
     }
 
+    /// Loads the index's values (its `pending` queue set by the caller), replays what was
+    /// heard meanwhile, and lets changes apply directly again. A feed entry that does not
+    /// follow (a gap) makes it load once more.
     async fn load(&self, handle: &SetHandle, pipeline_id: &str, uid: &str) -> Result<()> {
-        let version = self.source.set_version(pipeline_id, uid).await?;
-        let mut set = self.source.load_set(pipeline_id, uid).await?;
-        *handle.version.lock().expect("set version lock is never poisoned") = version;
-        // Replay what changed during the load, then let changes apply directly; both under
-        // the pending lock so no change slips between the two.
-        let mut pending = handle.pending.lock().expect("pending-changes lock is never poisoned");
-        for change in pending.take().unwrap_or_default() {
-            change.apply(&mut set);
+        loop {
+            let version = self.source.set_version(pipeline_id, uid).await?;
+            let mut set = self.source.load_set(pipeline_id, uid).await?;
+            // Replay, then let changes apply directly; both under the pending lock so no
+            // change slips between the two.
+            let mut pending =
+                handle.pending.lock().expect("pending-changes lock is never poisoned");
+            let mut held = version;
+            let mut gap = false;
+            for queued in pending.as_mut().map(std::mem::take).unwrap_or_default() {
+                let Some((set_id, v)) = queued.version else {
+                    // Told by this process after its commit: idempotent, replayed in order.
+                    if let Some(change) = &queued.change {
+                        change.apply(&mut set);
+                    }
+                    continue;
+                };
+                match (step(held, set_id, v), &queued.change) {
+                    (Step::Stale, _) => {}
+                    (Step::Next, Some(change)) => {
+                        change.apply(&mut set);
+                        held = Some((set_id, v));
+                    }
+                    _ => gap = true,
+                }
+            }
+            if gap {
+                // What was read is older than what followed; the queue stays open.
+                continue;
+            }
+            *pending = None;
+            tracing::debug!(
+                config_id = pipeline_id,
+                transform_uid = uid,
+                values = set.len(),
+                ?held,
+                "set index loaded"
+            );
+            *handle.values.write().expect("set index lock is never poisoned") = set;
+            *handle.version.lock().expect("set version lock is never poisoned") = held;
+            return Ok(());
         }
-        tracing::debug!(
-            config_id = pipeline_id,
-            transform_uid = uid,
-            values = set.len(),
-            "set index loaded"
-        );
-        *handle.values.write().expect("set index lock is never poisoned") = set;
-        Ok(())
     }
 
-    /// Loads again every index whose set another process changed since it loaded (its
+    /// Loads an index again while its old values serve; changes heard meanwhile queue and
+    /// are replayed over what is read. Nothing happens when it is loading already.
+    async fn reload(&self, handle: &SetHandle, pipeline_id: &str, uid: &str) -> Result<()> {
+        {
+            let mut pending =
+                handle.pending.lock().expect("pending-changes lock is never poisoned");
+            if pending.is_some() {
+                return Ok(());
+            }
+            *pending = Some(Vec::new());
+        }
+        let loaded = self.load(handle, pipeline_id, uid).await;
+        if loaded.is_err() {
+            // The old values stay; what was queued is lost, which the version shows: the
+            // next entry or refresh loads again.
+            *handle.pending.lock().expect("pending-changes lock is never poisoned") = None;
+        }
+        loaded
+    }
+
+    /// Loads again every index whose set changed without this process hearing it (its
     /// stored version moved); answers how many. Changes made through this process in the
     /// meantime are in what is loaded, or move the version again for the next refresh.
+    ///
+    /// On a feed, an index behind of its stored version is loaded again only when it is
+    /// still behind of that same version at the next refresh: the entry may be on its way.
     ///
     /// # Errors
     /// A store failure (the indexes checked before it are refreshed).
@@ -223,20 +346,73 @@ impl SetIndexes {
             .collect();
         let mut reloaded = 0;
         for ((pipeline_id, uid), handle) in handles {
-            if handle.pending.lock().expect("pending-changes lock is never poisoned").is_some() {
-                continue; // still loading
-            }
-            let stored = self.source.set_version(&pipeline_id, &uid).await?;
-            if stored == *handle.version.lock().expect("set version lock is never poisoned") {
+            if handle.is_loading() {
                 continue;
             }
-            let set = self.source.load_set(&pipeline_id, &uid).await?;
-            tracing::info!(config_id = %pipeline_id, transform_uid = %uid, values = set.len(), ?stored, "set changed elsewhere: index loaded again");
-            *handle.values.write().expect("set index lock is never poisoned") = set;
-            *handle.version.lock().expect("set version lock is never poisoned") = stored;
+            let stored = self.source.set_version(&pipeline_id, &uid).await?;
+            let held = handle.held_version();
+            let current = match (held, stored) {
+                (Some((a, held)), Some((b, stored))) => a == b && held >= stored,
+                (held, stored) => held == stored,
+            };
+            {
+                let mut behind = handle.behind.lock().expect("behind lock is never poisoned");
+                if current {
+                    *behind = None;
+                    continue;
+                }
+                if self.follows_a_feed() && *behind != Some(stored) {
+                    *behind = Some(stored);
+                    continue;
+                }
+                *behind = None;
+            }
+            tracing::info!(config_id = %pipeline_id, transform_uid = %uid, ?held, ?stored, "set changed unheard: index loaded again");
+            self.reload(&handle, &pipeline_id, &uid).await?;
             reloaded += 1;
         }
         Ok(reloaded)
+    }
+
+    /// Applies one entry of the change feed to the index of its set (when loaded): the
+    /// next version is applied, an older one skipped, and a gap or an entry without values
+    /// loads the set again.
+    ///
+    /// # Errors
+    /// A store failure while loading again (the old values stay).
+    pub async fn apply_feed(&self, entry: SetFeedEntry) -> Result<()> {
+        let SetFeedEntry { pipeline_id, transform_uid, set_id, version, change } = entry;
+        let Some(handle) = self.handle(&pipeline_id, &transform_uid) else { return Ok(()) };
+        if change == SetFeedChange::Dropped {
+            self.handles
+                .lock()
+                .expect("set index map lock is never poisoned")
+                .remove(&(pipeline_id, transform_uid));
+            return Ok(());
+        }
+        let change = Change::from_feed(change);
+        {
+            let mut pending =
+                handle.pending.lock().expect("pending-changes lock is never poisoned");
+            if let Some(queue) = pending.as_mut() {
+                queue.push(Queued { version: Some((set_id, version)), change });
+                return Ok(());
+            }
+            let mut held = handle.version.lock().expect("set version lock is never poisoned");
+            match (step(*held, set_id, version), &change) {
+                (Step::Stale, _) => return Ok(()),
+                (Step::Next, Some(change)) => {
+                    change.apply(
+                        &mut handle.values.write().expect("set index lock is never poisoned"),
+                    );
+                    *held = Some((set_id, version));
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        tracing::info!(config_id = %pipeline_id, transform_uid = %transform_uid, set_id, version, held = ?handle.held_version(), "set feed: a gap or a large change; index loaded again");
+        self.reload(&handle, &pipeline_id, &transform_uid).await
     }
 
     /// Drops every index of a pipeline (after teardown or delete).
@@ -259,6 +435,10 @@ impl FilterValuesListener for SetIndexes {
         if let Some(hook) = hook {
             hook();
         }
+        if self.follows_a_feed() {
+            // The feed brings it, in order with every other node's changes.
+            return;
+        }
         // Only loaded indexes follow changes; the others read the store when they load.
         let Some(handle) = self.handle(pipeline_id, transform_uid) else { return };
         let change = match change {
@@ -274,5 +454,68 @@ impl FilterValuesListener for SetIndexes {
             }
         };
         handle.apply(change);
+    }
+
+    fn follows_feed(&self) -> bool {
+        self.follows_a_feed()
+    }
+
+    fn caught_up(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        stored: Option<(i64, i64)>,
+    ) -> bool {
+        self.holds(pipeline_id, transform_uid, stored)
+    }
+}
+
+impl SetIndexes {
+    /// Whether the index of `(pipeline_id, uid)`, if loaded, holds the set's stored version
+    /// `stored` (`None`: the set was emptied or dropped).
+    fn holds(&self, pipeline_id: &str, uid: &str, stored: Option<(i64, i64)>) -> bool {
+        let Some(handle) = self.handle(pipeline_id, uid) else { return true };
+        if handle.is_loading() {
+            return false;
+        }
+        match (handle.held_version(), stored) {
+            (Some((a, held)), Some((b, stored))) => a == b && held >= stored,
+            (_, None) => handle.with(ValueSet::is_empty),
+            (None, Some(_)) => false,
+        }
+    }
+}
+
+/// Feeds every entry of the set store's change feed to `indexes` while they exist, and
+/// refreshes them every few seconds (an entry lost with a connection, or trimmed, shows as
+/// a stored version the index does not hold).
+pub async fn follow_feed(indexes: Weak<SetIndexes>, mut feed: SetFeed) {
+    const REFRESH_EVERY: Duration = Duration::from_secs(5);
+    if let Some(indexes) = indexes.upgrade() {
+        indexes.on_feed.store(true, Ordering::Relaxed);
+    }
+    let mut refreshed = Instant::now();
+    loop {
+        let read = feed.next(Duration::from_secs(1)).await;
+        let Some(indexes) = indexes.upgrade() else { return };
+        match read {
+            Ok(entries) => {
+                for entry in entries {
+                    if let Err(error) = indexes.apply_feed(entry).await {
+                        tracing::warn!(%error, "set feed: cannot load a set index again");
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "set feed: read failed; reading again in a second");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        if refreshed.elapsed() >= REFRESH_EVERY {
+            refreshed = Instant::now();
+            if let Err(error) = indexes.refresh().await {
+                tracing::warn!(%error, "cannot refresh the set-filter indexes");
+            }
+        }
     }
 }

@@ -179,6 +179,38 @@ where
     &'static str: sqlx::ColumnIndex<Row<D>>,
     usize: sqlx::ColumnIndex<Row<D>>,
 {
+    /// Copies every set that holds values in the tables and is not in `redis` yet (it has
+    /// no version there) to `redis`, in cursor order; answers how many. Run before the store
+    /// serves with its values in Redis.
+    pub(crate) async fn copy_sets_to(&self, redis: &RedisSets) -> Result<usize> {
+        let rows = sqlx::query(
+            "SELECT id, pipeline_id, transform_uid FROM filter_sets WHERE value_count > 0",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut copied = 0;
+        for row in &rows {
+            let (id, pipeline_id, transform_uid): (i64, String, String) =
+                (row.try_get("id")?, row.try_get("pipeline_id")?, row.try_get("transform_uid")?);
+            if redis.version(id).await? > 0 {
+                continue;
+            }
+            let set = SetRef { pipeline_id: &pipeline_id, transform_uid: &transform_uid, id };
+            let mut after = None;
+            loop {
+                let page =
+                    self.list_filter_values(&pipeline_id, &transform_uid, after, 100_000).await?;
+                redis.add(set, &page.values).await?;
+                match page.next {
+                    Some(next) => after = Some(next),
+                    None => break,
+                }
+            }
+            copied += 1;
+        }
+        Ok(copied)
+    }
+
     /// Redis mode: locks pipeline `id` in `tx` and answers the id of its set `uid` when
     /// `uid` is one of its set filters; `create` makes the set when missing (clearing
     /// whatever a rolled-back write may have left under the new id).

@@ -69,7 +69,9 @@ pub enum StoreError {
     Corrupt { what: &'static str, detail: String },
     #[error("redis error: {0}")]
     Redis(#[from] redis::RedisError),
-    #[error("unsupported database URL '{0}': use sqlite://<path> or postgres://…")]
+    #[error(
+        "unsupported URL '{0}': use sqlite://<path> or postgres://… for the store, redis://… for sets"
+    )]
     UnsupportedUrl(String),
 }
 
@@ -122,10 +124,47 @@ where
 /// # Errors
 /// An unsupported URL, a connection failure or a failed migration.
 pub async fn open(url: &str) -> Result<Arc<dyn MetadataStore>> {
+    open_with_sets(url, None).await
+}
+
+/// Opens the store as [`open`] does, with set-filter values in the Redis `sets` names
+/// (`redis://…`, see [`RedisSets::connect`]) when given. Sets that hold values in the
+/// store's own tables and are not in Redis yet are copied there first, in cursor order.
+///
+/// # Errors
+/// As [`open`]; an unsupported set-store URL, a Redis that does not answer, or a failed
+/// copy.
+pub async fn open_with_sets(url: &str, sets: Option<&str>) -> Result<Arc<dyn MetadataStore>> {
+    let redis = match sets {
+        None => None,
+        Some(sets) if sets.starts_with("redis://") => {
+            Some(Arc::new(RedisSets::connect(sets).await?))
+        }
+        Some(sets) => return Err(StoreError::UnsupportedUrl(sets.to_owned())),
+    };
+    // The same steps for either backend's concrete store.
+    macro_rules! finish {
+        ($store:expr) => {{
+            let store = $store;
+            match redis {
+                None => Ok(Arc::new(store) as Arc<dyn MetadataStore>),
+                Some(redis) => {
+                    let copied = store.copy_sets_to(&redis).await?;
+                    if copied > 0 {
+                        tracing::info!(
+                            sets = copied,
+                            "filter-value sets copied from the store's tables to Redis"
+                        );
+                    }
+                    Ok(Arc::new(store.with_redis_sets(redis)) as Arc<dyn MetadataStore>)
+                }
+            }
+        }};
+    }
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::open(url).await?))
+        finish!(SqliteStore::open(url).await?)
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(PgStore::open(url).await?))
+        finish!(PgStore::open(url).await?)
     } else {
         Err(StoreError::UnsupportedUrl(url.to_owned()))
     }

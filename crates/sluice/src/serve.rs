@@ -422,9 +422,19 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn MetadataS
     if settings.database_url.starts_with("sqlite:") {
         settings.prepare_data_dir()?;
     }
-    sluice_store::open(&settings.database_url)
-        .await
-        .with_context(|| format!("opening the store at {}", redact(&settings.database_url)))
+    let store =
+        sluice_store::open_with_sets(&settings.database_url, settings.sets_url.as_deref()).await;
+    match &settings.sets_url {
+        None => store
+            .with_context(|| format!("opening the store at {}", redact(&settings.database_url))),
+        Some(sets) => store.with_context(|| {
+            format!(
+                "opening the store at {} with set-filter values in {}",
+                redact(&settings.database_url),
+                redact(sets)
+            )
+        }),
+    }
 }
 
 /// On first start with an empty store: create the operator and print its key, once.

@@ -105,6 +105,11 @@ pub struct ServeArgs {
     /// to the others [default: 10].
     #[arg(long, env = "SLUICE_NODE_TIMEOUT_SECS", value_name = "SECS")]
     pub node_timeout_secs: Option<u64>,
+    /// Keep set-filter values in Redis (`redis://[user:password@]host:port[/db][?prefix=P]`,
+    /// keys under `P`, default `sluice`) instead of the store's tables: every node of a
+    /// cluster follows its change feed (see docs/scaling.md).
+    #[arg(long = "sets", env = "SLUICE_SETS_URL", value_name = "URL")]
+    pub sets_url: Option<String>,
 }
 
 /// The config file: every setting, all optional.
@@ -131,6 +136,7 @@ struct FileSettings {
     backfill_chunk_rows: Option<usize>,
     node_name: Option<String>,
     node_timeout_secs: Option<u64>,
+    sets: Option<String>,
 }
 
 /// Where the stream log lives.
@@ -169,6 +175,8 @@ pub struct Settings {
     /// This node's name on a cluster (`None`: `<hostname>:<port>`).
     pub node_name: Option<String>,
     pub node_timeout_secs: u64,
+    /// Where set-filter values live when not in the store's tables (`redis://…`).
+    pub sets_url: Option<String>,
 }
 
 /// Shortest metrics token accepted: a guessable token would expose every tenant's metrics.
@@ -239,6 +247,14 @@ impl Settings {
         {
             bail!("node_name must be 1 to 200 characters, without surrounding spaces");
         }
+        let sets_url = args.sets_url.clone().or(file.sets);
+        if let Some(url) = &sets_url
+            && !url.starts_with("redis://")
+        {
+            bail!(
+                "sets must be a redis:// URL (redis://[user:password@]host:port[/db][?prefix=P])"
+            );
+        }
         let bus = resolve_bus(
             args.bus_url.clone().or(file.bus),
             args.bus_topic_prefix.clone().or(file.bus_topic_prefix),
@@ -276,6 +292,7 @@ impl Settings {
             backfill_chunk_rows,
             node_name,
             node_timeout_secs,
+            sets_url,
         })
     }
 

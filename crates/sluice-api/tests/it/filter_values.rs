@@ -11,6 +11,25 @@ use sluice_core::filter_values::{FilterValuesChange, FilterValuesListener};
 
 use crate::harness::{Harness, User};
 
+/// Runs each named `async fn(redis: bool)` twice: set-filter values in the store's own tables
+/// (`false`), and in Redis (`true`).
+macro_rules! on_both_set_stores {
+    ($($name:ident),* $(,)?) => {
+        mod on_tables {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(false).await;
+            })*
+        }
+        mod on_redis {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(true).await;
+            })*
+        }
+    };
+}
+
 const OK: StatusCode = StatusCode::OK;
 const FORBIDDEN: StatusCode = StatusCode::FORBIDDEN;
 const NOT_FOUND: StatusCode = StatusCode::NOT_FOUND;
@@ -61,9 +80,21 @@ fn violations(answer: &Value) -> Vec<(Value, String)> {
         .collect()
 }
 
-#[tokio::test]
-async fn values_are_lowercased_repeats_count_once_and_each_change_reports_its_count() {
-    let h = Harness::new().await;
+// Each test below runs with the values in the store's tables and again in Redis.
+on_both_set_stores!(
+    values_are_lowercased_repeats_count_once_and_each_change_reports_its_count,
+    paging_with_the_cursor_while_values_are_added_skips_and_repeats_nothing,
+    query_parameters_are_checked_with_their_location,
+    bodies_are_checked_with_precise_locations_and_change_nothing,
+    unknown_pipelines_and_transforms_are_404_and_scripts_are_422,
+    each_role_gets_exactly_its_permissions_on_each_filter_values_endpoint,
+    a_million_values_go_in_one_post_above_the_general_body_limit,
+    the_filter_values_limit_replaces_the_general_one_on_these_routes_only,
+    inline_set_values_are_listed_and_values_of_removed_transforms_are_gone,
+);
+
+async fn values_are_lowercased_repeats_count_once_and_each_change_reports_its_count(redis: bool) {
+    let h = Harness::with_sets(redis, Limits::default()).await;
     let ann = h.user("acme", "data", "ann").await;
     let id = pipeline(&h, &ann).await;
     let path = base(&id, "f1");
@@ -106,9 +137,8 @@ async fn values_are_lowercased_repeats_count_once_and_each_change_reports_its_co
     assert_eq!(h.get(&format!("{}/count", base(&id, "f2")), &ann).await.1, json!({"count": 0}));
 }
 
-#[tokio::test]
-async fn paging_with_the_cursor_while_values_are_added_skips_and_repeats_nothing() {
-    let h = Harness::new().await;
+async fn paging_with_the_cursor_while_values_are_added_skips_and_repeats_nothing(redis: bool) {
+    let h = Harness::with_sets(redis, Limits::default()).await;
     let ann = h.user("acme", "data", "ann").await;
     let id = pipeline(&h, &ann).await;
     let path = base(&id, "f1");
@@ -161,9 +191,8 @@ async fn paging_with_the_cursor_while_values_are_added_skips_and_repeats_nothing
     assert_eq!(first_250, initial, "values added later list after the earlier ones");
 }
 
-#[tokio::test]
-async fn query_parameters_are_checked_with_their_location() {
-    let h = Harness::new().await;
+async fn query_parameters_are_checked_with_their_location(redis: bool) {
+    let h = Harness::with_sets(redis, Limits::default()).await;
     let ann = h.user("acme", "data", "ann").await;
     let id = pipeline(&h, &ann).await;
     let path = base(&id, "f1");
@@ -205,9 +234,8 @@ async fn query_parameters_are_checked_with_their_location() {
     assert_eq!((status, answer["is_member"].clone()), (OK, json!(false)));
 }
 
-#[tokio::test]
-async fn bodies_are_checked_with_precise_locations_and_change_nothing() {
-    let h = Harness::new().await;
+async fn bodies_are_checked_with_precise_locations_and_change_nothing(redis: bool) {
+    let h = Harness::with_sets(redis, Limits::default()).await;
     let ann = h.user("acme", "data", "ann").await;
     let id = pipeline(&h, &ann).await;
     let path = base(&id, "f1");
@@ -257,9 +285,8 @@ async fn bodies_are_checked_with_precise_locations_and_change_nothing() {
     assert_eq!(status, OK);
 }
 
-#[tokio::test]
-async fn unknown_pipelines_and_transforms_are_404_and_scripts_are_422() {
-    let h = Harness::new().await;
+async fn unknown_pipelines_and_transforms_are_404_and_scripts_are_422(redis: bool) {
+    let h = Harness::with_sets(redis, Limits::default()).await;
     let ann = h.user("acme", "data", "ann").await;
     let id = pipeline(&h, &ann).await;
     let suffixes = ["", "/check?value=a", "/count"];
@@ -294,9 +321,8 @@ async fn unknown_pipelines_and_transforms_are_404_and_scripts_are_422() {
     }
 }
 
-#[tokio::test]
-async fn each_role_gets_exactly_its_permissions_on_each_filter_values_endpoint() {
-    let h = Harness::new().await;
+async fn each_role_gets_exactly_its_permissions_on_each_filter_values_endpoint(redis: bool) {
+    let h = Harness::with_sets(redis, Limits::default()).await;
     let owner = h.user("acme", "core", "owner").await;
     let viewer = h.user("acme", "core", "teammate").await;
     let editor = h.user("acme", "edit-team", "editor").await;
@@ -355,9 +381,8 @@ async fn each_role_gets_exactly_its_permissions_on_each_filter_values_endpoint()
     assert_eq!(h.get(&format!("{path}/count"), &outsider).await.0, FORBIDDEN);
 }
 
-#[tokio::test]
-async fn a_million_values_go_in_one_post_above_the_general_body_limit() {
-    let h = Harness::new().await;
+async fn a_million_values_go_in_one_post_above_the_general_body_limit(redis: bool) {
+    let h = Harness::with_sets(redis, Limits::default()).await;
     let ann = h.user("acme", "data", "ann").await;
     let id = pipeline(&h, &ann).await;
     let path = base(&id, "f1");
@@ -373,10 +398,9 @@ async fn a_million_values_go_in_one_post_above_the_general_body_limit() {
     assert_eq!(h.get(&probe, &ann).await.1["is_member"], true);
 }
 
-#[tokio::test]
-async fn the_filter_values_limit_replaces_the_general_one_on_these_routes_only() {
+async fn the_filter_values_limit_replaces_the_general_one_on_these_routes_only(redis: bool) {
     let limits = Limits { max_body_bytes: 1_000, max_filter_values_body_bytes: 4_000 };
-    let h = Harness::with_limits(limits).await;
+    let h = Harness::with_sets(redis, limits).await;
     let ann = h.user("acme", "data", "ann").await;
     let mut body = body_with_uids();
     let id = h.create(&ann, body.clone()).await["id"].as_str().unwrap().to_owned();
@@ -402,9 +426,8 @@ async fn the_filter_values_limit_replaces_the_general_one_on_these_routes_only()
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "other routes keep the general limit");
 }
 
-#[tokio::test]
-async fn inline_set_values_are_listed_and_values_of_removed_transforms_are_gone() {
-    let h = Harness::new().await;
+async fn inline_set_values_are_listed_and_values_of_removed_transforms_are_gone(redis: bool) {
+    let h = Harness::with_sets(redis, Limits::default()).await;
     let ann = h.user("acme", "data", "ann").await;
     let mut body = body_with_uids();
     body["pipeline_config"]["transforms"][0]["set_values"] = json!(["0xAA", "0xbb", "0xaa"]);

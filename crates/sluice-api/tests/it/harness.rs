@@ -44,9 +44,23 @@ impl Harness {
     }
 
     pub async fn with_limits(limits: Limits) -> Self {
+        Self::with_sets(false, limits).await
+    }
+
+    /// A harness whose set-filter values live in the Redis server `scripts/test` starts
+    /// (`SLUICE_TEST_REDIS_URL`, a key prefix of its own) when `redis`, else in the store.
+    pub async fn with_sets(redis: bool, limits: Limits) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
-        let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
+        let mut sqlite = SqliteStore::open(&url).await.unwrap();
+        if redis {
+            let url = std::env::var("SLUICE_TEST_REDIS_URL")
+                .expect("SLUICE_TEST_REDIS_URL must name a Redis server; run scripts/test");
+            let url = format!("{url}?prefix=t{}", sluice_core::ids::new_id().replace('-', ""));
+            let sets = sluice_store::RedisSets::connect(&url).await.unwrap();
+            sqlite = sqlite.with_redis_sets(Arc::new(sets));
+        }
+        let store: Arc<dyn MetadataStore> = Arc::new(sqlite);
         let clock =
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()));
         let keyring = sluice_store::secrets::Keyring::new(

@@ -38,7 +38,7 @@ impl SetSource for GatedSets {
     }
 }
 
-fn spec(name: &str) -> PipelineSpec {
+pub(crate) fn spec(name: &str) -> PipelineSpec {
     PipelineSpec {
         name: name.to_owned(),
         description: "lifecycle test".to_owned(),

@@ -5,4 +5,5 @@
 
 mod lifecycle;
 mod nats;
+mod set_feed;
 mod sns;
