@@ -277,7 +277,8 @@ impl Runtime {
         runtime.create_chain_topics().await?;
         if let Some(feed) = runtime.store.set_feed().await? {
             // A shared set store: every node's indexes follow its change feed.
-            tokio::spawn(sets::follow_feed(Arc::downgrade(&runtime.sets), feed));
+            let datasets = Arc::new(FeedDatasets(Arc::downgrade(&runtime)));
+            tokio::spawn(sets::follow_feed(Arc::downgrade(&runtime.sets), datasets, feed));
         }
         if let Some(cluster) = &runtime.cluster {
             // A filter-value change made here wakes the other nodes to refresh their
@@ -331,6 +332,11 @@ impl Runtime {
     /// running pipelines too.
     pub fn use_datasets(&self, lookup: Arc<dyn DatasetLookup>) {
         *self.datasets.0.write().expect("dataset lookup lock is never poisoned") = lookup;
+    }
+
+    /// The dataset index [`Runtime::follow_datasets`] keeps current, if any.
+    fn dataset_index(&self) -> Option<Arc<datasets::DatasetIndex>> {
+        self.dataset_index.read().expect("dataset index lock is never poisoned").clone()
     }
 
     /// Answers scripts' `beam.contains` from `index` and keeps it current: the returned
@@ -1101,4 +1107,36 @@ fn replay_item(plan: &plan::BoundPlan, letter: sluice_bus::Record) -> Option<(us
     };
     let value = serde_json::to_vec(body.get("record")?).ok()?;
     Some((first, plan::Item { key: letter.key, value: value.into(), origin: 0 }))
+}
+
+/// Dataset changes from the shared set store's feed, applied to the runtime's dataset index
+/// by their versions (a change this node made and applied already is skipped).
+struct FeedDatasets(std::sync::Weak<Runtime>);
+
+#[async_trait::async_trait]
+impl sets::DatasetFeedTarget for FeedDatasets {
+    async fn apply(&self, entry: sluice_store::DatasetFeedEntry) {
+        use sluice_core::datasets::{DatasetChange, DatasetListener as _, DatasetRef};
+        use sluice_store::DatasetFeedChange;
+        let Some(runtime) = self.0.upgrade() else { return };
+        let Some(index) = runtime.dataset_index() else { return };
+        let dataset =
+            DatasetRef { owner_user_id: &entry.owner_user_id, name: &entry.name, seq: entry.seq };
+        let version = entry.version;
+        match &entry.change {
+            DatasetFeedChange::Created => index.changed(dataset, DatasetChange::Created),
+            DatasetFeedChange::Dropped => index.changed(dataset, DatasetChange::Dropped),
+            DatasetFeedChange::Added(values) => {
+                index.changed(dataset, DatasetChange::Added { version, values });
+            }
+            DatasetFeedChange::Removed(values) => {
+                index.changed(dataset, DatasetChange::Removed { version, values });
+            }
+            DatasetFeedChange::Reload => {
+                if let Err(error) = index.refresh(runtime.store.as_ref()).await {
+                    tracing::warn!(%error, "dataset feed: cannot read changed datasets again");
+                }
+            }
+        }
+    }
 }

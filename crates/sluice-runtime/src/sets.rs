@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 
 use sluice_core::filter_values::{FilterValuesChange, FilterValuesListener};
 use sluice_filter::ValueSet;
-use sluice_store::{MetadataStore, SetFeed, SetFeedChange, SetFeedEntry, StoreError};
+use sluice_store::{
+    DatasetFeedEntry, FeedEntry, MetadataStore, SetFeed, SetFeedChange, SetFeedEntry, StoreError,
+};
 
 use crate::Result;
 
@@ -486,10 +488,26 @@ impl SetIndexes {
     }
 }
 
-/// Feeds every entry of the set store's change feed to `indexes` while they exist, and
-/// refreshes them every few seconds (an entry lost with a connection, or trimmed, shows as
-/// a stored version the index does not hold).
-pub async fn follow_feed(indexes: Weak<SetIndexes>, mut feed: SetFeed) {
+/// Where the dataset entries of the feed go (the runtime's dataset index).
+#[async_trait::async_trait]
+pub trait DatasetFeedTarget: Send + Sync + 'static {
+    async fn apply(&self, entry: DatasetFeedEntry);
+}
+
+/// Drops dataset entries: for a process that keeps no dataset index.
+#[async_trait::async_trait]
+impl DatasetFeedTarget for () {
+    async fn apply(&self, _: DatasetFeedEntry) {}
+}
+
+/// Feeds every entry of the set store's change feed to `indexes` while they exist (dataset
+/// entries to `datasets`), and refreshes the set indexes every few seconds (an entry lost
+/// with a connection, or trimmed, shows as a stored version the index does not hold).
+pub async fn follow_feed(
+    indexes: Weak<SetIndexes>,
+    datasets: Arc<dyn DatasetFeedTarget>,
+    mut feed: SetFeed,
+) {
     const REFRESH_EVERY: Duration = Duration::from_secs(5);
     if let Some(indexes) = indexes.upgrade() {
         indexes.on_feed.store(true, Ordering::Relaxed);
@@ -501,8 +519,13 @@ pub async fn follow_feed(indexes: Weak<SetIndexes>, mut feed: SetFeed) {
         match read {
             Ok(entries) => {
                 for entry in entries {
-                    if let Err(error) = indexes.apply_feed(entry).await {
-                        tracing::warn!(%error, "set feed: cannot load a set index again");
+                    match entry {
+                        FeedEntry::Set(entry) => {
+                            if let Err(error) = indexes.apply_feed(entry).await {
+                                tracing::warn!(%error, "set feed: cannot load a set index again");
+                            }
+                        }
+                        FeedEntry::Dataset(entry) => datasets.apply(entry).await,
                     }
                 }
             }

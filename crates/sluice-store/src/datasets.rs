@@ -20,6 +20,7 @@ use sqlx::Row as _;
 
 use crate::dialect::{Conn, Dialect, Row};
 use crate::filter_values::sorted_unique;
+use crate::redis_sets::{DatasetFeedChange, DatasetFeedEntry};
 use crate::{Result, Store, StoreError};
 
 /// What an entry change did.
@@ -237,6 +238,23 @@ where
     usize: sqlx::ColumnIndex<Row<D>>,
 {
     /// The owner's dataset `id`, locked against its other writers until `tx` ends.
+    /// With a shared set store, tells every node's dataset index of a committed change
+    /// through the feed. A failure is logged: the change is committed, and nodes find it
+    /// by its version when they next refresh.
+    async fn publish_dataset(&self, dataset: &Dataset, version: u64, change: DatasetFeedChange) {
+        let Some(redis) = &self.redis else { return };
+        let entry = DatasetFeedEntry {
+            owner_user_id: dataset.owner_user_id.clone(),
+            name: dataset.name.clone(),
+            seq: dataset.seq,
+            version,
+            change,
+        };
+        if let Err(error) = redis.publish_dataset(&entry).await {
+            tracing::warn!(%error, dataset = %dataset.name, "a dataset change was not put on the feed; nodes see it at their next refresh");
+        }
+    }
+
     async fn lock_dataset(
         tx: &mut sqlx::Transaction<'_, D::Db>,
         owner_user_id: &str,
@@ -323,6 +341,7 @@ where
             .await?;
         let dataset = dataset_row::<D>(&row)?;
         tx.commit().await?;
+        self.publish_dataset(&dataset, 0, DatasetFeedChange::Created).await;
         Ok(Some(dataset))
     }
 
@@ -380,6 +399,7 @@ where
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
+        self.publish_dataset(&dataset, 0, DatasetFeedChange::Dropped).await;
         Ok(Some(dataset))
     }
 
@@ -399,6 +419,10 @@ where
         let version =
             Self::record_change(&mut tx, &dataset, dataset.entry_count + added, at).await?;
         tx.commit().await?;
+        if self.redis.is_some() {
+            let values = values.iter().map(|v| (*v).to_owned()).collect();
+            self.publish_dataset(&dataset, version, DatasetFeedChange::Added(values)).await;
+        }
         Ok(Some(EntriesChange { count: added, version }))
     }
 
@@ -418,6 +442,10 @@ where
         let left = dataset.entry_count.saturating_sub(removed);
         let version = Self::record_change(&mut tx, &dataset, left, at).await?;
         tx.commit().await?;
+        if self.redis.is_some() {
+            let values = values.iter().map(|v| (*v).to_owned()).collect();
+            self.publish_dataset(&dataset, version, DatasetFeedChange::Removed(values)).await;
+        }
         Ok(Some(EntriesChange { count: removed, version }))
     }
 

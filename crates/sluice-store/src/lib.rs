@@ -53,7 +53,9 @@ pub use nodes::{CLUSTER_CHANNEL, ClusterLock, NodeRow, NodeStore, RoleLock};
 pub use pipelines::PipelineStore;
 pub use postgres::{PgDialect, PgStore};
 pub use prices::{PriceStore, open_prices};
-pub use redis_sets::{RedisSets, SetFeed, SetFeedChange, SetFeedEntry};
+pub use redis_sets::{
+    DatasetFeedChange, DatasetFeedEntry, FeedEntry, RedisSets, SetFeed, SetFeedChange, SetFeedEntry,
+};
 pub use secrets::{SecretStore, Secrets, SecretsError};
 pub use sqlite::{SqliteDialect, SqliteStore};
 pub use store::Store;

@@ -13,7 +13,9 @@
 //! - `{prefix}:feed`: a stream with one entry per change: the set, its new version, and the
 //!   values added, removed or now held (a replace of more than [`FEED_VALUES`] values says
 //!   only that the set changed). Trimmed to about [`FEED_LENGTH`] entries; a node that falls
-//!   further behind sees a version gap and reads the set again.
+//!   further behind sees a version gap and reads the set again. Dataset changes go on the
+//!   same feed once the metadata store committed them ([`RedisSets::publish_dataset`]): the
+//!   entries stay in the store, the feed only tells every node's index.
 //!
 //! A value is stored under its seq as a double: exact below 2^53 values written per set.
 
@@ -137,7 +139,37 @@ pub enum SetFeedChange {
     Dropped,
 }
 
-/// One entry of the change feed: set `set_id` of `(pipeline_id, transform_uid)` is now at
+/// A change of one dataset, as the feed carries it (the entries themselves stay in the
+/// metadata store; the feed tells every node's dataset index).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatasetFeedChange {
+    Created,
+    Added(Vec<String>),
+    Removed(Vec<String>),
+    /// Too many values to carry: read the dataset again.
+    Reload,
+    Dropped,
+}
+
+/// One dataset change on the feed: dataset `(owner_user_id, name)`, made as `seq`, is now at
+/// `version` (0 for `Created` and `Dropped`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatasetFeedEntry {
+    pub owner_user_id: String,
+    pub name: String,
+    pub seq: i64,
+    pub version: u64,
+    pub change: DatasetFeedChange,
+}
+
+/// One entry of the change feed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FeedEntry {
+    Set(SetFeedEntry),
+    Dataset(DatasetFeedEntry),
+}
+
+/// One set change on the feed: set `set_id` of `(pipeline_id, transform_uid)` is now at
 /// `version`, after `change`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetFeedEntry {
@@ -396,6 +428,37 @@ impl RedisSets {
         Ok(values)
     }
 
+    /// Appends a committed dataset change to the feed (its values when at most
+    /// [`FEED_VALUES`], else only that the dataset changed).
+    ///
+    /// # Errors
+    /// When Redis does not answer; the change stays committed, and nodes find it by its
+    /// version when they next refresh.
+    pub async fn publish_dataset(&self, entry: &DatasetFeedEntry) -> Result<()> {
+        let (kind, values) = match &entry.change {
+            DatasetFeedChange::Created => ("dataset-create", None),
+            DatasetFeedChange::Dropped => ("dataset-drop", None),
+            DatasetFeedChange::Reload => ("dataset-reload", None),
+            DatasetFeedChange::Added(values) if values.len() <= FEED_VALUES => {
+                ("dataset-add", Some(values))
+            }
+            DatasetFeedChange::Removed(values) if values.len() <= FEED_VALUES => {
+                ("dataset-remove", Some(values))
+            }
+            DatasetFeedChange::Added(_) | DatasetFeedChange::Removed(_) => ("dataset-reload", None),
+        };
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(self.feed_key()).arg("MAXLEN").arg("~").arg(FEED_LENGTH).arg("*");
+        cmd.arg("kind").arg(kind).arg("owner").arg(&entry.owner_user_id);
+        cmd.arg("name").arg(&entry.name).arg("seq").arg(entry.seq);
+        cmd.arg("version").arg(entry.version);
+        if let Some(values) = values {
+            cmd.arg("values").arg(json(values));
+        }
+        let _: String = cmd.query_async(&mut self.conn.clone()).await?;
+        Ok(())
+    }
+
     /// A reader of the change feed from its current end, on a connection of its own (a
     /// blocking read would hold up every other command on a shared one).
     ///
@@ -468,7 +531,7 @@ impl SetFeed {
     ///
     /// # Errors
     /// When Redis does not answer, or an entry is malformed.
-    pub async fn next(&mut self, wait: Duration) -> Result<Vec<SetFeedEntry>> {
+    pub async fn next(&mut self, wait: Duration) -> Result<Vec<FeedEntry>> {
         let (key, last) = (self.key.clone(), self.last.clone());
         let conn = self.connection().await?;
         let reply: redis::RedisResult<Option<Vec<StreamEntries>>> = redis::cmd("XREAD")
@@ -502,7 +565,7 @@ impl SetFeed {
     }
 }
 
-fn parse_entry(fields: &[(String, Value)]) -> Result<SetFeedEntry, String> {
+fn parse_entry(fields: &[(String, Value)]) -> Result<FeedEntry, String> {
     let field = |name: &str| -> Result<String, String> {
         let value = fields
             .iter()
@@ -517,7 +580,25 @@ fn parse_entry(fields: &[(String, Value)]) -> Result<SetFeedEntry, String> {
     let values = || -> Result<Vec<String>, String> {
         serde_json::from_str(&field("values")?).map_err(|e| format!("values: {e}"))
     };
-    let change = match field("kind")?.as_str() {
+    let kind = field("kind")?;
+    if let Some(kind) = kind.strip_prefix("dataset-") {
+        let change = match kind {
+            "create" => DatasetFeedChange::Created,
+            "add" => DatasetFeedChange::Added(values()?),
+            "remove" => DatasetFeedChange::Removed(values()?),
+            "reload" => DatasetFeedChange::Reload,
+            "drop" => DatasetFeedChange::Dropped,
+            other => return Err(format!("unknown kind dataset-{other}")),
+        };
+        return Ok(FeedEntry::Dataset(DatasetFeedEntry {
+            owner_user_id: field("owner")?,
+            name: field("name")?,
+            seq: number("seq")?,
+            version: u64::try_from(number("version")?).map_err(|e| format!("version: {e}"))?,
+            change,
+        }));
+    }
+    let change = match kind.as_str() {
         "add" => SetFeedChange::Added(values()?),
         "remove" => SetFeedChange::Removed(values()?),
         "replace" => SetFeedChange::Replaced(values()?),
@@ -525,13 +606,13 @@ fn parse_entry(fields: &[(String, Value)]) -> Result<SetFeedEntry, String> {
         "drop" => SetFeedChange::Dropped,
         other => return Err(format!("unknown kind {other}")),
     };
-    Ok(SetFeedEntry {
+    Ok(FeedEntry::Set(SetFeedEntry {
         pipeline_id: field("pipeline")?,
         transform_uid: field("uid")?,
         set_id: number("set")?,
         version: number("version")?,
         change,
-    })
+    }))
 }
 
 #[cfg(test)]

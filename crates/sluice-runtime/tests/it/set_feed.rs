@@ -84,7 +84,7 @@ async fn an_index_follows_another_nodes_changes_and_loads_again_after_a_gap() {
         .await
         .unwrap();
     there.add_filter_values(&id, uid, &strings(&["0xd"])).await.unwrap();
-    let follower = tokio::spawn(follow_feed(Arc::downgrade(&indexes), feed));
+    let follower = tokio::spawn(follow_feed(Arc::downgrade(&indexes), Arc::new(()), feed));
     eventually("the gap is noticed and the set loaded again", || {
         index.with(|set| set.len() == 3 && set.contains("0xc") && !set.contains("0xa"))
     })

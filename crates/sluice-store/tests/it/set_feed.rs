@@ -3,12 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_store::{IdentityStore as _, MetadataStore, SetFeedChange, SetFeedEntry};
+use sluice_store::{
+    DatasetFeedChange, FeedEntry, IdentityStore as _, MetadataStore, SetFeedChange, SetFeedEntry,
+};
 
 use crate::conformance::{stored_pipeline, strings};
 
 /// Every entry the feed has after `feed`'s position, until it is quiet for a moment.
-async fn drain(feed: &mut sluice_store::SetFeed) -> Vec<SetFeedEntry> {
+async fn drain_all(feed: &mut sluice_store::SetFeed) -> Vec<FeedEntry> {
     let mut all = Vec::new();
     loop {
         let entries = feed.next(Duration::from_millis(200)).await.unwrap();
@@ -17,6 +19,58 @@ async fn drain(feed: &mut sluice_store::SetFeed) -> Vec<SetFeedEntry> {
         }
         all.extend(entries);
     }
+}
+
+/// [`drain_all`], expecting set entries only.
+async fn drain(feed: &mut sluice_store::SetFeed) -> Vec<SetFeedEntry> {
+    drain_all(feed)
+        .await
+        .into_iter()
+        .map(|entry| match entry {
+            FeedEntry::Set(entry) => entry,
+            FeedEntry::Dataset(entry) => panic!("a dataset entry: {entry:?}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn committed_dataset_changes_are_told_on_the_feed_with_their_versions() {
+    let fixture = crate::postgres_with_redis(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
+    let store = fixture.store;
+    let owner = store.ensure_identity("o", "t", "u", false).await.unwrap();
+    let mut feed = store.set_feed().await.unwrap().unwrap();
+    let at = chrono::Utc::now();
+    let dataset = store.create_dataset(&owner.user.id, "wallets", at).await.unwrap().unwrap();
+    let id = dataset.id.clone();
+    store
+        .add_dataset_entries(&owner.user.id, &id, &strings(&["0xb", "0xa", "0xb"]), at)
+        .await
+        .unwrap();
+    store.remove_dataset_entries(&owner.user.id, &id, &strings(&["0xa"]), at).await.unwrap();
+    store.delete_dataset(&owner.user.id, &id).await.unwrap();
+    let changes: Vec<(u64, DatasetFeedChange)> = drain_all(&mut feed)
+        .await
+        .into_iter()
+        .map(|entry| match entry {
+            FeedEntry::Dataset(entry) => {
+                assert_eq!(
+                    (entry.owner_user_id.as_str(), entry.name.as_str(), entry.seq),
+                    (owner.user.id.as_str(), "wallets", dataset.seq)
+                );
+                (entry.version, entry.change)
+            }
+            FeedEntry::Set(entry) => panic!("a set entry: {entry:?}"),
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            (0, DatasetFeedChange::Created),
+            (1, DatasetFeedChange::Added(strings(&["0xa", "0xb"]))),
+            (2, DatasetFeedChange::Removed(strings(&["0xa"]))),
+            (0, DatasetFeedChange::Dropped),
+        ]
+    );
 }
 
 #[tokio::test]

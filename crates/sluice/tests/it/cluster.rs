@@ -1,6 +1,7 @@
-//! Three `sluice serve` nodes on one PostgreSQL and one Kafka-API broker (both started by
-//! `scripts/test`): lifecycle calls on any node, work spread over the nodes and moved when
-//! one is killed, nothing acknowledged lost, and a restarted node taking work again.
+//! Three `sluice serve` nodes on one PostgreSQL, one Kafka-API broker and one Redis (all
+//! started by `scripts/test`): lifecycle calls on any node, work spread over the nodes and
+//! moved when one is killed, nothing acknowledged lost, a restarted node taking work again,
+//! and a filter value added on one node filtering on all within a second.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -28,6 +29,8 @@ impl Node {
 
 struct Cluster {
     database_url: String,
+    /// The set store every node shares (`--sets`).
+    sets: String,
     bus: String,
     prefix: String,
     nodes: Vec<Node>,
@@ -43,6 +46,7 @@ impl Cluster {
             .args(["--listen", &format!("127.0.0.1:{}", node.port)])
             .args(["--bus", &self.bus, "--bus-topic-prefix", &self.prefix])
             .args(["--node-name", &node.name, "--node-timeout-secs", "3"])
+            .args(["--sets", &self.sets])
             .env("SLUICE_DATABASE_URL", &self.database_url)
             .env("SLUICE_SECRETS_KEY", SECRETS_KEY)
             .env("SLUICE_BOOTSTRAP_API_KEY", KEY);
@@ -151,6 +155,11 @@ async fn three_nodes_share_a_deployment_follow_each_others_lifecycle_calls_and_s
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let mut cluster = Cluster {
         database_url: crate::process::fresh_postgres_database("cluster").await,
+        sets: format!(
+            "{}?prefix=cluster{nanos:x}",
+            std::env::var("SLUICE_TEST_REDIS_URL")
+                .expect("SLUICE_TEST_REDIS_URL must name a Redis server; run scripts/test")
+        ),
         bus,
         prefix: format!("cluster{nanos:x}."),
         nodes: ["node-a", "node-b", "node-c"]
@@ -338,7 +347,8 @@ async fn three_nodes_share_a_deployment_follow_each_others_lifecycle_calls_and_s
     )
     .await;
     assert_eq!(status, 200, "{added}");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Every node's index follows the Redis change feed: a second is plenty.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         send(&client, reqwest::Method::POST, &ingest(&b), Some(batch(4900, 300))).await.0,
         200
@@ -391,7 +401,8 @@ async fn three_nodes_share_a_deployment_follow_each_others_lifecycle_calls_and_s
     )
     .await;
     assert_eq!((status, added["count"].clone()), (200, json!(1)), "{added}");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The change goes to every node's dataset index on the same feed.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         send(&client, reqwest::Method::POST, &ingest(&a), Some(batch(6100, 100))).await.0,
         200
