@@ -222,7 +222,9 @@ pub async fn latest_prices(
     let tokens = token_list(&body, &Loc::body(), MAX_LATEST_TOKENS, &mut errors);
     errors.finish(())?;
     let items = service(&state)?
-        .latest(&tokens, with_liquidity)
+        .latest_checked(&tokens, with_liquidity)
+        .await
+        .map_err(|error| ApiError::Internal(error.to_string()))?
         .into_iter()
         .map(|latest| latest_item(latest, with_liquidity))
         .collect();

@@ -202,6 +202,9 @@ pub struct PriceService {
     writing: tokio::sync::Mutex<()>,
     /// When the recent candles were last reloaded (Unix seconds).
     last_resync: std::sync::Mutex<Option<i64>>,
+    /// The store's write count `hot` matches (`None`: another process counted trades into
+    /// the same store since, so `hot` lacks them).
+    hot_seq: std::sync::Mutex<Option<i64>>,
 }
 
 impl std::fmt::Debug for PriceService {
@@ -238,6 +241,7 @@ impl PriceService {
             recent: RwLock::new(RecentCandles::empty()),
             writing: tokio::sync::Mutex::new(()),
             last_resync: std::sync::Mutex::new(None),
+            hot_seq: std::sync::Mutex::new(None),
         });
         service.load().await?;
         service.load_recent().await?;
@@ -249,6 +253,7 @@ impl PriceService {
     }
 
     async fn load(&self) -> Result<(), PriceError> {
+        let before = self.store.write_seq().await?;
         let since = self.now_micros() - NO_TRADE_CUTOFF_SECONDS * 1_000_000;
         let infos = self.store.tokens_traded_since(since).await?;
         let tokens: Vec<TokenRef> = infos.iter().map(|info| info.token.clone()).collect();
@@ -272,6 +277,9 @@ impl PriceService {
         }
         tracing::info!(tokens = loaded.len(), "loaded recently traded tokens");
         *self.hot.write().expect("price memory lock is never poisoned") = loaded;
+        let after = self.store.write_seq().await?;
+        *self.hot_seq.lock().expect("hot write count lock is never poisoned") =
+            (before == after).then_some(after);
         Ok(())
     }
 
@@ -343,6 +351,10 @@ impl PriceService {
                 }
             }
         }
+        if let Some(seq) = write_seq {
+            let mut hot_seq = self.hot_seq.lock().expect("hot write count lock is never poisoned");
+            *hot_seq = hot_seq.filter(|known| *known + 1 == seq).map(|_| seq);
+        }
         self.recent
             .write()
             .expect("recent candles lock is never poisoned")
@@ -354,49 +366,101 @@ impl PriceService {
     /// (a token asked for twice is answered twice): the most recent completed minute with
     /// trades, or, when the token traded only in the current minute, that minute so far.
     pub fn latest(&self, tokens: &[TokenRef], with_liquidity: bool) -> Vec<LatestPrice> {
-        let now = self.now_micros();
-        let current_minute = Granularity::M1.window_start(now);
-        let cutoff = now - NO_TRADE_CUTOFF_SECONDS * 1_000_000;
         let hot = self.hot.read().expect("price memory lock is never poisoned");
-        let mut out = Vec::with_capacity(tokens.len());
-        for token in tokens {
-            let Some(entry) = hot.get(token) else { continue };
-            let completed = entry.minutes.iter().find(|(start, _)| *start < current_minute);
-            let open = entry.minutes.iter().find(|(start, _)| *start == current_minute);
-            let recent = |found: Option<&(i64, Candle)>| {
-                found.is_some_and(|(_, candle)| candle.last.at_micros >= cutoff)
-            };
-            let chosen = if recent(completed) {
-                completed
-            } else if recent(open) {
-                open
-            } else {
-                None
-            };
-            let Some((_, candle)) = chosen else { continue };
-            let price = candle.price();
-            let total_liquidity_usd = (with_liquidity && !entry.pools.is_empty()).then(|| {
-                let reserves = entry
-                    .pools
-                    .values()
-                    .fold(Amount::ZERO, |sum, (reserve, _)| sum.saturating_add(*reserve));
-                reserves.to_f64() * price
-            });
-            out.push(LatestPrice {
-                token: token.clone(),
-                timestamp: micros_to_time(candle.last.at_micros),
-                decimals: entry.decimals,
-                price,
-                open: candle.open,
-                high: candle.high,
-                close: candle.close,
-                low: candle.low,
-                total_liquidity_usd,
-            });
-        }
-        out
+        latest_in(&hot, tokens, with_liquidity, self.now_micros())
     }
 
+    /// [`PriceService::latest`], from memory while it matches the store's write count, else
+    /// read from the store: another process counts trades into the same store (the other
+    /// nodes of a cluster), and this one's memory lacks theirs.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn latest_checked(
+        &self,
+        tokens: &[TokenRef],
+        with_liquidity: bool,
+    ) -> Result<Vec<LatestPrice>, PriceError> {
+        let stored = self.store.write_seq().await?;
+        if *self.hot_seq.lock().expect("hot write count lock is never poisoned") == Some(stored) {
+            return Ok(self.latest(tokens, with_liquidity));
+        }
+        let now = self.now_micros();
+        let from = Granularity::M1.window_start(now - NO_TRADE_CUTOFF_SECONDS * 1_000_000);
+        let mut unique: Vec<TokenRef> = tokens.to_vec();
+        unique.sort();
+        unique.dedup();
+        let decimals = self.store.decimals(&unique).await?;
+        let mut read = foldhash::HashMap::default();
+        for token in unique {
+            let minutes = self.store.latest_candles(&token, Granularity::M1, from, HOT_MINUTES).await?;
+            if minutes.is_empty() {
+                continue;
+            }
+            let Some(&decimals) = decimals.get(&token) else { continue };
+            read.insert(token, HotToken { decimals, minutes, ..HotToken::default() });
+        }
+        if with_liquidity {
+            let tokens: Vec<TokenRef> = read.keys().cloned().collect();
+            for reserve in self.store.pool_reserves(&tokens).await? {
+                if let Some(hot) = read.get_mut(&reserve.token) {
+                    hot.set_pool(reserve.pool, reserve.reserve, reserve.last_trade);
+                }
+            }
+        }
+        Ok(latest_in(&read, tokens, with_liquidity, now))
+    }
+}
+
+/// The latest price of each of `tokens` in `hot`, as [`PriceService::latest`] answers.
+fn latest_in(
+    hot: &foldhash::HashMap<TokenRef, HotToken>,
+    tokens: &[TokenRef],
+    with_liquidity: bool,
+    now: i64,
+) -> Vec<LatestPrice> {
+    let current_minute = Granularity::M1.window_start(now);
+    let cutoff = now - NO_TRADE_CUTOFF_SECONDS * 1_000_000;
+    let mut out = Vec::with_capacity(tokens.len());
+    for token in tokens {
+        let Some(entry) = hot.get(token) else { continue };
+        let completed = entry.minutes.iter().find(|(start, _)| *start < current_minute);
+        let open = entry.minutes.iter().find(|(start, _)| *start == current_minute);
+        let recent = |found: Option<&(i64, Candle)>| {
+            found.is_some_and(|(_, candle)| candle.last.at_micros >= cutoff)
+        };
+        let chosen = if recent(completed) {
+            completed
+        } else if recent(open) {
+            open
+        } else {
+            None
+        };
+        let Some((_, candle)) = chosen else { continue };
+        let price = candle.price();
+        let total_liquidity_usd = (with_liquidity && !entry.pools.is_empty()).then(|| {
+            let reserves = entry
+                .pools
+                .values()
+                .fold(Amount::ZERO, |sum, (reserve, _)| sum.saturating_add(*reserve));
+            reserves.to_f64() * price
+        });
+        out.push(LatestPrice {
+            token: token.clone(),
+            timestamp: micros_to_time(candle.last.at_micros),
+            decimals: entry.decimals,
+            price,
+            open: candle.open,
+            high: candle.high,
+            close: candle.close,
+            low: candle.low,
+            total_liquidity_usd,
+        });
+    }
+    out
+}
+
+impl PriceService {
     /// The earliest start a history request at `granularity` may have now (Unix
     /// microseconds), or `None` when the granularity keeps all history.
     pub fn earliest_start(&self, granularity: Granularity) -> Option<i64> {
@@ -547,8 +611,12 @@ impl PriceService {
         let stale =
             self.recent.read().expect("recent candles lock is never poisoned").seq != Some(stored);
         let last = *self.last_resync.lock().expect("resync time lock is never poisoned");
-        if stale && last.is_none_or(|last| now - last >= RESYNC_INTERVAL_SECONDS) {
+        let hot_stale =
+            *self.hot_seq.lock().expect("hot write count lock is never poisoned") != Some(stored);
+        if (stale || hot_stale) && last.is_none_or(|last| now - last >= RESYNC_INTERVAL_SECONDS) {
             self.load_recent().await?;
+            let _writing = self.writing.lock().await;
+            self.load().await?;
         }
         Ok(removed)
     }

@@ -8,8 +8,9 @@
 //! - `{prefix}:set:{id}`: a sorted set, member = value, score = the value's cursor (`seq`).
 //!   Seqs come from `{prefix}:set:{id}:seq`, so values added later list after values added
 //!   earlier, and a value keeps its seq while it stays in the set (a replace included).
-//! - `{prefix}:set:{id}:version`: incremented by every write that changed the set, in the same
-//!   Lua script (Redis runs a script atomically) as the change and its feed entry.
+//! - `{prefix}:set:{id}:version`: incremented by every write of the set, in the same
+//!   transaction (`MULTI`/`EXEC`, or a Lua script, which Redis runs atomically) as the change
+//!   and its feed entry.
 //! - `{prefix}:feed`: a stream with one entry per change: the set, its new version, and the
 //!   values added, removed or now held (a replace of more than [`FEED_VALUES`] values says
 //!   only that the set changed). Trimmed to about [`FEED_LENGTH`] entries; a node that falls
@@ -42,52 +43,11 @@ pub const FEED_LENGTH: usize = 256;
 /// Values per read when a set is loaded.
 const LOAD_PAGE: usize = 100_000;
 
-/// Members per `ZADD`/`ZREM` inside a script (Lua's `unpack` takes a few thousand at most).
-const SCRIPT_BATCH: usize = 2_000;
+/// Members per `ZADD`/`ZREM` command.
+const BATCH: usize = 10_000;
 
 /// The longest a command may take: loading a page, or a script over a chunk.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Adds `ARGV[6..=5+n]` (`ARGV[6+n]` holds them as JSON) under seqs taken from `KEYS[2]`; when any was new, bumps the version and
-/// appends the feed entry. Answers `{added, version}`.
-const ADD: &str = r"
-local n = #ARGV - 6
-local base = redis.call('INCRBY', KEYS[2], n) - n
-local added, args = 0, {}
-for i = 6, 5 + n do
-  args[#args + 1] = base + i - 5
-  args[#args + 1] = ARGV[i]
-  if #args >= tonumber(ARGV[5]) * 2 then
-    added = added + redis.call('ZADD', KEYS[1], 'NX', unpack(args))
-    args = {}
-  end
-end
-if #args > 0 then added = added + redis.call('ZADD', KEYS[1], 'NX', unpack(args)) end
-if added == 0 then return {0, tonumber(redis.call('GET', KEYS[3]) or '0')} end
-local version = redis.call('INCR', KEYS[3])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'pipeline', ARGV[1], 'uid', ARGV[2],
-  'set', ARGV[3], 'version', version, 'kind', 'add', 'values', ARGV[6 + n])
-return {added, version}
-";
-
-/// Removes `ARGV[7..]`; when any was there, bumps the version and appends the feed entry
-/// (`ARGV[6]` holds the values as JSON). Answers `{removed, version}`.
-const REMOVE: &str = r"
-local removed, args = 0, {}
-for i = 7, #ARGV do
-  args[#args + 1] = ARGV[i]
-  if #args >= tonumber(ARGV[5]) then
-    removed = removed + redis.call('ZREM', KEYS[1], unpack(args))
-    args = {}
-  end
-end
-if #args > 0 then removed = removed + redis.call('ZREM', KEYS[1], unpack(args)) end
-if removed == 0 then return {0, tonumber(redis.call('GET', KEYS[3]) or '0')} end
-local version = redis.call('INCR', KEYS[3])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'pipeline', ARGV[1], 'uid', ARGV[2],
-  'set', ARGV[3], 'version', version, 'kind', 'remove', 'values', ARGV[6])
-return {removed, version}
-";
 
 /// Makes the set exactly the staged values (`KEYS[5]`, scored with fresh seqs): values also
 /// in the old set keep their old seq (the smaller), new ones keep the fresh one. Then bumps
@@ -273,28 +233,69 @@ impl RedisSets {
 
     /// Adds `values` to `set` in request order; answers how many were new.
     pub(crate) async fn add(&self, set: SetRef<'_>, values: &[String]) -> Result<u64> {
-        let keys = self.keys(set.id);
-        let mut added = 0;
-        for chunk in values.chunks(WRITE_CHUNK) {
-            let mut cmd = self.script(ADD, &keys[..4], set);
-            cmd.arg(SCRIPT_BATCH).arg(chunk).arg(json(chunk));
-            let (n, _): (u64, i64) = cmd.query_async(&mut self.conn.clone()).await?;
-            added += n;
-        }
-        Ok(added)
+        self.write(set, values, true).await
     }
 
     /// Removes `values` from `set`; answers how many were there.
     pub(crate) async fn remove(&self, set: SetRef<'_>, values: &[String]) -> Result<u64> {
-        let keys = self.keys(set.id);
-        let mut removed = 0;
+        self.write(set, values, false).await
+    }
+
+    /// Adds (`add`) or removes `values`, [`WRITE_CHUNK`] at a time. Each step is one
+    /// `MULTI`/`EXEC` transaction: the change, the set's next version, and its feed entry.
+    /// The caller holds the pipeline's row lock, so no other writer of the set runs
+    /// meanwhile: the version read first is the one the steps follow, and seqs taken before
+    /// a step are larger than every seq already in the set.
+    async fn write(&self, set: SetRef<'_>, values: &[String], add: bool) -> Result<u64> {
+        let [members, seq, version_key, feed, ..] = self.keys(set.id);
+        let mut conn = self.conn.clone();
+        let mut version = self.version(set.id).await?;
+        let mut changed = 0;
         for chunk in values.chunks(WRITE_CHUNK) {
-            let mut cmd = self.script(REMOVE, &keys[..4], set);
-            cmd.arg(SCRIPT_BATCH).arg(json(chunk)).arg(chunk);
-            let (n, _): (u64, i64) = cmd.query_async(&mut self.conn.clone()).await?;
-            removed += n;
+            let mut next = 0_i64;
+            if add {
+                let n = chunk.len() as i64;
+                let last: i64 = redis::cmd("INCRBY").arg(&seq).arg(n).query_async(&mut conn).await?;
+                next = last - n;
+            }
+            version += 1;
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            for batch in chunk.chunks(BATCH) {
+                if add {
+                    let cmd = pipe.cmd("ZADD").arg(&members).arg("NX");
+                    for value in batch {
+                        next += 1;
+                        cmd.arg(next).arg(value);
+                    }
+                } else {
+                    pipe.cmd("ZREM").arg(&members).arg(batch);
+                }
+            }
+            pipe.cmd("SET").arg(&version_key).arg(version).ignore();
+            pipe.cmd("XADD")
+                .arg(&feed)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(FEED_LENGTH)
+                .arg("*")
+                .arg("pipeline")
+                .arg(set.pipeline_id)
+                .arg("uid")
+                .arg(set.transform_uid)
+                .arg("set")
+                .arg(set.id)
+                .arg("version")
+                .arg(version)
+                .arg("kind")
+                .arg(if add { "add" } else { "remove" })
+                .arg("values")
+                .arg(json(chunk))
+                .ignore();
+            let counts: Vec<u64> = pipe.query_async(&mut conn).await?;
+            changed += counts.iter().sum::<u64>();
         }
-        Ok(removed)
+        Ok(changed)
     }
 
     /// Makes `set` exactly `values` (not empty: an empty set is dropped) in one atomic step
@@ -309,7 +310,7 @@ impl RedisSets {
         let mut next = base;
         for chunk in values.chunks(WRITE_CHUNK) {
             let mut pipe = redis::pipe();
-            for batch in chunk.chunks(SCRIPT_BATCH * 5) {
+            for batch in chunk.chunks(BATCH) {
                 let cmd = pipe.cmd("ZADD").arg(&keys[4]).arg("NX");
                 for value in batch {
                     next += 1;

@@ -344,6 +344,31 @@ async fn memory_steps_aside_when_another_writer_changed_the_candles_and_is_reloa
     assert_memory_equals_store(&service).await;
 }
 
+/// The latest price answers from memory while it matches the store, and from the store once
+/// another writer (another node) counted a trade this service never saw.
+#[tokio::test]
+async fn the_latest_price_comes_from_the_store_when_another_writer_counted_trades() {
+    let (_dir, store, clock, service) = fixture(100_000).await;
+    service.ingest(vec![trade(0, -100, 0, 1, 1, 200)]).await.unwrap();
+    let asked = [token(0), token(1)];
+    let mine = service.latest_checked(&asked, true).await.unwrap();
+    assert_eq!(mine, service.latest(&asked, true), "memory answers while it matches");
+    assert_eq!(mine.len(), 1);
+    let other =
+        PriceService::start(store.clone(), clock.clone(), PriceSettings::default()).await.unwrap();
+    // Token 1 traded only through the other writer; token 0 again at another price.
+    other.ingest(vec![trade(1, -90, 0, 2, 1, 300), trade(0, -80, 0, 3, 1, 500)]).await.unwrap();
+    assert_eq!(service.latest(&asked, true).len(), 1, "this memory lacks token 1");
+    let checked = service.latest_checked(&asked, true).await.unwrap();
+    assert_eq!(checked, other.latest(&asked, true), "both answer what the store holds");
+    assert_eq!(checked.len(), 2);
+    // Once the retention job reloads (at most every ten minutes), memory answers again.
+    clock.advance(chrono::Duration::minutes(11));
+    service.enforce_retention().await.unwrap();
+    other.enforce_retention().await.unwrap();
+    assert_eq!(service.latest(&asked, true), other.latest_checked(&asked, true).await.unwrap());
+}
+
 /// The memory a service loads from PostgreSQL (whose reads come in no promised order) equals
 /// the store, as on SQLite.
 #[tokio::test]

@@ -536,3 +536,100 @@ async fn nodes_on_one_shared_warehouse_archive_one_at_a_time_and_take_over_from_
         "the survivor did not take the archiver role"
     );
 }
+
+/// Two nodes both run the price service on the same streams: trades posted to either node,
+/// some of them twice (to both), are each counted once in the candles they share.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_nodes_count_each_trade_once() {
+    let bus = std::env::var("SLUICE_TEST_KAFKA_URL")
+        .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let mut cluster = Cluster {
+        database_url: crate::process::fresh_postgres_database("prices").await,
+        sets: format!(
+            "{}?prefix=prices{nanos:x}",
+            std::env::var("SLUICE_TEST_REDIS_URL")
+                .expect("SLUICE_TEST_REDIS_URL must name a Redis server; run scripts/test")
+        ),
+        bus,
+        prefix: format!("prices{nanos:x}."),
+        nodes: ["node-a", "node-b"]
+            .into_iter()
+            .map(|name| Node {
+                name: name.to_owned(),
+                port: free_port(),
+                dir: tempfile::tempdir().unwrap(),
+                server: None,
+            })
+            .collect(),
+    };
+    cluster.start_node(0);
+    cluster.start_node(1);
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+    let [a, b] = [0, 1].map(|i| cluster.nodes[i].base());
+
+    // Trades 0..40 of one token: 0..20 posted to A, 15..40 to B, so 15..20 arrive twice.
+    let token = "0x00000000000000000000000000000000000000aa";
+    let at = (chrono::Utc::now() - chrono::Duration::seconds(90)).to_rfc3339();
+    let trades = |range: std::ops::Range<u64>| -> String {
+        range
+            .map(|n| {
+                json!({
+                    "chain": "base", "token_address": token, "token_decimals": 18,
+                    "token_amount": format!("{}", n + 1), "usd_amount": format!("{}", 2 * (n + 1)),
+                    "pool_address": "0x0000000000000000000000000000000000000abc",
+                    "token_reserve": "1000", "block_number": 1, "log_index": n,
+                    "block_timestamp": at, "transaction_hash": format!("0x{:064x}", 7),
+                })
+                .to_string()
+                    + "\n"
+            })
+            .collect()
+    };
+    let ingest = |base: &str| format!("{base}/api/v1/streams/base/dex_trade/records");
+    assert_eq!(send(&client, reqwest::Method::POST, &ingest(&a), Some(trades(0..20))).await.0, 200);
+    assert_eq!(send(&client, reqwest::Method::POST, &ingest(&b), Some(trades(15..40))).await.0, 200);
+
+    let pool = sqlx::PgPool::connect(&cluster.database_url).await.unwrap();
+    // The trade count of the token's day candle, as stored.
+    let counted = || async {
+        let row: (Option<i64>,) = sqlx::query_as(
+            "SELECT MAX(trade_count) FROM price_candles WHERE token = $1 AND \
+             granularity = (SELECT MAX(granularity) FROM price_candles WHERE token = $1)",
+        )
+        .bind(token)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        row.0.unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while counted().await < 40 {
+        assert!(Instant::now() < deadline, "trades counted: {}", counted().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Both nodes have read everything by now; nothing more is counted.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(counted().await, 40, "each trade counted once in the day's candle");
+    // Every node answers the same price: Σ usd / Σ token = 2.
+    for base in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, answer) = send(
+                &client,
+                reqwest::Method::POST,
+                &format!("{base}/api/v1/developer/prices"),
+                Some(json!([{"chain": "base", "token_address": token}]).to_string()),
+            )
+            .await;
+            assert_eq!(status, 200, "{answer}");
+            if answer["items"][0]["price"] == 2.0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{base} answers {answer}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    cluster.assert_alive();
+}
