@@ -393,7 +393,8 @@ impl PriceService {
         let decimals = self.store.decimals(&unique).await?;
         let mut read = foldhash::HashMap::default();
         for token in unique {
-            let minutes = self.store.latest_candles(&token, Granularity::M1, from, HOT_MINUTES).await?;
+            let minutes =
+                self.store.latest_candles(&token, Granularity::M1, from, HOT_MINUTES).await?;
             if minutes.is_empty() {
                 continue;
             }

@@ -26,8 +26,7 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut args =
-        Args { redis: String::new(), values: 10_000_000, batch: 100_000, tables: false };
+    let mut args = Args { redis: String::new(), values: 10_000_000, batch: 100_000, tables: false };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -62,10 +61,13 @@ async fn stored_pipeline(store: &dyn MetadataStore) -> Pipeline {
             "sinks": [{"type": "kafka", "name": "out"}]
         }
     });
-    let spec =
-        validate_pipeline_body(body.as_object().expect("object"), &Catalog::default(), BodyMode::Create)
-            .expect("a valid body")
-            .spec;
+    let spec = validate_pipeline_body(
+        body.as_object().expect("object"),
+        &Catalog::default(),
+        BodyMode::Create,
+    )
+    .expect("a valid body")
+    .spec;
     let pipeline = Pipeline::new(
         sluice_core::ids::new_id(),
         spec,
@@ -157,7 +159,11 @@ async fn main() {
     let started = Instant::now();
     let set = store.filter_value_set(&pipeline.id, "f1").await.expect("set read");
     let read = started.elapsed().as_secs_f64();
-    println!("read: a node loads the whole set ({} values) in {read:.2} s: {:.0} values/s", set.len(), set.len() as f64 / read);
+    println!(
+        "read: a node loads the whole set ({} values) in {read:.2} s: {:.0} values/s",
+        set.len(),
+        set.len() as f64 / read
+    );
     assert_eq!(set.len(), args.values);
     drop(set);
     assert!(store.delete_pipeline(&pipeline.id).await.expect("delete"), "the bench pipeline goes");

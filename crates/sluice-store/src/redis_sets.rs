@@ -255,7 +255,8 @@ impl RedisSets {
             let mut next = 0_i64;
             if add {
                 let n = chunk.len() as i64;
-                let last: i64 = redis::cmd("INCRBY").arg(&seq).arg(n).query_async(&mut conn).await?;
+                let last: i64 =
+                    redis::cmd("INCRBY").arg(&seq).arg(n).query_async(&mut conn).await?;
                 next = last - n;
             }
             version += 1;

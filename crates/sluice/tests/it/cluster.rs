@@ -589,7 +589,10 @@ async fn two_nodes_count_each_trade_once() {
     };
     let ingest = |base: &str| format!("{base}/api/v1/streams/base/dex_trade/records");
     assert_eq!(send(&client, reqwest::Method::POST, &ingest(&a), Some(trades(0..20))).await.0, 200);
-    assert_eq!(send(&client, reqwest::Method::POST, &ingest(&b), Some(trades(15..40))).await.0, 200);
+    assert_eq!(
+        send(&client, reqwest::Method::POST, &ingest(&b), Some(trades(15..40))).await.0,
+        200
+    );
 
     let pool = sqlx::PgPool::connect(&cluster.database_url).await.unwrap();
     // The trade count of the token's day candle, as stored.
