@@ -462,21 +462,14 @@ impl FilterValuesListener for SetIndexes {
         self.follows_a_feed()
     }
 
+    /// Whether the index of the set, if loaded, holds the stored version `stored`.
     fn caught_up(
         &self,
         pipeline_id: &str,
         transform_uid: &str,
         stored: Option<(i64, i64)>,
     ) -> bool {
-        self.holds(pipeline_id, transform_uid, stored)
-    }
-}
-
-impl SetIndexes {
-    /// Whether the index of `(pipeline_id, uid)`, if loaded, holds the set's stored version
-    /// `stored` (`None`: the set was emptied or dropped).
-    fn holds(&self, pipeline_id: &str, uid: &str, stored: Option<(i64, i64)>) -> bool {
-        let Some(handle) = self.handle(pipeline_id, uid) else { return true };
+        let Some(handle) = self.handle(pipeline_id, transform_uid) else { return true };
         if handle.is_loading() {
             return false;
         }

@@ -192,20 +192,33 @@ where
         for row in &rows {
             let (id, pipeline_id, transform_uid): (i64, String, String) =
                 (row.try_get("id")?, row.try_get("pipeline_id")?, row.try_get("transform_uid")?);
-            if redis.version(id).await? > 0 {
+            // Under the pipeline's lock, as any writer of the set: another node copying or
+            // writing it meanwhile waits, then finds it in Redis.
+            let mut tx = D::begin_write(&self.pool).await?;
+            if !Self::lock_set_filter(&mut tx, &pipeline_id, &transform_uid).await?
+                || redis.version(id).await? > 0
+            {
                 continue;
             }
             let set = SetRef { pipeline_id: &pipeline_id, transform_uid: &transform_uid, id };
-            let mut after = None;
+            let mut after = 0_i64;
             loop {
-                let page =
-                    self.list_filter_values(&pipeline_id, &transform_uid, after, 100_000).await?;
-                redis.add(set, &page.values).await?;
-                match page.next {
-                    Some(next) => after = Some(next),
-                    None => break,
-                }
+                let rows = sqlx::query(
+                    "SELECT seq, value FROM filter_values WHERE set_id = $1 AND seq > $2 \
+                     ORDER BY seq LIMIT $3",
+                )
+                .bind(id)
+                .bind(after)
+                .bind(SCAN_PAGE)
+                .fetch_all(&mut *tx)
+                .await?;
+                let Some(last) = rows.last() else { break };
+                after = last.try_get("seq")?;
+                let values: Vec<String> =
+                    rows.iter().map(|row| row.try_get("value")).collect::<Result<_, _>>()?;
+                redis.add(set, &values).await?;
             }
+            tx.commit().await?;
             copied += 1;
         }
         Ok(copied)

@@ -422,7 +422,12 @@ pub(crate) fn strings(values: &[&str]) -> Vec<String> {
 }
 
 /// Every value of a set, paging `limit` at a time.
-async fn list_all(store: &dyn MetadataStore, id: &str, uid: &str, limit: u32) -> Vec<String> {
+pub(crate) async fn list_all(
+    store: &dyn MetadataStore,
+    id: &str,
+    uid: &str,
+    limit: u32,
+) -> Vec<String> {
     let mut out = Vec::new();
     let mut after = None;
     loop {

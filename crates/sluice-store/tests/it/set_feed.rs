@@ -180,3 +180,35 @@ async fn ping_fails_when_redis_stops() {
     let error = store.ping().await.expect_err("Redis is gone");
     assert!(matches!(error, sluice_store::StoreError::Redis(_)), "{error}");
 }
+
+/// A store that kept its values in its tables, opened with `--sets` for the first time:
+/// every set is copied into Redis in cursor order, once.
+#[tokio::test]
+async fn sets_in_the_tables_are_copied_to_redis_on_the_first_open_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+    let tables: Arc<dyn MetadataStore> =
+        Arc::new(sluice_store::SqliteStore::open(&url).await.unwrap());
+    let (_, p) = stored_pipeline(tables.as_ref()).await;
+    tables.add_filter_values(&p.id, "f1", &strings(&["0xb", "0xa", "0xc"])).await.unwrap();
+    tables.remove_filter_values(&p.id, "f1", &strings(&["0xa"])).await.unwrap();
+    tables.add_filter_values(&p.id, "f1", &strings(&["0xd"])).await.unwrap();
+    drop(tables);
+
+    let redis = std::env::var("SLUICE_TEST_REDIS_URL")
+        .expect("SLUICE_TEST_REDIS_URL must name a Redis server; run scripts/test");
+    let sets = format!("{redis}?prefix=t{}", uuid::Uuid::new_v4().simple());
+    let store = sluice_store::open_with_sets(&url, Some(&sets)).await.unwrap();
+    let listed = crate::conformance::list_all(store.as_ref(), &p.id, "f1", 2).await;
+    assert_eq!(listed, ["0xb", "0xc", "0xd"], "copied in cursor order");
+    assert!(store.set_feed().await.unwrap().is_some(), "the values are in Redis");
+    store.add_filter_values(&p.id, "f1", &strings(&["0xe"])).await.unwrap();
+    store.remove_filter_values(&p.id, "f1", &strings(&["0xb"])).await.unwrap();
+    drop(store);
+
+    // Opened again: Redis has the set, nothing is copied over it.
+    let store = sluice_store::open_with_sets(&url, Some(&sets)).await.unwrap();
+    let listed = crate::conformance::list_all(store.as_ref(), &p.id, "f1", 10).await;
+    assert_eq!(listed, ["0xc", "0xd", "0xe"]);
+    assert!(sluice_store::open_with_sets(&url, Some("http://nope")).await.is_err());
+}

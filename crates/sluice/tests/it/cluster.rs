@@ -37,6 +37,32 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// Nodes `names` (not started) on a fresh PostgreSQL database, topic prefix and Redis
+    /// key prefix of their own, all named after `label`.
+    async fn new(label: &str, names: &[&str]) -> Self {
+        let bus = std::env::var("SLUICE_TEST_KAFKA_URL")
+            .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
+        let redis = std::env::var("SLUICE_TEST_REDIS_URL")
+            .expect("SLUICE_TEST_REDIS_URL must name a Redis server; run scripts/test");
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        Self {
+            database_url: crate::process::fresh_postgres_database(label).await,
+            sets: format!("{redis}?prefix={label}{nanos:x}"),
+            bus,
+            prefix: format!("{label}{nanos:x}."),
+            nodes: names
+                .iter()
+                .map(|name| Node {
+                    name: (*name).to_owned(),
+                    port: free_port(),
+                    dir: tempfile::tempdir().unwrap(),
+                    server: None,
+                })
+                .collect(),
+        }
+    }
+
     fn start_node(&mut self, index: usize) {
         let node = &self.nodes[index];
         let mut command = sluice();
@@ -149,29 +175,7 @@ fn matching(from: u64, to: u64) -> BTreeSet<u64> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn three_nodes_share_a_deployment_follow_each_others_lifecycle_calls_and_survive_a_kill() {
-    let bus = std::env::var("SLUICE_TEST_KAFKA_URL")
-        .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let mut cluster = Cluster {
-        database_url: crate::process::fresh_postgres_database("cluster").await,
-        sets: format!(
-            "{}?prefix=cluster{nanos:x}",
-            std::env::var("SLUICE_TEST_REDIS_URL")
-                .expect("SLUICE_TEST_REDIS_URL must name a Redis server; run scripts/test")
-        ),
-        bus,
-        prefix: format!("cluster{nanos:x}."),
-        nodes: ["node-a", "node-b", "node-c"]
-            .into_iter()
-            .map(|name| Node {
-                name: name.to_owned(),
-                port: free_port(),
-                dir: tempfile::tempdir().unwrap(),
-                server: None,
-            })
-            .collect(),
-    };
+    let mut cluster = Cluster::new("cluster", &["node-a", "node-b", "node-c"]).await;
     for index in 0..3 {
         cluster.start_node(index);
     }
@@ -541,29 +545,7 @@ async fn nodes_on_one_shared_warehouse_archive_one_at_a_time_and_take_over_from_
 /// some of them twice (to both), are each counted once in the candles they share.
 #[tokio::test(flavor = "multi_thread")]
 async fn two_nodes_count_each_trade_once() {
-    let bus = std::env::var("SLUICE_TEST_KAFKA_URL")
-        .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let mut cluster = Cluster {
-        database_url: crate::process::fresh_postgres_database("prices").await,
-        sets: format!(
-            "{}?prefix=prices{nanos:x}",
-            std::env::var("SLUICE_TEST_REDIS_URL")
-                .expect("SLUICE_TEST_REDIS_URL must name a Redis server; run scripts/test")
-        ),
-        bus,
-        prefix: format!("prices{nanos:x}."),
-        nodes: ["node-a", "node-b"]
-            .into_iter()
-            .map(|name| Node {
-                name: name.to_owned(),
-                port: free_port(),
-                dir: tempfile::tempdir().unwrap(),
-                server: None,
-            })
-            .collect(),
-    };
+    let mut cluster = Cluster::new("prices", &["node-a", "node-b"]).await;
     cluster.start_node(0);
     cluster.start_node(1);
     let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
