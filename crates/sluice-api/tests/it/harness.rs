@@ -50,14 +50,21 @@ impl Harness {
     /// A harness whose set-filter values live in the Redis server `scripts/test` starts
     /// (`SLUICE_TEST_REDIS_URL`, a key prefix of its own) when `redis`, else in the store.
     pub async fn with_sets(redis: bool, limits: Limits) -> Self {
+        let url = redis.then(|| {
+            let url = std::env::var("SLUICE_TEST_REDIS_URL")
+                .expect("SLUICE_TEST_REDIS_URL must name a Redis server; run scripts/test");
+            format!("{url}?prefix=t{}", sluice_core::ids::new_id().replace('-', ""))
+        });
+        Self::with_set_store(url.as_deref(), limits).await
+    }
+
+    /// A harness whose set-filter values live in the Redis `sets` names (`None`: the store).
+    pub async fn with_set_store(sets: Option<&str>, limits: Limits) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
         let mut sqlite = SqliteStore::open(&url).await.unwrap();
-        if redis {
-            let url = std::env::var("SLUICE_TEST_REDIS_URL")
-                .expect("SLUICE_TEST_REDIS_URL must name a Redis server; run scripts/test");
-            let url = format!("{url}?prefix=t{}", sluice_core::ids::new_id().replace('-', ""));
-            let sets = sluice_store::RedisSets::connect(&url).await.unwrap();
+        if let Some(sets) = sets {
+            let sets = sluice_store::RedisSets::connect(sets).await.unwrap();
             sqlite = sqlite.with_redis_sets(Arc::new(sets));
         }
         let store: Arc<dyn MetadataStore> = Arc::new(sqlite);

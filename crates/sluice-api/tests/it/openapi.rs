@@ -172,6 +172,33 @@ async fn health_readiness_and_docs_page_answer_without_a_key() {
     );
 }
 
+/// With the values in Redis, readiness follows Redis too, and says so when it is gone.
+#[tokio::test]
+async fn readiness_fails_naming_redis_when_the_set_store_stops() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server is installed (scripts/test installs it)");
+    let url = format!("redis://127.0.0.1:{port}");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let h = Harness::with_set_store(Some(&url), sluice_api::Limits::default()).await;
+    assert_eq!(h.call(Method::GET, "/readyz", None, None).await.0, StatusCode::OK);
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let (status, body) = h.call(Method::GET, "/readyz", None, None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("Redis"), "{body}");
+}
+
 /// The schema of parameter `name` of `method path`.
 fn param_schema<'a>(doc: &'a Value, method: &str, path: &str, name: &str) -> &'a Value {
     let params = doc["paths"][path][method]["parameters"].as_array().unwrap();
