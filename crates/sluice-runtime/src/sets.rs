@@ -502,10 +502,13 @@ pub async fn follow_feed(
     mut feed: SetFeed,
 ) {
     const REFRESH_EVERY: Duration = Duration::from_secs(5);
+    const TRIM_EVERY: Duration = Duration::from_secs(60);
+    const FEED_AGE: Duration = Duration::from_secs(600);
     if let Some(indexes) = indexes.upgrade() {
         indexes.on_feed.store(true, Ordering::Relaxed);
     }
     let mut refreshed = Instant::now();
+    let mut trimmed = Instant::now();
     loop {
         let read = feed.next(Duration::from_secs(1)).await;
         let Some(indexes) = indexes.upgrade() else { return };
@@ -531,6 +534,13 @@ pub async fn follow_feed(
             refreshed = Instant::now();
             if let Err(error) = indexes.refresh().await {
                 tracing::warn!(%error, "cannot refresh the set-filter indexes");
+            }
+        }
+        if trimmed.elapsed() >= TRIM_EVERY {
+            trimmed = Instant::now();
+            // A bulk load's large entries go once every node had minutes to read them.
+            if let Err(error) = feed.trim(FEED_AGE).await {
+                tracing::warn!(%error, "cannot trim the set feed");
             }
         }
     }

@@ -13,8 +13,9 @@
 //!   and its feed entry.
 //! - `{prefix}:feed`: a stream with one entry per change: the set, its new version, and the
 //!   values added, removed or now held (a replace of more than [`FEED_VALUES`] values says
-//!   only that the set changed). Trimmed to about [`FEED_LENGTH`] entries; a node that falls
-//!   further behind sees a version gap and reads the set again. Dataset changes go on the
+//!   only that the set changed). Trimmed to about [`FEED_LENGTH`] entries, and of entries
+//!   older than ten minutes ([`SetFeed::trim`]); a node that falls further behind sees a
+//!   version gap and reads the set again. Dataset changes go on the
 //!   same feed once the metadata store committed them ([`RedisSets::publish_dataset`]): the
 //!   entries stay in the store, the feed only tells every node's index.
 //!
@@ -526,6 +527,28 @@ impl SetFeed {
                 Some(self.client.get_multiplexed_async_connection_with_config(&config).await?);
         }
         Ok(self.conn.as_mut().expect("the connection was just made"))
+    }
+
+    /// Drops the feed's entries older than `age` (the stream is otherwise trimmed only by
+    /// the next write, so a bulk load's large entries would stay until then). A node that
+    /// had not read them sees a version gap and reads its sets again.
+    ///
+    /// # Errors
+    /// When Redis does not answer.
+    pub async fn trim(&mut self, age: Duration) -> Result<()> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .saturating_sub(age);
+        let key = self.key.clone();
+        let conn = self.connection().await?;
+        let _: u64 = redis::cmd("XTRIM")
+            .arg(&key)
+            .arg("MINID")
+            .arg(format!("{}-0", now.as_millis()))
+            .query_async(conn)
+            .await?;
+        Ok(())
     }
 
     /// The entries after the last read, waiting up to `wait` for one (empty when none came).

@@ -119,6 +119,17 @@ async fn every_change_is_one_entry_with_the_next_version_and_its_values() {
     assert_eq!(entries[0].change, SetFeedChange::Reload);
     assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 100_001);
 
+    // Trimming drops what is older than the age given: a reader then sees only newer ones.
+    let mut late = fixture.other.set_feed().await.unwrap().unwrap();
+    store.add_filter_values(&p.id, "f1", &strings(&["0xold"])).await.unwrap();
+    drain(&mut feed).await;
+    late.trim(Duration::ZERO).await.unwrap();
+    store.add_filter_values(&p.id, "f1", &strings(&["0xnew"])).await.unwrap();
+    let seen = drain(&mut late).await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].change, SetFeedChange::Added(strings(&["0xnew"])));
+    drain(&mut feed).await;
+
     // A pipeline deleted drops each of its sets.
     store.add_filter_values(&p.id, "f2", &strings(&["0xd"])).await.unwrap();
     assert!(store.delete_pipeline(&p.id).await.unwrap());
