@@ -16,6 +16,9 @@
 //! - What a backend must supply is the [`Dialect`] trait; the two backends implement it in
 //!   `sqlite.rs` and `postgres.rs`, with their bulk statements in `datasets/` and `prices/`.
 //! - `migrations.rs` lists every schema change (SQL scripts, and data steps written in Rust).
+//! - `redis_sets.rs`: set-filter values in Redis ([`RedisSets`], `--sets redis://…`) and the
+//!   change feed ([`SetFeed`]) every node's indexes follow; a [`Store`] uses it when opened
+//!   with [`open_with_sets`] (or [`Store::with_redis_sets`]).
 //!
 //! `tests/it/conformance.rs` runs one suite against each backend. This crate must not depend
 //! on the runtime or the API.
