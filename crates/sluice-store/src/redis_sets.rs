@@ -432,7 +432,7 @@ impl RedisSets {
     }
 
     /// Appends a committed dataset change to the feed (its values when at most
-    /// [`FEED_VALUES`], else only that the dataset changed).
+    /// `FEED_VALUES`, else only that the dataset changed).
     ///
     /// # Errors
     /// When Redis does not answer; the change stays committed, and nodes find it by its
