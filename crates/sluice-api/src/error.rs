@@ -60,6 +60,7 @@ impl ApiError {
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Store(StoreError::Redis(_)) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Store(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::OutOfRange(_) => StatusCode::RANGE_NOT_SATISFIABLE,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -92,8 +93,13 @@ impl IntoResponse for ApiError {
             }
             Self::Store(error) => {
                 tracing::error!(%error, "request failed on the store");
-                let detail = "internal server error".to_owned();
-                (status, Json(ErrorBody { detail })).into_response()
+                let detail = match error {
+                    StoreError::Redis(_) => {
+                        "the set store (Redis) is not reachable; retry when it is back"
+                    }
+                    _ => "internal server error",
+                };
+                (status, Json(ErrorBody { detail: detail.to_owned() })).into_response()
             }
             Self::Internal(error) => {
                 tracing::error!(%error, "request failed");

@@ -206,6 +206,7 @@ fn parse_values(bytes: &[u8]) -> Result<Vec<String>, Vec<Violation>> {
         (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
         (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
         (status = 422, description = "Not a set filter, or a bad cursor or count", body = ValidationErrorBody),
+        (status = 503, description = "The set store (Redis, with --sets) is not reachable", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -245,6 +246,7 @@ pub async fn list_filter_values(
         (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
         (status = 413, description = "Body over the filter-values size limit", body = ErrorBody),
         (status = 422, description = "Not a set filter, or a bad body", body = ValidationErrorBody),
+        (status = 503, description = "The set store (Redis, with --sets) is not reachable", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -287,6 +289,7 @@ pub async fn add_filter_values(
         (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
         (status = 413, description = "Body over the filter-values size limit", body = ErrorBody),
         (status = 422, description = "Not a set filter, or a bad body", body = ValidationErrorBody),
+        (status = 503, description = "The set store (Redis, with --sets) is not reachable", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -328,6 +331,7 @@ pub async fn replace_filter_values(
         (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
         (status = 413, description = "Body over the filter-values size limit", body = ErrorBody),
         (status = 422, description = "Not a set filter, or a bad body", body = ValidationErrorBody),
+        (status = 503, description = "The set store (Redis, with --sets) is not reachable", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -370,6 +374,7 @@ pub async fn remove_filter_values(
         (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
         (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
         (status = 422, description = "Not a set filter, or `value` missing", body = ValidationErrorBody),
+        (status = 503, description = "The set store (Redis, with --sets) is not reachable", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -406,6 +411,7 @@ pub async fn check_filter_value(
         (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
         (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
         (status = 422, description = "Not a set filter", body = ValidationErrorBody),
+        (status = 503, description = "The set store (Redis, with --sets) is not reachable", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]

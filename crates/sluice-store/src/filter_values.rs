@@ -582,7 +582,11 @@ where
                 // new one.
                 Self::drop_set(&mut tx, id).await?;
                 tx.commit().await?;
-                redis.drop_set(set, true).await?;
+                // The set is gone either way (its id is no longer named); other nodes'
+                // indexes find that by its version if the feed entry is not written.
+                if let Err(error) = redis.drop_set(set, true).await {
+                    tracing::warn!(%error, pipeline_id, transform_uid, "an emptied set's values stay in Redis under an id nothing names");
+                }
                 return Ok(0);
             }
             let count = redis.replace(set, values).await?;

@@ -192,11 +192,26 @@ async fn readiness_fails_naming_redis_when_the_set_store_stops() {
     }
     let h = Harness::with_set_store(Some(&url), sluice_api::Limits::default()).await;
     assert_eq!(h.call(Method::GET, "/readyz", None, None).await.0, StatusCode::OK);
+    let ann = h.user("acme", "data", "ann").await;
+    let mut body = crate::harness::pipeline_body("sets");
+    body["pipeline_config"]["transforms"] = serde_json::json!([
+        {"type": "redis_set_filter", "uid": "f1", "filter_expr": "root = this.token_address"}
+    ]);
+    let id = h.create(&ann, body).await["id"].as_str().unwrap().to_owned();
+    let values = format!("/api/v1/beam/{id}/transforms/f1/filter-values");
+    let added = h.post(&values, &ann, serde_json::json!({"values": ["0xa"]})).await;
+    assert_eq!(added.0, StatusCode::OK, "{}", added.1);
+    assert_eq!(h.get(&values, &ann).await.1["values"], serde_json::json!(["0xa"]));
     server.kill().unwrap();
     server.wait().unwrap();
     let (status, body) = h.call(Method::GET, "/readyz", None, None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(body["detail"].as_str().unwrap().contains("Redis"), "{body}");
+    // Filter-value calls answer 503 saying why; the pipeline itself still reads.
+    let (status, body) = h.get(&values, &ann).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("Redis"), "{body}");
+    assert_eq!(h.get(&format!("/api/v1/beam/{id}"), &ann).await.0, StatusCode::OK);
 }
 
 /// The schema of parameter `name` of `method path`.
