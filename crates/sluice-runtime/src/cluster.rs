@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sluice_core::deployment::{DeploymentRecord, DeploymentState};
-use sluice_store::NodeRow;
 
 use crate::Runtime;
 use crate::health::WorkerStatus;
@@ -93,6 +92,8 @@ pub(crate) struct Peer {
     pub name: String,
     pub age: Duration,
     pub report: NodeReport,
+    /// The stored number of `report`: it is read again only when that moves.
+    pub report_seq: i64,
 }
 
 /// A node of the cluster, for `GET /api/v1/nodes`.
@@ -160,20 +161,18 @@ impl Cluster {
         names.into_iter().collect()
     }
 
-    fn set_peers(&self, rows: Vec<NodeRow>) {
-        let peers = rows
-            .into_iter()
-            .filter(|row| row.name != self.settings.node_name)
-            .map(|row| Peer {
-                age: Duration::from_millis(u64::try_from(row.age_ms).unwrap_or(0)),
-                report: serde_json::from_str(&row.report).unwrap_or_else(|error| {
-                    tracing::warn!(node = %row.name, %error, "unreadable node report");
-                    NodeReport::default()
-                }),
-                name: row.name,
-            })
-            .collect();
+    fn set_peers(&self, peers: Vec<Peer>) {
         *self.peers.write().expect("peers lock is never poisoned") = peers;
+    }
+
+    /// The reports of the peers as last read, with their numbers, by name.
+    fn known_reports(&self) -> BTreeMap<String, (i64, NodeReport)> {
+        self.peers
+            .read()
+            .expect("peers lock is never poisoned")
+            .iter()
+            .map(|peer| (peer.name.clone(), (peer.report_seq, peer.report.clone())))
+            .collect()
     }
 
     /// Whether another live node runs a worker of `pipeline_id` that a worker of slot
@@ -187,6 +186,14 @@ impl Cluster {
             })
         })
     }
+}
+
+/// A node's stored report (an unreadable one counts as empty, with a warning).
+fn parse_report(node: &str, json: &str) -> NodeReport {
+    serde_json::from_str(json).unwrap_or_else(|error| {
+        tracing::warn!(node, %error, "unreadable node report");
+        NodeReport::default()
+    })
 }
 
 /// The slots of a deployment of `workers` workers that node `me` runs, among `live` nodes
@@ -280,16 +287,34 @@ impl Runtime {
 
     /// Reads the other nodes' rows.
     pub(crate) async fn refresh_peers(&self, cluster: &Cluster) -> bool {
-        match self.store.nodes().await {
-            Ok(rows) => {
-                cluster.set_peers(rows);
-                true
-            }
+        let beats = match self.store.node_beats().await {
+            Ok(beats) => beats,
             Err(error) => {
                 tracing::warn!(%error, "cannot read the cluster's nodes");
-                false
+                return false;
             }
+        };
+        // Every node's age each round; a report only when its number moved (reports change
+        // when workers start, stop or change state, not every heartbeat).
+        let known = cluster.known_reports();
+        let mut peers = Vec::with_capacity(beats.len());
+        for beat in beats.into_iter().filter(|beat| beat.name != cluster.settings.node_name) {
+            let (report_seq, report) = match known.get(&beat.name) {
+                Some((seq, report)) if *seq == beat.report_seq => (*seq, report.clone()),
+                _ => match self.store.node_report(&beat.name).await {
+                    Ok(Some((seq, json))) => (seq, parse_report(&beat.name, &json)),
+                    Ok(None) => continue, // gone since the ages were read
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot read the cluster's nodes");
+                        return false;
+                    }
+                },
+            };
+            let age = Duration::from_millis(u64::try_from(beat.age_ms).unwrap_or(0));
+            peers.push(Peer { name: beat.name, age, report, report_seq });
         }
+        cluster.set_peers(peers);
+        true
     }
 
     /// One round of following the desired state: heartbeat, read the others, bring every

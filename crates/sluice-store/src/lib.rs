@@ -52,7 +52,7 @@ pub use dialect::Dialect;
 pub use filter_values::{FilterValuePage, FilterValueStore};
 pub use identity::{Identity, IdentityStore, KeyCandidate, NewApiKey, UnknownMembers};
 pub use metrics::{MetricSample, MetricsStore};
-pub use nodes::{CLUSTER_CHANNEL, ClusterLock, NodeRow, NodeStore, RoleLock};
+pub use nodes::{CLUSTER_CHANNEL, ClusterLock, NodeBeat, NodeRow, NodeStore, RoleLock};
 pub use pipelines::PipelineStore;
 pub use postgres::{PgDialect, PgStore};
 pub use prices::{PriceStore, open_prices};

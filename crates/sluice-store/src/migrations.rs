@@ -159,6 +159,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "nodes",
         sql: Sql::Portable(include_str!("migrations/0014_nodes.sql")),
     },
+    Migration {
+        version: 15,
+        name: "node_report_seq",
+        sql: Sql::Portable(include_str!("migrations/0015_node_report_seq.sql")),
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

@@ -23,6 +23,16 @@ pub struct NodeRow {
     pub name: String,
     pub age_ms: i64,
     pub report: String,
+    /// Moves whenever `report` changes (and only then).
+    pub report_seq: i64,
+}
+
+/// One node's liveness without its report: name, heartbeat age (ms) and report number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeBeat {
+    pub name: String,
+    pub age_ms: i64,
+    pub report_seq: i64,
 }
 
 /// A pipeline's cluster-wide lifecycle lock, held until [`ClusterLock::release`] or drop.
@@ -115,6 +125,19 @@ pub trait NodeStore: Send + Sync + 'static {
     /// A database failure.
     async fn nodes(&self) -> Result<Vec<NodeRow>>;
 
+    /// Every node's name, heartbeat age and report number, by name: what a node reads each
+    /// second, reading a report ([`NodeStore::node_report`]) only when its number moved.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn node_beats(&self) -> Result<Vec<NodeBeat>>;
+
+    /// Node `name`'s report and its number (`None`: no such node).
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn node_report(&self, name: &str) -> Result<Option<(i64, String)>>;
+
     /// Forgets node `name` (it stops), and rows that have not written for `stale_ms`.
     ///
     /// # Errors
@@ -162,9 +185,10 @@ where
     async fn heartbeat(&self, name: &str, report: &str) -> Result<()> {
         let now = D::NOW_MS;
         sqlx::query(&format!(
-            "INSERT INTO nodes (name, heartbeat_ms, report) VALUES ($1, {now}, $2) \
+            "INSERT INTO nodes (name, heartbeat_ms, report, report_seq) VALUES ($1, {now}, $2, 1) \
              ON CONFLICT (name) DO UPDATE SET heartbeat_ms = excluded.heartbeat_ms, \
-             report = excluded.report"
+             report_seq = CASE WHEN nodes.report = excluded.report THEN nodes.report_seq \
+             ELSE nodes.report_seq + 1 END, report = excluded.report"
         ))
         .bind(name)
         .bind(report)
@@ -176,7 +200,7 @@ where
     async fn nodes(&self) -> Result<Vec<NodeRow>> {
         let now = D::NOW_MS;
         let rows = sqlx::query(&format!(
-            "SELECT name, {now} - heartbeat_ms AS age_ms, report FROM nodes ORDER BY name"
+            "SELECT name, {now} - heartbeat_ms AS age_ms, report, report_seq FROM nodes ORDER BY name"
         ))
         .fetch_all(&self.pool)
         .await?;
@@ -186,9 +210,38 @@ where
                     name: row.try_get("name")?,
                     age_ms: row.try_get("age_ms")?,
                     report: row.try_get("report")?,
+                    report_seq: row.try_get("report_seq")?,
                 })
             })
             .collect()
+    }
+
+    async fn node_beats(&self) -> Result<Vec<NodeBeat>> {
+        let now = D::NOW_MS;
+        let rows = sqlx::query(&format!(
+            "SELECT name, {now} - heartbeat_ms AS age_ms, report_seq FROM nodes ORDER BY name"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(NodeBeat {
+                    name: row.try_get("name")?,
+                    age_ms: row.try_get("age_ms")?,
+                    report_seq: row.try_get("report_seq")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn node_report(&self, name: &str) -> Result<Option<(i64, String)>> {
+        let row = sqlx::query("SELECT report_seq, report FROM nodes WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row
+            .map(|row| Ok::<_, sqlx::Error>((row.try_get("report_seq")?, row.try_get("report")?)))
+            .transpose()?)
     }
 
     async fn remove_nodes(&self, name: Option<&str>, stale_ms: i64) -> Result<u64> {

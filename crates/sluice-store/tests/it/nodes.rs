@@ -30,8 +30,32 @@ async fn heartbeats_read_back_with_their_age_and_go_when_removed(store: Arc<dyn 
     assert!(store.nodes().await.unwrap().is_empty());
 }
 
+/// A report's number moves when the report changes, and only then: what lets nodes read
+/// only the reports that changed.
+async fn report_numbers_move_only_when_a_report_changes(store: Arc<dyn MetadataStore>) {
+    store.heartbeat("node-a", r#"{"w":1}"#).await.unwrap();
+    store.heartbeat("node-b", "{}").await.unwrap();
+    let first = store.node_beats().await.unwrap();
+    assert_eq!(first.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["node-a", "node-b"]);
+    for _ in 0..3 {
+        store.heartbeat("node-a", r#"{"w":1}"#).await.unwrap();
+    }
+    assert_eq!(store.node_beats().await.unwrap()[0].report_seq, first[0].report_seq);
+    store.heartbeat("node-a", r#"{"w":2}"#).await.unwrap();
+    let beats = store.node_beats().await.unwrap();
+    assert_eq!(beats[0].report_seq, first[0].report_seq + 1);
+    assert_eq!(beats[1].report_seq, first[1].report_seq, "node-b's report did not change");
+    assert_eq!(
+        store.node_report("node-a").await.unwrap(),
+        Some((beats[0].report_seq, r#"{"w":2}"#.to_owned()))
+    );
+    assert_eq!(store.nodes().await.unwrap()[0].report_seq, beats[0].report_seq);
+    assert_eq!(store.node_report("node-z").await.unwrap(), None);
+}
+
 on_both_backends!(|s| Arc::new(s) as Arc<dyn MetadataStore>;
     heartbeats_read_back_with_their_age_and_go_when_removed,
+    report_numbers_move_only_when_a_report_changes,
 );
 
 #[tokio::test]
