@@ -24,3 +24,54 @@ pub async fn fresh_postgres_schema() -> PgConnectOptions {
         .expect("SLUICE_TEST_POSTGRES_URL parses")
         .options([("search_path", &schema)])
 }
+
+/// A Redis server of a test's own (`redis-server` from `PATH`, which `scripts/test` makes
+/// sure of) on a free loopback port, without persistence: for tests that stop it. Killed when
+/// dropped.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct PrivateRedis {
+    pub url: String,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateRedis {
+    /// Starts the server and waits (up to 5 s) until it takes connections.
+    ///
+    /// # Panics
+    /// When `redis-server` cannot be run or does not listen.
+    pub async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args(["--appendonly", "no"])
+            .current_dir(std::env::temp_dir())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (scripts/test installs it)");
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Self { url: format!("redis://127.0.0.1:{port}"), child: Some(child) };
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("redis-server did not listen on port {port} within 5 s");
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

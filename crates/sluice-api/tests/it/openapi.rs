@@ -175,22 +175,8 @@ async fn health_readiness_and_docs_page_answer_without_a_key() {
 /// With the values in Redis, readiness follows Redis too, and says so when it is gone.
 #[tokio::test]
 async fn readiness_fails_naming_redis_when_the_set_store_stops() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = std::process::Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("redis-server is installed (scripts/test installs it)");
-    let url = format!("redis://127.0.0.1:{port}");
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let h = Harness::with_set_store(Some(&url), sluice_api::Limits::default()).await;
+    let mut redis = sluice_store::testing::PrivateRedis::start().await;
+    let h = Harness::with_set_store(Some(&redis.url), sluice_api::Limits::default()).await;
     assert_eq!(h.call(Method::GET, "/readyz", None, None).await.0, StatusCode::OK);
     let ann = h.user("acme", "data", "ann").await;
     let mut body = crate::harness::pipeline_body("sets");
@@ -202,8 +188,7 @@ async fn readiness_fails_naming_redis_when_the_set_store_stops() {
     let added = h.post(&values, &ann, serde_json::json!({"values": ["0xa"]})).await;
     assert_eq!(added.0, StatusCode::OK, "{}", added.1);
     assert_eq!(h.get(&values, &ann).await.1["values"], serde_json::json!(["0xa"]));
-    server.kill().unwrap();
-    server.wait().unwrap();
+    redis.stop();
     let (status, body) = h.call(Method::GET, "/readyz", None, None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(body["detail"].as_str().unwrap().contains("Redis"), "{body}");

@@ -165,29 +165,13 @@ async fn a_replace_keeps_the_cursor_of_values_it_keeps_and_lists_new_ones_after(
 /// `ping` covers Redis: a store whose Redis stopped is not ready.
 #[tokio::test]
 async fn ping_fails_when_redis_stops() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = std::process::Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("redis-server is installed (scripts/test installs it)");
-    let url = format!("redis://127.0.0.1:{port}");
-    let redis = loop {
-        match sluice_store::RedisSets::connect(&url).await {
-            Ok(redis) => break redis,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
+    let mut server = sluice_store::testing::PrivateRedis::start().await;
+    let redis = sluice_store::RedisSets::connect(&server.url).await.unwrap();
     let options = sluice_store::testing::fresh_postgres_schema().await;
     let store =
         sluice_store::PgStore::open_with(options).await.unwrap().with_redis_sets(Arc::new(redis));
     store.ping().await.unwrap();
-    server.kill().unwrap();
-    server.wait().unwrap();
+    server.stop();
     let error = store.ping().await.expect_err("Redis is gone");
     assert!(matches!(error, sluice_store::StoreError::Redis(_)), "{error}");
 }
