@@ -52,9 +52,11 @@ impl PrivateRedis {
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server is installed (scripts/test installs it)");
+        // Owned from here on: dropped (killed and waited for) on every path.
+        let server = Self { url: format!("redis://127.0.0.1:{port}"), child: Some(child) };
         for _ in 0..100 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Self { url: format!("redis://127.0.0.1:{port}"), child: Some(child) };
+                return server;
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
