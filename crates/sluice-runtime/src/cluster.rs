@@ -123,7 +123,13 @@ pub(crate) struct Cluster {
     /// Each stored deployment as last read, by pipeline id: a round reads only the versions
     /// and then the records that changed (and knows the topics of one that is gone).
     records: std::sync::Mutex<BTreeMap<String, DeploymentRecord>>,
+    /// The store's deployments number when the deployments were last read, what was read
+    /// (in order), and when: while the number stays, a round reads nothing more.
+    unchanged: std::sync::Mutex<Option<(i64, Vec<DeploymentRecord>, Instant)>>,
 }
+
+/// Longest a node goes on the deployments number alone before reading the versions anyway.
+const FULL_READ_EVERY: Duration = Duration::from_secs(30);
 
 impl Cluster {
     pub(crate) fn new(settings: ClusterSettings, now: DateTime<Utc>) -> Self {
@@ -134,6 +140,7 @@ impl Cluster {
             last_heartbeat: std::sync::Mutex::new(Instant::now()),
             wake: tokio::sync::Notify::new(),
             records: std::sync::Mutex::default(),
+            unchanged: std::sync::Mutex::default(),
         }
     }
 
@@ -385,6 +392,23 @@ impl Runtime {
         &self,
         cluster: &Cluster,
     ) -> Option<(Vec<DeploymentRecord>, Vec<DeploymentRecord>)> {
+        // Read first: a write after it moves it again for the next round.
+        let seq = match self.store.deployments_seq().await {
+            Ok(seq) => Some(seq),
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the deployments number");
+                None
+            }
+        };
+        {
+            let unchanged = cluster.unchanged.lock().expect("unchanged lock is never poisoned");
+            if let (Some(seq), Some((known, records, read_at))) = (seq, &*unchanged)
+                && *known == seq
+                && read_at.elapsed() < FULL_READ_EVERY
+            {
+                return Some((records.clone(), Vec::new()));
+            }
+        }
         let versions = match self.store.deployment_versions().await {
             Ok(versions) => versions,
             Err(error) => {
@@ -419,9 +443,12 @@ impl Runtime {
             // A deployment that could not be read is not taken for gone.
             now_known.append(&mut known);
             *cluster.records.lock().expect("records lock is never poisoned") = now_known;
+            *cluster.unchanged.lock().expect("unchanged lock is never poisoned") = None;
             return None;
         }
         *cluster.records.lock().expect("records lock is never poisoned") = now_known;
+        *cluster.unchanged.lock().expect("unchanged lock is never poisoned") =
+            seq.map(|seq| (seq, records.clone(), Instant::now()));
         Some((records, known.into_values().collect()))
     }
 

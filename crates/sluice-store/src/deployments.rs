@@ -90,7 +90,19 @@ pub trait DeploymentStore: Send + Sync + 'static {
     /// # Errors
     /// A database failure.
     async fn delete_deployment(&self, pipeline_id: &str) -> Result<bool>;
+
+    /// A number that moves with every write of any deployment (a pipeline's deletion
+    /// included): while it stays, [`DeploymentStore::deployment_versions`] answers the same.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn deployments_seq(&self) -> Result<i64>;
 }
+
+/// Moves the number [`DeploymentStore::deployments_seq`] reads; run in the transaction of
+/// every write of `deployments`.
+pub(crate) const BUMP_DEPLOYMENTS_SEQ: &str =
+    "UPDATE deployments_seq SET seq = seq + 1 WHERE id = 1";
 
 impl<D: Dialect> Store<D>
 where
@@ -143,6 +155,7 @@ where
 {
     async fn put_deployment(&self, record: &DeploymentRecord) -> Result<()> {
         let text = deployment_text(record)?;
+        let mut tx = D::begin_write(&self.pool).await?;
         sqlx::query(
             "INSERT INTO deployments (pipeline_id, state, pipeline, deployed_at, updated_at) \
              VALUES ($1, $2, $3, $4, $5) ON CONFLICT (pipeline_id) DO UPDATE SET \
@@ -154,8 +167,10 @@ where
         .bind(&text.pipeline)
         .bind(&text.deployed_at)
         .bind(&text.updated_at)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        sqlx::query(BUMP_DEPLOYMENTS_SEQ).execute(&mut *tx).await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -201,10 +216,20 @@ where
     }
 
     async fn delete_deployment(&self, pipeline_id: &str) -> Result<bool> {
+        let mut tx = D::begin_write(&self.pool).await?;
         let done = sqlx::query("DELETE FROM deployments WHERE pipeline_id = $1")
             .bind(pipeline_id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        sqlx::query(BUMP_DEPLOYMENTS_SEQ).execute(&mut *tx).await?;
+        tx.commit().await?;
         Ok(D::rows_affected(&done) == 1)
+    }
+
+    async fn deployments_seq(&self) -> Result<i64> {
+        Ok(sqlx::query("SELECT seq FROM deployments_seq WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("seq")?)
     }
 }

@@ -164,6 +164,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "node_report_seq",
         sql: Sql::Portable(include_str!("migrations/0015_node_report_seq.sql")),
     },
+    Migration {
+        version: 16,
+        name: "deployments_seq",
+        sql: Sql::Portable(include_str!("migrations/0016_deployments_seq.sql")),
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

@@ -360,6 +360,8 @@ where
         .await?;
         let done =
             sqlx::query("DELETE FROM pipelines WHERE id = $1").bind(id).execute(&mut *tx).await?;
+        // Its deployment went by cascade.
+        sqlx::query(crate::deployments::BUMP_DEPLOYMENTS_SEQ).execute(&mut *tx).await?;
         tx.commit().await?;
         self.sets.forget(id, None);
         for row in &sets {

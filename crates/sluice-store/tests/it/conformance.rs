@@ -38,6 +38,7 @@ on_both_backends!(
     values_are_stored_only_for_set_filters_of_the_stored_config,
     delete_pipeline_removes_its_values_and_deployment,
     deployment_round_trips_and_upserts,
+    the_deployments_number_moves_with_every_write_of_a_deployment,
     a_set_filter_removed_and_added_again_starts_empty,
     secrets_are_sealed_per_org_revised_on_write_and_resealed_after_rotation,
     backfill_jobs_list_per_org_in_creation_order_and_update_only_from_the_given_states,
@@ -692,6 +693,33 @@ async fn a_set_filter_removed_and_added_again_starts_empty(store: Arc<dyn Metada
     assert!(!store.has_filter_value(&p.id, "f2", "0xa").await.unwrap());
     assert_eq!(store.add_filter_values(&p.id, "f2", &strings(&["0xb", "0xc"])).await.unwrap(), 2);
     assert_eq!(list_all(store.as_ref(), &p.id, "f2", 10).await, ["0xb", "0xc"]);
+}
+
+async fn the_deployments_number_moves_with_every_write_of_a_deployment(
+    store: Arc<dyn MetadataStore>,
+) {
+    let (owner, p) = stored_pipeline(store.as_ref()).await;
+    let q = filter_pipeline(&owner, "q", 1);
+    store.insert_pipeline(&q, &owner.team.id, &[]).await.unwrap();
+    let mut last = store.deployments_seq().await.unwrap();
+    let mut moved = async |what: &str| {
+        let now = store.deployments_seq().await.unwrap();
+        assert!(now > last, "{what} moves the number");
+        last = now;
+    };
+    store.put_deployment(&deployment(&p, DeploymentState::Deployed, 1)).await.unwrap();
+    moved("a deploy").await;
+    store.put_deployment(&deployment(&q, DeploymentState::Deployed, 2)).await.unwrap();
+    store.put_deployment(&deployment(&p, DeploymentState::Paused, 3)).await.unwrap();
+    moved("a pause").await;
+    assert!(store.delete_deployment(&p.id).await.unwrap());
+    moved("a teardown").await;
+    assert!(store.delete_pipeline(&q.id).await.unwrap());
+    moved("deleting a deployed pipeline").await;
+    // Reads and other writes leave it.
+    store.list_deployments().await.unwrap();
+    store.add_filter_values(&p.id, "f1", &strings(&["0xa"])).await.unwrap();
+    assert_eq!(store.deployments_seq().await.unwrap(), last);
 }
 
 async fn deployment_round_trips_and_upserts(store: Arc<dyn MetadataStore>) {
