@@ -352,7 +352,7 @@ impl Runtime {
         let index =
             self.dataset_index.read().expect("dataset index lock is never poisoned").clone();
         if let Some(index) = index
-            && let Err(error) = index.refresh(self.store.as_ref()).await
+            && let Err(error) = index.refresh_if_changed(self.store.as_ref()).await
         {
             tracing::warn!(%error, "cannot refresh the dataset index");
         }

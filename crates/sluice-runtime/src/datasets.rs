@@ -77,7 +77,13 @@ pub struct DatasetIndex {
     /// The greatest seq deleted under each `(owner, name)`: changes to it or to an older
     /// dataset of that name are stale.
     dropped: Mutex<HashMap<(String, String), i64>>,
+    /// The store's datasets number at the last [`DatasetIndex::refresh_if_changed`] that
+    /// read the datasets, and when.
+    checked: Mutex<Option<(i64, std::time::Instant)>>,
 }
+
+/// Longest [`DatasetIndex::refresh_if_changed`] goes on the datasets number alone.
+const FULL_READ_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl DatasetIndex {
     /// An empty index (no dataset).
@@ -122,6 +128,30 @@ impl DatasetIndex {
                 None => return Ok(Some(values)),
             }
         }
+    }
+
+    /// [`DatasetIndex::refresh`], when the store's datasets number moved since the last
+    /// call that read (or 30 s passed): what a cluster node runs every round, reading one
+    /// row while no dataset changes.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn refresh_if_changed(&self, store: &dyn MetadataStore) -> Result<usize> {
+        // Read first: a write after it moves it again for the next call.
+        let seq = store.datasets_seq().await?;
+        {
+            let checked = self.checked.lock().expect("datasets number lock is never poisoned");
+            if let Some((known, at)) = *checked
+                && known == seq
+                && at.elapsed() < FULL_READ_EVERY
+            {
+                return Ok(0);
+            }
+        }
+        let changed = self.refresh(store).await?;
+        *self.checked.lock().expect("datasets number lock is never poisoned") =
+            Some((seq, std::time::Instant::now()));
+        Ok(changed)
     }
 
     /// Reads again every dataset changed, created or deleted through another process (a
@@ -384,5 +414,28 @@ mod tests {
         assert!(!index.contains_any(&ann, "w", &["0xb"]));
         index.changed(DatasetRef::of(&e), DatasetChange::Dropped);
         assert_eq!(index.stats().datasets, 1);
+    }
+
+    /// A change made through another process is read when the datasets number moved, and
+    /// nothing is read while it stays.
+    #[tokio::test]
+    async fn refresh_if_changed_reads_only_after_the_datasets_number_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let here = sluice_store::SqliteStore::open(&url).await.unwrap();
+        let there = sluice_store::SqliteStore::open(&url).await.unwrap();
+        let ann = here.ensure_identity("o", "t", "ann", false).await.unwrap().user.id;
+        let now = chrono::Utc::now();
+        let d = here.create_dataset(&ann, "w", now).await.unwrap().unwrap();
+        let index = DatasetIndex::load(&here).await.unwrap();
+        assert_eq!(index.refresh_if_changed(&here).await.unwrap(), 0);
+
+        there.add_dataset_entries(&ann, &d.id, &strings(&["0xa"]), now).await.unwrap();
+        assert_eq!(index.refresh_if_changed(&here).await.unwrap(), 1, "read again");
+        assert!(index.contains_any(&ann, "w", &["0xa"]));
+        there.create_dataset(&ann, "v", now).await.unwrap().unwrap();
+        assert_eq!(index.refresh_if_changed(&here).await.unwrap(), 1);
+        assert_eq!(index.stats().datasets, 2);
+        assert_eq!(index.refresh_if_changed(&here).await.unwrap(), 0, "nothing moved");
     }
 }

@@ -32,6 +32,10 @@ pub struct EntriesChange {
     pub version: u64,
 }
 
+/// Moves the number [`DatasetStore::datasets_seq`] reads; run in the transaction of every
+/// write of a dataset.
+const BUMP_DATASETS_SEQ: &str = "UPDATE datasets_seq SET seq = seq + 1 WHERE id = 1";
+
 /// One page of a dataset's entries, in ascending order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EntryPage {
@@ -143,6 +147,13 @@ pub trait DatasetStore: Send + Sync + 'static {
     /// # Errors
     /// A database failure.
     async fn all_datasets(&self) -> Result<Vec<Dataset>>;
+
+    /// A number that moves with every write of any dataset: while it stays,
+    /// [`DatasetStore::all_datasets`] answers the same.
+    ///
+    /// # Errors
+    /// A database failure.
+    async fn datasets_seq(&self) -> Result<i64>;
 }
 
 /// The columns of a `datasets` row, in the order [`dataset_row`] reads them.
@@ -288,6 +299,7 @@ where
         .bind(sluice_core::time::format(updated_at))
         .execute(&mut **tx)
         .await?;
+        sqlx::query(BUMP_DATASETS_SEQ).execute(&mut **tx).await?;
         Ok(version)
     }
 }
@@ -340,6 +352,7 @@ where
             .fetch_one(&mut *tx)
             .await?;
         let dataset = dataset_row::<D>(&row)?;
+        sqlx::query(BUMP_DATASETS_SEQ).execute(&mut *tx).await?;
         tx.commit().await?;
         self.publish_dataset(&dataset, 0, DatasetFeedChange::Created).await;
         Ok(Some(dataset))
@@ -398,6 +411,7 @@ where
             .bind(dataset.seq)
             .execute(&mut *tx)
             .await?;
+        sqlx::query(BUMP_DATASETS_SEQ).execute(&mut *tx).await?;
         tx.commit().await?;
         self.publish_dataset(&dataset, 0, DatasetFeedChange::Dropped).await;
         Ok(Some(dataset))
@@ -518,5 +532,12 @@ where
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(dataset_row::<D>).collect()
+    }
+
+    async fn datasets_seq(&self) -> Result<i64> {
+        Ok(sqlx::query("SELECT seq FROM datasets_seq WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("seq")?)
     }
 }

@@ -169,6 +169,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "deployments_seq",
         sql: Sql::Portable(include_str!("migrations/0016_deployments_seq.sql")),
     },
+    Migration {
+        version: 17,
+        name: "datasets_seq",
+        sql: Sql::Portable(include_str!("migrations/0017_datasets_seq.sql")),
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

@@ -16,7 +16,36 @@ on_both_backends!(
     bulk_changes_cross_statement_chunks_into_empty_small_and_large_datasets,
     deleting_removes_every_entry_and_a_new_dataset_of_that_name_starts_empty,
     every_dataset_of_every_user_is_listed_for_indexing,
+    the_datasets_number_moves_with_every_write_of_a_dataset,
 );
+
+async fn the_datasets_number_moves_with_every_write_of_a_dataset(store: Arc<dyn MetadataStore>) {
+    let ann = user(store.as_ref(), "ann").await;
+    let mut last = store.datasets_seq().await.unwrap();
+    let mut moved = async |what: &str| {
+        let now = store.datasets_seq().await.unwrap();
+        assert!(now > last, "{what} moves the number");
+        last = now;
+    };
+    let d = store.create_dataset(&ann.user.id, "w", at(0)).await.unwrap().unwrap();
+    moved("a new dataset").await;
+    store.add_dataset_entries(&ann.user.id, &d.id, &strings(&["0xa"]), at(1)).await.unwrap();
+    moved("an entry added").await;
+    store.remove_dataset_entries(&ann.user.id, &d.id, &strings(&["0xa"]), at(2)).await.unwrap();
+    moved("an entry removed").await;
+    store.delete_dataset(&ann.user.id, &d.id).await.unwrap();
+    moved("a dataset deleted").await;
+    // Reads leave it.
+    store.all_datasets().await.unwrap();
+    assert!(store.create_dataset(&ann.user.id, "w", at(3)).await.unwrap().is_some());
+    let after_create = store.datasets_seq().await.unwrap();
+    assert!(store.create_dataset(&ann.user.id, "w", at(4)).await.unwrap().is_none());
+    assert_eq!(
+        store.datasets_seq().await.unwrap(),
+        after_create,
+        "a refused create writes nothing"
+    );
+}
 
 fn at(minutes: i64) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap() + Duration::minutes(minutes)
