@@ -256,31 +256,44 @@ impl PriceService {
         let before = self.store.write_seq().await?;
         let since = self.now_micros() - NO_TRADE_CUTOFF_SECONDS * 1_000_000;
         let infos = self.store.tokens_traded_since(since).await?;
-        let tokens: Vec<TokenRef> = infos.iter().map(|info| info.token.clone()).collect();
-        let from = Granularity::M1.window_start(since);
-        let mut loaded = foldhash::HashMap::default();
-        for info in infos {
-            let minutes =
-                self.store.latest_candles(&info.token, Granularity::M1, from, HOT_MINUTES).await?;
+        let tokens = infos.into_iter().map(|info| {
             let hot = HotToken {
                 decimals: info.decimals,
                 last_trade: Some(info.last_trade),
-                minutes,
                 ..HotToken::default()
             };
-            loaded.insert(info.token, hot);
-        }
-        for reserve in self.store.pool_reserves(&tokens).await? {
-            if let Some(hot) = loaded.get_mut(&reserve.token) {
-                hot.set_pool(reserve.pool, reserve.reserve, reserve.last_trade);
-            }
-        }
+            (info.token, hot)
+        });
+        let loaded = self.read_hot(tokens, since).await?;
         tracing::info!(tokens = loaded.len(), "loaded recently traded tokens");
         *self.hot.write().expect("price memory lock is never poisoned") = loaded;
         let after = self.store.write_seq().await?;
         *self.hot_seq.lock().expect("hot write count lock is never poisoned") =
             (before == after).then_some(after);
         Ok(())
+    }
+
+    /// `tokens` as the store holds them: each one's latest minutes with trades since `since`
+    /// and its pools' reserves, over what `tokens` brings.
+    async fn read_hot(
+        &self,
+        tokens: impl IntoIterator<Item = (TokenRef, HotToken)>,
+        since: i64,
+    ) -> Result<foldhash::HashMap<TokenRef, HotToken>, PriceError> {
+        let from = Granularity::M1.window_start(since);
+        let mut read = foldhash::HashMap::default();
+        for (token, mut hot) in tokens {
+            hot.minutes =
+                self.store.latest_candles(&token, Granularity::M1, from, HOT_MINUTES).await?;
+            read.insert(token, hot);
+        }
+        let tokens: Vec<TokenRef> = read.keys().cloned().collect();
+        for reserve in self.store.pool_reserves(&tokens).await? {
+            if let Some(hot) = read.get_mut(&reserve.token) {
+                hot.set_pool(reserve.pool, reserve.reserve, reserve.last_trade);
+            }
+        }
+        Ok(read)
     }
 
     /// Loads the recent candles of every token from the store. They match the store's
@@ -386,29 +399,16 @@ impl PriceService {
             return Ok(self.latest(tokens, with_liquidity));
         }
         let now = self.now_micros();
-        let from = Granularity::M1.window_start(now - NO_TRADE_CUTOFF_SECONDS * 1_000_000);
         let mut unique: Vec<TokenRef> = tokens.to_vec();
         unique.sort();
         unique.dedup();
+        // Tokens without stored decimals never traded: nothing to read for them.
         let decimals = self.store.decimals(&unique).await?;
-        let mut read = foldhash::HashMap::default();
-        for token in unique {
-            let minutes =
-                self.store.latest_candles(&token, Granularity::M1, from, HOT_MINUTES).await?;
-            if minutes.is_empty() {
-                continue;
-            }
-            let Some(&decimals) = decimals.get(&token) else { continue };
-            read.insert(token, HotToken { decimals, minutes, ..HotToken::default() });
-        }
-        if with_liquidity {
-            let tokens: Vec<TokenRef> = read.keys().cloned().collect();
-            for reserve in self.store.pool_reserves(&tokens).await? {
-                if let Some(hot) = read.get_mut(&reserve.token) {
-                    hot.set_pool(reserve.pool, reserve.reserve, reserve.last_trade);
-                }
-            }
-        }
+        let known = unique.into_iter().filter_map(|token| {
+            let decimals = *decimals.get(&token)?;
+            Some((token, HotToken { decimals, ..HotToken::default() }))
+        });
+        let read = self.read_hot(known, now - NO_TRADE_CUTOFF_SECONDS * 1_000_000).await?;
         Ok(latest_in(&read, tokens, with_liquidity, now))
     }
 }

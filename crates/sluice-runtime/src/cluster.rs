@@ -125,8 +125,12 @@ pub(crate) struct Cluster {
     records: std::sync::Mutex<BTreeMap<String, DeploymentRecord>>,
     /// The store's deployments number when the deployments were last read, what was read
     /// (in order), and when: while the number stays, a round reads nothing more.
-    unchanged: std::sync::Mutex<Option<(i64, Vec<DeploymentRecord>, Instant)>>,
+    unchanged: std::sync::Mutex<Option<(i64, Records, Instant)>>,
 }
+
+/// Every stored deployment as one round read them, shared with the rounds that follow while
+/// nothing changed.
+type Records = Arc<Vec<DeploymentRecord>>;
 
 /// Longest a node goes on the deployments number alone before reading the versions anyway.
 const FULL_READ_EVERY: Duration = Duration::from_secs(30);
@@ -362,7 +366,7 @@ impl Runtime {
         // A paused or gone pipeline's topics may be deleted by a teardown on another node:
         // nothing stays open on them here.
         let mut idle_topics: BTreeSet<String> = gone.iter().flat_map(pipeline_topics).collect();
-        for record in &records {
+        for record in records.iter() {
             seen.insert(record.pipeline_id.as_str());
             changed |= self.reconcile(cluster, &record.pipeline_id, Some(record)).await;
             if record.state != DeploymentState::Deployed {
@@ -388,10 +392,7 @@ impl Runtime {
     /// Every stored deployment, and those gone since the last round: the versions read, and
     /// a record read again only when its version or state moved. `None` when the store
     /// fails (what was known stays known).
-    async fn desired_state(
-        &self,
-        cluster: &Cluster,
-    ) -> Option<(Vec<DeploymentRecord>, Vec<DeploymentRecord>)> {
+    async fn desired_state(&self, cluster: &Cluster) -> Option<(Records, Vec<DeploymentRecord>)> {
         // Read first: a write after it moves it again for the next round.
         let seq = match self.store.deployments_seq().await {
             Ok(seq) => Some(seq),
@@ -406,7 +407,7 @@ impl Runtime {
                 && *known == seq
                 && read_at.elapsed() < FULL_READ_EVERY
             {
-                return Some((records.clone(), Vec::new()));
+                return Some((Arc::clone(records), Vec::new()));
             }
         }
         let versions = match self.store.deployment_versions().await {
@@ -447,8 +448,9 @@ impl Runtime {
             return None;
         }
         *cluster.records.lock().expect("records lock is never poisoned") = now_known;
+        let records = Arc::new(records);
         *cluster.unchanged.lock().expect("unchanged lock is never poisoned") =
-            seq.map(|seq| (seq, records.clone(), Instant::now()));
+            seq.map(|seq| (seq, Arc::clone(&records), Instant::now()));
         Some((records, known.into_values().collect()))
     }
 

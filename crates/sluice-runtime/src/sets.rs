@@ -203,7 +203,8 @@ impl SetHandle {
 pub struct SetIndexes {
     source: Arc<dyn SetSource>,
     handles: Mutex<HashMap<(String, String), Arc<SetHandle>>>,
-    /// Called after each change heard (a cluster node tells the others to refresh).
+    /// Called after each change heard (a cluster node tells the others to refresh); not on
+    /// a feed, which tells them itself.
     on_change: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// Whether a change feed keeps the indexes current ([`follow_feed`]).
     on_feed: AtomicBool,
@@ -433,13 +434,14 @@ impl SetIndexes {
 
 impl FilterValuesListener for SetIndexes {
     fn changed(&self, pipeline_id: &str, transform_uid: &str, change: FilterValuesChange<'_>) {
+        if self.follows_a_feed() {
+            // The feed brings it to this node and every other, in order with every other
+            // node's changes: no signal needed either.
+            return;
+        }
         let hook = self.on_change.lock().expect("change hook lock is never poisoned").clone();
         if let Some(hook) = hook {
             hook();
-        }
-        if self.follows_a_feed() {
-            // The feed brings it, in order with every other node's changes.
-            return;
         }
         // Only loaded indexes follow changes; the others read the store when they load.
         let Some(handle) = self.handle(pipeline_id, transform_uid) else { return };
