@@ -25,7 +25,8 @@ use crate::records::{self, BlockRecords};
 use crate::rpc::RpcClient;
 use crate::sink::{ChainSink, Checkpoint};
 use crate::status::ChainStatus;
-use crate::tokens::Tokens;
+use crate::tokens::{PoolBalances, Tokens};
+use crate::usd::UsdPrices;
 
 /// Longest wait between attempts after errors.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(30);
@@ -48,6 +49,8 @@ pub struct Ingester {
     sink: Arc<dyn ChainSink>,
     status: Arc<ChainStatus>,
     tokens: Tokens,
+    /// USD prices the chain's trades taught, for the next trades' USD values.
+    prices: UsdPrices,
     sizer: RangeSizer,
     /// The read of the ranges after the ones being written, started before writing them
     /// while the ingester is behind the head: `(first block, task)`.
@@ -85,6 +88,7 @@ impl Ingester {
         status.set_rpc(rpc.counters().clone());
         Ok(Self {
             sizer: RangeSizer::new(config.max_block_range),
+            prices: UsdPrices::new(&config.stablecoins),
             prefetch: None,
             config,
             rpc,
@@ -170,13 +174,7 @@ impl Ingester {
                 self.reorg().await?;
                 return Ok(true);
             }
-            let (tokens, pools) = records::contracts(&blocks);
-            self.tokens.load(&self.rpc, tokens, pools).await?;
-            let context = self.context();
-            let built = blocks
-                .iter()
-                .map(|block| records::build(context, block))
-                .collect::<Result<Vec<_>, _>>()?;
+            let built = self.build(&blocks).await?;
             self.append_zerolag(&built).await?;
             if let Some(last) = blocks.last() {
                 self.status.head(
@@ -236,13 +234,23 @@ impl Ingester {
         self.prefetch = Some((from, task));
     }
 
-    fn context(&self) -> records::Context<'_> {
-        records::Context {
+    /// The records of `blocks`, in order, after reading the token metadata and pool
+    /// balances they need.
+    async fn build(&mut self, blocks: &[FetchedBlock]) -> Result<Vec<BlockRecords>, ChainError> {
+        let (tokens, pools) = records::contracts(blocks);
+        self.tokens.load(&self.rpc, tokens, pools).await?;
+        let balances = if self.config.entities.iter().any(|(e, _)| e == "dex_trade") {
+            PoolBalances::load(&self.rpc, &self.tokens, blocks).await?
+        } else {
+            PoolBalances::default()
+        };
+        let context = records::Context {
             chain: &self.config.name,
             tokens: &self.tokens,
-            stablecoins: &self.config.stablecoins,
+            balances: &balances,
             entities: &self.config.entities,
-        }
+        };
+        blocks.iter().map(|block| records::build(context, &mut self.prices, block)).collect()
     }
 
     /// Only `log` and `decoded_log` need the transactions (their sender and recipient).
@@ -445,20 +453,13 @@ impl Ingester {
             next = blocks.last().map_or(to, |b| b.header.number) + 1;
             fetched.extend(blocks);
         }
-        let (tokens, pools) = records::contracts(&fetched);
-        self.tokens.load(&self.rpc, tokens, pools).await?;
-        for (pending, block) in self.unfinalized.iter_mut().zip(&fetched) {
-            if pending.header.hash != block.header.hash {
-                return Err(ChainError::Inconsistent { from, to });
-            }
+        if self.unfinalized.iter().zip(&fetched).any(|(p, b)| p.header.hash != b.header.hash) {
+            return Err(ChainError::Inconsistent { from, to });
+        }
+        let built = self.build(&fetched).await?;
+        for (pending, records) in self.unfinalized.iter_mut().zip(built) {
             if pending.records.is_none() {
-                let context = records::Context {
-                    chain: &self.config.name,
-                    tokens: &self.tokens,
-                    stablecoins: &self.config.stablecoins,
-                    entities: &self.config.entities,
-                };
-                pending.records = Some(records::build(context, block)?);
+                pending.records = Some(records);
             }
         }
         Ok(())

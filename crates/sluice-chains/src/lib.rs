@@ -22,6 +22,7 @@ pub mod rpc;
 pub mod sink;
 pub mod status;
 pub mod tokens;
+pub mod usd;
 
 pub use config::{ChainConfig, Finality, StartBlock};
 pub use ingester::Ingester;

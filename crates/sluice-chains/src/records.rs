@@ -13,7 +13,8 @@ use sluice_core::streams::StreamRecord;
 use crate::ChainError;
 use crate::events;
 use crate::fetch::{FetchedBlock, Header, RawLog};
-use crate::tokens::Tokens;
+use crate::tokens::{PoolBalances, Tokens};
+use crate::usd::{Leg, UsdPrices};
 
 /// Every entity an EVM ingester writes.
 pub const ENTITIES: [&str; 6] = [
@@ -29,7 +30,7 @@ const TRANSFER: &str = "Transfer(address,address,uint256)";
 const TRANSFER_SINGLE: &str = "TransferSingle(address,address,address,uint256,uint256)";
 const TRANSFER_BATCH: &str = "TransferBatch(address,address,address,uint256[],uint256[])";
 const SWAP_V2: &str = "Swap(address,uint256,uint256,uint256,uint256,address)";
-const SWAP_V3: &str = "Swap(address,address,int256,int256,uint160,uint128,int24)";
+pub(crate) const SWAP_V3: &str = "Swap(address,address,int256,int256,uint160,uint128,int24)";
 const SYNC: &str = "Sync(uint112,uint112)";
 
 /// One block's records, by entity.
@@ -59,27 +60,33 @@ pub fn contracts(blocks: &[FetchedBlock]) -> (Vec<String>, Vec<String>) {
     (tokens.into_iter().collect(), pools.into_iter().collect())
 }
 
-/// What records are built from: the chain, the token cache, the stablecoins and the
+/// What records are built from: the chain, the token cache, the V3 pools' balances and the
 /// entities wanted (no record is built for the others).
 #[derive(Debug, Clone, Copy)]
 pub struct Context<'a> {
     pub chain: &'a str,
     pub tokens: &'a Tokens,
-    pub stablecoins: &'a [String],
+    pub balances: &'a PoolBalances,
     pub entities: &'a [(String, bool)],
 }
 
-/// The records of one block, of the entities `context` wants.
+/// The records of one block, of the entities `context` wants; `prices` values the block's
+/// trades and learns from them (so blocks are built in order).
 ///
 /// # Errors
 /// [`ChainError::Malformed`] when a record fails the stream's checks (a node answer that
 /// lacks what a key needs).
-pub fn build(context: Context<'_>, block: &FetchedBlock) -> Result<BlockRecords, ChainError> {
+pub fn build(
+    context: Context<'_>,
+    prices: &mut UsdPrices,
+    block: &FetchedBlock,
+) -> Result<BlockRecords, ChainError> {
     let mut out = Builder {
         chain: context.chain,
         block,
         tokens: context.tokens,
-        stablecoins: context.stablecoins,
+        balances: context.balances,
+        prices,
         entities: context.entities,
         by_entity: HashMap::new(),
     };
@@ -118,7 +125,8 @@ struct Builder<'a> {
     chain: &'a str,
     block: &'a FetchedBlock,
     tokens: &'a Tokens,
-    stablecoins: &'a [String],
+    balances: &'a PoolBalances,
+    prices: &'a mut UsdPrices,
     entities: &'a [(String, bool)],
     by_entity: HashMap<&'static str, Vec<StreamRecord>>,
 }
@@ -299,15 +307,20 @@ impl Builder<'_> {
                 };
                 [n(2), n(3)]
             };
-            let reserves = if version == 2 { self.reserves(swap) } else { None };
+            let reserves = if version == 2 {
+                self.reserves(swap)
+            } else {
+                self.balances_after(swap, [&token0, &token1])
+            };
             let decimals =
                 [&token0, &token1].map(|t| self.tokens.token(t).and_then(|i| i.decimals));
             let (Some(d0), Some(d1)) = (decimals[0], decimals[1]) else { continue };
             let amounts = [units(raw[0], d0), units(raw[1], d1)];
-            let usd = [&token0, &token1]
-                .iter()
-                .position(|t| self.stablecoins.contains(t))
-                .map(|i| amounts[i].clone());
+            let legs = [
+                Leg { token: &token0, amount: &amounts[0] },
+                Leg { token: &token1, amount: &amounts[1] },
+            ];
+            let usd = self.prices.trade(legs, self.block.header.timestamp);
             for (side, token) in [&token0, &token1].into_iter().enumerate() {
                 if raw[side].is_zero() {
                     continue;
@@ -349,6 +362,34 @@ impl Builder<'_> {
         })?;
         let params = events::decode(events::lookup(&log.topics)?, &log.topics, &log.data)?;
         Some([uint(&params[0].1)?, uint(&params[1].1)?])
+    }
+
+    /// A V3 pool's balances of its two tokens just after `swap`: its balances at the end of
+    /// the block, less the `Transfer`s into it after the swap, plus those out of it. `None`
+    /// when the node did not answer the balances (a state it no longer keeps).
+    fn balances_after(&self, swap: &RawLog, tokens: [&String; 2]) -> Option<[U256; 2]> {
+        let transfer = events::selector(TRANSFER);
+        let pool = address_topic(&swap.address)?;
+        let mut after = [U256::ZERO; 2];
+        for (side, token) in tokens.into_iter().enumerate() {
+            let mut balance = self.balances.get(self.block.header.number, &swap.address, token)?;
+            for log in self.block.logs.iter().filter(|l| {
+                l.log_index > swap.log_index
+                    && &l.address == token
+                    && l.topics.len() == 3
+                    && l.topics[0] == transfer
+            }) {
+                let value = U256::try_from_be_slice(&log.data)?;
+                if log.topics[2] == pool {
+                    balance = balance.checked_sub(value)?;
+                }
+                if log.topics[1] == pool {
+                    balance = balance.checked_add(value)?;
+                }
+            }
+            after[side] = balance;
+        }
+        Some(after)
     }
 
     fn side_log_index(&self, swap: &RawLog, token: &str, used: &mut HashSet<u64>) -> Option<u64> {

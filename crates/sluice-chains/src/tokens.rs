@@ -6,9 +6,11 @@
 use std::collections::HashMap;
 
 use alloy_dyn_abi::{DynSolType, DynSolValue};
+use alloy_primitives::U256;
 use serde_json::json;
 
 use crate::ChainError;
+use crate::fetch::FetchedBlock;
 use crate::rpc::{Call, RpcClient};
 
 const DECIMALS: &str = "0x313ce567";
@@ -16,6 +18,7 @@ const NAME: &str = "0x06fdde03";
 const SYMBOL: &str = "0x95d89b41";
 const TOKEN0: &str = "0x0dfe1681";
 const TOKEN1: &str = "0xd21220a7";
+const BALANCE_OF: &str = "0x70a08231";
 
 /// What a token contract says about itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -99,6 +102,70 @@ impl Tokens {
             self.tokens.insert(token, info);
         }
         Ok(())
+    }
+}
+
+/// Uniswap V3 pools' balances of their two tokens at the end of blocks: `balanceOf(pool)`
+/// called at the block's hash, for the blocks of a batch that have V3 swaps. A V3 swap
+/// carries no reserves (a V2 pair's `Sync` does); its `token_reserve` comes from these.
+#[derive(Debug, Default)]
+pub struct PoolBalances {
+    /// (block number, pool, token) → the balance, `None` when the node did not answer it
+    /// (a full node keeps only recent states).
+    balances: HashMap<(u64, String, String), Option<U256>>,
+}
+
+impl PoolBalances {
+    pub fn get(&self, block: u64, pool: &str, token: &str) -> Option<U256> {
+        *self.balances.get(&(block, pool.to_owned(), token.to_owned()))?
+    }
+
+    /// The balances `blocks`' V3 swaps need, read in batches; `tokens` must know the pools.
+    ///
+    /// # Errors
+    /// RPC transport failures (a call the node refuses is an unknown balance).
+    pub async fn load(
+        rpc: &RpcClient,
+        tokens: &Tokens,
+        blocks: &[FetchedBlock],
+    ) -> Result<Self, ChainError> {
+        let swap = crate::events::selector(crate::records::SWAP_V3);
+        let mut wanted: Vec<(u64, &str, &str, &str)> = Vec::new();
+        for block in blocks {
+            for log in &block.logs {
+                if log.topics.first() != Some(&swap) || log.topics.len() != 3 {
+                    continue;
+                }
+                let Some((token0, token1)) = tokens.pool(&log.address) else { continue };
+                for token in [token0, token1] {
+                    wanted.push((block.header.number, &block.header.hash, &log.address, token));
+                }
+            }
+        }
+        wanted.sort_unstable();
+        wanted.dedup();
+        let calls = wanted
+            .iter()
+            .map(|(_, hash, pool, token)| {
+                let data = format!("{BALANCE_OF}{:0>64}", pool.trim_start_matches("0x"));
+                Call::new("eth_call", json!([{"to": token, "data": data}, {"blockHash": hash}]))
+            })
+            .collect();
+        let answers = rpc.batch(calls).await?;
+        let balances = wanted
+            .into_iter()
+            .zip(answers)
+            .map(|((number, _, pool, token), answer)| {
+                let balance = answer.ok().and_then(|v| decode_hex(v.as_str()?)).and_then(|bytes| {
+                    match DynSolType::Uint(256).abi_decode(&bytes).ok()? {
+                        DynSolValue::Uint(n, _) => Some(n),
+                        _ => None,
+                    }
+                });
+                ((number, pool.to_owned(), token.to_owned()), balance)
+            })
+            .collect();
+        Ok(Self { balances })
     }
 }
 

@@ -163,3 +163,26 @@ contract TestPair {
         emit Swap(msg.sender, amount0In, amount1In, amount0Out, amount1Out, to);
     }
 }
+
+/// Uniswap V3's `Swap` event without its math: the caller names the amounts (positive: into
+/// the pool, pulled from the caller, who approved it; negative: paid out to `to`) and the
+/// price state the event reports. The pool's balances are its real reserves.
+contract TestPoolV3 {
+    address public token0;
+    address public token1;
+
+    event Swap(address indexed sender, address indexed recipient, int256 amount0, int256 amount1, uint160 sqrtPriceX96, uint128 liquidity, int24 tick);
+
+    constructor(address token0_, address token1_) {
+        token0 = token0_;
+        token1 = token1_;
+    }
+
+    function swap(int256 amount0, int256 amount1, address to, uint160 sqrtPriceX96, uint128 liquidity, int24 tick) external {
+        if (amount0 < 0) TestToken(token0).transfer(to, uint256(-amount0));
+        if (amount1 < 0) TestToken(token1).transfer(to, uint256(-amount1));
+        if (amount0 > 0) TestToken(token0).transferFrom(msg.sender, address(this), uint256(amount0));
+        if (amount1 > 0) TestToken(token1).transferFrom(msg.sender, address(this), uint256(amount1));
+        emit Swap(msg.sender, to, amount0, amount1, sqrtPriceX96, liquidity, tick);
+    }
+}

@@ -13,7 +13,7 @@ fi
 out="$(mktemp -d)"
 "$SOLC_DIR/node_modules/.bin/solcjs" --optimize --bin --abi --base-path . -o "$out" Tokens.sol
 mkdir -p compiled
-for contract in TestToken BareToken TestNft TestMulti TestPair; do
+for contract in TestToken BareToken TestNft TestMulti TestPair TestPoolV3; do
   node -e '
     const fs = require("fs");
     const [abi, bin, dest] = process.argv.slice(1);

@@ -117,6 +117,30 @@ impl Anvil {
         let data = function.abi_encode_input(&args).unwrap();
         self.send(from, Some(to), data).await
     }
+
+    /// Makes `calls` (`(from, to, signature, args)`) the transactions of one block, in order:
+    /// mining waits while they are sent. Returns their receipts.
+    pub async fn invoke_in_one_block(
+        &self,
+        calls: Vec<(&str, &str, &str, Vec<DynSolValue>)>,
+    ) -> Vec<Value> {
+        self.call("evm_setAutomine", json!([false])).await;
+        let mut hashes = Vec::new();
+        for (from, to, signature, args) in calls {
+            let data = Function::parse(signature).unwrap().abi_encode_input(&args).unwrap();
+            let tx = json!({"from": from, "to": to, "data": format!("0x{}", alloy_primitives::hex::encode(data)), "gas": "0x1000000"});
+            hashes.push(self.call("eth_sendTransaction", json!([tx])).await);
+        }
+        self.call("evm_mine", json!([])).await;
+        self.call("evm_setAutomine", json!([true])).await;
+        let mut receipts = Vec::new();
+        for hash in hashes {
+            let receipt = self.call("eth_getTransactionReceipt", json!([hash])).await;
+            assert_eq!(receipt["status"], "0x1", "transaction failed: {receipt}");
+            receipts.push(receipt);
+        }
+        receipts
+    }
 }
 
 pub fn address(text: &str) -> DynSolValue {
@@ -125,6 +149,10 @@ pub fn address(text: &str) -> DynSolValue {
 
 pub fn uint(value: u128) -> DynSolValue {
     DynSolValue::Uint(U256::from(value), 256)
+}
+
+pub fn int(value: i128) -> DynSolValue {
+    DynSolValue::Int(alloy_primitives::I256::try_from(value).unwrap(), 256)
 }
 
 pub fn text(value: &str) -> DynSolValue {

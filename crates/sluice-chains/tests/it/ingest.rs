@@ -2,11 +2,13 @@
 
 use std::time::{Duration, Instant};
 
+use alloy_dyn_abi::DynSolValue;
+use alloy_primitives::U256;
 use serde_json::{Value, json};
 use sluice_chains::{Ingester, StatusSnapshot};
 
 use crate::anvil::{
-    ALICE, Anvil, BOB, address, config, positions, records, stream_log, text, uint,
+    ALICE, Anvil, BOB, address, config, int, positions, records, stream_log, text, uint,
 };
 
 /// Steps `ingester` until its finalized streams reach `block`.
@@ -82,8 +84,8 @@ async fn transfers_swaps_and_decoded_logs_arrive_with_exact_fields() {
             vec![
                 address(ALICE),
                 address(BOB),
-                alloy_dyn_abi::DynSolValue::Array(vec![uint(1), uint(2)]),
-                alloy_dyn_abi::DynSolValue::Array(vec![uint(3), uint(4)]),
+                DynSolValue::Array(vec![uint(1), uint(2)]),
+                DynSolValue::Array(vec![uint(3), uint(4)]),
             ],
         )
         .await;
@@ -336,4 +338,109 @@ async fn new_heads_over_websocket_wake_the_ingester_before_its_poll() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     running.abort();
+}
+
+/// A V3 swap's `token_reserve` is the pool's balance just after it: with two swaps in one
+/// block, the first's is the block's end balance less the second's transfers. A trade with
+/// no stablecoin leg is valued through its priced leg: WETH, priced by a USDC pair's trade.
+#[tokio::test]
+async fn v3_reserves_and_usd_values_through_a_priced_leg() {
+    let anvil = Anvil::start().await;
+    let usdc = anvil.deploy("TestToken", vec![text("USD Coin"), text("USDC"), uint(6)]).await;
+    let weth = anvil.deploy("TestToken", vec![text("Wrapped Ether"), text("WETH"), uint(18)]).await;
+    let pepe = anvil.deploy("TestToken", vec![text("Pepe"), text("PEPE"), uint(18)]).await;
+    let pair = anvil.deploy("TestPair", vec![address(&usdc), address(&weth)]).await;
+    let pool = anvil.deploy("TestPoolV3", vec![address(&pepe), address(&weth)]).await;
+    let e18 = 10u128.pow(18);
+    for (token, amount) in [(&usdc, 10_000_000_000), (&weth, 100 * e18), (&pepe, 10_000_000 * e18)]
+    {
+        anvil
+            .invoke(ALICE, token, "mint(address,uint256)", vec![address(ALICE), uint(amount)])
+            .await;
+    }
+    let transfer = "transfer(address,uint256)";
+    let approve = "approve(address,uint256)";
+    // WETH's price: 1,000 USDC and 1 WETH in the pair, then 200 USDC in for 0.1 WETH out.
+    anvil.invoke(ALICE, &usdc, transfer, vec![address(&pair), uint(1_000_000_000)]).await;
+    anvil.invoke(ALICE, &weth, transfer, vec![address(&pair), uint(e18)]).await;
+    anvil.invoke(ALICE, &pair, "sync()", vec![]).await;
+    anvil.invoke(ALICE, &usdc, approve, vec![address(&pair), uint(200_000_000)]).await;
+    anvil
+        .invoke(
+            ALICE,
+            &pair,
+            "swapFrom(uint256,uint256,uint256,uint256,address)",
+            vec![uint(200_000_000), uint(0), uint(0), uint(e18 / 10), address(ALICE)],
+        )
+        .await;
+    // The V3 pool holds 1,000,000 PEPE and 2 WETH.
+    anvil.invoke(ALICE, &pepe, transfer, vec![address(&pool), uint(1_000_000 * e18)]).await;
+    anvil.invoke(ALICE, &weth, transfer, vec![address(&pool), uint(2 * e18)]).await;
+    anvil.invoke(ALICE, &pepe, approve, vec![address(&pool), uint(1_000_000 * e18)]).await;
+    anvil.invoke(ALICE, &weth, approve, vec![address(&pool), uint(e18)]).await;
+    // One block: 10,000 PEPE in for 0.01 WETH out, then 0.006 WETH in for 5,000 PEPE out.
+    let swap = "swap(int256,int256,address,uint160,uint128,int24)";
+    let state = || {
+        vec![
+            DynSolValue::Uint(U256::from(1u8) << 96, 160),
+            DynSolValue::Uint(U256::from(1_000_000u32), 128),
+            DynSolValue::Int(alloy_primitives::I256::try_from(-5).unwrap(), 24),
+        ]
+    };
+    let first =
+        [vec![int(10_000 * 10i128.pow(18)), int(-(10i128.pow(16))), address(ALICE)], state()]
+            .concat();
+    let second =
+        [vec![int(-5_000 * 10i128.pow(18)), int(6 * 10i128.pow(15)), address(BOB)], state()]
+            .concat();
+    let receipts = anvil
+        .invoke_in_one_block(vec![(ALICE, &pool, swap, first), (ALICE, &pool, swap, second)])
+        .await;
+    assert_eq!(receipts[0]["blockNumber"], receipts[1]["blockNumber"]);
+    let swap_block = anvil.head().await;
+    anvil.mine(1).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = stream_log(dir.path(), "base").await;
+    let mut config = config(&anvil.url, 1);
+    config.stablecoins = vec![usdc.clone()];
+    let status = Ingester::status_for(&config);
+    let mut ingester = Ingester::new(config, positions(&log), status.clone()).unwrap();
+    ingest_until(&mut ingester, &status, swap_block).await;
+
+    let trades = records(&log, "base.dex_trade").await;
+    let side = |receipt: &Value, token: &str| -> Value {
+        let found: Vec<&Value> = trades
+            .iter()
+            .filter(|t| {
+                t["transaction_hash"] == receipt["transactionHash"] && t["token_address"] == token
+            })
+            .collect();
+        assert_eq!(found.len(), 1, "{token} in {trades:#?}");
+        found[0].clone()
+    };
+    let v2_weth = trades
+        .iter()
+        .find(|t| t["pool_address"] == json!(pair) && t["token_address"] == json!(weth))
+        .unwrap();
+    assert_eq!(v2_weth["usd_amount"], "200");
+    let (a_pepe, a_weth) = (side(&receipts[0], &pepe), side(&receipts[0], &weth));
+    assert_eq!(a_pepe["token_amount"], "10000");
+    assert_eq!(a_weth["token_amount"], "0.01");
+    assert_eq!(a_pepe["usd_amount"], "20", "0.01 WETH at 2,000 USD");
+    assert_eq!(a_weth["usd_amount"], "20");
+    assert_eq!(a_pepe["token_reserve"], "1010000");
+    assert_eq!(a_weth["token_reserve"], "1.99");
+    assert_eq!(a_pepe["pool_address"], json!(pool));
+    let (b_pepe, b_weth) = (side(&receipts[1], &pepe), side(&receipts[1], &weth));
+    assert_eq!(b_pepe["usd_amount"], "12", "0.006 WETH at 2,000 USD");
+    assert_eq!(b_pepe["token_reserve"], "1005000");
+    assert_eq!(b_weth["token_reserve"], "1.996");
+    assert_eq!(b_weth["block_number"], swap_block);
+    let decoded = records(&log, "base.decoded_log").await;
+    let v3 = decoded
+        .iter()
+        .find(|r| r["signature"] == "Swap(address,address,int256,int256,uint160,uint128,int24)")
+        .expect("the V3 swap decoded");
+    assert_eq!(v3["params"]["tick"], "-5");
 }
