@@ -45,6 +45,9 @@ pub const KNOWN_EVENTS: &[&str] = &[
 #[derive(Debug)]
 pub struct KnownEvent {
     pub event: Event,
+    /// The same event marked anonymous: [`lookup`] already matched topic0, so decoding skips
+    /// alloy's check of it (which hashes the signature again for every log).
+    decoder: Event,
     /// `Transfer(address,address,uint256)`.
     pub signature: String,
     /// Topics a log of it has: topic0 plus one per indexed argument.
@@ -59,7 +62,8 @@ fn table() -> &'static HashMap<(B256, usize), KnownEvent> {
             .map(|text| {
                 let event = Event::parse(text).expect("the known event declarations parse");
                 let topics = 1 + event.inputs.iter().filter(|input| input.indexed).count();
-                let known = KnownEvent { signature: event.signature(), topics, event };
+                let decoder = Event { anonymous: true, ..event.clone() };
+                let known = KnownEvent { signature: event.signature(), topics, decoder, event };
                 ((known.event.selector(), topics), known)
             })
             .collect()
@@ -83,7 +87,7 @@ pub fn decode(
     topics: &[B256],
     data: &[u8],
 ) -> Option<Vec<(String, DynSolValue)>> {
-    let decoded = known.event.decode_log_parts(topics.iter().copied(), data).ok()?;
+    let decoded = known.decoder.decode_log_parts(topics.iter().skip(1).copied(), data).ok()?;
     let (mut indexed, mut body) = (decoded.indexed.into_iter(), decoded.body.into_iter());
     known
         .event

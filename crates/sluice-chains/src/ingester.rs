@@ -161,13 +161,13 @@ impl Ingester {
         let mut progressed = false;
         let tip = self.tip().clone();
         if tip.number < head {
-            let blocks = match self.read_from(tip.number + 1, head).await {
+            let blocks = match self.read_from(tip.number + 1, head, target).await {
                 Err(ChainError::Inconsistent { .. }) => return Ok(false),
                 other => other?,
             };
             // Behind the head: read the next ranges while these are written.
             if let Some(last) = blocks.last().map(|b| b.header.number).filter(|n| *n < head) {
-                self.start_prefetch(last + 1, head);
+                self.start_prefetch(last + 1, head, target);
             }
             let first = blocks.first().expect("a range has a block");
             if first.header.parent_hash != tip.hash {
@@ -198,8 +198,14 @@ impl Ingester {
         Ok(progressed)
     }
 
-    /// The blocks from `from` on (up to `head`): the prefetched ones when they start there.
-    async fn read_from(&mut self, from: u64, head: u64) -> Result<Vec<FetchedBlock>, ChainError> {
+    /// The blocks from `from` on (up to `head`; those up to `target` are final, read
+    /// sparsely): the prefetched ones when they start there.
+    async fn read_from(
+        &mut self,
+        from: u64,
+        head: u64,
+        target: u64,
+    ) -> Result<Vec<FetchedBlock>, ChainError> {
         if let Some((start, task)) = self.prefetch.take() {
             if start == from {
                 if let Ok(result) = task.await {
@@ -215,20 +221,21 @@ impl Ingester {
         fetch::ranges(
             &self.rpc,
             &mut self.sizer,
-            from,
-            head,
+            (from, head),
             self.config.parallel_ranges,
             with_transactions,
+            target,
         )
         .await
     }
 
-    fn start_prefetch(&mut self, from: u64, head: u64) {
+    fn start_prefetch(&mut self, from: u64, head: u64, target: u64) {
         let (rpc, mut sizer) = (self.rpc.clone(), self.sizer.clone());
         let (parallel, with_transactions) = (self.config.parallel_ranges, self.with_transactions());
         let task = tokio::spawn(async move {
+            let range = (from, head);
             let blocks =
-                fetch::ranges(&rpc, &mut sizer, from, head, parallel, with_transactions).await?;
+                fetch::ranges(&rpc, &mut sizer, range, parallel, with_transactions, target).await?;
             Ok((blocks, sizer))
         });
         self.prefetch = Some((from, task));
@@ -401,7 +408,7 @@ impl Ingester {
             if !zerolag {
                 continue;
             }
-            let records = collect(blocks.iter(), entity, 0);
+            let records = collect(blocks.iter(), entity);
             if !records.is_empty() {
                 self.sink.append(&self.config.name, entity, true, records).await?;
             }
@@ -426,11 +433,17 @@ impl Ingester {
         if self.unfinalized.iter().take(ready).any(|p| p.records.is_none()) {
             self.reload(ready).await?;
         }
-        let blocks: Vec<BlockRecords> =
+        let mut blocks: Vec<BlockRecords> =
             self.unfinalized.drain(..ready).map(|p| p.records.expect("reloaded above")).collect();
         for (entity, _) in &self.config.entities {
             let after = self.stream_tails.get(entity).copied().map_or(0, |t| t + 1);
-            let records = collect(blocks.iter(), entity, after);
+            // The blocks are ours now: their records move to the append, not copied.
+            let records: Vec<StreamRecord> = blocks
+                .iter_mut()
+                .filter(|b| b.header.number >= after)
+                .filter_map(|b| b.by_entity.remove(entity.as_str()))
+                .flatten()
+                .collect();
             if !records.is_empty() {
                 self.sink.append(&self.config.name, entity, false, records).await?;
             }
@@ -448,18 +461,23 @@ impl Ingester {
         let mut next = from;
         while next <= to {
             let with_transactions = self.with_transactions();
+            let range = (next, to);
             let blocks =
-                fetch::blocks(&self.rpc, &mut self.sizer, next, to, with_transactions).await?;
+                fetch::blocks(&self.rpc, &mut self.sizer, range, with_transactions, 0).await?;
             next = blocks.last().map_or(to, |b| b.header.number) + 1;
             fetched.extend(blocks);
         }
-        if self.unfinalized.iter().zip(&fetched).any(|(p, b)| p.header.hash != b.header.hash) {
-            return Err(ChainError::Inconsistent { from, to });
-        }
-        let built = self.build(&fetched).await?;
-        for (pending, records) in self.unfinalized.iter_mut().zip(built) {
+        // Every block, by number: the pending ones may be a sparse run (blocks read from
+        // their logs alone leave out those without logs).
+        let mut built: HashMap<u64, BlockRecords> =
+            self.build(&fetched).await?.into_iter().map(|r| (r.header.number, r)).collect();
+        for pending in self.unfinalized.iter_mut().take(count) {
+            let block = built.remove(&pending.header.number);
+            if block.as_ref().map(|b| &b.header.hash) != Some(&pending.header.hash) {
+                return Err(ChainError::Inconsistent { from, to });
+            }
             if pending.records.is_none() {
-                pending.records = Some(records);
+                pending.records = block;
             }
         }
         Ok(())
@@ -476,14 +494,9 @@ impl Ingester {
     }
 }
 
-/// The records of `entity` of `blocks` numbered `after` or later, in block order.
-fn collect<'a>(
-    blocks: impl Iterator<Item = &'a BlockRecords>,
-    entity: &str,
-    after: u64,
-) -> Vec<StreamRecord> {
+/// Copies of the records of `entity` of `blocks`, in block order.
+fn collect<'a>(blocks: impl Iterator<Item = &'a BlockRecords>, entity: &str) -> Vec<StreamRecord> {
     blocks
-        .filter(|b| b.header.number >= after)
         .filter_map(|b| b.by_entity.get(entity))
         .flat_map(|records| records.iter().cloned())
         .collect()

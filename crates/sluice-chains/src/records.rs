@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use alloy_dyn_abi::DynSolValue;
-use alloy_primitives::{B256, U256};
+use alloy_primitives::{Address, B256, U256};
 use chrono::{DateTime, SecondsFormat};
 use serde_json::{Map, Value, json};
 use sluice_core::streams::StreamRecord;
@@ -88,6 +88,7 @@ pub fn build(
         balances: context.balances,
         prices,
         entities: context.entities,
+        time: timestamp(block.header.timestamp),
         by_entity: HashMap::new(),
     };
     for log in &block.logs {
@@ -128,6 +129,8 @@ struct Builder<'a> {
     balances: &'a PoolBalances,
     prices: &'a mut UsdPrices,
     entities: &'a [(String, bool)],
+    /// The block's time as records carry it.
+    time: String,
     by_entity: HashMap<&'static str, Vec<StreamRecord>>,
 }
 
@@ -153,7 +156,7 @@ impl Builder<'_> {
         record.insert("transaction_index".into(), json!(log.transaction_index));
         record.insert("log_index".into(), json!(log.log_index));
         record.insert("block_number".into(), json!(log.block_number));
-        record.insert("block_timestamp".into(), json!(timestamp(self.block.header.timestamp)));
+        record.insert("block_timestamp".into(), json!(self.time));
         record.insert("block_hash".into(), json!(log.block_hash));
         record
     }
@@ -175,6 +178,12 @@ impl Builder<'_> {
         if !wants_decoded && !wants_transfer {
             return Ok(());
         }
+        // ERC-20 transfers, the most common log, are read straight from the topics and data
+        // unless `decoded_log` wants them decoded anyway (alloy's decoder names every value).
+        if transfer_entity == "erc20_token_transfer" && !wants_decoded {
+            let Some((from, to, value)) = erc20_parts(log) else { return Ok(()) };
+            return self.erc20(log, from, to, value);
+        }
         let Some(params) = events::decode(known, &log.topics, &log.data) else { return Ok(()) };
         if let (true, Some(mut decoded)) = (wants_decoded, raw) {
             decoded.insert("name".into(), json!(known.event.name));
@@ -186,7 +195,12 @@ impl Builder<'_> {
             return Ok(());
         }
         match transfer_entity {
-            "erc20_token_transfer" => self.erc20(log, &params),
+            "erc20_token_transfer" => {
+                match (address(&params[0].1), address(&params[1].1), uint(&params[2].1)) {
+                    (Some(from), Some(to), Some(value)) => self.erc20(log, from, to, value),
+                    _ => Ok(()),
+                }
+            }
             "erc721_token_transfer" => self.erc721(log, &params),
             _ => self.erc1155(log, &known.event.name, &params),
         }
@@ -220,12 +234,13 @@ impl Builder<'_> {
         info.and_then(|i| i.decimals)
     }
 
-    fn erc20(&mut self, log: &RawLog, params: &[(String, DynSolValue)]) -> Result<(), ChainError> {
-        let (Some(from), Some(to), Some(value)) =
-            (address(&params[0].1), address(&params[1].1), uint(&params[2].1))
-        else {
-            return Ok(());
-        };
+    fn erc20(
+        &mut self,
+        log: &RawLog,
+        from: String,
+        to: String,
+        value: U256,
+    ) -> Result<(), ChainError> {
         let mut record = Map::new();
         let decimals = self.token_fields(&mut record, &log.address);
         record.insert("from_address".into(), json!(from));
@@ -338,10 +353,7 @@ impl Builder<'_> {
                     record.insert("token_reserve".into(), json!(units(reserves[side], d)));
                 }
                 record.insert("block_number".into(), json!(swap.block_number));
-                record.insert(
-                    "block_timestamp".into(),
-                    json!(timestamp(self.block.header.timestamp)),
-                );
+                record.insert("block_timestamp".into(), json!(self.time));
                 record.insert("block_hash".into(), json!(swap.block_hash));
                 record.insert("transaction_hash".into(), json!(swap.transaction_hash));
                 record.insert("log_index".into(), json!(log_index));
@@ -420,6 +432,16 @@ fn address_topic(address: &str) -> Option<B256> {
     format!("0x{:0>64}", address.trim_start_matches("0x")).parse().ok()
 }
 
+/// `Transfer(address indexed from, address indexed to, uint256 value)` read as alloy's
+/// decoder reads it: the addresses are the topics' last 20 bytes, the value the data's first
+/// word (a shorter data does not decode).
+fn erc20_parts(log: &RawLog) -> Option<(String, String, U256)> {
+    let [_, from, to] = log.topics.as_slice() else { return None };
+    let value = U256::try_from_be_slice(log.data.get(..32)?)?;
+    let address = |topic: &B256| format!("{:#x}", Address::from_word(*topic));
+    Some((address(from), address(to), value))
+}
+
 fn net(into: U256, out: U256) -> U256 {
     if into >= out { into - out } else { out - into }
 }
@@ -481,6 +503,41 @@ mod tests {
         assert_eq!(units(U256::from(7_000_000u64), 6), "7");
         assert_eq!(units(U256::ZERO, 6), "0");
         assert_eq!(units(U256::MAX, 0), U256::MAX.to_string());
+    }
+
+    #[test]
+    fn erc20_transfers_read_directly_equal_alloys_decoding() {
+        let transfer = events::selector(TRANSFER);
+        let word = |fill: u8, low: u8| {
+            let mut w = [fill; 32];
+            w[31] = low;
+            B256::from(w)
+        };
+        let datas: [Vec<u8>; 4] = [vec![7; 32], vec![1; 64], vec![2; 31], Vec::new()];
+        for (topics, data) in [
+            (vec![transfer, word(0, 1), word(0, 2)], &datas[0]),
+            // Dirty high bytes in an address topic, and data longer than one word.
+            (vec![transfer, word(0xff, 3), word(0xab, 4)], &datas[1]),
+            (vec![transfer, word(0, 1), word(0, 2)], &datas[2]),
+            (vec![transfer, word(0, 1), word(0, 2)], &datas[3]),
+        ] {
+            let log = RawLog {
+                address: String::new(),
+                topics: topics.clone(),
+                data: data.clone(),
+                block_number: 1,
+                block_hash: String::new(),
+                transaction_hash: String::new(),
+                transaction_index: 0,
+                log_index: 0,
+                block_timestamp: None,
+            };
+            let known = events::lookup(&topics).unwrap();
+            let decoded = events::decode(known, &topics, data).and_then(|params| {
+                Some((address(&params[0].1)?, address(&params[1].1)?, uint(&params[2].1)?))
+            });
+            assert_eq!(erc20_parts(&log), decoded, "data of {} bytes", data.len());
+        }
     }
 
     #[test]

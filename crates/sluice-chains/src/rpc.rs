@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rand::Rng;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, Semaphore};
 use tokio::time::Instant;
@@ -163,6 +164,15 @@ impl RpcClient {
         Ok(answers.pop().expect("one answer per call"))
     }
 
+    /// [`RpcClient::call`] with the result left as JSON text.
+    ///
+    /// # Errors
+    /// [`ChainError::Rpc`] once retries are exhausted.
+    pub async fn call_raw(&self, call: Call) -> Result<Result<RawResult, NodeError>, ChainError> {
+        let mut answers = self.batch_raw(vec![call]).await?;
+        Ok(answers.pop().expect("one answer per call"))
+    }
+
     /// Like [`RpcClient::call`], a node error being an error too.
     ///
     /// # Errors
@@ -184,6 +194,30 @@ impl RpcClient {
         &self,
         calls: Vec<Call>,
     ) -> Result<Vec<Result<Value, NodeError>>, ChainError> {
+        let answers = self.batch_raw(calls).await?;
+        answers
+            .into_iter()
+            .map(|answer| match answer {
+                Ok(raw) => {
+                    serde_json::from_str(raw.get()).map(Ok).map_err(|error| ChainError::Rpc {
+                        url: self.display_url(),
+                        reason: format!("unreadable answer: {error}"),
+                    })
+                }
+                Err(error) => Ok(Err(error)),
+            })
+            .collect()
+    }
+
+    /// [`RpcClient::batch`] with each result left as JSON text, for the caller to parse into
+    /// its own types (no `Value` tree for big answers).
+    ///
+    /// # Errors
+    /// [`ChainError::Rpc`] once retries of a batch are exhausted.
+    pub async fn batch_raw(
+        &self,
+        calls: Vec<Call>,
+    ) -> Result<Vec<Result<RawResult, NodeError>>, ChainError> {
         if calls.is_empty() {
             return Ok(Vec::new());
         }
@@ -199,7 +233,7 @@ impl RpcClient {
     async fn send_with_retries(
         &self,
         calls: Vec<Call>,
-    ) -> Result<Vec<Result<Value, NodeError>>, ChainError> {
+    ) -> Result<Vec<Result<RawResult, NodeError>>, ChainError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -260,7 +294,10 @@ impl RpcClient {
         tokio::time::sleep_until(wait_until).await;
     }
 
-    async fn send_once(&self, calls: &[Call]) -> Result<Vec<Result<Value, NodeError>>, Failure> {
+    async fn send_once(
+        &self,
+        calls: &[Call],
+    ) -> Result<Vec<Result<RawResult, NodeError>>, Failure> {
         let _permit = self.permits.acquire().await.expect("the semaphore is never closed");
         self.pace().await;
         let first_id = self.next_id.fetch_add(calls.len() as u64, Ordering::Relaxed);
@@ -292,15 +329,23 @@ impl RpcClient {
             reason: transport_reason(&error),
             retry_after: None,
         })?;
-        let answer: Value = serde_json::from_slice(&bytes).map_err(|error| Failure::Retryable {
+        let unreadable = |error: serde_json::Error| Failure::Retryable {
             reason: format!("unreadable answer: {error}"),
             retry_after: None,
-        })?;
-        let items = match answer {
-            Value::Array(items) => items,
+        };
+        // The results stay raw JSON text, slices of the one body: callers parse them into
+        // their own types, and the big ones (`eth_getLogs`) are neither copied nor turned
+        // into a `Value` tree.
+        let body = Arc::new(String::from_utf8(bytes.into()).map_err(|_| Failure::Retryable {
+            reason: "unreadable answer: not UTF-8".to_owned(),
+            retry_after: None,
+        })?);
+        let items: Vec<Answer<'_>> = match serde_json::from_str(&body) {
+            Ok(items) => items,
             // A node that refuses the whole batch answers one error object.
-            Value::Object(object) => {
-                let error = node_error(object.get("error"));
+            Err(_) => {
+                let answer: Value = serde_json::from_str(&body).map_err(unreadable)?;
+                let error = answer.as_object().and_then(|o| node_error(o.get("error")));
                 return match error {
                     Some(error) if error.is_retryable() => Err(Failure::Retryable {
                         reason: format!("node error {}: {}", error.code, error.message),
@@ -310,21 +355,25 @@ impl RpcClient {
                     None => Err(Failure::Fatal("answer is not a JSON-RPC batch".to_owned())),
                 };
             }
-            _ => return Err(Failure::Fatal("answer is not a JSON-RPC batch".to_owned())),
         };
-        let mut answers: Vec<Option<Result<Value, NodeError>>> = vec![None; calls.len()];
-        for mut item in items {
+        let mut answers: Vec<Option<Result<RawResult, NodeError>>> =
+            (0..calls.len()).map(|_| None).collect();
+        for item in items {
             let Some(index) = item
-                .get("id")
+                .id
+                .as_ref()
                 .and_then(Value::as_u64)
                 .and_then(|id| id.checked_sub(first_id))
                 .filter(|index| *index < calls.len() as u64)
             else {
                 continue;
             };
-            let answer = match node_error(item.get("error")) {
+            let answer = match node_error(item.error.as_ref()) {
                 Some(error) => Err(error),
-                None => Ok(item.get_mut("result").map(Value::take).unwrap_or(Value::Null)),
+                None => Ok(item.result.map_or_else(RawResult::null, |raw| {
+                    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+                    RawResult { body: body.clone(), span: start..start + raw.get().len() }
+                })),
             };
             answers[index as usize] = Some(answer);
         }
@@ -335,6 +384,35 @@ impl RpcClient {
             });
         }
         Ok(answers.into_iter().map(|a| a.expect("checked above")).collect())
+    }
+}
+
+/// One call's answer in a batch, its result left as JSON text.
+#[derive(serde::Deserialize)]
+struct Answer<'a> {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default, borrow)]
+    result: Option<&'a RawValue>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+/// One call's result as JSON text: a slice of its batch's answer, which the batch's results
+/// share rather than each copying theirs out.
+#[derive(Debug, Clone)]
+pub struct RawResult {
+    body: Arc<String>,
+    span: std::ops::Range<usize>,
+}
+
+impl RawResult {
+    pub fn get(&self) -> &str {
+        &self.body[self.span.clone()]
+    }
+
+    fn null() -> Self {
+        Self { body: Arc::new("null".to_owned()), span: 0..4 }
     }
 }
 
