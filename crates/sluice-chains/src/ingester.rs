@@ -23,7 +23,7 @@ use crate::config::{ChainConfig, Finality, StartBlock};
 use crate::fetch::{self, FetchedBlock, Header, RangeSizer};
 use crate::records::{self, BlockRecords};
 use crate::rpc::RpcClient;
-use crate::sink::{ChainSink, Checkpoint};
+use crate::sink::{ChainSink, Checkpoint, SinkError};
 use crate::status::ChainStatus;
 use crate::tokens::{PoolBalances, Tokens};
 use crate::usd::UsdPrices;
@@ -60,11 +60,19 @@ pub struct Ingester {
     /// Per finalized stream, the highest block it already holds: blocks up to it are not
     /// appended to it again (the streams may be ahead of the checkpoint after a crash).
     stream_tails: HashMap<String, u64>,
+    /// The last finalize's appends and checkpoint, running while the next blocks are built;
+    /// settled (awaited) before anything else is written.
+    writing: Option<tokio::task::JoinHandle<Result<(), ChainError>>>,
 }
 
 impl Drop for Ingester {
     fn drop(&mut self) {
         if let Some((_, task)) = self.prefetch.take() {
+            task.abort();
+        }
+        // As a crash at this moment: the streams may end up ahead of the checkpoint, which
+        // a restart handles (`stream_tails`).
+        if let Some(task) = self.writing.take() {
             task.abort();
         }
     }
@@ -98,6 +106,7 @@ impl Ingester {
             finalized: None,
             unfinalized: VecDeque::new(),
             stream_tails: HashMap::new(),
+            writing: None,
         })
     }
 
@@ -189,13 +198,40 @@ impl Ingester {
             );
             progressed = true;
         }
-        if self.finalize(target).await? {
-            progressed = true;
+        match self.finalize(target).await? {
+            // The finalize's own task saves the checkpoint after its appends.
+            Finalized::Writing => return Ok(true),
+            Finalized::Done => progressed = true,
+            Finalized::Nothing => {}
         }
         if progressed {
             self.save().await?;
         }
         Ok(progressed)
+    }
+
+    /// Waits for the last finalize's appends and checkpoint. If they failed, the ingester
+    /// forgets its position, as after a crash: the next step resumes from the stored
+    /// checkpoint and the streams' tails, so no block is lost or written twice.
+    async fn settle(&mut self) -> Result<(), ChainError> {
+        let Some(task) = self.writing.take() else { return Ok(()) };
+        let outcome = match task.await {
+            Ok(outcome) => outcome,
+            Err(error) => Err(ChainError::Sink(SinkError::Append {
+                stream: format!("{}'s finalized streams", self.config.name),
+                reason: format!("the writer task stopped: {error}"),
+                transient: true,
+            })),
+        };
+        if outcome.is_err() {
+            if let Some((_, task)) = self.prefetch.take() {
+                task.abort();
+            }
+            self.finalized = None;
+            self.unfinalized.clear();
+            self.stream_tails.clear();
+        }
+        outcome
     }
 
     /// The blocks from `from` on (up to `head`; those up to `target` are final, read
@@ -386,10 +422,11 @@ impl Ingester {
         }
     }
 
-    async fn mark_orphans(&self, orphans: &[Header]) -> Result<(), ChainError> {
+    async fn mark_orphans(&mut self, orphans: &[Header]) -> Result<(), ChainError> {
         if orphans.is_empty() {
             return Ok(());
         }
+        self.settle().await?;
         for (entity, zerolag) in &self.config.entities {
             if !zerolag {
                 continue;
@@ -403,7 +440,8 @@ impl Ingester {
         Ok(())
     }
 
-    async fn append_zerolag(&self, blocks: &[BlockRecords]) -> Result<(), ChainError> {
+    async fn append_zerolag(&mut self, blocks: &[BlockRecords]) -> Result<(), ChainError> {
+        self.settle().await?;
         for (entity, zerolag) in &self.config.entities {
             if !zerolag {
                 continue;
@@ -416,25 +454,29 @@ impl Ingester {
         Ok(())
     }
 
-    /// Moves the blocks up to `target` to the finalized streams. True when it moved any.
-    async fn finalize(&mut self, target: u64) -> Result<bool, ChainError> {
+    /// Moves the blocks up to `target` to the finalized streams: their appends and then the
+    /// checkpoint run in a task of their own ([`Finalized::Writing`]) while the next blocks
+    /// are read and built; whatever writes next settles it first.
+    async fn finalize(&mut self, target: u64) -> Result<Finalized, ChainError> {
         let ready = self.unfinalized.iter().take_while(|p| p.header.number <= target).count();
         if ready == 0 {
-            return Ok(false);
+            return Ok(Finalized::Nothing);
         }
         let newest = self.unfinalized[ready - 1].header.clone();
         let theirs = fetch::header(&self.rpc, json!(fetch::hex_quantity(newest.number))).await?;
         if theirs.as_ref().map(|h| &h.hash) != Some(&newest.hash) {
             self.reorg().await?;
-            return Ok(true);
+            return Ok(Finalized::Done);
         }
         // Blocks known only from the checkpoint are read again; the parent chain links them
         // to `newest`, which the node just confirmed.
         if self.unfinalized.iter().take(ready).any(|p| p.records.is_none()) {
             self.reload(ready).await?;
         }
+        self.settle().await?;
         let mut blocks: Vec<BlockRecords> =
             self.unfinalized.drain(..ready).map(|p| p.records.expect("reloaded above")).collect();
+        let mut appends = Vec::new();
         for (entity, _) in &self.config.entities {
             let after = self.stream_tails.get(entity).copied().map_or(0, |t| t + 1);
             // The blocks are ours now: their records move to the append, not copied.
@@ -445,12 +487,22 @@ impl Ingester {
                 .flatten()
                 .collect();
             if !records.is_empty() {
-                self.sink.append(&self.config.name, entity, false, records).await?;
+                appends.push((entity.clone(), records));
             }
         }
-        self.status.ingested(newest.number, newest.timestamp);
-        self.finalized = Some(newest);
-        Ok(true)
+        self.finalized = Some(newest.clone());
+        let checkpoint = self.checkpoint().expect("finalized was just set");
+        let (sink, status, chain) =
+            (self.sink.clone(), self.status.clone(), self.config.name.clone());
+        self.writing = Some(tokio::spawn(async move {
+            for (entity, records) in appends {
+                sink.append(&chain, &entity, false, records).await?;
+            }
+            sink.save_checkpoint(&chain, &checkpoint).await?;
+            status.ingested(newest.number, newest.timestamp);
+            Ok(())
+        }));
+        Ok(Finalized::Writing)
     }
 
     /// Reads the records of the first `count` unfinalized blocks that lack them.
@@ -483,15 +535,29 @@ impl Ingester {
         Ok(())
     }
 
-    async fn save(&self) -> Result<(), ChainError> {
-        let Some(finalized) = &self.finalized else { return Ok(()) };
-        let checkpoint = Checkpoint {
-            finalized: finalized.clone(),
-            unfinalized: self.unfinalized.iter().map(|p| p.header.clone()).collect(),
-        };
+    async fn save(&mut self) -> Result<(), ChainError> {
+        self.settle().await?;
+        let Some(checkpoint) = self.checkpoint() else { return Ok(()) };
         self.sink.save_checkpoint(&self.config.name, &checkpoint).await?;
         Ok(())
     }
+
+    fn checkpoint(&self) -> Option<Checkpoint> {
+        Some(Checkpoint {
+            finalized: self.finalized.clone()?,
+            unfinalized: self.unfinalized.iter().map(|p| p.header.clone()).collect(),
+        })
+    }
+}
+
+/// What a finalize did.
+enum Finalized {
+    /// No block was final yet.
+    Nothing,
+    /// Its writes (and the checkpoint) run in the ingester's `writing` task.
+    Writing,
+    /// It wrote already (a reorg's markers and checkpoint).
+    Done,
 }
 
 /// Copies of the records of `entity` of `blocks`, in block order.
