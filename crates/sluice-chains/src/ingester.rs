@@ -161,6 +161,10 @@ impl Ingester {
     /// # Errors
     /// RPC and sink failures, a deep reorg.
     pub async fn step(&mut self) -> Result<bool, ChainError> {
+        // The last finalize's writes: a failure shows (and is recovered from) at once.
+        if self.writing.as_ref().is_some_and(tokio::task::JoinHandle::is_finished) {
+            self.settle().await?;
+        }
         let head = fetch::block_number(&self.rpc).await?;
         let target = self.final_target(head).await?;
         self.status.head(head, None, target);
@@ -206,6 +210,9 @@ impl Ingester {
         }
         if progressed {
             self.save().await?;
+        } else {
+            // Idle: nothing else would wait for the last writes.
+            self.settle().await?;
         }
         Ok(progressed)
     }
