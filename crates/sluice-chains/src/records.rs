@@ -163,9 +163,9 @@ impl Builder<'_> {
 
     fn log(&mut self, log: &RawLog) -> Result<(), ChainError> {
         let (wants_log, wants_decoded) = (self.wants("log"), self.wants("decoded_log"));
-        let raw = (wants_log || wants_decoded).then(|| self.raw(log));
-        if let (true, Some(raw)) = (wants_log, &raw) {
-            self.push("log", raw)?;
+        if wants_log {
+            let record = self.raw("log", log, None)?;
+            self.by_entity.entry("log").or_default().push(record);
         }
         let Some(known) = events::lookup(&log.topics) else { return Ok(()) };
         let transfer_entity = match known.signature.as_str() {
@@ -185,11 +185,10 @@ impl Builder<'_> {
             return self.erc20(log, from, to, value);
         }
         let Some(params) = events::decode(known, &log.topics, &log.data) else { return Ok(()) };
-        if let (true, Some(mut decoded)) = (wants_decoded, raw) {
-            decoded.insert("name".into(), json!(known.event.name));
-            decoded.insert("signature".into(), json!(known.signature));
-            decoded.insert("params".into(), events::params_json(&params));
-            self.push("decoded_log", &decoded)?;
+        if wants_decoded {
+            let params = events::params_json(&params);
+            let record = self.raw("decoded_log", log, Some((known, &params)))?;
+            self.by_entity.entry("decoded_log").or_default().push(record);
         }
         if !wants_transfer {
             return Ok(());
@@ -206,24 +205,36 @@ impl Builder<'_> {
         }
     }
 
-    /// A `log` record (the start of a `decoded_log` one).
-    fn raw(&self, log: &RawLog) -> Map<String, Value> {
-        let mut raw = self.position(log);
-        raw.insert("address".into(), json!(log.address));
-        raw.insert("data".into(), json!(format!("0x{}", alloy_primitives::hex::encode(&log.data))));
-        for (index, name) in ["topic0", "topic1", "topic2", "topic3"].into_iter().enumerate() {
-            raw.insert(
-                name.into(),
-                log.topics.get(index).map_or(Value::Null, |t| json!(format!("{t:#x}"))),
-            );
+    /// A `log` record, or with the event and its decoded `params` a `decoded_log` one:
+    /// written field by field (in name order, the text a `Map` would give), as these are
+    /// most of the records when every stream is written.
+    fn raw(
+        &self,
+        entity: &'static str,
+        log: &RawLog,
+        decoded: Option<(&events::KnownEvent, &Value)>,
+    ) -> Result<StreamRecord, ChainError> {
+        let transaction = self.block.transactions.get(&log.transaction_hash);
+        let mut w = RecordWriter::new(entity).map_err(|e| invalid(entity, &e))?;
+        w.str("address", &log.address);
+        w.str("block_hash", &log.block_hash);
+        w.u64("block_number", log.block_number);
+        w.str("block_timestamp", &self.time);
+        w.str("data", &format!("0x{}", alloy_primitives::hex::encode(&log.data)));
+        w.opt_str("from_address", transaction.map(|(from, _)| from.as_str()));
+        w.u64("log_index", log.log_index);
+        if let Some((known, params)) = decoded {
+            w.str("name", &known.event.name);
+            w.json("params", params);
+            w.str("signature", &known.signature);
         }
-        let (from, to) = match self.block.transactions.get(&log.transaction_hash) {
-            Some((from, to)) => (json!(from), json!(to)),
-            None => (Value::Null, Value::Null),
-        };
-        raw.insert("from_address".into(), from);
-        raw.insert("to_address".into(), to);
-        raw
+        w.opt_str("to_address", transaction.and_then(|(_, to)| to.as_deref()));
+        for (index, name) in ["topic0", "topic1", "topic2", "topic3"].into_iter().enumerate() {
+            w.opt_str(name, log.topics.get(index).map(|t| format!("{t:#x}")).as_deref());
+        }
+        w.str("transaction_hash", &log.transaction_hash);
+        w.u64("transaction_index", log.transaction_index);
+        w.finish().map_err(|e| invalid(entity, &e))
     }
 
     fn token_fields(&self, record: &mut Map<String, Value>, address: &str) -> Option<u8> {

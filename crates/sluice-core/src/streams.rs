@@ -682,6 +682,16 @@ impl RecordWriter {
         }
     }
 
+    /// A field of any JSON value (an object or an array, say); not a key or time field.
+    pub fn json(&mut self, name: &'static str, value: &Value) {
+        self.name(name);
+        write_json(&mut self.text, value);
+        self.key_part(name, || None);
+        if name == self.schema.time_field {
+            self.time_ok = Some(time_value(self.schema.entity, value).is_some());
+        }
+    }
+
     /// The record, checked.
     ///
     /// # Errors
@@ -735,8 +745,8 @@ mod tests {
         let object = serde_json::json!({
             "amount": 1234.56, "amount_str": "1234.56", "block_hash": "0xAB\"c",
             "block_number": 7, "block_timestamp": "2026-01-02T03:04:05Z",
-            "from_address": "0x01", "log_index": 3, "raw_amount": 1.23456e9,
-            "token_name": null, "transaction_hash": "0xDEADbeef",
+            "from_address": "0x01", "log_index": 3, "params": {"b": [1, "x"], "a": null},
+            "raw_amount": 1.23456e9, "token_name": null, "transaction_hash": "0xDEADbeef",
         });
         let expected =
             StreamRecord::from_object("erc20_token_transfer", object.as_object().unwrap()).unwrap();
@@ -748,6 +758,7 @@ mod tests {
         w.str("block_timestamp", "2026-01-02T03:04:05Z");
         w.str("from_address", "0x01");
         w.u64("log_index", 3);
+        w.json("params", &serde_json::json!({"b": [1, "x"], "a": null}));
         w.f64("raw_amount", 1.23456e9);
         w.opt_str("token_name", None);
         w.str("transaction_hash", "0xDEADbeef");
