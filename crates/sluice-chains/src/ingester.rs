@@ -10,6 +10,11 @@
 //! still the node's block at that height. A mismatch is a reorg: the ingester finds the
 //! newest block it has that the node still has, writes a reorg marker to every zerolag
 //! stream for each block after it, drops them and reads on from there.
+//!
+//! The finalized streams' appends and the checkpoint after them run in a task of their own
+//! (`writing`) while the next blocks are read and built; whatever writes next waits for it
+//! first (`settle`). A failed write makes the ingester forget its position, exactly as a
+//! crash would: the next step resumes from the stored checkpoint and the streams' tails.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
