@@ -87,44 +87,54 @@ impl Anvil {
         }
     }
 
-    async fn token(&self, name: &str, symbol: &str) -> String {
+    /// Deploys a compiled test contract of `crates/sluice-chains/tests/contracts`.
+    async fn deploy(&self, contract: &str, args: Vec<DynSolValue>) -> String {
         let path = format!(
-            "{}/../sluice-chains/tests/contracts/compiled/TestToken.json",
+            "{}/../sluice-chains/tests/contracts/compiled/{contract}.json",
             env!("CARGO_MANIFEST_DIR")
         );
         let compiled: Value =
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let mut code =
             alloy_primitives::hex::decode(compiled["bytecode"].as_str().unwrap()).unwrap();
-        let args = vec![
-            DynSolValue::String(name.to_owned()),
-            DynSolValue::String(symbol.to_owned()),
-            DynSolValue::Uint(alloy_primitives::U256::from(6u8), 256),
-        ];
         code.extend(DynSolValue::Tuple(args).abi_encode_params());
         let receipt = self.send(None, code).await;
         receipt["contractAddress"].as_str().unwrap().to_ascii_lowercase()
     }
 
+    /// A token with 6 decimals.
+    async fn token(&self, name: &str, symbol: &str) -> String {
+        let args = vec![
+            DynSolValue::String(name.to_owned()),
+            DynSolValue::String(symbol.to_owned()),
+            DynSolValue::Uint(alloy_primitives::U256::from(6u8), 256),
+        ];
+        self.deploy("TestToken", args).await
+    }
+
+    /// Calls `signature` on `to` from Alice.
+    async fn invoke(&self, to: &str, signature: &str, args: Vec<DynSolValue>) -> Value {
+        let function = alloy_json_abi::Function::parse(signature).unwrap();
+        self.send(Some(to), function.abi_encode_input(&args).unwrap()).await
+    }
+
     async fn mint(&self, token: &str, amount: u64) -> Value {
-        let function = alloy_json_abi::Function::parse("mint(address,uint256)").unwrap();
-        let data = function
-            .abi_encode_input(&[
-                DynSolValue::Address(BOB.parse().unwrap()),
-                DynSolValue::Uint(alloy_primitives::U256::from(amount), 256),
-            ])
-            .unwrap();
-        self.send(Some(token), data).await
+        let args = vec![
+            DynSolValue::Address(BOB.parse().unwrap()),
+            DynSolValue::Uint(alloy_primitives::U256::from(amount), 256),
+        ];
+        self.invoke(token, "mint(address,uint256)", args).await
     }
 }
 
-fn start(dir: &std::path::Path, port: u16, anvil: &str, start_block: &str) -> Server {
+/// `sluice serve` reading chain `base` from `anvil`; `extra` is more of its `[[chains]]` table.
+fn start(dir: &std::path::Path, port: u16, anvil: &str, start_block: &str, extra: &str) -> Server {
     let config = dir.join("sluice.toml");
     std::fs::write(
         &config,
         format!(
             "[[chains]]\nname = \"base\"\nrpc_url = \"{anvil}\"\nstart_block = {start_block}\n\
-             confirmations = 2\nmax_block_range = 3\npoll_interval_ms = 20\n"
+             confirmations = 2\nmax_block_range = 3\npoll_interval_ms = 20\n{extra}"
         ),
     )
     .unwrap();
@@ -169,7 +179,7 @@ async fn a_set_filter_pipeline_delivers_the_tokens_transfers_made_on_the_node() 
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
-    let _server = start(dir.path(), port, &anvil.url, "\"latest\"");
+    let _server = start(dir.path(), port, &anvil.url, "\"latest\"", "");
     let body = json!({
         "name": "usdc", "description": "USDC transfers from the node",
         "pipeline_config": {
@@ -247,7 +257,7 @@ async fn sigkill_mid_ingest_then_restart_leaves_every_block_once_in_the_finalize
     let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
     // Killed three times at growing heights, transfers still being made in between.
     for (round, stop_at) in [8u64, 25, 45].into_iter().enumerate() {
-        let mut server = start(dir.path(), port, &anvil.url, "1");
+        let mut server = start(dir.path(), port, &anvil.url, "1", "");
         wait_ingested(&client, &base, stop_at).await;
         server.child.kill().unwrap();
         server.child.wait().unwrap();
@@ -258,7 +268,7 @@ async fn sigkill_mid_ingest_then_restart_leaves_every_block_once_in_the_finalize
     }
     anvil.call("anvil_mine", json!(["0x2"])).await;
     let head = anvil.head().await;
-    let server = start(dir.path(), port, &anvil.url, "1");
+    let server = start(dir.path(), port, &anvil.url, "1", "");
     wait_ingested(&client, &base, head - 2).await;
     assert!(server.terminate());
 
@@ -283,4 +293,85 @@ async fn sigkill_mid_ingest_then_restart_leaves_every_block_once_in_the_finalize
         assert!(seen.values().all(|n| *n == 1), "{entity}: a record twice: {seen:?}");
         assert!(hashes.iter().all(|h| seen.contains_key(h)));
     }
+}
+
+/// Uniswap-style trades made on the node reach the price endpoints through `dex_trade`: WETH
+/// priced by its USDC pair (a stablecoin leg), PEPE by its V3 pool against WETH (a priced
+/// leg), and both tokens' liquidity from the pools' reserves, the V3 pool's included.
+#[tokio::test(flavor = "multi_thread")]
+async fn trades_on_the_node_price_tokens_through_stable_and_priced_legs() {
+    let anvil = Anvil::start().await;
+    let usdc = anvil.token("USD Coin", "USDC").await;
+    let weth = anvil.token("Wrapped Ether", "WETH").await;
+    let pepe = anvil.token("Pepe", "PEPE").await;
+    let address = |a: &str| DynSolValue::Address(a.parse().unwrap());
+    let uint = |n: u64| DynSolValue::Uint(alloy_primitives::U256::from(n), 256);
+    let int = |n: i64| DynSolValue::Int(alloy_primitives::I256::try_from(n).unwrap(), 256);
+    let pair = anvil.deploy("TestPair", vec![address(&usdc), address(&weth)]).await;
+    let pool = anvil.deploy("TestPoolV3", vec![address(&pepe), address(&weth)]).await;
+    let (mint, transfer, approve) =
+        ("mint(address,uint256)", "transfer(address,uint256)", "approve(address,uint256)");
+    // Amounts in base units of 6 decimals.
+    for token in [&usdc, &weth, &pepe] {
+        anvil.invoke(token, mint, vec![address(ALICE), uint(10_000_000_000_000)]).await;
+    }
+    // WETH: 1,000 USDC and 1 WETH in the pair, then 200 USDC in for 0.1 WETH out (2,000 USD).
+    anvil.invoke(&usdc, transfer, vec![address(&pair), uint(1_000_000_000)]).await;
+    anvil.invoke(&weth, transfer, vec![address(&pair), uint(1_000_000)]).await;
+    anvil.invoke(&pair, "sync()", vec![]).await;
+    anvil.invoke(&usdc, approve, vec![address(&pair), uint(200_000_000)]).await;
+    let swap_from = "swapFrom(uint256,uint256,uint256,uint256,address)";
+    let v2 = vec![uint(200_000_000), uint(0), uint(0), uint(100_000), address(ALICE)];
+    anvil.invoke(&pair, swap_from, v2).await;
+    // PEPE: 1,000,000 PEPE and 2 WETH in the V3 pool, then 10,000 PEPE in for 0.01 WETH out:
+    // 20 USD, so 0.002 USD a PEPE, and 1,010,000 PEPE left in the pool.
+    anvil.invoke(&pepe, transfer, vec![address(&pool), uint(1_000_000_000_000)]).await;
+    anvil.invoke(&weth, transfer, vec![address(&pool), uint(2_000_000)]).await;
+    anvil.invoke(&pepe, approve, vec![address(&pool), uint(10_000_000_000)]).await;
+    let v3 = vec![
+        int(10_000_000_000),
+        int(-10_000),
+        address(ALICE),
+        DynSolValue::Uint(alloy_primitives::U256::from(1u8) << 96, 160),
+        DynSolValue::Uint(alloy_primitives::U256::from(1u8), 128),
+        DynSolValue::Int(alloy_primitives::I256::ZERO, 24),
+    ];
+    anvil.invoke(&pool, "swap(int256,int256,address,uint160,uint128,int24)", v3).await;
+    anvil.call("anvil_mine", json!(["0x3"])).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    let _server =
+        start(dir.path(), port, &anvil.url, "1", &format!("stablecoins = [\"{usdc}\"]\n"));
+    wait_ingested(&client, &base, anvil.head().await - 2).await;
+
+    let url = format!("{base}/api/v1/developer/prices?with_liquidity_info=true");
+    let tokens =
+        json!([{"chain": "base", "token_address": weth}, {"chain": "base", "token_address": pepe}]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let items = loop {
+        let (status, body) =
+            send(&client, reqwest::Method::POST, &url, Some(tokens.to_string())).await;
+        assert_eq!(status, 200, "{body}");
+        let items = body["items"].as_array().cloned().unwrap_or_default();
+        if items.len() == 2 || Instant::now() > deadline {
+            break items;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let price = |token: &str| {
+        let item = items.iter().find(|i| i["address"] == json!(token));
+        item.unwrap_or_else(|| panic!("{token} priced: {items:?}")).clone()
+    };
+    let close = |value: &Value, expected: f64| {
+        let value = value.as_f64().unwrap_or_else(|| panic!("a number: {value}"));
+        assert!((value - expected).abs() < expected * 1e-9, "{value} against {expected}");
+    };
+    close(&price(&weth)["price"], 2000.0);
+    close(&price(&pepe)["price"], 0.002);
+    close(&price(&pepe)["total_liquidity_usd"], 1_010_000.0 * 0.002);
+    // WETH's liquidity: 0.9 WETH left in the V2 pair and 1.99 in the V3 pool, at 2,000.
+    close(&price(&weth)["total_liquidity_usd"], (0.9 + 1.99) * 2000.0);
 }
