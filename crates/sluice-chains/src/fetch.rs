@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::ChainError;
-use crate::rpc::{Call, RawResult, RpcClient};
+use crate::rpc::{Call, NodeError, RawResult, RpcClient};
 
 /// Logs per range the adaptive sizing aims at: under half of it the range grows, over twice
 /// it shrinks (providers commonly cap one answer at 10,000 logs).
@@ -106,13 +106,7 @@ pub async fn block_number(rpc: &RpcClient) -> Result<u64, ChainError> {
 /// # Errors
 /// RPC failures.
 pub async fn header(rpc: &RpcClient, block: Value) -> Result<Option<Header>, ChainError> {
-    let answer = rpc.call_raw(Call::new("eth_getBlockByNumber", json!([block, false]))).await?;
-    let raw = answer.map_err(|e| ChainError::Node {
-        method: "eth_getBlockByNumber",
-        code: e.code,
-        message: e.message,
-    })?;
-    parse_block(&raw, false).map(|block| block.map(|(header, _)| header))
+    header_of(rpc.call_raw(Call::new("eth_getBlockByNumber", json!([block, false]))).await?)
 }
 
 /// Headers of many blocks by number, in one batch; `None` for blocks the node lacks.
@@ -124,18 +118,13 @@ pub async fn headers(rpc: &RpcClient, numbers: &[u64]) -> Result<Vec<Option<Head
         .iter()
         .map(|n| Call::new("eth_getBlockByNumber", json!([hex_quantity(*n), false])))
         .collect();
-    rpc.batch_raw(calls)
-        .await?
-        .into_iter()
-        .map(|answer| {
-            let raw = answer.map_err(|e| ChainError::Node {
-                method: "eth_getBlockByNumber",
-                code: e.code,
-                message: e.message,
-            })?;
-            parse_block(&raw, false).map(|block| block.map(|(header, _)| header))
-        })
-        .collect()
+    rpc.batch_raw(calls).await?.into_iter().map(header_of).collect()
+}
+
+/// The header in an `eth_getBlockByNumber` answer (`None` for a block the node lacks).
+fn header_of(answer: Result<RawResult, NodeError>) -> Result<Option<Header>, ChainError> {
+    let raw = answer.map_err(|e| e.into_error("eth_getBlockByNumber"))?;
+    parse_block(&raw, false).map(|block| block.map(|(header, _)| header))
 }
 
 /// Up to `parallel` consecutive ranges from `from` (each of the sizer's current size, none
@@ -166,7 +155,6 @@ pub async fn ranges(
         spans.push((start, end));
         start = end + 1;
     }
-    let starts: Vec<u64> = spans.iter().map(|(start, _)| *start).collect();
     let mut sizers: Vec<RangeSizer> = spans.iter().map(|_| sizer.clone()).collect();
     let reads = spans
         .iter()
@@ -174,7 +162,7 @@ pub async fn ranges(
         .map(|(span, sizer)| blocks(rpc, sizer, *span, with_transactions, final_up_to));
     let results = futures_util::future::join_all(reads).await;
     let mut run: Vec<FetchedBlock> = Vec::new();
-    for (result, start) in results.into_iter().zip(&starts) {
+    for (result, (start, _)) in results.into_iter().zip(&spans) {
         let Ok(chunk) = result else {
             if run.is_empty() {
                 return result;
@@ -231,13 +219,7 @@ pub async fn blocks(
             Err(error) if error.is_range_too_large() && sizer.shrink() => {
                 tracing::debug!(from, end, message = %error.message, "eth_getLogs range too large; halving");
             }
-            Err(error) => {
-                return Err(ChainError::Node {
-                    method: "eth_getLogs",
-                    code: error.code,
-                    message: error.message,
-                });
-            }
+            Err(error) => return Err(error.into_error("eth_getLogs")),
         }
     };
     let mut by_block: HashMap<u64, Vec<RawLog>> = HashMap::new();
@@ -265,15 +247,11 @@ pub async fn blocks(
     let mut answers = wanted.into_iter().zip(rpc.batch_raw(calls).await?).peekable();
     let mut blocks: Vec<FetchedBlock> = Vec::new();
     for number in from..=to {
-        let logs = by_block.remove(&number).unwrap_or_default();
+        let mut logs = by_block.remove(&number).unwrap_or_default();
         let answer = answers.next_if(|(n, _)| *n == number).map(|(_, answer)| answer);
         let (header, transactions) = match answer {
             Some(answer) => {
-                let raw = answer.map_err(|e| ChainError::Node {
-                    method: "eth_getBlockByNumber",
-                    code: e.code,
-                    message: e.message,
-                })?;
+                let raw = answer.map_err(|e| e.into_error("eth_getBlockByNumber"))?;
                 // Behind a load balancer, one node may not have the head another reported.
                 parse_block(&raw, !logs.is_empty())?.ok_or(ChainError::Inconsistent { from, to })?
             }
@@ -293,7 +271,6 @@ pub async fn blocks(
         if header.number != number {
             return Err(malformed("eth_getBlockByNumber", "a block of another number"));
         }
-        let mut logs = logs;
         logs.sort_by_key(|log| log.log_index);
         if logs.iter().any(|log| log.block_hash != header.hash) {
             return Err(ChainError::Inconsistent { from, to });

@@ -256,17 +256,16 @@ impl Builder<'_> {
         // would give) rather than through a `Map`.
         const ENTITY: &str = "erc20_token_transfer";
         let info = self.tokens.token(&log.address);
-        let raw = value.to_string();
-        let amount = units(value, info.and_then(|i| i.decimals).unwrap_or(0));
+        let (raw, amount) = amount_texts(value, info.and_then(|i| i.decimals));
         let mut w = RecordWriter::new(ENTITY).map_err(|e| invalid(ENTITY, &e))?;
-        w.f64("amount", amount.parse::<f64>().unwrap_or(f64::MAX));
+        w.f64("amount", number(&amount));
         w.str("amount_str", &amount);
         w.str("block_hash", &log.block_hash);
         w.u64("block_number", log.block_number);
         w.str("block_timestamp", &self.time);
         w.str("from_address", &from);
         w.u64("log_index", log.log_index);
-        w.f64("raw_amount", raw.parse::<f64>().unwrap_or(f64::MAX));
+        w.f64("raw_amount", number(&raw));
         w.str("raw_amount_str", &raw);
         w.str("to_address", &to);
         w.str("token_address", &log.address);
@@ -497,12 +496,21 @@ fn uint(value: &DynSolValue) -> Option<U256> {
 /// `raw_amount_str`, `raw_amount`, `amount_str`, `amount`; without decimals the amount
 /// stays in base units (documented for tokens without `decimals()`).
 fn amounts(record: &mut Map<String, Value>, raw: U256, decimals: Option<u8>) {
-    let raw_text = raw.to_string();
-    let amount = units(raw, decimals.unwrap_or(0));
+    let (raw_text, amount) = amount_texts(raw, decimals);
+    record.insert("raw_amount".into(), json!(number(&raw_text)));
     record.insert("raw_amount_str".into(), json!(raw_text));
-    record.insert("raw_amount".into(), json!(raw_text.parse::<f64>().unwrap_or(f64::MAX)));
-    record.insert("amount".into(), json!(amount.parse::<f64>().unwrap_or(f64::MAX)));
+    record.insert("amount".into(), json!(number(&amount)));
     record.insert("amount_str".into(), json!(amount));
+}
+
+/// `raw` in base units and shifted by `decimals` (base units without them), as text.
+fn amount_texts(raw: U256, decimals: Option<u8>) -> (String, String) {
+    (raw.to_string(), units(raw, decimals.unwrap_or(0)))
+}
+
+/// An amount's JSON number (beyond f64's range: its largest value).
+fn number(text: &str) -> f64 {
+    text.parse::<f64>().unwrap_or(f64::MAX)
 }
 
 /// `raw` shifted by `decimals`, exact, trailing zeros trimmed: `1234560000` with 6 decimals

@@ -71,6 +71,11 @@ pub struct NodeError {
 }
 
 impl NodeError {
+    /// This answer to `method` as the ingester's error.
+    pub fn into_error(self, method: &'static str) -> ChainError {
+        ChainError::Node { method, code: self.code, message: self.message }
+    }
+
     /// Errors that say "ask for less" on `eth_getLogs`: providers word these differently
     /// (Alchemy, Infura, QuickNode, Geth, Erigon), so the message is what tells them apart.
     pub fn is_range_too_large(&self) -> bool {
@@ -178,11 +183,7 @@ impl RpcClient {
     /// # Errors
     /// [`ChainError::Rpc`] or [`ChainError::Node`].
     pub async fn request(&self, method: &'static str, params: Value) -> Result<Value, ChainError> {
-        self.call(Call::new(method, params)).await?.map_err(|error| ChainError::Node {
-            method,
-            code: error.code,
-            message: error.message,
-        })
+        self.call(Call::new(method, params)).await?.map_err(|error| error.into_error(method))
     }
 
     /// Many calls, sent as batches of at most `max_batch` concurrently (bounded by the
