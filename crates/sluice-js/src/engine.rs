@@ -10,7 +10,7 @@ use sluice_core::datasets::DatasetLookup;
 
 use crate::error::{RunError, ScriptError, ScriptErrorKind};
 use crate::globals::{self, LogSink};
-use crate::json::{Plain, Stop};
+use crate::json::{self, AtomCache, Plain, Stop};
 use crate::{Limits, Output};
 
 /// The file name the engine gives the script; positions in messages refer to it.
@@ -34,6 +34,8 @@ const PINNED_TRANSFORM: &str = "__sluice_transform";
 /// `OutOfMemory` again) until [`ScriptEngine::restart`] rebuilds it, which costs about as
 /// much as [`ScriptEngine::new`] (a fresh runtime and one evaluation of the script).
 pub struct ScriptEngine {
+    /// Released by `Drop` while the context is alive.
+    atoms: AtomCache,
     // Field order is drop order: the context before the runtime that owns it.
     context: Context,
     runtime: Runtime,
@@ -172,7 +174,7 @@ impl ScriptEngine {
             }
             return Err(error);
         }
-        Ok(Self { context, runtime, budget, setup, poisoned: false })
+        Ok(Self { atoms: AtomCache::default(), context, runtime, budget, setup, poisoned: false })
     }
 
     /// The limits this engine runs under.
@@ -244,6 +246,7 @@ impl ScriptEngine {
         let limits = self.setup.limits;
         let log = &self.setup.log;
         let mut poisoned = false;
+        let atoms = &mut self.atoms;
         self.context.with(|ctx| {
             let transform =
                 ctx.globals().get::<_, Value>(PINNED_TRANSFORM).map_err(|e| caught(&ctx, e));
@@ -259,7 +262,9 @@ impl ScriptEngine {
                 }
                 budget.start(call_budget);
                 let result = match &transform {
-                    Ok(transform) => run_one(&ctx, plain.as_ref(), transform, record, &limits),
+                    Ok(transform) => {
+                        run_one(&ctx, atoms, plain.as_ref(), transform, record, &limits)
+                    }
                     Err(Failure::OutOfMemory) => Err(Failure::OutOfMemory),
                     Err(Failure::Run(error)) => Err(Failure::Run(error.clone())),
                     Err(Failure::TooLarge) => Err(Failure::TooLarge),
@@ -293,6 +298,13 @@ impl ScriptEngine {
     }
 }
 
+impl Drop for ScriptEngine {
+    fn drop(&mut self) {
+        let mut atoms = std::mem::take(&mut self.atoms);
+        self.context.with(|ctx| atoms.release(&ctx));
+    }
+}
+
 /// How a call failed, before the budget flag is consulted.
 enum Failure {
     Run(RunError),
@@ -303,12 +315,18 @@ enum Failure {
 
 fn run_one<'js>(
     ctx: &Ctx<'js>,
+    atoms: &mut AtomCache,
     plain: Option<&Plain<'js>>,
     transform: &Value<'js>,
     record: &[u8],
     limits: &Limits,
 ) -> Result<Output, Failure> {
-    let input = match ctx.json_parse(record) {
+    let parsed = match json::parse(ctx, atoms, record) {
+        Ok(Some(input)) => Ok(input),
+        Ok(None) => ctx.json_parse(record),
+        Err(error) => Err(error),
+    };
+    let input = match parsed {
         Ok(input) => input,
         Err(error) => {
             return Err(match caught(ctx, error) {
@@ -339,7 +357,7 @@ fn run_one<'js>(
     let mut convert = |index: usize, element: Value<'js>| {
         let remaining = limits.max_output_bytes.saturating_sub(total);
         let limit = limits.max_record_bytes.min(remaining);
-        match stringify(ctx, plain, element, limit) {
+        match stringify(ctx, atoms, plain, element, limit) {
             Ok(text) => {
                 total += text.len();
                 Ok(text)
@@ -387,14 +405,15 @@ fn run_one<'js>(
 /// The JSON text of `value`, or [`Failure::TooLarge`] when it is longer than `limit` bytes.
 fn stringify<'js>(
     ctx: &Ctx<'js>,
+    atoms: &mut AtomCache,
     plain: Option<&Plain<'js>>,
     value: Value<'js>,
     limit: usize,
 ) -> Result<Vec<u8>, Failure> {
     if let (Some(plain), Type::Object) = (plain, value.type_of()) {
-        if let Some(object) = value.as_object() {
+        {
             let mut out = Vec::with_capacity(1024.min(limit + 1));
-            match plain.write_object(object, &mut out, limit) {
+            match plain.write_object(atoms, &value, &mut out, limit) {
                 Ok(()) if out.len() > limit => return Err(Failure::TooLarge),
                 Ok(()) => return Ok(out),
                 Err(Stop::Engine(error)) => return Err(caught(ctx, error)),

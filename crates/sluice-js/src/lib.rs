@@ -18,6 +18,7 @@ mod engine;
 mod error;
 mod globals;
 mod json;
+mod raw;
 
 use std::sync::Arc;
 use std::time::Duration;

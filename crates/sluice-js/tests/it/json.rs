@@ -28,6 +28,7 @@ fn plain_data_matches_json_stringify() {
             "[false, null, 0, -0, 1, -1, 2147483647, 2147483648, -2147483649]",
             "[0.1, 0.1 + 0.2, 1e21, 1e20, 1.5e-7, 1e-6, 123456789.125, -5e-324, 1.7976931348623157e308]",
             "[NaN, Infinity, -Infinity]",
+            "[2 ** 53, 2 ** 53 - 1, -(2 ** 53), 2 ** 53 + 2, 2 ** 60, -(2 ** 70), 1e15 + 0.5, 4294967296, -0 * 1, 0.5 - 0.5]",
             "'quote \" backslash \\\\ newline \\n tab \\t cr \\r bs \\b ff \\f nul \\u0000 us \\u001f del \\u007f'",
             "'héllo ✓ 😀 \\u2028 \\u2029 \\ufeff'",
             "{ b: 1, 2: 'two', a: [1, { c: {} }], 1: 'one', '': 'empty', 'é': 'accent' }",
@@ -132,6 +133,9 @@ fn input_records_are_parsed_like_json_parse() {
         r#"{"b":1,"2":2,"1":3,"-1":4,"4294967295":5}"#,
         " \t\r\n{ \"a\" : [ 1 , 2 ] , \"b\" : { } } \n",
         r#"{"lone":"\ud800","low":"\udc00x","pair?":"\ud800\u0041"}"#,
+        r#"{"\u0041b":1,"a\"b":2,"é":3,"\u00e9x":4,"":5,"\ud83d\ude00":6,"x\ty":"\u0000"}"#,
+        r#"{"n":[1.0,5.0e0,1e2,-0.0e1,2147483647.0,123456789012,0.000,-2147483648.5,1E+2]}"#,
+        r#"{"e":"","a":[ ],"o":{ },"s":[""," ",[[]],[{}]]}"#,
     ]);
     let deep = format!(r#"{{"deep":{}1{}}}"#, "[".repeat(90), "]".repeat(90));
     let deep_objects = format!(r#"{{"a":{}1{}}}"#, r#"{"a":"#.repeat(70), "}".repeat(70));
@@ -170,4 +174,21 @@ fn parsing_defines_properties_without_calling_prototype_setters() {
     );
     let out = text(&engine.run(br#"{"trap":7}"#).expect("runs"));
     assert_eq!(out, vec![r#"{"own":true,"value":7,"trapped":null}"#]);
+}
+
+/// Keys are cached as engine atoms across records, up to a limit; keys past it, long keys
+/// and keys seen once are parsed and written the same way.
+#[test]
+fn keys_beyond_the_atom_cache_parse_and_write_the_same() {
+    let mut engine = load("function transform(r) { return r; }");
+    let long = "k".repeat(300);
+    for i in 0..5_000 {
+        let record =
+            format!(r#"{{"key{i}":{i},"{long}":"long","shared":[{i},"x"],"esc\u00e9{i}":true}}"#);
+        let out = text(&engine.run(record.as_bytes()).expect("runs"));
+        assert_eq!(
+            out,
+            vec![format!(r#"{{"key{i}":{i},"{long}":"long","shared":[{i},"x"],"escé{i}":true}}"#)]
+        );
+    }
 }
