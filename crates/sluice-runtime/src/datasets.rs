@@ -125,7 +125,10 @@ impl DatasetIndex {
             }
             match page.next {
                 Some(next) => after = Some(next),
-                None => return Ok(Some(values)),
+                None => {
+                    values.use_huge_pages();
+                    return Ok(Some(values));
+                }
             }
         }
     }
