@@ -72,10 +72,6 @@ fn main() {
         }
     }
     let build_secs = build_start.elapsed().as_secs_f64();
-    // As the runtime does after loading a set.
-    let huge_start = Instant::now();
-    set.use_huge_pages();
-    let huge_pages_secs = huge_start.elapsed().as_secs_f64();
     let heap_mib = mib(set.heap_bytes() as u64);
     let rss_growth_mib = mib(rss_bytes().saturating_sub(rss_before));
 
@@ -114,8 +110,6 @@ fn main() {
     let line = serde_json::json!({
         "values": args.values,
         "build_secs": round(build_secs),
-        "huge_pages_secs": round(huge_pages_secs),
-        "anon_huge_pages_mib": anon_huge_pages_mib(),
         "heap_mib": round(heap_mib),
         "rss_growth_mib": round(rss_growth_mib),
         "records": records.len(),
@@ -127,12 +121,7 @@ fn main() {
         "single_records_per_cpu_sec": per_record.per_cpu_sec().round(),
     });
     println!("{line}");
-    println!(
-        "set of {} addresses: built in {build_secs:.2} s, moved to huge pages in \
-         {huge_pages_secs:.2} s ({} MiB of the process in huge pages)",
-        args.values,
-        anon_huge_pages_mib()
-    );
+    println!("set of {} addresses: built in {build_secs:.2} s", args.values);
     println!("  heap_bytes: {heap_mib:.1} MiB, RSS growth: {rss_growth_mib:.1} MiB");
     println!(
         "records: {} distinct, {} bytes on average, {:.1}% pass",
@@ -293,16 +282,4 @@ fn mib(bytes: u64) -> f64 {
 
 fn round(value: f64) -> f64 {
     (value * 1000.0).round() / 1000.0
-}
-
-/// The process's anonymous memory in transparent huge pages (`AnonHugePages` of
-/// `/proc/self/smaps_rollup`), in MiB; 0 where it cannot be read.
-fn anon_huge_pages_mib() -> u64 {
-    std::fs::read_to_string("/proc/self/smaps_rollup")
-        .ok()
-        .and_then(|text| {
-            let line = text.lines().find(|line| line.starts_with("AnonHugePages:"))?;
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .map_or(0, |kib| kib / 1024)
 }

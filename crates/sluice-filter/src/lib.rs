@@ -12,7 +12,6 @@
 //! `docs/set-filter.md` has the semantics and measured figures.
 
 pub mod extract;
-mod pages;
 pub mod set_filter;
 pub mod value_set;
 

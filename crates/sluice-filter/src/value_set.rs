@@ -246,17 +246,6 @@ impl ValueSet {
         }
     }
 
-    /// Asks the kernel to back the set's memory with huge pages now (Linux's
-    /// `MADV_COLLAPSE`); a lookup in a large set then misses the TLB far less. Call it after
-    /// a bulk load: memory the set allocates later asks for huge pages as it is first
-    /// written, but values copied when the arena grew stay in small pages until this runs.
-    /// Costs about one copy of the set's memory, once; a no-op for small sets and where the
-    /// kernel has no huge pages to give.
-    pub fn use_huge_pages(&self) {
-        crate::pages::collapse(&self.arena);
-        with_table!(&self.slots, table => table.use_huge_pages());
-    }
-
     /// Removes every value, keeping the allocated memory.
     pub fn clear(&mut self) {
         self.arena.clear();
@@ -288,7 +277,6 @@ impl ValueSet {
         if self.arena.capacity() - self.arena.len() < size {
             let step = (self.arena.capacity() / 8).max(MIN_ARENA_GROWTH).max(size);
             self.arena.reserve_exact(step);
-            crate::pages::prefer_huge(self.arena.spare_capacity_mut());
         }
         write_varint(&mut self.arena, tag);
         self.arena.extend_from_slice(payload);
@@ -652,16 +640,6 @@ mod tests {
         }
         let found = probes.iter().zip(&prepared).filter(|(v, p)| set.contains_probe(p, v)).count();
         assert_eq!(found, 5);
-    }
-
-    #[test]
-    fn huge_pages_keep_every_value() {
-        // Past the 8 MiB below which the advice is skipped (21 arena bytes per address).
-        let values: Vec<String> = (0..500_000u64).map(|i| format!("0x{i:040x}")).collect();
-        let set: ValueSet = values.iter().map(String::as_str).collect();
-        set.use_huge_pages();
-        assert_eq!(set.len(), values.len());
-        assert!(values.iter().all(|value| set.contains(value)));
     }
 
     #[test]

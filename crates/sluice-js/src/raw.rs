@@ -7,8 +7,8 @@
 //! was most of a script stage's time. The calls here take pre-made atoms and hand out
 //! string bytes without copying them.
 //!
-//! One of the workspace's two modules allowed `unsafe` (the workspace denies it; the other
-//! is `sluice-filter`'s `pages.rs`). What every block relies on:
+//! This is the only module of the workspace that may use `unsafe` (the workspace forbids
+//! it; `sluice-js` denies it and allows it here). What every block relies on:
 //! - [`Raw`] is made from a [`Ctx`] and lives no longer than it, so its context pointer is
 //!   valid for every call, and the engine is single-threaded: nothing else runs while a
 //!   call here does.

@@ -125,10 +125,7 @@ impl DatasetIndex {
             }
             match page.next {
                 Some(next) => after = Some(next),
-                None => {
-                    values.use_huge_pages();
-                    return Ok(Some(values));
-                }
+                None => return Ok(Some(values)),
             }
         }
     }

@@ -269,9 +269,6 @@ impl SetIndexes {
         loop {
             let version = self.source.set_version(pipeline_id, uid).await?;
             let mut set = self.source.load_set(pipeline_id, uid).await?;
-            // A large set's lookups miss the TLB far less in huge pages: one copy, tens of
-            // milliseconds per million values, like the load itself (a no-op below 8 MiB).
-            set.use_huge_pages();
             // Replay, then let changes apply directly; both under the pending lock so no
             // change slips between the two.
             let mut pending =

@@ -121,7 +121,6 @@ impl ValueSet {
         }
         let mut arena = Vec::new();
         arena.try_reserve_exact(arena_len).map_err(|_| corrupt("too large to hold"))?;
-        crate::pages::prefer_huge(arena.spare_capacity_mut());
         arena.resize(arena_len, 0);
         input.take(&mut arena)?;
         let expected = input.checksum();

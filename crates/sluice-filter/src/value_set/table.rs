@@ -146,7 +146,7 @@ pub(super) struct Table<G> {
 impl<G: Group> Table<G> {
     /// A table that holds `values` values without growing.
     pub(super) fn with_capacity(values: usize) -> Self {
-        Self { groups: empty_groups(Self::groups_for(values)), len: 0 }
+        Self { groups: vec![G::EMPTY; Self::groups_for(values)], len: 0 }
     }
 
     fn groups_for(values: usize) -> usize {
@@ -155,11 +155,6 @@ impl<G: Group> Table<G> {
 
     pub(super) fn len(&self) -> usize {
         self.len
-    }
-
-    /// See [`ValueSet::use_huge_pages`](super::ValueSet::use_huge_pages).
-    pub(super) fn use_huge_pages(&self) {
-        crate::pages::collapse(&self.groups);
     }
 
     pub(super) fn allocation_size(&self) -> usize {
@@ -302,7 +297,7 @@ impl<G: Group> Table<G> {
 
     /// Moves every offset into a table of `groups` groups.
     fn rebuild(&mut self, groups: usize, rehash: &impl Fn(usize) -> u64) {
-        let mut rebuilt = Self { groups: empty_groups(groups), len: self.len };
+        let mut rebuilt = Self { groups: vec![G::EMPTY; groups], len: self.len };
         for offset in self.offsets() {
             rebuilt.place(rehash(offset), offset);
         }
@@ -312,21 +307,12 @@ impl<G: Group> Table<G> {
     /// A table of another group type holding the same offsets.
     pub(super) fn convert<H: Group>(&self, rehash: impl Fn(usize) -> u64) -> Table<H> {
         let mut converted =
-            Table { groups: empty_groups(Table::<H>::groups_for(self.len)), len: self.len };
+            Table { groups: vec![H::EMPTY; Table::<H>::groups_for(self.len)], len: self.len };
         for offset in self.offsets() {
             converted.place(rehash(offset), offset);
         }
         converted
     }
-}
-
-/// `count` empty groups, in huge pages where the kernel gives them (asked for before the
-/// groups are first written).
-fn empty_groups<G: Group>(count: usize) -> Vec<G> {
-    let mut groups = Vec::with_capacity(count);
-    crate::pages::prefer_huge(groups.spare_capacity_mut());
-    groups.resize(count, G::EMPTY);
-    groups
 }
 
 /// Bit `i` set when `tags[i] == tag`; written as a fold so it compiles to a vector compare.
