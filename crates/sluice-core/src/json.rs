@@ -10,6 +10,9 @@
 //! The check costs one map lookup per key, the lookup the map insert does anyway: a serde
 //! visitor builds the [`Map`] and inserts through the entry API, failing on an occupied
 //! entry. The path of the repeated key is only assembled when there is one.
+//!
+//! Also [`unescape_into`], for the readers that walk a record's bytes themselves (the set
+//! filter's extractor, the script engine's parser): a string's escapes resolved.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -180,6 +183,59 @@ impl<'de> Visitor<'de> for Strict<'_> {
         }
         Ok(Value::Object(map))
     }
+}
+
+/// Resolves the escapes of a JSON string's contents (the text between its quotes) and
+/// appends the result to `out`; `None` for an invalid escape or a lone surrogate (`out`
+/// then holds part of the string).
+pub fn unescape_into(raw: &str, out: &mut String) -> Option<()> {
+    let mut rest = raw;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        let escape = *rest.as_bytes().get(at + 1)?;
+        if !matches!(escape, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' | b'u') {
+            return None;
+        }
+        // The escape is ASCII, so this slices at a char boundary.
+        rest = &rest[at + 2..];
+        let ch = match escape {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            _ => {
+                let unit = hex4(rest)?;
+                rest = &rest[4..];
+                match unit {
+                    0xd800..=0xdbff => {
+                        let low = rest.strip_prefix("\\u").and_then(hex4)?;
+                        if !(0xdc00..=0xdfff).contains(&low) {
+                            return None;
+                        }
+                        rest = &rest[6..];
+                        char::from_u32(0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00))?
+                    }
+                    _ => char::from_u32(unit)?,
+                }
+            }
+        };
+        out.push(ch);
+    }
+    out.push_str(rest);
+    Some(())
+}
+
+/// The value of the four hex digits that start `text`.
+fn hex4(text: &str) -> Option<u32> {
+    let digits = text.get(..4)?;
+    if !digits.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+        return None;
+    }
+    u32::from_str_radix(digits, 16).ok()
 }
 
 #[cfg(test)]

@@ -319,53 +319,8 @@ fn unescaped_key_is(raw: &[u8], name: &[u8]) -> Option<bool> {
 /// surrogate.
 fn unescape(raw: &str) -> Option<String> {
     let mut out = String::with_capacity(raw.len());
-    let mut rest = raw;
-    while let Some(at) = memchr::memchr(b'\\', rest.as_bytes()) {
-        out.push_str(&rest[..at]);
-        let escape = *rest.as_bytes().get(at + 1)?;
-        if !matches!(escape, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' | b'u') {
-            return None;
-        }
-        // The escape is ASCII, so this slices at a char boundary.
-        rest = &rest[at + 2..];
-        let ch = match escape {
-            b'"' => '"',
-            b'\\' => '\\',
-            b'/' => '/',
-            b'b' => '\u{8}',
-            b'f' => '\u{c}',
-            b'n' => '\n',
-            b'r' => '\r',
-            b't' => '\t',
-            _ => {
-                let unit = hex4(rest)?;
-                rest = &rest[4..];
-                match unit {
-                    0xd800..=0xdbff => {
-                        let low = rest.strip_prefix("\\u").and_then(hex4)?;
-                        if !(0xdc00..=0xdfff).contains(&low) {
-                            return None;
-                        }
-                        rest = &rest[6..];
-                        char::from_u32(0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00))?
-                    }
-                    _ => char::from_u32(unit)?,
-                }
-            }
-        };
-        out.push(ch);
-    }
-    out.push_str(rest);
+    sluice_core::json::unescape_into(raw, &mut out)?;
     Some(out)
-}
-
-/// The value of the four hex digits that start `text`.
-fn hex4(text: &str) -> Option<u32> {
-    let digits = text.get(..4)?;
-    if !digits.bytes().all(|byte| byte.is_ascii_hexdigit()) {
-        return None;
-    }
-    u32::from_str_radix(digits, 16).ok()
 }
 
 #[cfg(test)]

@@ -319,62 +319,24 @@ impl<'js> Parser<'_, '_, 'js> {
     }
 
     /// The rest of a string that starts at `start` and has an escape at `at`.
-    fn escaped_string(&mut self, start: usize, at: usize) -> Result<Span, ParseStop> {
-        let source = self.source;
-        let text = source.as_bytes();
-        self.scratch.clear();
-        let mut at = at;
-        let mut run = start;
+    fn escaped_string(&mut self, start: usize, mut at: usize) -> Result<Span, ParseStop> {
+        let text = self.source.as_bytes();
+        // The closing quote: an escape is two bytes (a `\u`'s hex digits hold no quote).
         loop {
             match text[at] {
-                b'"' => {
-                    self.scratch.push_str(&source[run..at]);
-                    self.at = at + 1;
-                    return Ok(Span::Scratch);
-                }
-                b'\\' => {
-                    self.scratch.push_str(&source[run..at]);
-                    let escape = *text.get(at + 1).ok_or(ParseStop::Fallback)?;
-                    at += 2;
-                    let character = match escape {
-                        b'"' => '"',
-                        b'\\' => '\\',
-                        b'/' => '/',
-                        b'b' => '\u{8}',
-                        b'f' => '\u{c}',
-                        b'n' => '\n',
-                        b'r' => '\r',
-                        b't' => '\t',
-                        b'u' => {
-                            let unit = hex4(text, at)?;
-                            at += 4;
-                            if (0xd800..0xdc00).contains(&unit) {
-                                // A high surrogate must be followed by an escaped low one;
-                                // lone surrogates are left to JSON.parse.
-                                if text.get(at..at + 2) != Some(b"\\u") {
-                                    return Err(ParseStop::Fallback);
-                                }
-                                let low = hex4(text, at + 2)?;
-                                if !(0xdc00..0xe000).contains(&low) {
-                                    return Err(ParseStop::Fallback);
-                                }
-                                at += 6;
-                                let code = 0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00);
-                                char::from_u32(code).ok_or(ParseStop::Fallback)?
-                            } else {
-                                // A lone low surrogate is not a `char`: left to JSON.parse.
-                                char::from_u32(unit).ok_or(ParseStop::Fallback)?
-                            }
-                        }
-                        _ => return Err(ParseStop::Fallback),
-                    };
-                    self.scratch.push(character);
-                    run = at;
-                }
+                b'\\' => at += 2,
+                b'"' => break,
                 _ => return Err(ParseStop::Fallback),
             }
-            at += special_byte(&text[at..]).ok_or(ParseStop::Fallback)?;
+            let rest = text.get(at..).ok_or(ParseStop::Fallback)?;
+            at += special_byte(rest).ok_or(ParseStop::Fallback)?;
         }
+        self.scratch.clear();
+        // Bad escapes and lone surrogates are left to JSON.parse.
+        sluice_core::json::unescape_into(&self.source[start..at], &mut self.scratch)
+            .ok_or(ParseStop::Fallback)?;
+        self.at = at + 1;
+        Ok(Span::Scratch)
     }
 
     /// At `-` or a digit: a JSON number, as the engine stores it.
@@ -429,17 +391,6 @@ impl<'js> Parser<'_, '_, 'js> {
         let number: f64 = number.parse().map_err(|_| ParseStop::Fallback)?;
         Ok(self.raw.float(number))
     }
-}
-
-/// The four hex digits at `at` as a UTF-16 code unit.
-fn hex4(text: &[u8], at: usize) -> Result<u32, ParseStop> {
-    let digits = text.get(at..at + 4).ok_or(ParseStop::Fallback)?;
-    let mut unit = 0;
-    for &digit in digits {
-        let value = (digit as char).to_digit(16).ok_or(ParseStop::Fallback)?;
-        unit = unit * 16 + value;
-    }
-    Ok(unit)
 }
 
 /// The prototypes plain data may have, read once per batch.
