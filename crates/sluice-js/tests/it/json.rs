@@ -192,3 +192,99 @@ fn keys_beyond_the_atom_cache_parse_and_write_the_same() {
         );
     }
 }
+
+/// Random JSON, each character written as itself or as a `\u` escape (pairs for astral
+/// characters), with random spaces before structural characters.
+fn json_text() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let text = || {
+        proptest::string::string_regex("[a-zA-Z0-9 _\"\\\\/\\n\\t\u{1}\u{7f}é€😀\u{2028}-]{0,12}")
+            .expect("regex")
+    };
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::Bool),
+        any::<i64>().prop_map(serde_json::Value::from),
+        any::<f64>().prop_filter("finite", |x| x.is_finite()).prop_map(serde_json::Value::from),
+        text().prop_map(serde_json::Value::String),
+    ];
+    let value = leaf.prop_recursive(4, 48, 6, move |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::Array),
+            proptest::collection::vec((text(), inner), 0..6)
+                .prop_map(|members| serde_json::Value::Object(members.into_iter().collect())),
+        ]
+    });
+    let object = proptest::collection::vec(("[a-z_]{1,6}", value), 0..8)
+        .prop_map(|members| serde_json::Value::Object(members.into_iter().collect()));
+    (object, any::<u64>()).prop_map(|(object, seed)| {
+        let mut out = String::new();
+        write_json(&object, &mut seed.clone(), &mut out);
+        out
+    })
+}
+
+fn next(bits: &mut u64) -> u64 {
+    *bits = bits.rotate_left(7) ^ 0x9e37_79b9_7f4a_7c15;
+    *bits
+}
+
+/// Writes `value` as JSON, picking by `bits` which characters of strings to write as `\u`
+/// escapes and where to put spaces.
+fn write_json(value: &serde_json::Value, bits: &mut u64, out: &mut String) {
+    match value {
+        serde_json::Value::String(text) => {
+            out.push('"');
+            for character in text.chars() {
+                if matches!(character, '"' | '\\')
+                    || u32::from(character) < 0x20
+                    || next(bits) % 3 == 0
+                {
+                    let mut units = [0u16; 2];
+                    for unit in character.encode_utf16(&mut units) {
+                        out.push_str(&format!("\\u{unit:04X}"));
+                    }
+                } else {
+                    out.push(character);
+                }
+            }
+            out.push('"');
+        }
+        serde_json::Value::Array(items) => {
+            out.push('[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                if next(bits) % 4 == 0 {
+                    out.push_str(" \n\t");
+                }
+                write_json(item, bits, out);
+            }
+            out.push(']');
+        }
+        serde_json::Value::Object(members) => {
+            out.push('{');
+            for (index, (key, item)) in members.iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                write_json(&serde_json::Value::String(key.clone()), bits, out);
+                out.push_str(if next(bits) % 4 == 0 { " : " } else { ":" });
+                write_json(item, bits, out);
+            }
+            out.push('}');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+    /// Whatever the record, the script sees what `JSON.parse` would give it.
+    #[test]
+    fn random_records_are_parsed_like_json_parse(text in json_text()) {
+        assert_parsed_like_json_parse(&[&text]);
+    }
+}
