@@ -300,6 +300,11 @@ impl ScriptEngine {
 
 impl Drop for ScriptEngine {
     fn drop(&mut self) {
+        // While unwinding (a panic inside the engine's lock), entering the context again
+        // would panic twice; the runtime frees the atoms with everything else.
+        if std::thread::panicking() {
+            return;
+        }
         let mut atoms = std::mem::take(&mut self.atoms);
         self.context.with(|ctx| atoms.release(&ctx));
     }
