@@ -416,15 +416,13 @@ fn stringify<'js>(
     limit: usize,
 ) -> Result<Vec<u8>, Failure> {
     if let (Some(plain), Type::Object) = (plain, value.type_of()) {
-        {
-            let mut out = Vec::with_capacity(1024.min(limit + 1));
-            match plain.write_object(atoms, &value, &mut out, limit) {
-                Ok(()) if out.len() > limit => return Err(Failure::TooLarge),
-                Ok(()) => return Ok(out),
-                Err(Stop::Engine(error)) => return Err(caught(ctx, error)),
-                Err(Stop::TooLarge) => return Err(Failure::TooLarge),
-                Err(Stop::Unsupported) => {}
-            }
+        let mut out = Vec::with_capacity(1024.min(limit + 1));
+        match plain.write_object(atoms, &value, &mut out, limit) {
+            Ok(()) if out.len() > limit => return Err(Failure::TooLarge),
+            Ok(()) => return Ok(out),
+            Err(Stop::Engine(error)) => return Err(caught(ctx, error)),
+            Err(Stop::TooLarge) => return Err(Failure::TooLarge),
+            Err(Stop::Unsupported) => {}
         }
     }
     // What the native writer does not replicate: the engine builds the text in its own heap,
