@@ -11,8 +11,9 @@
 //! visitor builds the [`Map`] and inserts through the entry API, failing on an occupied
 //! entry. The path of the repeated key is only assembled when there is one.
 //!
-//! Also [`unescape_into`], for the readers that walk a record's bytes themselves (the set
-//! filter's extractor, the script engine's parser): a string's escapes resolved.
+//! Also, for the readers that walk a record's bytes themselves (the set filter's extractor,
+//! the script engine's parser): [`find_quote_or_backslash`] and [`find_string_special`] to
+//! find where a string ends or needs care, and [`unescape_into`] to resolve its escapes.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -238,9 +239,98 @@ fn hex4(text: &str) -> Option<u32> {
     u32::from_str_radix(digits, 16).ok()
 }
 
+/// The position of the first `"` or `\` in `bytes`: where a JSON string's text ends or has
+/// an escape.
+///
+/// Eight bytes at a time in a `u64` (SWAR): JSON keys and values are mostly short, where
+/// this beats `memchr2`'s per-call dispatch and setup.
+#[inline]
+pub fn find_quote_or_backslash(bytes: &[u8]) -> Option<usize> {
+    find_in_string(bytes, false)
+}
+
+/// The position of the first byte of `bytes` that a JSON string cannot hold as it is: `"`,
+/// `\` or a control character (below 0x20). Eight bytes at a time, as
+/// [`find_quote_or_backslash`].
+#[inline]
+pub fn find_string_special(bytes: &[u8]) -> Option<usize> {
+    find_in_string(bytes, true)
+}
+
+/// The SWAR search of both functions above; `controls` is a constant once inlined.
+#[inline(always)]
+fn find_in_string(bytes: &[u8], controls: bool) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const SPACES: u64 = u64::from_ne_bytes([0x20; 8]);
+    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
+    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
+    // The high bit of every byte of `word` below `limit` (and maybe of bytes after the
+    // first such byte, through borrows: the lowest set bit is exact).
+    let below = |word: u64, limit: u64| word.wrapping_sub(limit) & !word & HIGHS;
+    let mut pos = 0;
+    while let Some(chunk) = bytes.get(pos..).and_then(<[u8]>::first_chunk::<8>) {
+        let word = u64::from_le_bytes(*chunk);
+        let mut found = below(word ^ QUOTES, ONES) | below(word ^ BACKSLASHES, ONES);
+        if controls {
+            found |= below(word, SPACES);
+        }
+        if found != 0 {
+            return Some(pos + (found.trailing_zeros() / 8) as usize);
+        }
+        pos += 8;
+    }
+    bytes[pos..]
+        .iter()
+        .position(|&byte| byte == b'"' || byte == b'\\' || (controls && byte < 0x20))
+        .map(|at| pos + at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_word_at_a_time_search_finds_the_first_quote_or_backslash() {
+        for len in 0..40 {
+            for (at, special) in (0..len).flat_map(|at| [(at, b'"'), (at, b'\\')]) {
+                let mut bytes: Vec<u8> =
+                    (0..len).map(|i| b"ab\x00\x7f\xff\x22\x5b"[i % 6] ^ 1).collect();
+                bytes[at] = special;
+                if at + 3 < len {
+                    bytes[at + 3] = b'"';
+                }
+                assert_eq!(find_quote_or_backslash(&bytes), Some(at), "{bytes:?}");
+            }
+            let plain = vec![b'a'; len];
+            assert_eq!(find_quote_or_backslash(&plain), None);
+        }
+    }
+
+    #[test]
+    fn special_bytes_are_found_at_every_position_among_any_bytes() {
+        let naive = |bytes: &[u8]| bytes.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20);
+        // Every special byte and its neighbours (0x1f/0x20, 0x21/0x23, 0x5b/0x5d, high bytes
+        // that differ from them only in the top bit), at every offset of a 20-byte run.
+        for special in [
+            b'"', b'\\', 0x00, 0x1f, 0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xa2, 0xdc, 0x9f,
+            0xff,
+        ] {
+            for filler in [b'a', 0x20, 0x7f, 0x80, 0xff, 0xa2] {
+                for at in 0..20 {
+                    let mut bytes = vec![filler; 20];
+                    bytes[at] = special;
+                    for len in 0..=20 {
+                        assert_eq!(
+                            find_string_special(&bytes[..len]),
+                            naive(&bytes[..len]),
+                            "{bytes:?}[..{len}]"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     fn duplicate(text: &str) -> Option<String> {
         match parse(text.as_bytes()) {

@@ -22,6 +22,7 @@
 use std::borrow::Cow;
 
 use sluice_core::filter_expr::PathSegment;
+use sluice_core::json::find_quote_or_backslash;
 
 /// How deeply nested a skipped container may be; deeper ones make the record malformed
 /// (`serde_json` refuses nesting past 128 levels too).
@@ -197,31 +198,6 @@ fn string_end(record: &[u8], start: usize) -> Option<(usize, bool)> {
         escaped = true;
         pos = found + 2;
     }
-}
-
-/// The position of the first `"` or `\` in `bytes`.
-///
-/// Eight bytes at a time in a `u64` (SWAR): JSON keys and values are mostly short, where
-/// this beats `memchr2`'s per-call dispatch and setup.
-#[inline]
-fn find_quote_or_backslash(bytes: &[u8]) -> Option<usize> {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
-    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
-    // The high bit of every zero byte of `word` (and maybe of bytes after the first zero,
-    // through borrows; the lowest set bit is exact).
-    let zero_bytes = |word: u64| word.wrapping_sub(ONES) & !word & HIGHS;
-    let mut pos = 0;
-    while let Some(chunk) = bytes.get(pos..).and_then(<[u8]>::first_chunk::<8>) {
-        let word = u64::from_le_bytes(*chunk);
-        let found = zero_bytes(word ^ QUOTES) | zero_bytes(word ^ BACKSLASHES);
-        if found != 0 {
-            return Some(pos + (found.trailing_zeros() / 8) as usize);
-        }
-        pos += 8;
-    }
-    bytes[pos..].iter().position(|&byte| byte == b'"' || byte == b'\\').map(|at| pos + at)
 }
 
 /// Whether `bytes` holds a byte JSON strings may not hold raw (below 0x20). A fold, not
@@ -435,23 +411,6 @@ mod tests {
         };
         assert_eq!(get(&nest(MAX_SKIP_DEPTH as usize), "a"), string("x"));
         assert_eq!(get(&nest(MAX_SKIP_DEPTH as usize + 1), "a"), None);
-    }
-
-    #[test]
-    fn the_word_at_a_time_search_finds_the_first_quote_or_backslash() {
-        for len in 0..40 {
-            for (at, special) in (0..len).flat_map(|at| [(at, b'"'), (at, b'\\')]) {
-                let mut bytes: Vec<u8> =
-                    (0..len).map(|i| b"ab\x00\x7f\xff\x22\x5b"[i % 6] ^ 1).collect();
-                bytes[at] = special;
-                if at + 3 < len {
-                    bytes[at + 3] = b'"';
-                }
-                assert_eq!(find_quote_or_backslash(&bytes), Some(at), "{bytes:?}");
-            }
-            let plain = vec![b'a'; len];
-            assert_eq!(find_quote_or_backslash(&plain), None);
-        }
     }
 
     #[test]

@@ -27,6 +27,8 @@ use std::fmt::Write as _;
 
 use rquickjs::{Array, Ctx, Object, Value};
 
+use sluice_core::json::{find_string_special, unescape_into};
+
 use crate::raw::{Atom, Class, Kind, Owned, Pending, Raw};
 
 /// Deeper records go through `JSON.parse` / `JSON.stringify` (which also detects cycles).
@@ -307,7 +309,7 @@ impl<'js> Parser<'_, '_, 'js> {
         self.at += 1;
         let start = self.at;
         let text = self.source.as_bytes();
-        let end = start + special_byte(&text[start..]).ok_or(ParseStop::Fallback)?;
+        let end = start + find_string_special(&text[start..]).ok_or(ParseStop::Fallback)?;
         match text[end] {
             b'"' => {
                 self.at = end + 1;
@@ -329,12 +331,11 @@ impl<'js> Parser<'_, '_, 'js> {
                 _ => return Err(ParseStop::Fallback),
             }
             let rest = text.get(at..).ok_or(ParseStop::Fallback)?;
-            at += special_byte(rest).ok_or(ParseStop::Fallback)?;
+            at += find_string_special(rest).ok_or(ParseStop::Fallback)?;
         }
         self.scratch.clear();
         // Bad escapes and lone surrogates are left to JSON.parse.
-        sluice_core::json::unescape_into(&self.source[start..at], &mut self.scratch)
-            .ok_or(ParseStop::Fallback)?;
+        unescape_into(&self.source[start..at], &mut self.scratch).ok_or(ParseStop::Fallback)?;
         self.at = at + 1;
         Ok(Span::Scratch)
     }
@@ -597,7 +598,7 @@ pub(crate) fn write_string(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
     let bytes = text.as_bytes();
     let mut start = 0;
-    while let Some(found) = special_byte(&bytes[start..]) {
+    while let Some(found) = find_string_special(&bytes[start..]) {
         let index = start + found;
         out.extend_from_slice(&bytes[start..index]);
         let byte = bytes[index];
@@ -622,65 +623,9 @@ pub(crate) fn write_string(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
 }
 
-/// The position of the first byte of `bytes` that a JSON string cannot hold as it is: `"`,
-/// `\` or a control character (below 0x20).
-///
-/// Eight bytes at a time in a `u64` (SWAR), as `sluice-filter` finds quotes: record strings
-/// are mostly tens of bytes, where this beats a byte loop and `memchr`'s per-call setup.
-#[inline]
-fn special_byte(bytes: &[u8]) -> Option<usize> {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    const SPACES: u64 = u64::from_ne_bytes([0x20; 8]);
-    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
-    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
-    // The high bit of every byte of `word` below `limit` (and maybe of bytes after the
-    // first such byte, through borrows: the lowest set bit is exact).
-    let below = |word: u64, limit: u64| word.wrapping_sub(limit) & !word & HIGHS;
-    let mut pos = 0;
-    while let Some(chunk) = bytes.get(pos..).and_then(<[u8]>::first_chunk::<8>) {
-        let word = u64::from_le_bytes(*chunk);
-        let found =
-            below(word ^ QUOTES, ONES) | below(word ^ BACKSLASHES, ONES) | below(word, SPACES);
-        if found != 0 {
-            return Some(pos + (found.trailing_zeros() / 8) as usize);
-        }
-        pos += 8;
-    }
-    bytes[pos..]
-        .iter()
-        .position(|&byte| byte == b'"' || byte == b'\\' || byte < 0x20)
-        .map(|at| pos + at)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{special_byte, write_string};
-
-    #[test]
-    fn special_bytes_are_found_at_every_position_among_any_bytes() {
-        let naive = |bytes: &[u8]| bytes.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20);
-        // Every special byte and its neighbours (0x1f/0x20, 0x21/0x23, 0x5b/0x5d, high bytes
-        // that differ from them only in the top bit), at every offset of a 20-byte run.
-        for special in [
-            b'"', b'\\', 0x00, 0x1f, 0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xa2, 0xdc, 0x9f,
-            0xff,
-        ] {
-            for filler in [b'a', 0x20, 0x7f, 0x80, 0xff, 0xa2] {
-                for at in 0..20 {
-                    let mut bytes = vec![filler; 20];
-                    bytes[at] = special;
-                    for len in 0..=20 {
-                        assert_eq!(
-                            special_byte(&bytes[..len]),
-                            naive(&bytes[..len]),
-                            "{bytes:?}[..{len}]"
-                        );
-                    }
-                }
-            }
-        }
-    }
+    use super::write_string;
 
     #[test]
     fn strings_are_escaped_as_json_stringify_does() {
