@@ -54,16 +54,111 @@ impl Extracted<'_> {
 /// walk reads are not JSON (see the [module docs](self) for what is checked). An empty path
 /// names the whole document.
 pub fn extract<'a>(record: &'a [u8], path: &[PathSegment]) -> Option<Extracted<'a>> {
+    let steps = path.iter().map(|segment| match segment {
+        PathSegment::Field(name) => Step::Field { name: name.as_bytes(), plain: is_plain(name) },
+        PathSegment::Index(index) => Step::Index(*index),
+    });
+    Some(match walk(record, steps)? {
+        Scalar::Text { bytes, .. } => {
+            Extracted::Str(Cow::Borrowed(std::str::from_utf8(bytes).ok()?))
+        }
+        Scalar::Number(bytes) => Extracted::Number(std::str::from_utf8(bytes).ok()?),
+        Scalar::Unescaped(text) => Extracted::Str(Cow::Owned(text)),
+    })
+}
+
+/// A path prepared once for walking many records: [`extract`]'s walk without the per-call
+/// look at each key's characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PreparedPath(Vec<PreparedStep>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PreparedStep {
+    Field { name: Box<str>, plain: bool },
+    Index(usize),
+}
+
+impl PreparedPath {
+    pub(crate) fn new(path: &[PathSegment]) -> Self {
+        Self(
+            path.iter()
+                .map(|segment| match segment {
+                    PathSegment::Field(name) => {
+                        PreparedStep::Field { name: name.as_str().into(), plain: is_plain(name) }
+                    }
+                    PathSegment::Index(index) => PreparedStep::Index(*index),
+                })
+                .collect(),
+        )
+    }
+
+    /// What [`extract`] finds at this path, as the record's bytes where it can.
+    #[inline]
+    pub(crate) fn scalar<'a>(&self, record: &'a [u8]) -> Option<Scalar<'a>> {
+        walk(
+            record,
+            self.0.iter().map(|step| match step {
+                PreparedStep::Field { name, plain } => {
+                    Step::Field { name: name.as_bytes(), plain: *plain }
+                }
+                PreparedStep::Index(index) => Step::Index(*index),
+            }),
+        )
+    }
+}
+
+/// A scalar found by the walk, before it is made a [`Extracted`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Scalar<'a> {
+    /// A string without escapes: its bytes, valid UTF-8 without control characters, and
+    /// whether they are all ASCII.
+    Text { bytes: &'a [u8], ascii: bool },
+    /// A number's literal (ASCII).
+    Number(&'a [u8]),
+    /// A string with escapes, resolved.
+    Unescaped(String),
+}
+
+impl Scalar<'_> {
+    /// The value's text as bytes, and whether they are all ASCII.
+    #[inline]
+    pub(crate) fn bytes(&self) -> (&[u8], bool) {
+        match self {
+            Self::Text { bytes, ascii } => (bytes, *ascii),
+            Self::Number(bytes) => (bytes, true),
+            Self::Unescaped(text) => (text.as_bytes(), text.is_ascii()),
+        }
+    }
+}
+
+/// One step of a path, as the walk takes it.
+#[derive(Clone, Copy)]
+enum Step<'p> {
+    /// A key, and whether it holds neither `"` nor `\` (so a key written plainly in a record
+    /// can be compared byte for byte).
+    Field {
+        name: &'p [u8],
+        plain: bool,
+    },
+    Index(usize),
+}
+
+fn is_plain(name: &str) -> bool {
+    !name.bytes().any(|byte| byte == b'"' || byte == b'\\')
+}
+
+#[inline]
+fn walk<'a, 'p>(record: &'a [u8], steps: impl Iterator<Item = Step<'p>>) -> Option<Scalar<'a>> {
     let mut pos = skip_ws(record, 0);
     let mut closer = None;
-    for segment in path {
-        match segment {
-            PathSegment::Field(name) => {
-                pos = find_field(record, pos, name.as_bytes())?;
+    for step in steps {
+        match step {
+            Step::Field { name, plain } => {
+                pos = find_field(record, pos, name, plain)?;
                 closer = Some(b'}');
             }
-            PathSegment::Index(index) => {
-                pos = find_index(record, pos, *index)?;
+            Step::Index(index) => {
+                pos = find_index(record, pos, index)?;
                 closer = Some(b']');
             }
         }
@@ -71,13 +166,13 @@ pub fn extract<'a>(record: &'a [u8], path: &[PathSegment]) -> Option<Extracted<'
     scalar_at(record, pos, closer)
 }
 
-/// The position of the value of key `name` in the object at `pos`.
+/// The position of the value of key `name` in the object at `pos`; `name_is_plain` says
+/// whether `name` holds neither `"` nor `\`.
 #[inline]
-fn find_field(record: &[u8], pos: usize, name: &[u8]) -> Option<usize> {
+fn find_field(record: &[u8], pos: usize, name: &[u8], name_is_plain: bool) -> Option<usize> {
     if record.get(pos) != Some(&b'{') {
         return None;
     }
-    let name_is_plain = !name.iter().any(|&byte| byte == b'"' || byte == b'\\');
     let mut pos = skip_ws(record, pos + 1);
     if record.get(pos) == Some(&b'}') {
         return None;
@@ -109,7 +204,14 @@ fn find_field(record: &[u8], pos: usize, name: &[u8]) -> Option<usize> {
         if is_match {
             return Some(pos);
         }
-        pos = skip_ws(record, skip_value(record, pos)?);
+        // Strings and numbers, the values records are made of, are skipped here; the rest
+        // by a call.
+        pos = match record.get(pos)? {
+            b'"' => string_end(record, pos + 1)?.0 + 1,
+            b'-' | b'0'..=b'9' => number_end(record, pos)?,
+            _ => skip_value(record, pos)?,
+        };
+        pos = skip_ws(record, pos);
         match record.get(pos) {
             Some(b',') => pos = skip_ws(record, pos + 1),
             _ => return None,
@@ -138,22 +240,27 @@ fn find_index(record: &[u8], pos: usize, index: usize) -> Option<usize> {
 
 /// The string or number at `pos`, which must be followed by `,` or `closer` (or, for the
 /// whole document, by nothing but whitespace).
-fn scalar_at(record: &[u8], pos: usize, closer: Option<u8>) -> Option<Extracted<'_>> {
+#[inline]
+fn scalar_at(record: &[u8], pos: usize, closer: Option<u8>) -> Option<Scalar<'_>> {
     let (value, end) = match record.get(pos)? {
         b'"' => {
             let (end, escaped) = string_end(record, pos + 1)?;
             let raw = &record[pos + 1..end];
-            if has_control_byte(raw) {
+            let ascii = is_printable_ascii(raw);
+            if !ascii && (has_control_byte(raw) || std::str::from_utf8(raw).is_err()) {
                 return None;
             }
-            let text = std::str::from_utf8(raw).ok()?;
-            let text = if escaped { Cow::Owned(unescape(text)?) } else { Cow::Borrowed(text) };
-            (Extracted::Str(text), end + 1)
+            let value = if escaped {
+                let text = std::str::from_utf8(raw).ok()?;
+                Scalar::Unescaped(unescape(text)?)
+            } else {
+                Scalar::Text { bytes: raw, ascii }
+            };
+            (value, end + 1)
         }
         b'-' | b'0'..=b'9' => {
             let end = number_end(record, pos)?;
-            let text = std::str::from_utf8(&record[pos..end]).ok()?;
-            (Extracted::Number(text), end)
+            (Scalar::Number(&record[pos..end]), end)
         }
         _ => return None,
     };
@@ -163,6 +270,23 @@ fn scalar_at(record: &[u8], pos: usize, closer: Option<u8>) -> Option<Extracted<
         None => after == record.len(),
     };
     terminated.then_some(value)
+}
+
+/// Whether every byte of `bytes` is ASCII and none is a control character (below 0x20):
+/// such a string is valid UTF-8 that JSON may hold raw. Eight bytes at a time.
+#[inline]
+fn is_printable_ascii(bytes: &[u8]) -> bool {
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const LOWS: u64 = u64::from_ne_bytes([0x7f; 8]);
+    const FROM_SPACE: u64 = u64::from_ne_bytes([0x80 - 0x20; 8]);
+    // Per byte, no carries between bytes: the high bit of `(b & 0x7f) + 0x60` is set when
+    // `b & 0x7f` is at least 0x20, and `!b`'s when `b` is ASCII.
+    let good = |word: u64| !word & ((word & LOWS) + FROM_SPACE) & HIGHS == HIGHS;
+    let mut words = bytes.chunks_exact(8);
+    let words_good = words.by_ref().fold(true, |good_so_far, chunk| {
+        good_so_far & good(u64::from_le_bytes(chunk.try_into().expect("eight bytes")))
+    });
+    words_good && words.remainder().iter().all(|&byte| (0x20..0x80).contains(&byte))
 }
 
 /// The position just past the value at `pos`.
@@ -244,12 +368,11 @@ fn skip_container(record: &[u8], pos: usize) -> Option<usize> {
 
 /// The position just past the number at `pos`:
 /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+#[inline]
 fn number_end(record: &[u8], pos: usize) -> Option<usize> {
     let digits_from = |pos: usize| {
-        let count = record.get(pos..).map_or(0, |rest| {
-            rest.iter().position(|byte| !byte.is_ascii_digit()).unwrap_or(rest.len())
-        });
-        (count > 0).then_some(pos + count)
+        let end = digits_end(record, pos);
+        (end > pos).then_some(end)
     };
     let mut pos = pos;
     if record.get(pos) == Some(&b'-') {
@@ -271,6 +394,32 @@ fn number_end(record: &[u8], pos: usize) -> Option<usize> {
         pos = digits_from(pos)?;
     }
     Some(pos)
+}
+
+/// The position of the first byte at or after `pos` that is not an ASCII digit (or the
+/// record's end). Eight bytes at a time.
+#[inline]
+fn digits_end(record: &[u8], pos: usize) -> usize {
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const LOWS: u64 = u64::from_ne_bytes([0x7f; 8]);
+    const ZEROS: u64 = u64::from_ne_bytes([b'0'; 8]);
+    const FROM_TEN: u64 = u64::from_ne_bytes([0x80 - 10; 8]);
+    let mut pos = pos;
+    while let Some(chunk) = record.get(pos..pos + 8) {
+        // A digit is a byte whose `b ^ b'0'` is below 10. Per byte, no carries between
+        // bytes: the high bit of `(t & 0x7f) + 0x76` is set when `t & 0x7f` is 10 or more,
+        // and `t`'s when `t` is 0x80 or more.
+        let t = u64::from_le_bytes(chunk.try_into().expect("eight bytes")) ^ ZEROS;
+        let other = (((t & LOWS) + FROM_TEN) | t) & HIGHS;
+        if other != 0 {
+            return pos + (other.trailing_zeros() / 8) as usize;
+        }
+        pos += 8;
+    }
+    while record.get(pos).is_some_and(u8::is_ascii_digit) {
+        pos += 1;
+    }
+    pos
 }
 
 #[inline]
@@ -411,6 +560,39 @@ mod tests {
         };
         assert_eq!(get(&nest(MAX_SKIP_DEPTH as usize), "a"), string("x"));
         assert_eq!(get(&nest(MAX_SKIP_DEPTH as usize + 1), "a"), None);
+    }
+
+    #[test]
+    fn word_at_a_time_checks_see_every_position() {
+        for len in 0..40 {
+            for at in 0..len {
+                let with = |odd: &str| {
+                    let mut text = "a".repeat(len);
+                    text.replace_range(at..at + 1, odd);
+                    format!(r#"{{"s":"{text}","n":1}}"#)
+                };
+                assert_eq!(get(&with("\t"), "s"), None, "control byte at {at} of {len}");
+                assert_eq!(get(&with("\u{7f}"), "s"), string(&with("\u{7f}")[6..6 + len]));
+                let accented = with("é");
+                assert_eq!(get(&accented, "s"), string(&accented[6..6 + len + 1]));
+                let mut bad = with("é").into_bytes();
+                bad[6 + at] = 0xff;
+                assert_eq!(extract(&bad, &path("s")), None, "0xff at {at} of {len}");
+            }
+            let digits = "7".repeat(len + 1);
+            for end in [",", "}", "x,", ".5,", "e3}", " ,"] {
+                let record = format!(r#"{{"n":{digits}{end}"s":"x"}}"#);
+                let expected = match end {
+                    "," | "}" | " ," => Some(Extracted::Number(&record[5..5 + len + 1])),
+                    ".5," => Some(Extracted::Number(&record[5..5 + len + 3])),
+                    "e3}" => Some(Extracted::Number(&record[5..5 + len + 3])),
+                    _ => None,
+                };
+                assert_eq!(get(&record, "n"), expected, "{record}");
+                let s_found = matches!(end, "," | " ," | ".5,");
+                assert_eq!(get(&record, "s").is_some(), s_found, "{record}");
+            }
+        }
     }
 
     #[test]

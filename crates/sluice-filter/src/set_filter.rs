@@ -2,7 +2,7 @@
 
 use sluice_core::filter_expr::{FilterExpr, PathSegment};
 
-use crate::extract::{Extracted, extract};
+use crate::extract::{PreparedPath, Scalar};
 use crate::value_set::{Probe, ValueSet};
 
 /// Tests records against a [`ValueSet`] by the value at one path.
@@ -17,12 +17,13 @@ use crate::value_set::{Probe, ValueSet};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetFilter {
     path: Vec<PathSegment>,
+    prepared: PreparedPath,
 }
 
 impl SetFilter {
     /// The filter for a parsed `filter_expr`.
     pub fn new(expr: &FilterExpr) -> Self {
-        Self { path: expr.path().to_vec() }
+        Self { path: expr.path().to_vec(), prepared: PreparedPath::new(expr.path()) }
     }
 
     /// The path of the value tested.
@@ -33,8 +34,10 @@ impl SetFilter {
     /// Whether `record` (the raw bytes of a JSON document) passes.
     #[inline]
     pub fn passes(&self, record: &[u8], set: &ValueSet) -> bool {
-        extract(record, &self.path)
-            .is_some_and(|value| set.contains_unnormalized(value.text().as_bytes()))
+        self.prepared.scalar(record).is_some_and(|value| {
+            let (bytes, ascii) = value.bytes();
+            set.contains_lowercased(bytes, ascii)
+        })
     }
 
     /// Whether each of `records` passes: clears `passed`, then pushes one answer per record,
@@ -51,23 +54,24 @@ impl SetFilter {
     ) {
         passed.clear();
         passed.reserve(records.len());
-        let mut values: [Option<Extracted<'_>>; BATCH] = std::array::from_fn(|_| None);
+        let mut values: [Option<Scalar<'_>>; BATCH] = std::array::from_fn(|_| None);
         let mut probes = [Probe::Absent; BATCH];
         for chunk in records.chunks(BATCH) {
             preload_records(chunk);
             for ((value, probe), record) in values.iter_mut().zip(&mut probes).zip(chunk) {
-                *value = extract(record.as_ref(), &self.path);
+                *value = self.prepared.scalar(record.as_ref());
                 *probe = match value {
-                    Some(value) => ValueSet::probe(value.text().as_bytes()),
+                    Some(value) => {
+                        let (bytes, ascii) = value.bytes();
+                        ValueSet::probe(bytes, ascii)
+                    }
                     None => Probe::Absent,
                 };
             }
             let (values, probes) = (&values[..chunk.len()], &probes[..chunk.len()]);
             set.preload(probes);
             passed.extend(values.iter().zip(probes).map(|(value, probe)| {
-                value
-                    .as_ref()
-                    .is_some_and(|value| set.contains_probe(probe, value.text().as_bytes()))
+                value.as_ref().is_some_and(|value| set.contains_probe(probe, value.bytes().0))
             }));
         }
     }

@@ -190,18 +190,25 @@ impl ValueSet {
     /// set, whose values are all strings.
     #[inline]
     pub fn contains_unnormalized(&self, value: &[u8]) -> bool {
-        with_lowercase_encoding(value, |packed, payload| {
+        self.contains_lowercased(value, value.is_ascii())
+    }
+
+    /// [`contains_unnormalized`](Self::contains_unnormalized) for a caller that knows
+    /// whether `value` is all ASCII.
+    #[inline]
+    pub(crate) fn contains_lowercased(&self, value: &[u8], ascii: bool) -> bool {
+        with_lowercase_encoding(value, ascii, |packed, payload| {
             self.find_offset(hash(packed, payload), packed, payload).is_some()
         })
         .unwrap_or(false)
     }
 
     /// Prepares the lookup of `value` (as [`contains_unnormalized`](Self::contains_unnormalized)
-    /// takes it): its encoding and hash, kept for [`preload`](Self::preload) and
-    /// [`contains_probe`](Self::contains_probe).
+    /// takes it, with `ascii` saying whether it is all ASCII): its encoding and hash, kept
+    /// for [`preload`](Self::preload) and [`contains_probe`](Self::contains_probe).
     #[inline]
-    pub(crate) fn probe(value: &[u8]) -> Probe {
-        with_lowercase_encoding(value, |packed, payload| {
+    pub(crate) fn probe(value: &[u8], ascii: bool) -> Probe {
+        with_lowercase_encoding(value, ascii, |packed, payload| {
             let hash = hash(packed, payload);
             let mut bytes = [0; PROBE_INLINE_BYTES];
             match bytes.get_mut(..payload.len()) {
@@ -311,7 +318,7 @@ impl ValueSet {
 }
 
 /// Encodings up to this long are kept in a [`Probe`]; longer ones are made again.
-const PROBE_INLINE_BYTES: usize = MAX_PACKED_BYTES;
+const PROBE_INLINE_BYTES: usize = 32;
 
 /// A value prepared for lookup by [`ValueSet::probe`].
 #[derive(Debug, Clone, Copy)]
@@ -358,9 +365,15 @@ impl<'a> FromIterator<&'a str> for ValueSet {
 }
 
 /// Calls `then` with the encoding of `value` lowercased; `None` when `value` is not UTF-8.
+/// `ascii` says whether `value` is all ASCII.
 #[inline]
-fn with_lowercase_encoding<T>(value: &[u8], then: impl FnOnce(bool, &[u8]) -> T) -> Option<T> {
-    if !value.is_ascii() {
+fn with_lowercase_encoding<T>(
+    value: &[u8],
+    ascii: bool,
+    then: impl FnOnce(bool, &[u8]) -> T,
+) -> Option<T> {
+    debug_assert_eq!(ascii, value.is_ascii());
+    if !ascii {
         let lower = std::str::from_utf8(value).ok()?.to_lowercase();
         let mut buf = [0; MAX_PACKED_BYTES];
         let (packed, payload) = encode(lower.as_bytes(), &mut buf);
@@ -406,16 +419,52 @@ fn pack_hex(value: &[u8], ignore_case: bool, buf: &mut [u8; MAX_PACKED_BYTES]) -
     if digits.is_empty() || digits.len() % 2 != 0 || digits.len() > 2 * MAX_PACKED_BYTES {
         return None;
     }
-    // Table lookups and one check at the end: mixed-case addresses would make per-digit
-    // branches unpredictable.
-    let table = if ignore_case { &HEX_ANY_CASE } else { &HEX_LOWER };
+    // Eight digits a round as one word, then pairs by table; one check at the end, as
+    // mixed-case addresses would make per-digit branches unpredictable.
+    let mut words = digits.chunks_exact(8);
     let mut invalid = 0;
-    for (out, pair) in buf.iter_mut().zip(digits.chunks_exact(2)) {
+    for (out, chunk) in buf.chunks_exact_mut(4).zip(words.by_ref()) {
+        let (bytes, bad) = decode_hex_word(chunk.try_into().expect("eight bytes"), ignore_case);
+        invalid |= bad;
+        out.copy_from_slice(&bytes);
+    }
+    let table = if ignore_case { &HEX_ANY_CASE } else { &HEX_LOWER };
+    let done = (digits.len() - words.remainder().len()) / 2;
+    for (out, pair) in buf[done..].iter_mut().zip(words.remainder().chunks_exact(2)) {
         let (high, low) = (table[usize::from(pair[0])], table[usize::from(pair[1])]);
-        invalid |= high | low;
+        invalid |= u64::from((high | low) & NOT_HEX);
         *out = (high << 4) | (low & 0x0f);
     }
-    (invalid & NOT_HEX == 0).then_some(digits.len() / 2)
+    (invalid == 0).then_some(digits.len() / 2)
+}
+
+/// Decodes eight hex digits into four bytes, in a `u64` (SWAR); the second value is non-zero
+/// when one of them is not a hex digit (lowercase, or either case with `ignore_case`).
+#[inline]
+fn decode_hex_word(digits: &[u8; 8], ignore_case: bool) -> ([u8; 4], u64) {
+    const fn bytes(byte: u8) -> u64 {
+        u64::from_ne_bytes([byte; 8])
+    }
+    let word = u64::from_le_bytes(*digits);
+    // Setting 0x20 lowercases `A`-`F` (and turns 0x10-0x19 into digits: ruled out below).
+    let lower = if ignore_case { word | bytes(0x20) } else { word };
+    // Read every byte as a digit: its low four bits, plus 9 when 0x40 is set (`a`-`f`).
+    // Each byte stays below 0x19, so nothing carries into the next.
+    let nibbles = (lower & bytes(0x0f)) + ((lower >> 6) & bytes(0x01)) * 9;
+    // Then write each nibble back as a lowercase digit: a byte that was one reads the same
+    // (`g`-`o` would too, as 16-24: those are ruled out by size).
+    let letters = ((nibbles + bytes(0x80 - 10)) >> 7) & bytes(0x01);
+    let respelled = nibbles + bytes(b'0') + letters * (b'a' - b'0' - 10) as u64;
+    let mut invalid = (respelled ^ lower) | ((nibbles + bytes(0x80 - 16)) & bytes(0x80));
+    if ignore_case {
+        // Every hex digit of either case has 0x20 or 0x40 set; 0x10-0x19 have neither.
+        invalid |= !(word | (word << 1)) & bytes(0x40);
+    }
+    // Pair the nibbles into bytes, then gather the bytes: 16-bit lanes, then 32-bit.
+    let pairs = ((nibbles << 4) | (nibbles >> 8)) & 0x00ff_00ff_00ff_00ff;
+    let pairs = (pairs | (pairs >> 8)) & 0x0000_ffff_0000_ffff;
+    let packed = (pairs | (pairs >> 16)) as u32;
+    (packed.to_le_bytes(), invalid)
 }
 
 /// The mark for "not a hex digit" in the digit tables.
@@ -628,7 +677,8 @@ mod tests {
             b"\xff\xfe",
             b"",
         ];
-        let prepared: Vec<Probe> = probes.iter().map(|value| ValueSet::probe(value)).collect();
+        let prepared: Vec<Probe> =
+            probes.iter().map(|value| ValueSet::probe(value, value.is_ascii())).collect();
         assert!(matches!(prepared[5], Probe::Long) && matches!(prepared[6], Probe::Absent));
         set.preload(&prepared);
         for (value, probe) in probes.iter().zip(&prepared) {
@@ -649,6 +699,59 @@ mod tests {
         set.shrink_to_fit();
         assert_eq!(set.arena.capacity(), set.live_bytes);
         assert!(set.contains("b") && set.contains(ADDRESS) && !set.contains("a"));
+    }
+
+    /// What `pack_hex` must give, a digit at a time.
+    fn pack_hex_reference(value: &[u8], ignore_case: bool) -> Option<Vec<u8>> {
+        let digits = match value {
+            [b'0', b'x', digits @ ..] => digits,
+            [b'0', b'X', digits @ ..] if ignore_case => digits,
+            _ => return None,
+        };
+        if digits.is_empty() || digits.len() % 2 != 0 || digits.len() > 2 * MAX_PACKED_BYTES {
+            return None;
+        }
+        let digit = |byte: u8| match byte {
+            b'0'..=b'9' => Some(byte - b'0'),
+            b'a'..=b'f' => Some(byte - b'a' + 10),
+            b'A'..=b'F' if ignore_case => Some(byte - b'A' + 10),
+            _ => None,
+        };
+        digits.chunks_exact(2).map(|pair| Some((digit(pair[0])? << 4) | digit(pair[1])?)).collect()
+    }
+
+    proptest! {
+        /// The word-at-a-time decoding agrees with a digit at a time, with at most one byte
+        /// that is not a hex digit (often one that could be mistaken for one: 0x10-0x19,
+        /// `/`, `:`, `@`, `G`, `` ` ``, `g`, high bytes) at any position of any length.
+        #[test]
+        fn hex_packing_matches_a_digit_at_a_time(
+            mut digits in proptest::collection::vec(
+                proptest::sample::select(b"0123456789abcdefABCDEF".to_vec()),
+                0..140,
+            ),
+            odd in proptest::option::of((
+                any::<proptest::sample::Index>(),
+                prop_oneof![
+                    3 => proptest::sample::select(
+                        vec![0x10, 0x15, 0x19, 0x1a, 0x0f, b'/', b':', b'@', b'G', b'`', b'g', 0x80, 0xb0, 0xe1],
+                    ),
+                    1 => any::<u8>(),
+                ],
+            )),
+            upper_x in any::<bool>(),
+            ignore_case in any::<bool>(),
+        ) {
+            if let Some((at, byte)) = odd.filter(|_| !digits.is_empty()) {
+                let at = at.index(digits.len());
+                digits[at] = byte;
+            }
+            let mut value = if upper_x { b"0X".to_vec() } else { b"0x".to_vec() };
+            value.extend_from_slice(&digits);
+            let mut buf = [0; MAX_PACKED_BYTES];
+            let got = pack_hex(&value, ignore_case, &mut buf).map(|len| buf[..len].to_vec());
+            prop_assert_eq!(got, pack_hex_reference(&value, ignore_case));
+        }
     }
 
     #[derive(Debug, Clone)]
