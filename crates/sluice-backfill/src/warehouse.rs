@@ -547,19 +547,23 @@ fn batch_of(table: &Table, rows: &[Row]) -> Result<RecordBatch, arrow_schema::Ar
         })
         .map(|(name, _)| *name)
         .collect();
-    let parsed: Vec<Vec<Option<fields::Scalar<'_>>>> =
-        rows.iter().map(|row| fields::fields(&row.record, &wanted)).collect();
+    // One buffer for every row's fields, `wanted.len()` slots a row.
+    let width = wanted.len();
+    let mut parsed: Vec<Option<fields::Scalar<'_>>> = vec![None; rows.len() * width];
+    if width > 0 {
+        for (row, found) in rows.iter().zip(parsed.chunks_exact_mut(width)) {
+            fields::fields_into(&row.record, &wanted, found);
+        }
+    }
     let mut arrays: Vec<ArrayRef> = Vec::with_capacity(table.columns.len());
     for (name, kind) in &table.columns {
         let field = wanted.iter().position(|w| w == name);
-        let values = || parsed.iter().map(move |row| field.and_then(|i| row[i].as_ref()));
+        let parsed = &parsed;
+        let values =
+            || (0..rows.len()).map(move |row| field.and_then(|i| parsed[row * width + i].as_ref()));
         let array: ArrayRef = match (*name, kind) {
-            (KEY_COLUMN, _) => {
-                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.key.as_str())))
-            }
-            (RECORD_COLUMN, _) => {
-                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.record.as_str())))
-            }
+            (KEY_COLUMN, _) => strings(rows.iter().map(|r| Some(r.key.as_str()))),
+            (RECORD_COLUMN, _) => strings(rows.iter().map(|r| Some(r.record.as_str()))),
             (_, ColumnKind::Time) => {
                 let mut builder = TimestampMicrosecondBuilder::with_capacity(rows.len());
                 for row in rows {
@@ -581,17 +585,24 @@ fn batch_of(table: &Table, rows: &[Row]) -> Result<RecordBatch, arrow_schema::Ar
                 }
                 Arc::new(builder.finish())
             }
-            (_, ColumnKind::Text) => {
-                let mut builder = StringBuilder::with_capacity(rows.len(), rows.len() * 32);
-                for value in values() {
-                    builder.append_option(value.and_then(fields::Scalar::as_text));
-                }
-                Arc::new(builder.finish())
-            }
+            (_, ColumnKind::Text) => strings(values().map(|v| v.and_then(fields::Scalar::as_text))),
         };
         arrays.push(array);
     }
     RecordBatch::try_new(table.schema.clone(), arrays)
+}
+
+/// A string column of `values`, its buffer sized exactly first: a column of records is
+/// hundreds of megabytes, which growing by doubling would copy and fault in twice over.
+fn strings<S: AsRef<str>>(values: impl Iterator<Item = Option<S>> + Clone) -> ArrayRef {
+    let (count, bytes) = values.clone().fold((0, 0), |(count, bytes), value| {
+        (count + 1, bytes + value.map_or(0, |v| v.as_ref().len()))
+    });
+    let mut builder = StringBuilder::with_capacity(count, bytes);
+    for value in values {
+        builder.append_option(value);
+    }
+    Arc::new(builder.finish())
 }
 
 #[cfg(test)]

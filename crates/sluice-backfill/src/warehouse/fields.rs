@@ -2,13 +2,22 @@
 //! has are taken (strings borrowed from the record where they need no unescaping), every other
 //! field skipped unparsed. This is what the archiver does per record, so it avoids building a
 //! JSON map of every field.
+//!
+//! The walk over the members is this module's own: keys and skipped values are found by
+//! searching for quotes sixteen bytes at a time ([`find_quote_or_backslash`]), and only the
+//! values a table wants are handed to `serde_json`. It checks the structure it walks (strings
+//! end, brackets match, members are `"key": value` separated by commas), not every byte of
+//! the values it skips: every record that reaches a [`Row`](super::Row) was parsed as JSON
+//! when it was made (the stream's ingest, `sluice warehouse import`), so this never decides
+//! whether a record is JSON, only where its fields are.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use serde::Deserializer as _;
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, MapAccess, Visitor};
 use serde_json::Value;
+use sluice_core::json::{find_quote_or_backslash, unescape_into};
 
 /// One field's value.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,52 +70,153 @@ impl Scalar<'_> {
 }
 
 /// The values of `wanted` (top-level field names) in `record`, in `wanted`'s order; `None`
-/// for a field it lacks — and for every field when `record` is not a JSON object.
+/// for a field it lacks — and for every field when `record` is not a JSON object. A key that
+/// appears twice gives its last value, as a JSON map would (records never repeat one).
 pub fn fields<'a>(record: &'a str, wanted: &[&str]) -> Vec<Option<Scalar<'a>>> {
     let mut found = vec![None; wanted.len()];
-    let mut deserializer = serde_json::Deserializer::from_str(record);
-    if deserializer.deserialize_map(Fields { wanted, found: &mut found }).is_err() {
-        found.iter_mut().for_each(|slot| *slot = None);
-    }
+    fields_into(record, wanted, &mut found);
     found
 }
 
-struct Fields<'w, 'f, 'a> {
-    wanted: &'w [&'w str],
-    found: &'f mut [Option<Scalar<'a>>],
+/// [`fields`] into `found` (one slot per wanted name, overwritten), for a caller that reads
+/// many records into one buffer.
+pub fn fields_into<'a>(record: &'a str, wanted: &[&str], found: &mut [Option<Scalar<'a>>]) {
+    found.iter_mut().for_each(|slot| *slot = None);
+    if walk_members(record, wanted, found).is_none() {
+        found.iter_mut().for_each(|slot| *slot = None);
+    }
 }
 
-impl<'de> Visitor<'de> for Fields<'_, '_, 'de> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
+/// Walks the members of the object `record`, filling `found` for the wanted keys; `None` when
+/// the structure is not an object's.
+fn walk_members<'a>(
+    record: &'a str,
+    wanted: &[&str],
+    found: &mut [Option<Scalar<'a>>],
+) -> Option<()> {
+    let bytes = record.as_bytes();
+    let mut pos = skip_ws(bytes, 0);
+    if bytes.get(pos) != Some(&b'{') {
+        return None;
     }
+    pos = skip_ws(bytes, pos + 1);
+    if bytes.get(pos) == Some(&b'}') {
+        return Some(());
+    }
+    let mut unescaped = String::new();
+    let mut next = 0;
+    loop {
+        if bytes.get(pos) != Some(&b'"') {
+            return None;
+        }
+        let (key_end, escaped) = string_end(bytes, pos + 1)?;
+        let key = if escaped {
+            unescaped.clear();
+            unescape_into(record.get(pos + 1..key_end)?, &mut unescaped)?;
+            unescaped.as_str()
+        } else {
+            record.get(pos + 1..key_end)?
+        };
+        // Records of a stream list their keys in one order: the wanted name after the last
+        // one found is tried first.
+        let slot = match wanted.get(next) {
+            Some(name) if *name == key => Some(next),
+            _ => wanted.iter().position(|name| *name == key),
+        };
+        if let Some(slot) = slot {
+            next = slot + 1;
+        }
+        pos = skip_ws(bytes, key_end + 1);
+        if bytes.get(pos) != Some(&b':') {
+            return None;
+        }
+        let start = skip_ws(bytes, pos + 1);
+        let end = value_end(bytes, start)?;
+        if let Some(slot) = slot {
+            found[slot] = Some(scalar(record.get(start..end)?)?);
+        }
+        pos = skip_ws(bytes, end);
+        match bytes.get(pos) {
+            Some(b',') => pos = skip_ws(bytes, pos + 1),
+            Some(b'}') => return Some(()),
+            _ => return None,
+        }
+    }
+}
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            match self.wanted.iter().position(|w| *w == key) {
-                Some(index) => self.found[index] = Some(map.next_value_seed(ScalarSeed)?),
-                None => {
-                    map.next_value::<IgnoredAny>()?;
+/// The value whose JSON text is `text`, read by `serde_json` (strings without escapes stay
+/// borrowed).
+fn scalar(text: &str) -> Option<Scalar<'_>> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let value = deserializer.deserialize_any(ScalarVisitor).ok()?;
+    deserializer.end().ok()?;
+    Some(value)
+}
+
+/// For a string whose contents start at `start`: the position of its closing quote, and
+/// whether it has escapes.
+fn string_end(bytes: &[u8], start: usize) -> Option<(usize, bool)> {
+    let mut pos = start;
+    let mut escaped = false;
+    loop {
+        let found = pos + find_quote_or_backslash(bytes.get(pos..)?)?;
+        if bytes[found] == b'"' {
+            return Some((found, escaped));
+        }
+        escaped = true;
+        pos = found + 2;
+    }
+}
+
+/// The position just past the value at `pos`: a string, a number or literal (the run of
+/// bytes that may make one up), or a container (strings skipped, brackets matched).
+fn value_end(bytes: &[u8], pos: usize) -> Option<usize> {
+    match bytes.get(pos)? {
+        b'"' => string_end(bytes, pos + 1).map(|(end, _)| end + 1),
+        b'{' | b'[' => container_end(bytes, pos),
+        b'-' | b'0'..=b'9' | b't' | b'f' | b'n' => {
+            let rest = &bytes[pos..];
+            let len = rest
+                .iter()
+                .position(
+                    |byte| !matches!(byte, b'0'..=b'9' | b'a'..=b'z' | b'+' | b'-' | b'.' | b'E'),
+                )
+                .unwrap_or(rest.len());
+            Some(pos + len)
+        }
+        _ => None,
+    }
+}
+
+/// The position just past the object or array at `pos`.
+fn container_end(bytes: &[u8], pos: usize) -> Option<usize> {
+    let mut closers = Vec::new();
+    let mut pos = pos;
+    while let Some(&byte) = bytes.get(pos) {
+        match byte {
+            b'"' => pos = string_end(bytes, pos + 1)?.0,
+            b'{' => closers.push(b'}'),
+            b'[' => closers.push(b']'),
+            b'}' | b']' => {
+                if closers.pop() != Some(byte) {
+                    return None;
+                }
+                if closers.is_empty() {
+                    return Some(pos + 1);
                 }
             }
+            _ => {}
         }
-        Ok(())
+        pos += 1;
     }
+    None
 }
 
-struct ScalarSeed;
-
-impl<'de> DeserializeSeed<'de> for ScalarSeed {
-    type Value = Scalar<'de>;
-
-    fn deserialize<D: de::Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> Result<Scalar<'de>, D::Error> {
-        deserializer.deserialize_any(ScalarVisitor)
+fn skip_ws(bytes: &[u8], mut pos: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\r' | b'\t') = bytes.get(pos) {
+        pos += 1;
     }
+    pos
 }
 
 struct ScalarVisitor;
@@ -163,6 +273,8 @@ impl<'de> Visitor<'de> for ScalarVisitor {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     /// Every field as the JSON-map read it replaces saw it.
@@ -199,6 +311,53 @@ mod tests {
         }
         assert!(matches!(found[6], Some(Scalar::Text(Cow::Owned(_)))), "escaped text is unescaped");
         assert!(matches!(found[5], Some(Scalar::Text(Cow::Borrowed(_)))), "plain text is borrowed");
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (-1e300f64..1e300).prop_map(Value::from),
+            "[a-z\"\\\\\u{e9}\u{1f600}\n\t ]{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map("[a-c\"]{1,3}", inner, 0..4)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// For any object, written compactly or pretty, every top-level field (and one that
+        /// is absent) reads as the full parse reads it.
+        #[test]
+        fn the_walk_reads_every_field_as_a_full_parse(
+            members in proptest::collection::btree_map("[a-d\"\\\\\u{e9}]{1,4}", json_value(), 0..6),
+            pretty in any::<bool>(),
+        ) {
+            let object = Value::Object(members.into_iter().collect());
+            let record = if pretty {
+                serde_json::to_string_pretty(&object).unwrap()
+            } else {
+                serde_json::to_string(&object).unwrap()
+            };
+            let mut names: Vec<String> = object.as_object().unwrap().keys().cloned().collect();
+            names.push("absent".to_owned());
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let found = fields(&record, &names);
+            for (name, value) in names.iter().zip(&found) {
+                let (int, float, text) = via_map(&record, name);
+                let value = value.as_ref();
+                prop_assert_eq!(value.and_then(Scalar::as_i64), int, "{} as integer in {}", name, record);
+                let got = value.and_then(Scalar::as_f64);
+                prop_assert!(got == float || got.zip(float).is_some_and(|(a, b)| a.is_nan() && b.is_nan()), "{} as float in {}", name, record);
+                prop_assert_eq!(value.and_then(|v| v.as_text().map(Cow::into_owned)), text, "{} as text in {}", name, record);
+            }
+        }
     }
 
     #[test]
