@@ -12,8 +12,9 @@
 //! entry. The path of the repeated key is only assembled when there is one.
 //!
 //! Also, for the readers that walk a record's bytes themselves (the set filter's extractor,
-//! the script engine's parser): [`find_quote_or_backslash`] and [`find_string_special`] to
-//! find where a string ends or needs care, and [`unescape_into`] to resolve its escapes.
+//! the script engine's parser, the warehouse's field reader): [`find_quote_or_backslash`],
+//! [`string_end`] and [`find_string_special`] to find where a string ends or needs care, and
+//! [`unescape_into`] to resolve its escapes.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -248,6 +249,23 @@ fn hex4(text: &str) -> Option<u32> {
 #[inline]
 pub fn find_quote_or_backslash(bytes: &[u8]) -> Option<usize> {
     find_in_string(bytes, false)
+}
+
+/// For a JSON string whose text starts at `start` (just past its opening quote): the
+/// position of its closing quote, and whether the text has escapes. Escapes are skipped, not
+/// checked; `None` when the string does not end.
+#[inline]
+pub fn string_end(bytes: &[u8], start: usize) -> Option<(usize, bool)> {
+    let mut pos = start;
+    let mut escaped = false;
+    loop {
+        let found = pos + find_quote_or_backslash(bytes.get(pos..)?)?;
+        if bytes[found] == b'"' {
+            return Some((found, escaped));
+        }
+        escaped = true;
+        pos = found + 2;
+    }
 }
 
 /// The position of the first byte of `bytes` that a JSON string cannot hold as it is: `"`,

@@ -22,7 +22,7 @@
 use std::borrow::Cow;
 
 use sluice_core::filter_expr::PathSegment;
-use sluice_core::json::find_quote_or_backslash;
+use sluice_core::json::string_end;
 
 /// How deeply nested a skipped container may be; deeper ones make the record malformed
 /// (`serde_json` refuses nesting past 128 levels too).
@@ -306,22 +306,6 @@ fn skip_value(record: &[u8], pos: usize) -> Option<usize> {
 fn literal_end(record: &[u8], pos: usize, literal: &[u8]) -> Option<usize> {
     let end = pos + literal.len();
     (record.get(pos..end)? == literal).then_some(end)
-}
-
-/// For a string whose contents start at `start`: the position of its closing quote, and
-/// whether it contains escapes. Escapes are skipped, not checked.
-#[inline]
-fn string_end(record: &[u8], start: usize) -> Option<(usize, bool)> {
-    let mut pos = start;
-    let mut escaped = false;
-    loop {
-        let found = pos + find_quote_or_backslash(record.get(pos..)?)?;
-        if record[found] == b'"' {
-            return Some((found, escaped));
-        }
-        escaped = true;
-        pos = found + 2;
-    }
 }
 
 /// Whether `bytes` holds a byte JSON strings may not hold raw (below 0x20). A fold, not

@@ -411,14 +411,7 @@ fn encode<'a>(value: &'a [u8], buf: &'a mut [u8; MAX_PACKED_BYTES]) -> (bool, &'
 /// makes this "is the ASCII-lowercased value packable".
 #[inline]
 fn pack_hex(value: &[u8], ignore_case: bool, buf: &mut [u8; MAX_PACKED_BYTES]) -> Option<usize> {
-    let digits = match value {
-        [b'0', b'x', digits @ ..] => digits,
-        [b'0', b'X', digits @ ..] if ignore_case => digits,
-        _ => return None,
-    };
-    if digits.is_empty() || digits.len() % 2 != 0 || digits.len() > 2 * MAX_PACKED_BYTES {
-        return None;
-    }
+    let digits = hex_digits(value, ignore_case)?;
     // Eight digits a round as one word, then pairs by table; one check at the end, as
     // mixed-case addresses would make per-digit branches unpredictable.
     let mut words = digits.chunks_exact(8);
@@ -436,6 +429,19 @@ fn pack_hex(value: &[u8], ignore_case: bool, buf: &mut [u8; MAX_PACKED_BYTES]) -
         *out = (high << 4) | (low & 0x0f);
     }
     (invalid == 0).then_some(digits.len() / 2)
+}
+
+/// The digits of a value shaped like a packable one: `0x` (or `0X` with `ignore_case`) and an
+/// even number, 2 to `2 * MAX_PACKED_BYTES`, of bytes after it (not yet checked as digits).
+#[inline]
+fn hex_digits(value: &[u8], ignore_case: bool) -> Option<&[u8]> {
+    let digits = match value {
+        [b'0', b'x', digits @ ..] => digits,
+        [b'0', b'X', digits @ ..] if ignore_case => digits,
+        _ => return None,
+    };
+    let even = !digits.is_empty() && digits.len() % 2 == 0;
+    (even && digits.len() <= 2 * MAX_PACKED_BYTES).then_some(digits)
 }
 
 /// Decodes eight hex digits into four bytes, in a `u64` (SWAR); the second value is non-zero
@@ -701,16 +707,9 @@ mod tests {
         assert!(set.contains("b") && set.contains(ADDRESS) && !set.contains("a"));
     }
 
-    /// What `pack_hex` must give, a digit at a time.
+    /// What `pack_hex` must give, a digit at a time (the shape checked as `pack_hex` does).
     fn pack_hex_reference(value: &[u8], ignore_case: bool) -> Option<Vec<u8>> {
-        let digits = match value {
-            [b'0', b'x', digits @ ..] => digits,
-            [b'0', b'X', digits @ ..] if ignore_case => digits,
-            _ => return None,
-        };
-        if digits.is_empty() || digits.len() % 2 != 0 || digits.len() > 2 * MAX_PACKED_BYTES {
-            return None;
-        }
+        let digits = hex_digits(value, ignore_case)?;
         let digit = |byte: u8| match byte {
             b'0'..=b'9' => Some(byte - b'0'),
             b'a'..=b'f' => Some(byte - b'a' + 10),

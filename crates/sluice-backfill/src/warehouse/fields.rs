@@ -4,7 +4,7 @@
 //! JSON map of every field.
 //!
 //! The walk over the members is this module's own: keys and skipped values are found by
-//! searching for quotes sixteen bytes at a time ([`find_quote_or_backslash`]), and only the
+//! searching for quotes sixteen bytes at a time ([`sluice_core::json::string_end`]), and only the
 //! values a table wants are handed to `serde_json`. It checks the structure it walks (strings
 //! end, brackets match, members are `"key": value` separated by commas), not every byte of
 //! the values it skips: every record that reaches a [`Row`](super::Row) was parsed as JSON
@@ -17,7 +17,7 @@ use std::fmt;
 use serde::Deserializer as _;
 use serde::de::{self, MapAccess, Visitor};
 use serde_json::Value;
-use sluice_core::json::{find_quote_or_backslash, unescape_into};
+use sluice_core::json::{string_end, unescape_into};
 
 /// One field's value.
 #[derive(Debug, Clone, PartialEq)]
@@ -151,21 +151,6 @@ fn scalar(text: &str) -> Option<Scalar<'_>> {
     let value = deserializer.deserialize_any(ScalarVisitor).ok()?;
     deserializer.end().ok()?;
     Some(value)
-}
-
-/// For a string whose contents start at `start`: the position of its closing quote, and
-/// whether it has escapes.
-fn string_end(bytes: &[u8], start: usize) -> Option<(usize, bool)> {
-    let mut pos = start;
-    let mut escaped = false;
-    loop {
-        let found = pos + find_quote_or_backslash(bytes.get(pos..)?)?;
-        if bytes[found] == b'"' {
-            return Some((found, escaped));
-        }
-        escaped = true;
-        pos = found + 2;
-    }
 }
 
 /// The position just past the value at `pos`: a string, a number or literal (the run of
