@@ -721,8 +721,48 @@ impl ClientContext for Context {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(target: "kafka", %error, "{reason}");
+        if is_end_of_partition(&error) {
+            tracing::trace!(target: "kafka", %error, "{reason}");
+        } else {
+            tracing::warn!(target: "kafka", %error, "{reason}");
+        }
     }
 }
 
+/// Whether a client error is only a reader reaching a partition's end: the readers ask for
+/// that event (`enable.partition.eof`, so an empty partition answers at once), and librdkafka
+/// reports it through the error callback too. Logged as a warning it would repeat once per
+/// idle fetch of every reader.
+fn is_end_of_partition(error: &KafkaError) -> bool {
+    matches!(
+        error,
+        KafkaError::Global(RDKafkaErrorCode::PartitionEOF)
+            | KafkaError::PartitionEOF(_)
+            | KafkaError::MessageConsumption(RDKafkaErrorCode::PartitionEOF)
+    )
+}
+
 impl ConsumerContext for Context {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_end_of_a_partition_is_kept_out_of_the_warnings() {
+        for end in [
+            KafkaError::Global(RDKafkaErrorCode::PartitionEOF),
+            KafkaError::PartitionEOF(3),
+            KafkaError::MessageConsumption(RDKafkaErrorCode::PartitionEOF),
+        ] {
+            assert!(is_end_of_partition(&end), "{end}");
+        }
+        for problem in [
+            KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+            KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            KafkaError::MessageConsumption(RDKafkaErrorCode::UnknownTopicOrPartition),
+        ] {
+            assert!(!is_end_of_partition(&problem), "{problem}");
+        }
+    }
+}
