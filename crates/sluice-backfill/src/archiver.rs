@@ -183,6 +183,11 @@ impl Archiver {
         let Some(config) = self.log.topic(&topic).await? else { return Ok(0) };
         let manifest = self.warehouse.manifest(&table.name)?;
         let ranges = self.log.offsets(&topic).await?;
+        // Each pass reads up to the ends the log has now, and no further: what is appended
+        // meanwhile waits for the next flush. A read at a partition's end is not free (on
+        // Kafka it waits `fetch_wait_ms` for records that may come), so partitions with
+        // nothing new are not read at all.
+        let ends: Vec<u64> = ranges.iter().map(|range| range.end).collect();
         let mut next: Vec<(u32, u64)> = (0..config.partitions)
             .map(|p| {
                 let archived = manifest.offsets.get(&p).copied().unwrap_or(0);
@@ -198,11 +203,13 @@ impl Archiver {
             let mut rows = Vec::new();
             let mut moved = false;
             for (partition, from) in &mut next {
-                while rows.len() < self.settings.max_rows_per_append {
+                let end = ends.get(*partition as usize).copied().unwrap_or(0);
+                while rows.len() < self.settings.max_rows_per_append && *from < end {
                     let want = self
                         .settings
                         .read_batch
-                        .min(self.settings.max_rows_per_append - rows.len());
+                        .min(self.settings.max_rows_per_append - rows.len())
+                        .min(usize::try_from(end - *from).unwrap_or(usize::MAX));
                     let records = self.log.read(&topic, *partition, *from, want).await?;
                     let Some(last) = records.last().map(|r| r.offset) else { break };
                     for record in records {
