@@ -10,6 +10,7 @@
 
 mod batch;
 mod embedded;
+pub mod forwarding;
 mod kafka;
 mod record;
 pub mod topics;

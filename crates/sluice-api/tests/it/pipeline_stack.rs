@@ -2,15 +2,12 @@
 //! react fast, API keys, transfer records, waiting for a deployment to catch up, and a stream
 //! log with injectable faults.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sluice_bus::{
-    AppendWatch, EmbeddedLog, NewRecord, OffsetRange, Position, Record, StreamLog, TopicConfig,
-};
+use sluice_bus::StreamLog;
+use sluice_bus::forwarding::{Forwarding, Hooks};
 use sluice_runtime::RuntimeSettings;
 use sluice_store::MetadataStore;
 
@@ -80,53 +77,29 @@ pub async fn settle(log: &dyn StreamLog, id: &str) {
 /// is above zero (each panic takes one): a worker that crashes; sink writes (the workers'
 /// append-and-commit) fail while `failures` is above zero (each takes one) or while `down`:
 /// a sink that is down.
-pub struct FaultyLog {
-    inner: Arc<EmbeddedLog>,
+pub type FaultyLog = Forwarding<Faults>;
+
+/// The faults a [`FaultyLog`] injects (see above).
+#[derive(Default)]
+pub struct Faults {
     pub panics: AtomicU32,
     pub failures: AtomicU32,
     pub down: AtomicBool,
 }
 
-impl FaultyLog {
-    pub fn new(inner: Arc<EmbeddedLog>) -> Self {
-        Self {
-            inner,
-            panics: AtomicU32::new(0),
-            failures: AtomicU32::new(0),
-            down: AtomicBool::new(false),
+impl Hooks for Faults {
+    fn before_read(&self, topic: &str, _partition: u32, _from: u64) {
+        if topic == SOURCE
+            && self
+                .panics
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            panic!("injected read failure");
         }
     }
-}
 
-#[async_trait::async_trait]
-impl StreamLog for FaultyLog {
-    async fn create_topic(
-        &self,
-        topic: &str,
-        config: TopicConfig,
-    ) -> sluice_bus::Result<TopicConfig> {
-        self.inner.create_topic(topic, config).await
-    }
-    async fn delete_topic(&self, topic: &str) -> sluice_bus::Result<bool> {
-        self.inner.delete_topic(topic).await
-    }
-    async fn topic(&self, topic: &str) -> sluice_bus::Result<Option<TopicConfig>> {
-        self.inner.topic(topic).await
-    }
-    async fn append(
-        &self,
-        topic: &str,
-        records: Vec<NewRecord>,
-    ) -> sluice_bus::Result<Vec<Position>> {
-        self.inner.append(topic, records).await
-    }
-    async fn append_and_commit(
-        &self,
-        appends: &[(&str, &[NewRecord])],
-        group: &str,
-        source: &str,
-        offsets: &[(u32, u64)],
-    ) -> sluice_bus::Result<()> {
+    fn before_append_and_commit(&self) -> sluice_bus::Result<()> {
         if self.down.load(Ordering::SeqCst) {
             return Err(sluice_bus::BusError::CommitFailed("injected sink outage".to_owned()));
         }
@@ -137,54 +110,6 @@ impl StreamLog for FaultyLog {
         {
             return Err(sluice_bus::BusError::CommitFailed("injected sink failure".to_owned()));
         }
-        self.inner.append_and_commit(appends, group, source, offsets).await
-    }
-    async fn read(
-        &self,
-        topic: &str,
-        partition: u32,
-        from: u64,
-        max: usize,
-    ) -> sluice_bus::Result<Vec<Record>> {
-        if topic == SOURCE
-            && self
-                .panics
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-        {
-            panic!("injected read failure");
-        }
-        self.inner.read(topic, partition, from, max).await
-    }
-    async fn offsets(&self, topic: &str) -> sluice_bus::Result<Vec<OffsetRange>> {
-        self.inner.offsets(topic).await
-    }
-    async fn offset_for_time(
-        &self,
-        topic: &str,
-        partition: u32,
-        at: i64,
-    ) -> sluice_bus::Result<u64> {
-        self.inner.offset_for_time(topic, partition, at).await
-    }
-    async fn commit(
-        &self,
-        group: &str,
-        topic: &str,
-        offsets: &[(u32, u64)],
-    ) -> sluice_bus::Result<()> {
-        self.inner.commit(group, topic, offsets).await
-    }
-    async fn committed(&self, group: &str, topic: &str) -> sluice_bus::Result<BTreeMap<u32, u64>> {
-        self.inner.committed(group, topic).await
-    }
-    async fn delete_group(&self, group: &str) -> sluice_bus::Result<()> {
-        self.inner.delete_group(group).await
-    }
-    async fn enforce_retention(&self) -> sluice_bus::Result<u64> {
-        self.inner.enforce_retention().await
-    }
-    fn watch(&self, topic: &str) -> AppendWatch {
-        self.inner.watch(topic)
+        Ok(())
     }
 }

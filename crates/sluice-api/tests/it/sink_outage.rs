@@ -19,7 +19,9 @@ use sluice_runtime::{Counters, Runtime};
 use sluice_store::{MetadataStore, SqliteStore};
 use tower::ServiceExt;
 
-use crate::pipeline_stack::{FaultyLog, OTHER, SOURCE, USDC, key_for, settings, settle, transfer};
+use crate::pipeline_stack::{
+    Faults, FaultyLog, OTHER, SOURCE, USDC, key_for, settings, settle, transfer,
+};
 
 pub struct Stack {
     _dir: tempfile::TempDir,
@@ -39,7 +41,7 @@ impl Stack {
         let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
         let inner =
             Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
-        let log = Arc::new(FaultyLog::new(inner));
+        let log = Arc::new(FaultyLog::new(inner, Faults::default()));
         let runtime = Runtime::start(
             store.clone(),
             log.clone(),
@@ -168,7 +170,7 @@ async fn at_least_once_holds_the_source_through_a_sink_outage_and_then_delivers_
     settle(stack.log.as_ref(), &id).await;
     let committed_before = stack.committed(&id).await;
 
-    stack.log.down.store(true, Ordering::SeqCst);
+    stack.log.hooks().down.store(true, Ordering::SeqCst);
     stack.ingest(21..=60).await;
     // Several writes failed and were retried; meanwhile nothing new reached the sink and the
     // source offsets did not move: the outage holds the records back.
@@ -177,7 +179,7 @@ async fn at_least_once_holds_the_source_through_a_sink_outage_and_then_delivers_
     assert_eq!(stack.committed(&id).await, committed_before);
     assert_eq!(Counters::get(&stack.counters(&id).await.dropped), 0);
 
-    stack.log.down.store(false, Ordering::SeqCst);
+    stack.log.hooks().down.store(false, Ordering::SeqCst);
     stack.ingest(61..=70).await;
     settle(stack.log.as_ref(), &id).await;
     let delivered = stack.sink(&id).await;
@@ -197,7 +199,7 @@ async fn best_effort_drops_and_counts_what_a_sink_outage_rejects_and_goes_on() {
     assert_eq!(sorted(stack.sink_waiting(&id, 10).await), odd(1..=20));
     settle(stack.log.as_ref(), &id).await;
 
-    stack.log.down.store(true, Ordering::SeqCst);
+    stack.log.hooks().down.store(true, Ordering::SeqCst);
     stack.ingest(21..=60).await;
     // The outage does not hold the source: the offsets move past the rejected batches.
     settle(stack.log.as_ref(), &id).await;
@@ -206,7 +208,7 @@ async fn best_effort_drops_and_counts_what_a_sink_outage_rejects_and_goes_on() {
     assert!(Counters::get(&counters.output_errors) >= 1);
     assert_eq!(sorted(stack.sink(&id).await), odd(1..=20));
 
-    stack.log.down.store(false, Ordering::SeqCst);
+    stack.log.hooks().down.store(false, Ordering::SeqCst);
     stack.ingest(61..=70).await;
     settle(stack.log.as_ref(), &id).await;
     let mut expected = odd(1..=20);

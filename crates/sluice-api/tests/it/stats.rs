@@ -19,7 +19,7 @@ use sluice_runtime::Runtime;
 use sluice_store::{MetadataStore, SqliteStore};
 use tower::ServiceExt;
 
-use crate::pipeline_stack::{FaultyLog, OTHER, USDC, key_for, settings, settle, transfer};
+use crate::pipeline_stack::{Faults, FaultyLog, OTHER, USDC, key_for, settings, settle, transfer};
 
 struct Stack {
     _dir: tempfile::TempDir,
@@ -42,7 +42,7 @@ impl Stack {
         let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
         let inner =
             Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
-        let log = Arc::new(FaultyLog::new(inner));
+        let log = Arc::new(FaultyLog::new(inner, Faults::default()));
         let operator = key_for(store.as_ref(), "sluice", "ops", "admin", true).await;
         let owner = key_for(store.as_ref(), "acme", "data", "ann", false).await;
         let stranger = key_for(store.as_ref(), "other", "team", "eve", false).await;
@@ -275,7 +275,7 @@ async fn a_crashing_worker_is_restarted_with_backoff_shows_as_crash_looping_and_
     let stack = Stack::new().await;
     let id = stack.create(usdc_filter(), "S").await;
     stack.action(&id, "deploy").await;
-    stack.log.panics.store(3, Ordering::SeqCst);
+    stack.log.hooks().panics.store(3, Ordering::SeqCst);
     let health = stack
         .health_until(&id, |h| {
             h["workers"][0]["restart_count"] == 3
@@ -674,7 +674,7 @@ async fn failed_sink_writes_are_output_errors_and_the_held_batch_is_sent_once() 
     // Paused while the records arrive, so the resumed worker reads all four in one round
     // (a running worker may see an append's partitions in two rounds: two sink writes).
     stack.action(&id, "pause").await;
-    stack.log.failures.store(3, Ordering::SeqCst);
+    stack.log.hooks().failures.store(3, Ordering::SeqCst);
     stack.ingest(&[(1, USDC), (2, OTHER), (3, USDC), (4, USDC)]).await;
     stack.action(&id, "deploy").await;
     stack.delivered(&id, 3).await;

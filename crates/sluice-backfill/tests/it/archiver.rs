@@ -1,14 +1,11 @@
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use sluice_backfill::archiver::{Archiver, ArchiverSettings};
 use sluice_backfill::tables::{self, Table};
 use sluice_backfill::warehouse::{Query, Warehouse};
-use sluice_bus::{
-    AppendWatch, EmbeddedLog, NewRecord, OffsetRange, Position, Record, Retention, StreamLog,
-    TopicConfig,
-};
+use sluice_bus::forwarding::{Forwarding, Hooks};
+use sluice_bus::{EmbeddedLog, NewRecord, Record, Retention, StreamLog, TopicConfig};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::ManualClock;
 
@@ -134,87 +131,16 @@ async fn a_record_is_archived_as_the_stream_carried_it_and_typed_columns_filter(
     assert_eq!(got[0].1, String::from_utf8(transfer(12).value.to_vec()).unwrap());
 }
 
-/// A log that counts the reads made at or past a partition's end (reads that find nothing:
-/// on Kafka each waits `fetch_wait_ms`).
-struct CountingLog {
-    inner: Arc<dyn StreamLog>,
-    reads_at_end: AtomicU32,
-}
+/// Counts the reads that found nothing (a partition read at its end: on Kafka each waits
+/// `fetch_wait_ms`).
+#[derive(Default)]
+struct EmptyReads(AtomicU32);
 
-#[async_trait::async_trait]
-impl StreamLog for CountingLog {
-    async fn create_topic(
-        &self,
-        topic: &str,
-        config: TopicConfig,
-    ) -> sluice_bus::Result<TopicConfig> {
-        self.inner.create_topic(topic, config).await
-    }
-    async fn delete_topic(&self, topic: &str) -> sluice_bus::Result<bool> {
-        self.inner.delete_topic(topic).await
-    }
-    async fn topic(&self, topic: &str) -> sluice_bus::Result<Option<TopicConfig>> {
-        self.inner.topic(topic).await
-    }
-    async fn append(
-        &self,
-        topic: &str,
-        records: Vec<NewRecord>,
-    ) -> sluice_bus::Result<Vec<Position>> {
-        self.inner.append(topic, records).await
-    }
-    async fn append_and_commit(
-        &self,
-        appends: &[(&str, &[NewRecord])],
-        group: &str,
-        source: &str,
-        offsets: &[(u32, u64)],
-    ) -> sluice_bus::Result<()> {
-        self.inner.append_and_commit(appends, group, source, offsets).await
-    }
-    async fn read(
-        &self,
-        topic: &str,
-        partition: u32,
-        from: u64,
-        max: usize,
-    ) -> sluice_bus::Result<Vec<Record>> {
-        let end = self.inner.offsets(topic).await?[partition as usize].end;
-        if from >= end {
-            self.reads_at_end.fetch_add(1, Ordering::SeqCst);
+impl Hooks for EmptyReads {
+    fn after_read(&self, _topic: &str, _partition: u32, records: &[Record]) {
+        if records.is_empty() {
+            self.0.fetch_add(1, Ordering::SeqCst);
         }
-        self.inner.read(topic, partition, from, max).await
-    }
-    async fn offsets(&self, topic: &str) -> sluice_bus::Result<Vec<OffsetRange>> {
-        self.inner.offsets(topic).await
-    }
-    async fn offset_for_time(
-        &self,
-        topic: &str,
-        partition: u32,
-        at: i64,
-    ) -> sluice_bus::Result<u64> {
-        self.inner.offset_for_time(topic, partition, at).await
-    }
-    async fn commit(
-        &self,
-        group: &str,
-        topic: &str,
-        offsets: &[(u32, u64)],
-    ) -> sluice_bus::Result<()> {
-        self.inner.commit(group, topic, offsets).await
-    }
-    async fn committed(&self, group: &str, topic: &str) -> sluice_bus::Result<BTreeMap<u32, u64>> {
-        self.inner.committed(group, topic).await
-    }
-    async fn delete_group(&self, group: &str) -> sluice_bus::Result<()> {
-        self.inner.delete_group(group).await
-    }
-    async fn enforce_retention(&self) -> sluice_bus::Result<u64> {
-        self.inner.enforce_retention().await
-    }
-    fn watch(&self, topic: &str) -> AppendWatch {
-        self.inner.watch(topic)
     }
 }
 
@@ -222,7 +148,7 @@ impl StreamLog for CountingLog {
 async fn a_drain_reads_only_partitions_with_something_new() {
     let dir = tempfile::tempdir().unwrap();
     let (inner, table) = stack(dir.path()).await;
-    let log = Arc::new(CountingLog { inner, reads_at_end: AtomicU32::new(0) });
+    let log = Arc::new(Forwarding::new(inner, EmptyReads::default()));
     // A few records: some of the 8 partitions get none.
     log.append(&table.stream(), (0..3).map(transfer).collect()).await.unwrap();
     let warehouse = Warehouse::open(&dir.path().join("warehouse")).unwrap();
@@ -237,5 +163,5 @@ async fn a_drain_reads_only_partitions_with_something_new() {
     log.append(&table.stream(), (3..5).map(transfer).collect()).await.unwrap();
     assert_eq!(archiver.drain().await.unwrap(), 2);
     assert_eq!(keys(&warehouse, &table).len(), 5);
-    assert_eq!(log.reads_at_end.load(Ordering::SeqCst), 0, "no read found a partition empty");
+    assert_eq!(log.hooks().0.load(Ordering::SeqCst), 0, "no read found a partition empty");
 }
