@@ -187,7 +187,6 @@ impl Archiver {
         // meanwhile waits for the next flush. A read at a partition's end is not free (on
         // Kafka it waits `fetch_wait_ms` for records that may come), so partitions with
         // nothing new are not read at all.
-        let ends: Vec<u64> = ranges.iter().map(|range| range.end).collect();
         let mut next: Vec<(u32, u64)> = (0..config.partitions)
             .map(|p| {
                 let archived = manifest.offsets.get(&p).copied().unwrap_or(0);
@@ -203,7 +202,7 @@ impl Archiver {
             let mut rows = Vec::new();
             let mut moved = false;
             for (partition, from) in &mut next {
-                let end = ends.get(*partition as usize).copied().unwrap_or(0);
+                let end = ranges.get(*partition as usize).map_or(0, |range| range.end);
                 while rows.len() < self.settings.max_rows_per_append && *from < end {
                     let want = self
                         .settings

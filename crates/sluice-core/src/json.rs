@@ -13,8 +13,9 @@
 //!
 //! Also, for the readers that walk a record's bytes themselves (the set filter's extractor,
 //! the script engine's parser, the warehouse's field reader): [`find_quote_or_backslash`],
-//! [`string_end`] and [`find_string_special`] to find where a string ends or needs care, and
-//! [`unescape_into`] to resolve its escapes.
+//! [`string_end`] and [`find_string_special`] to find where a string ends or needs care,
+//! [`unescape_into`] to resolve its escapes, [`container_end`] and [`skip_ws`] to step over
+//! what they do not read.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -268,6 +269,54 @@ pub fn string_end(bytes: &[u8], start: usize) -> Option<(usize, bool)> {
     }
 }
 
+/// How deeply nested a container [`container_end`] skips may be (`serde_json`, which parses
+/// every record at ingest, refuses nesting past 128 levels too).
+pub const MAX_CONTAINER_DEPTH: u32 = 128;
+
+/// The position just past the object or array at `pos`, checking only that strings end,
+/// brackets match and nesting stays within [`MAX_CONTAINER_DEPTH`]; `None` otherwise.
+pub fn container_end(bytes: &[u8], pos: usize) -> Option<usize> {
+    // Bit `n` says whether the container at depth `n + 1` (counted from the innermost) is an
+    // array; `MAX_CONTAINER_DEPTH` bits.
+    let mut arrays: u128 = 0;
+    let mut depth = 0;
+    let mut pos = pos;
+    while let Some(&byte) = bytes.get(pos) {
+        match byte {
+            b'"' => pos = string_end(bytes, pos + 1)?.0,
+            b'{' | b'[' => {
+                if depth == MAX_CONTAINER_DEPTH {
+                    return None;
+                }
+                arrays = (arrays << 1) | u128::from(byte == b'[');
+                depth += 1;
+            }
+            b'}' | b']' => {
+                if depth == 0 || (arrays & 1 == 1) != (byte == b']') {
+                    return None;
+                }
+                arrays >>= 1;
+                depth -= 1;
+                if depth == 0 {
+                    return Some(pos + 1);
+                }
+            }
+            _ => {}
+        }
+        pos += 1;
+    }
+    None
+}
+
+/// The position of the first byte at or after `pos` that is not JSON whitespace.
+#[inline]
+pub fn skip_ws(bytes: &[u8], mut pos: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\r' | b'\t') = bytes.get(pos) {
+        pos += 1;
+    }
+    pos
+}
+
 /// The position of the first byte of `bytes` that a JSON string cannot hold as it is: `"`,
 /// `\` or a control character (below 0x20). Sixteen bytes at a time, as
 /// [`find_quote_or_backslash`].
@@ -292,7 +341,7 @@ fn find_in_string(bytes: &[u8], controls: bool) -> Option<usize> {
         let found = below(word ^ QUOTES, ONES) | below(word ^ BACKSLASHES, ONES);
         if controls { found | below(word, SPACES) } else { found }
     };
-    // Two words a round, one branch for both: strings of hashes and addresses are 40-66
+    // Sixteen bytes a round, one branch for them: strings of hashes and addresses are 40-66
     // bytes, where the loop's own bookkeeping costs as much as the search.
     let mut pos = 0;
     while let Some(pair) = bytes.get(pos..pos + 16) {

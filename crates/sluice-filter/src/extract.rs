@@ -22,11 +22,11 @@
 use std::borrow::Cow;
 
 use sluice_core::filter_expr::PathSegment;
-use sluice_core::json::string_end;
+use sluice_core::json::{container_end, skip_ws, string_end};
 
 /// How deeply nested a skipped container may be; deeper ones make the record malformed
 /// (`serde_json` refuses nesting past 128 levels too).
-pub const MAX_SKIP_DEPTH: u32 = 128;
+pub const MAX_SKIP_DEPTH: u32 = sluice_core::json::MAX_CONTAINER_DEPTH;
 
 /// A scalar found at a path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,7 +294,7 @@ fn is_printable_ascii(bytes: &[u8]) -> bool {
 fn skip_value(record: &[u8], pos: usize) -> Option<usize> {
     match record.get(pos)? {
         b'"' => string_end(record, pos + 1).map(|(end, _)| end + 1),
-        b'{' | b'[' => skip_container(record, pos),
+        b'{' | b'[' => container_end(record, pos),
         b'-' | b'0'..=b'9' => number_end(record, pos),
         b't' => literal_end(record, pos, b"true"),
         b'f' => literal_end(record, pos, b"false"),
@@ -313,41 +313,6 @@ fn literal_end(record: &[u8], pos: usize, literal: &[u8]) -> Option<usize> {
 #[inline]
 fn has_control_byte(bytes: &[u8]) -> bool {
     bytes.iter().fold(false, |found, &byte| found | (byte < 0x20))
-}
-
-/// The position just past the object or array at `pos`, checking only that strings end and
-/// brackets match.
-fn skip_container(record: &[u8], pos: usize) -> Option<usize> {
-    // Bit `n` says whether the container at depth `n + 1` (counted from the innermost) is an
-    // array; `MAX_SKIP_DEPTH` bits.
-    let mut arrays: u128 = 0;
-    let mut depth = 0;
-    let mut pos = pos;
-    while let Some(&byte) = record.get(pos) {
-        match byte {
-            b'"' => pos = string_end(record, pos + 1)?.0,
-            b'{' | b'[' => {
-                if depth == MAX_SKIP_DEPTH {
-                    return None;
-                }
-                arrays = (arrays << 1) | u128::from(byte == b'[');
-                depth += 1;
-            }
-            b'}' | b']' => {
-                if depth == 0 || (arrays & 1 == 1) != (byte == b']') {
-                    return None;
-                }
-                arrays >>= 1;
-                depth -= 1;
-                if depth == 0 {
-                    return Some(pos + 1);
-                }
-            }
-            _ => {}
-        }
-        pos += 1;
-    }
-    None
 }
 
 /// The position just past the number at `pos`:
@@ -401,14 +366,6 @@ fn digits_end(record: &[u8], pos: usize) -> usize {
         pos += 8;
     }
     while record.get(pos).is_some_and(u8::is_ascii_digit) {
-        pos += 1;
-    }
-    pos
-}
-
-#[inline]
-fn skip_ws(record: &[u8], mut pos: usize) -> usize {
-    while let Some(b' ' | b'\n' | b'\r' | b'\t') = record.get(pos) {
         pos += 1;
     }
     pos

@@ -3,13 +3,13 @@
 //! field skipped unparsed. This is what the archiver does per record, so it avoids building a
 //! JSON map of every field.
 //!
-//! The walk over the members is this module's own: keys and skipped values are found by
-//! searching for quotes sixteen bytes at a time ([`sluice_core::json::string_end`]), and only the
+//! The walk over the members is this module's own: keys and skipped values are found with
+//! `sluice_core::json`'s helpers (quotes searched sixteen bytes at a time), and only the
 //! values a table wants are handed to `serde_json`. It checks the structure it walks (strings
-//! end, brackets match, members are `"key": value` separated by commas), not every byte of
-//! the values it skips: every record that reaches a [`Row`](super::Row) was parsed as JSON
-//! when it was made (the stream's ingest, `sluice warehouse import`), so this never decides
-//! whether a record is JSON, only where its fields are.
+//! end, brackets match within 128 levels, members are `"key": value` separated by commas),
+//! not every byte of the values it skips: every record that reaches a [`Row`](super::Row)
+//! was parsed as JSON when it was made (the stream's ingest, `sluice warehouse import`), so
+//! this never decides whether a record is JSON, only where its fields are.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -17,7 +17,7 @@ use std::fmt;
 use serde::Deserializer as _;
 use serde::de::{self, MapAccess, Visitor};
 use serde_json::Value;
-use sluice_core::json::{string_end, unescape_into};
+use sluice_core::json::{container_end, skip_ws, string_end, unescape_into};
 
 /// One field's value.
 #[derive(Debug, Clone, PartialEq)]
@@ -171,37 +171,6 @@ fn value_end(bytes: &[u8], pos: usize) -> Option<usize> {
         }
         _ => None,
     }
-}
-
-/// The position just past the object or array at `pos`.
-fn container_end(bytes: &[u8], pos: usize) -> Option<usize> {
-    let mut closers = Vec::new();
-    let mut pos = pos;
-    while let Some(&byte) = bytes.get(pos) {
-        match byte {
-            b'"' => pos = string_end(bytes, pos + 1)?.0,
-            b'{' => closers.push(b'}'),
-            b'[' => closers.push(b']'),
-            b'}' | b']' => {
-                if closers.pop() != Some(byte) {
-                    return None;
-                }
-                if closers.is_empty() {
-                    return Some(pos + 1);
-                }
-            }
-            _ => {}
-        }
-        pos += 1;
-    }
-    None
-}
-
-fn skip_ws(bytes: &[u8], mut pos: usize) -> usize {
-    while let Some(b' ' | b'\n' | b'\r' | b'\t') = bytes.get(pos) {
-        pos += 1;
-    }
-    pos
 }
 
 struct ScalarVisitor;
