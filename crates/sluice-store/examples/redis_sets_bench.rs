@@ -156,6 +156,26 @@ async fn main() {
         busy.as_secs_f64(),
         followed as f64 / busy.as_secs_f64().max(1e-9)
     );
+    // A second node writes into the loaded set: its first write reads the set whole; after
+    // that, each node brings its copy up to date with what the other wrote.
+    let other_db = format!("sqlite://{}", dir.path().join("r.db").display());
+    let other_redis = Arc::new(RedisSets::connect(&url).await.expect("redis"));
+    let other: Arc<dyn MetadataStore> =
+        Arc::new(SqliteStore::open(&other_db).await.expect("store").with_redis_sets(other_redis));
+    for (i, (node, what)) in [
+        (&other, "another node's first write (reads the set whole)"),
+        (&store, "the first node's next write (reads what the other wrote)"),
+        (&other, "the other node's next write (reads what the first wrote)"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let started = Instant::now();
+        let value = format!("0xwritten{i}");
+        assert_eq!(node.add_filter_values(&pipeline.id, "f1", &[value]).await.expect("add"), 1);
+        println!("{what}: {:.3} s", started.elapsed().as_secs_f64());
+    }
+
     let started = Instant::now();
     let set = store.filter_value_set(&pipeline.id, "f1").await.expect("set read");
     let read = started.elapsed().as_secs_f64();
@@ -164,7 +184,7 @@ async fn main() {
         set.len(),
         set.len() as f64 / read
     );
-    assert_eq!(set.len(), args.values);
+    assert_eq!(set.len(), args.values + 3);
     drop(set);
     assert!(store.delete_pipeline(&pipeline.id).await.expect("delete"), "the bench pipeline goes");
 

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use sluice_filter::ValueSet;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
+use crate::redis_sets::LogState;
 use crate::set_snapshots::SetSnapshots;
 
 /// Values the store keeps loaded across all sets by default: ~530 MiB of 42-character
@@ -33,6 +34,8 @@ pub(crate) struct Loaded {
     pub set_id: i64,
     pub version: i64,
     pub values: ValueSet,
+    /// With the values in Redis: where the set's log stood when they were current.
+    pub log: LogState,
 }
 
 /// One set's place in the cache; its lock orders the set's writers in this process.
@@ -122,8 +125,15 @@ impl SetCache {
         version: i64,
         values: ValueSet,
     ) {
-        let len = values.len();
-        slot.loaded = Some(Loaded { set_id, version, values });
+        let log = LogState::default();
+        self.keep(pipeline_id, uid, slot, Loaded { set_id, version, values, log });
+    }
+
+    /// Puts `loaded` into `slot`, then empties the least recently used other slots while the
+    /// cache holds more than its budget.
+    pub(crate) fn keep(&self, pipeline_id: &str, uid: &str, slot: &mut Slot, loaded: Loaded) {
+        let len = loaded.values.len();
+        slot.loaded = Some(loaded);
         let mut entries = self.entries();
         let key = (pipeline_id.to_owned(), uid.to_owned());
         if let Some(entry) = entries.by_set.get_mut(&key) {

@@ -6,8 +6,8 @@ use sluice_filter::ValueSet;
 use sqlx::Row as _;
 
 use crate::dialect::{Conn, Dialect, Row};
-use crate::filter_sets::Slot;
-use crate::redis_sets::{RedisSets, SetRef};
+use crate::filter_sets::{Loaded, Slot};
+use crate::redis_sets::{LogState, RedisSets, SetRef};
 use crate::set_snapshots::SnapshotKey;
 use crate::{Result, Store, StoreError};
 
@@ -201,6 +201,7 @@ where
                 continue;
             }
             let set = SetRef { pipeline_id: &pipeline_id, transform_uid: &transform_uid, id };
+            let (mut members, mut at) = (ValueSet::new(), LogState::default());
             let mut after = 0_i64;
             loop {
                 let rows = sqlx::query(
@@ -216,7 +217,7 @@ where
                 after = last.try_get("seq")?;
                 let values: Vec<String> =
                     rows.iter().map(|row| row.try_get("value")).collect::<Result<_, _>>()?;
-                redis.add(set, &values).await?;
+                (_, at) = redis.add(set, &mut members, at, &values).await?;
             }
             tx.commit().await?;
             copied += 1;
@@ -246,6 +247,32 @@ where
         let (set, _) = Self::set_row(tx, id, uid, true).await?.ok_or(sqlx::Error::RowNotFound)?;
         redis.clear(set).await?;
         Ok(Some(set))
+    }
+
+    /// Redis mode: the values of set `set` now, from the slot's copy when it is of that set
+    /// (brought up to date from the log), else read whole; the slot is left empty. Exact with
+    /// the pipeline locked.
+    async fn redis_members(
+        redis: &RedisSets,
+        slot: &mut Slot,
+        set: i64,
+    ) -> Result<(ValueSet, LogState)> {
+        let copy = slot.loaded.take().filter(|loaded| loaded.set_id == set);
+        redis.current(set, copy.map(|loaded| (loaded.values, loaded.log))).await
+    }
+
+    /// Redis mode: puts `members`, set `set` as of `at`, back into `slot`.
+    fn keep_redis(
+        &self,
+        pipeline_id: &str,
+        uid: &str,
+        slot: &mut Slot,
+        set: i64,
+        at: LogState,
+        members: ValueSet,
+    ) {
+        let loaded = Loaded { set_id: set, version: at.version, values: members, log: at };
+        self.sets.keep(pipeline_id, uid, slot, loaded);
     }
 
     /// The id of pipeline `id`'s set `uid` (`None`: never written, or dropped).
@@ -462,6 +489,7 @@ where
         values: &[String],
     ) -> Result<u64> {
         if let Some(redis) = &self.redis {
+            let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
             let mut tx = D::begin_write(&self.pool).await?;
             if values.is_empty() {
                 return Ok(0);
@@ -471,8 +499,11 @@ where
             else {
                 return Ok(0);
             };
-            let added = redis.add(SetRef { pipeline_id, transform_uid, id }, values).await?;
+            let (mut members, at) = Self::redis_members(redis, &mut slot, id).await?;
+            let set = SetRef { pipeline_id, transform_uid, id };
+            let (added, at) = redis.add(set, &mut members, at, values).await?;
             tx.commit().await?;
+            self.keep_redis(pipeline_id, transform_uid, &mut slot, id, at, members);
             return Ok(added);
         }
         let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
@@ -511,6 +542,7 @@ where
         values: &[String],
     ) -> Result<u64> {
         if let Some(redis) = &self.redis {
+            let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
             let mut tx = D::begin_write(&self.pool).await?;
             let Some(id) =
                 Self::redis_set_for_write(redis, &mut tx, pipeline_id, transform_uid, false)
@@ -518,8 +550,11 @@ where
             else {
                 return Ok(0);
             };
-            let removed = redis.remove(SetRef { pipeline_id, transform_uid, id }, values).await?;
+            let (mut members, at) = Self::redis_members(redis, &mut slot, id).await?;
+            let set = SetRef { pipeline_id, transform_uid, id };
+            let (removed, at) = redis.remove(set, &mut members, at, values).await?;
             tx.commit().await?;
+            self.keep_redis(pipeline_id, transform_uid, &mut slot, id, at, members);
             return Ok(removed);
         }
         let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
@@ -568,6 +603,8 @@ where
         values: &[String],
     ) -> Result<u64> {
         if let Some(redis) = &self.redis {
+            let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
+            slot.loaded = None;
             let mut tx = D::begin_write(&self.pool).await?;
             let create = !values.is_empty();
             let Some(id) =
@@ -589,8 +626,10 @@ where
                 }
                 return Ok(0);
             }
-            let count = redis.replace(set, values).await?;
+            let (members, at) = redis.replace(set, values).await?;
             tx.commit().await?;
+            let count = members.len() as u64;
+            self.keep_redis(pipeline_id, transform_uid, &mut slot, id, at, members);
             return Ok(count);
         }
         let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
@@ -764,6 +803,10 @@ where
     }
 
     async fn save_set_snapshots(&self) -> Result<usize> {
+        if self.redis.is_some() {
+            // Redis holds the sets, and a node reads a set from its log as fast as from a file.
+            return Ok(0);
+        }
         let mut written = 0;
         for (pipeline_id, uid, slot) in self.sets.slots() {
             let mut slot = slot.lock().await;
@@ -773,10 +816,10 @@ where
                 slot.loaded = Some(loaded);
                 continue;
             }
-            let (set_id, version) = (loaded.set_id, loaded.version);
+            let (set_id, version, log) = (loaded.set_id, loaded.version, loaded.log);
             // On a panic of the writer the slot stays empty and is read again when used.
             if let Some(values) = self.sets.snapshots.save(key, loaded.values).await {
-                slot.loaded = Some(crate::filter_sets::Loaded { set_id, version, values });
+                slot.loaded = Some(crate::filter_sets::Loaded { set_id, version, values, log });
                 written += 1;
             }
         }
@@ -790,10 +833,15 @@ where
         value: &str,
     ) -> Result<bool> {
         if let Some(redis) = &self.redis {
-            return match self.set_id(pipeline_id, transform_uid).await? {
-                Some(set) => redis.contains(set, value).await,
-                None => Ok(false),
+            let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
+            let Some(set) = self.set_id(pipeline_id, transform_uid).await? else {
+                return Ok(false);
             };
+            // Without the pipeline lock: the copy is that of the log's state read first.
+            let (members, at) = Self::redis_members(redis, &mut slot, set).await?;
+            let hit = members.contains(value);
+            self.keep_redis(pipeline_id, transform_uid, &mut slot, set, at, members);
+            return Ok(hit);
         }
         let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
         let row = sqlx::query(

@@ -154,6 +154,10 @@ pub async fn open_with_sets(url: &str, sets: Option<&str>) -> Result<Arc<dyn Met
             match redis {
                 None => Ok(Arc::new(store) as Arc<dyn MetadataStore>),
                 Some(redis) => {
+                    let upgraded = redis.upgrade_sorted_sets().await?;
+                    if upgraded > 0 {
+                        tracing::info!(sets = upgraded, "filter-value sets moved to Redis logs");
+                    }
                     let copied = store.copy_sets_to(&redis).await?;
                     if copied > 0 {
                         tracing::info!(

@@ -10,7 +10,7 @@ use sqlx::Row as _;
 use crate::dialect::Query;
 use crate::dialect::{Conn, Dialect, Row};
 use crate::filter_values::sorted_unique;
-use crate::redis_sets::SetRef;
+use crate::redis_sets::{LogState, SetRef};
 use crate::{Result, Store, StoreError};
 
 pub(crate) const PIPELINE_COLUMNS: &str = "p.id, p.organization_id, p.owner_user_id, p.name, \
@@ -242,7 +242,8 @@ where
                     sorted_unique(values).into_iter().map(str::to_owned).collect();
                 redis.clear(set).await?;
                 let set = SetRef { pipeline_id: &pipeline.id, transform_uid: uid, id: set };
-                redis.add(set, &values).await?;
+                let mut members = sluice_filter::ValueSet::with_capacity(values.len());
+                redis.add(set, &mut members, LogState::default(), &values).await?;
                 continue;
             }
             let added =

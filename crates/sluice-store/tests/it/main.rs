@@ -11,6 +11,8 @@ struct Fixture<S: ?Sized> {
     store: Arc<S>,
     /// A second store opened on the same database, as another server process would.
     other: Arc<S>,
+    /// The Redis (with its key prefix) the stores keep set-filter values in, if any.
+    redis_url: Option<String>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -21,7 +23,7 @@ async fn sqlite<S: ?Sized>(view: impl Fn(SqliteStore) -> Arc<S>) -> Fixture<S> {
     let store = SqliteStore::open(&url).await.unwrap();
     // Opening again re-runs migrations, which must be a no-op.
     let other = SqliteStore::open(&url).await.unwrap();
-    Fixture { store: view(store), other: view(other), _dir: Some(dir) }
+    Fixture { store: view(store), other: view(other), redis_url: None, _dir: Some(dir) }
 }
 
 /// A fresh schema of the PostgreSQL server `scripts/test` starts (`SLUICE_TEST_POSTGRES_URL`;
@@ -30,7 +32,7 @@ async fn postgres<S: ?Sized>(view: impl Fn(PgStore) -> Arc<S>) -> Fixture<S> {
     let options = sluice_store::testing::fresh_postgres_schema().await;
     let store = PgStore::open_with(options.clone()).await.unwrap();
     let other = PgStore::open_with(options).await.unwrap();
-    Fixture { store: view(store), other: view(other), _dir: None }
+    Fixture { store: view(store), other: view(other), redis_url: None, _dir: None }
 }
 
 /// A fresh PostgreSQL schema as [`postgres`] gives, with set-filter values in the Redis
@@ -44,7 +46,7 @@ async fn postgres_with_redis<S: ?Sized>(view: impl Fn(PgStore) -> Arc<S>) -> Fix
     let redis = || async { Arc::new(sluice_store::RedisSets::connect(&url).await.unwrap()) };
     let store = PgStore::open_with(options.clone()).await.unwrap().with_redis_sets(redis().await);
     let other = PgStore::open_with(options).await.unwrap().with_redis_sets(redis().await);
-    Fixture { store: view(store), other: view(other), _dir: None }
+    Fixture { store: view(store), other: view(other), redis_url: Some(url), _dir: None }
 }
 
 /// Runs each named `async fn(Arc<S>)` of the calling module on PostgreSQL with the values
@@ -93,4 +95,5 @@ mod datasets;
 mod metrics;
 mod nodes;
 mod prices;
+mod redis_log;
 mod set_feed;
