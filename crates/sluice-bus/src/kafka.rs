@@ -108,6 +108,20 @@ impl KafkaLog {
                 reason: error.to_string(),
             });
         }
+        let readers = Arc::new(Readers::default());
+        // Parks idle cursors (and closes old ones) until the log is dropped.
+        let sweeping = Arc::downgrade(&readers);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let Some(readers) = sweeping.upgrade() else { return };
+                if tokio::task::spawn_blocking(move || readers.sweep()).await.is_err() {
+                    return;
+                }
+            }
+        });
         Ok(Self {
             inner: Arc::new(Inner {
                 settings,
@@ -117,10 +131,16 @@ impl KafkaLog {
                 meta,
                 topics: Mutex::new(HashMap::new()),
                 groups: Mutex::new(HashMap::new()),
-                readers: Arc::new(Readers::default()),
+                readers,
                 tails: Arc::new(Tails::default()),
             }),
         })
+    }
+
+    /// How many reader cursors are pooled: `(fetching, parked)`. Cursors unused for two
+    /// seconds are parked (they stop fetching until their next read).
+    pub fn pooled_cursors(&self) -> (usize, usize) {
+        self.inner.readers.counts()
     }
 
     /// The cluster's settings (secrets redacted when shown).
@@ -526,7 +546,8 @@ impl StreamLog for KafkaLog {
                 .create_with_context(Context);
             match consumer {
                 Ok(consumer) => {
-                    tails::spawn(consumer, name.clone(), partitions, sender, stop, tails, readers)
+                    let ends = tails::EndsTo { readers, topic: topic.to_owned() };
+                    tails::spawn(consumer, name.clone(), partitions, sender, stop, tails, ends)
                 }
                 Err(error) => {
                     tracing::warn!(%error, "cannot follow a topic; local appends only");

@@ -9,6 +9,14 @@
 //! end, so a read of an empty partition answers without waiting; [`Ends`] remembers each
 //! partition's end as appends and fetches learn it, so a read of records appended a moment
 //! ago waits for the fetch that brings them instead of answering empty.
+//!
+//! A cursor unused for [`IDLE_PARK`] is *parked* ([`Readers::sweep`], every second):
+//! unassigned, so it fetches nothing. A consumer at the end of its partition otherwise
+//! long-polls the broker for as long as it lives (every `fetch.wait.max.ms`), and a node
+//! keeps dozens of cursors the archiver reads once a minute (every partition of every chain
+//! stream). A cursor in steady use (a worker's, read every round) stays assigned and keeps
+//! fetching ahead; a parked one is assigned again where it stopped by its next read, which
+//! then waits for a fetch as a new cursor's does.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -30,6 +38,8 @@ const FETCH_WAIT: Duration = Duration::from_secs(30);
 const IDLE_CLOSE: Duration = Duration::from_secs(120);
 /// A cursor unused this long may be moved to serve another reader.
 const IDLE_REUSE: Duration = Duration::from_secs(10);
+/// A cursor unused this long stops fetching until its next read.
+pub(super) const IDLE_PARK: Duration = Duration::from_secs(2);
 /// Most cursors kept per partition.
 const MAX_PER_PARTITION: usize = 8;
 
@@ -48,6 +58,8 @@ pub(super) struct Cursor {
     placed: bool,
     /// Whether it has fetched a record since it was placed (then `next` is a known end).
     fetched: bool,
+    /// Whether it is unassigned while unused (it fetches nothing meanwhile).
+    parked: bool,
     last_used: Instant,
 }
 
@@ -61,7 +73,20 @@ impl Cursor {
             at_end: false,
             placed: false,
             fetched: false,
+            parked: false,
             last_used: Instant::now(),
+        }
+    }
+
+    /// Unassigns the consumer, keeping where the cursor will read next. Blocks while
+    /// librdkafka takes the assignment back.
+    fn park(&mut self) {
+        match self.consumer.unassign() {
+            Ok(()) => self.parked = true,
+            // It goes on fetching.
+            Err(error) => {
+                tracing::debug!(%error, topic = %self.topic, partition = self.partition, "parking a cursor failed");
+            }
         }
     }
 
@@ -70,13 +95,14 @@ impl Cursor {
     /// Blocks while it waits for a fetch (at most [`FETCH_WAIT`]), so run it on a blocking
     /// thread.
     pub(super) fn read(&mut self, from: u64, max: usize, known_end: u64) -> Result<Vec<Record>> {
-        if !self.placed || self.next != from {
+        if !self.placed || self.next != from || self.parked {
             let mut list = TopicPartitionList::new();
             let offset = Offset::Offset(i64::try_from(from).unwrap_or(i64::MAX));
             list.add_partition_offset(&self.topic, self.partition as i32, offset)
                 .map_err(super::backend)?;
             self.consumer.assign(&list).map_err(super::backend)?;
             self.placed = true;
+            self.parked = false;
             self.fetched = false;
             self.next = from;
             self.at_end = false;
@@ -162,14 +188,13 @@ impl Readers {
     pub(super) fn take(&self, topic: &str, partition: u32, from: u64) -> Option<Cursor> {
         let mut idle = self.idle.lock().expect("reader pool mutex is never poisoned");
         let cursors = idle.get_mut(&(topic.to_owned(), partition))?;
-        cursors.retain(|c| c.last_used.elapsed() < IDLE_CLOSE);
-        if let Some(at) = cursors.iter().position(|c| c.placed && c.next == from) {
-            return Some(cursors.swap_remove(at));
-        }
-        let oldest = (0..cursors.len()).min_by_key(|&i| cursors[i].last_used)?;
-        let movable =
-            cursors.len() >= MAX_PER_PARTITION || cursors[oldest].last_used.elapsed() >= IDLE_REUSE;
-        movable.then(|| cursors.swap_remove(oldest))
+        let at = cursors.iter().position(|c| c.placed && c.next == from).or_else(|| {
+            let oldest = (0..cursors.len()).min_by_key(|&i| cursors[i].last_used)?;
+            let movable = cursors.len() >= MAX_PER_PARTITION
+                || cursors[oldest].last_used.elapsed() >= IDLE_REUSE;
+            movable.then_some(oldest)
+        });
+        at.map(|at| cursors.swap_remove(at))
     }
 
     /// Returns a cursor to the pool after a read.
@@ -180,15 +205,65 @@ impl Readers {
         let end = cursor.end_seen().unwrap_or(read_to);
         self.learn_end(topic, cursor.partition, end);
         let mut idle = self.idle.lock().expect("reader pool mutex is never poisoned");
-        // Cursors nobody used for a while close, whatever partition they read.
-        for cursors in idle.values_mut() {
-            cursors.retain(|c| c.last_used.elapsed() < IDLE_CLOSE);
-        }
-        idle.retain(|_, cursors| !cursors.is_empty());
         let cursors = idle.entry((topic.to_owned(), cursor.partition)).or_default();
         if cursors.len() < MAX_PER_PARTITION {
             cursors.push(cursor);
+            return;
         }
+        // Closed outside the lock: closing a consumer can wait for its fetch in flight.
+        drop(idle);
+        drop(cursor);
+    }
+
+    /// Parks the pooled cursors unused for [`IDLE_PARK`] and closes those unused for
+    /// [`IDLE_CLOSE`] (outside the pool's lock: closing a consumer can wait for its fetch in
+    /// flight). Blocks while librdkafka takes assignments back: run it on a blocking
+    /// thread. A cursor being parked is out of the pool meanwhile (a read then makes another).
+    pub(super) fn sweep(&self) {
+        let (mut resting, closed) = {
+            let mut idle = self.idle.lock().expect("reader pool mutex is never poisoned");
+            let (mut resting, mut closed) = (Vec::new(), Vec::new());
+            for (key, cursors) in idle.iter_mut() {
+                for cursor in std::mem::take(cursors) {
+                    let unused = cursor.last_used.elapsed();
+                    if unused >= IDLE_CLOSE {
+                        closed.push(cursor);
+                    } else if unused >= IDLE_PARK && cursor.placed && !cursor.parked {
+                        resting.push((key.clone(), cursor));
+                    } else {
+                        cursors.push(cursor);
+                    }
+                }
+            }
+            idle.retain(|_, cursors| !cursors.is_empty());
+            (resting, closed)
+        };
+        drop(closed);
+        if resting.is_empty() {
+            return;
+        }
+        for (_, cursor) in &mut resting {
+            cursor.park();
+        }
+        let mut over = Vec::new();
+        let mut idle = self.idle.lock().expect("reader pool mutex is never poisoned");
+        for (key, cursor) in resting {
+            let cursors = idle.entry(key).or_default();
+            if cursors.len() < MAX_PER_PARTITION {
+                cursors.push(cursor);
+            } else {
+                over.push(cursor);
+            }
+        }
+        drop(idle);
+        drop(over);
+    }
+
+    /// How many pooled cursors fetch, and how many are parked.
+    pub(super) fn counts(&self) -> (usize, usize) {
+        let idle = self.idle.lock().expect("reader pool mutex is never poisoned");
+        let parked = idle.values().flatten().filter(|c| c.parked).count();
+        (idle.values().map(Vec::len).sum::<usize>() - parked, parked)
     }
 
     /// Records that `partition` of `topic` holds offsets below `end`.

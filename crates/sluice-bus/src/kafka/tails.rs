@@ -120,6 +120,13 @@ impl std::fmt::Debug for Tails {
     }
 }
 
+/// Where a tail tells the ends it sees: the log's readers, under the topic's name there
+/// (without the cluster's topic prefix).
+pub(super) struct EndsTo {
+    pub readers: Arc<Readers>,
+    pub topic: String,
+}
+
 /// Follows the end of `topic`'s `partitions` on a thread of its own until nobody watches or
 /// `stop` is set; `None` when the thread could not start.
 pub(super) fn spawn(
@@ -129,7 +136,7 @@ pub(super) fn spawn(
     sender: watch::Sender<u64>,
     stop: Arc<AtomicBool>,
     tails: Arc<Tails>,
-    readers: Arc<Readers>,
+    ends: EndsTo,
 ) -> Option<std::thread::JoinHandle<()>> {
     let spawned = std::thread::Builder::new().name(format!("tail-{topic}")).spawn(move || {
         // Start where each partition ends now (as the broker answers it; an answer that is
@@ -169,7 +176,7 @@ pub(super) fn spawn(
             match consumer.poll(POLL) {
                 Some(Ok(message)) => {
                     let end = u64::try_from(message.offset()).unwrap_or(0) + 1;
-                    readers.learn_end(&topic, message.partition() as u32, end);
+                    ends.readers.learn_end(&ends.topic, message.partition() as u32, end);
                     sender.send_modify(|n| *n = n.wrapping_add(1));
                 }
                 Some(Err(error)) => {

@@ -65,6 +65,32 @@ async fn appends_made_by_another_process_wake_watches_and_are_read() {
     assert_eq!(reader.committed("g", "base.log").await.unwrap()[&partition], 2);
 }
 
+/// A cursor unused for two seconds is parked (it stops fetching, which at the end of a
+/// partition is a long-poll of the broker every `fetch.wait.max.ms`); read on from where it
+/// stopped, it finds what another process appended meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_parked_while_unused_reads_on_from_where_it_stopped() {
+    let (reader, writer) = two_processes().await;
+    let config = TopicConfig { partitions: 1, retention: Default::default() };
+    writer.create_topic("t", config).await.unwrap();
+    writer.append("t", vec![record("k", "1"), record("k", "2")]).await.unwrap();
+    assert_eq!(reader.read("t", 0, 0, 10).await.unwrap().len(), 2);
+    assert_eq!(reader.pooled_cursors(), (1, 0));
+    let parked = async {
+        while reader.pooled_cursors() != (0, 1) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), parked).await.expect("the cursor is parked");
+
+    // Appended elsewhere, with no watch here to learn of it: the read fetches afresh.
+    writer.append("t", vec![record("k", "3")]).await.unwrap();
+    let read = reader.read("t", 0, 2, 10).await.unwrap();
+    assert_eq!(read.iter().map(|r| &r.value[..]).collect::<Vec<_>>(), [b"3"]);
+    assert_eq!(reader.pooled_cursors(), (1, 0), "the same cursor, fetching again");
+    assert!(reader.read("t", 0, 3, 10).await.unwrap().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_past_the_end_is_empty_and_does_not_go_back_to_the_start() {
     let (log, _) = two_processes().await;
