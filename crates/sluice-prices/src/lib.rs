@@ -14,7 +14,10 @@ mod recent;
 mod service;
 pub mod trade;
 
-pub use consumer::{ConsumerSettings, GROUP, TradeSource, consume, spawn_consumer, trade_topics};
+pub use consumer::{
+    ConsumerSettings, GROUP, Share, TradeSource, consume, reads_partition, spawn_consumer,
+    trade_topics,
+};
 pub use recent::HOT_HORIZON_SECONDS;
 pub use service::{
     DEDUP_HORIZON_SECONDS, HistoryPage, HistoryQuery, HistorySeries, IngestReport, LatestPrice,

@@ -128,6 +128,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         sluice_prices::trade_topics(&catalog),
         clock.clone(),
         prices.clone(),
+        price_share(&runtime),
     )));
     // Every dataset in memory before the first request, so `beam.contains` never waits on
     // the store; the API keeps it current from then on. The same index is the script
@@ -369,6 +370,21 @@ async fn demo_feed(runtime: Arc<Runtime>, mut generator: sluice_feed::Generator)
     }
 }
 
+/// This node's share of the trade streams' partitions: its place among the live nodes by
+/// name (all of them on a node of its own, or while it does not see itself live).
+fn price_share(runtime: &Arc<Runtime>) -> sluice_prices::Share {
+    let runtime = Arc::downgrade(runtime);
+    Arc::new(move || {
+        let Some(nodes) = runtime.upgrade().and_then(|runtime| runtime.nodes()) else {
+            return (0, 1);
+        };
+        let mut names: Vec<(String, bool)> =
+            nodes.into_iter().map(|node| (node.name, node.is_self)).collect();
+        names.sort();
+        names.iter().position(|(_, me)| *me).map_or((0, 1), |index| (index, names.len()))
+    })
+}
+
 /// The price service over `store`, then its trade consumer and its retention job, for as
 /// long as the server runs. The API serves while the service loads (its recent candles and
 /// latest minutes: seconds for a large history) and the price endpoints answer 503 until
@@ -379,6 +395,7 @@ async fn run_prices(
     topics: Vec<(String, sluice_prices::TradeSource)>,
     clock: Arc<dyn Clock>,
     slot: sluice_api::PriceSlot,
+    share: sluice_prices::Share,
 ) {
     let started = std::time::Instant::now();
     let loaded = sluice_prices::PriceService::start(store, clock, Default::default())
@@ -410,6 +427,7 @@ async fn run_prices(
         log,
         topics,
         sluice_prices::ConsumerSettings::default(),
+        share,
     );
     tokio::join!(consumer, retention);
 }

@@ -96,7 +96,11 @@ impl Stack {
             prices.clone(),
             log.clone(),
             sluice_prices::trade_topics(&catalog),
-            ConsumerSettings { idle_wait: Duration::from_millis(5), ..ConsumerSettings::default() },
+            ConsumerSettings {
+                idle_wait: Duration::from_millis(5),
+                idle_wait_max: Duration::from_millis(20),
+                ..ConsumerSettings::default()
+            },
         );
         let state = AppState::new(store.clone(), catalog, clock.clone(), Limits::default())
             .with_runtime(runtime.clone())

@@ -73,12 +73,14 @@ async fn rounds_read_at_most_the_batch_size(
         inner: sluice_store::open_prices(&url).await.unwrap(),
         history_reads: AtomicUsize::new(0),
         largest_batch: AtomicUsize::new(0),
+        trades_applied: AtomicUsize::new(0),
     });
     let service =
         PriceService::start(store.clone(), clock.clone(), PriceSettings::default()).await.unwrap();
     let settings = ConsumerSettings {
         batch_size: 7,
         idle_wait: Duration::from_millis(5),
+        idle_wait_max: Duration::from_millis(20),
         retry_wait: Duration::from_millis(5),
     };
     let consumer = sluice_prices::spawn_consumer(
@@ -104,4 +106,90 @@ async fn rounds_read_at_most_the_batch_size(
     let token = TokenRef::new("base", "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913");
     let minute = store.inner.latest_candles(&token, Granularity::M1, 0, 1).await.unwrap();
     assert_eq!(minute[0].1.trade_count, 40);
+}
+
+/// Until every partition of `topic` has its end committed by the price group.
+async fn all_committed(log: &dyn StreamLog, topic: &str) {
+    let ends: Vec<u64> = log.offsets(topic).await.unwrap().iter().map(|range| range.end).collect();
+    for _ in 0..1_000 {
+        let committed = log.committed(GROUP, topic).await.unwrap();
+        if ends
+            .iter()
+            .enumerate()
+            .all(|(p, end)| *end == 0 || committed.get(&(p as u32)) == Some(end))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the trades of {topic} were not all committed");
+}
+
+/// Two nodes share the partitions: each reads only its own, every trade is counted once, and
+/// when one goes the other takes its partitions over from the group's commit.
+#[tokio::test]
+async fn nodes_share_the_partitions_and_take_over_from_the_commit_of_one_that_went() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = clock();
+    let log: Arc<dyn StreamLog> =
+        Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+    let topic = "base.dex_trade";
+    log.create_topic(topic, TopicConfig { partitions: 4, retention: Retention::default() })
+        .await
+        .unwrap();
+    let owned: Vec<usize> =
+        (0..4).map(|p| usize::from(sluice_prices::reads_partition(topic, p, (1, 2)))).collect();
+    assert!(owned.contains(&0) && owned.contains(&1), "both nodes own partitions: {owned:?}");
+
+    let url = format!("sqlite://{}", dir.path().join("p.db").display());
+    let nodes = Arc::new(AtomicUsize::new(2));
+    let mut stores = Vec::new();
+    let mut consumers = Vec::new();
+    for index in 0..2 {
+        let store = Arc::new(Counting {
+            inner: sluice_store::open_prices(&url).await.unwrap(),
+            history_reads: AtomicUsize::new(0),
+            largest_batch: AtomicUsize::new(0),
+            trades_applied: AtomicUsize::new(0),
+        });
+        let service = PriceService::start(store.clone(), clock.clone(), PriceSettings::default())
+            .await
+            .unwrap();
+        let nodes = nodes.clone();
+        let share: sluice_prices::Share = Arc::new(move || (index, nodes.load(Ordering::SeqCst)));
+        let settings = ConsumerSettings {
+            idle_wait: Duration::from_millis(5),
+            idle_wait_max: Duration::from_millis(20),
+            ..Default::default()
+        };
+        let streams = vec![(topic.to_owned(), TradeSource::Dex { chain: "base".into() })];
+        consumers.push(tokio::spawn(sluice_prices::consume(
+            service,
+            log.clone(),
+            streams,
+            settings,
+            share,
+        )));
+        stores.push(store);
+    }
+    let positions = log.append(topic, (0..40).map(record).collect()).await.unwrap();
+    all_committed(log.as_ref(), topic).await;
+    let applied: Vec<usize> =
+        stores.iter().map(|store| store.trades_applied.load(Ordering::SeqCst)).collect();
+    let of_node_1 = positions
+        .iter()
+        .filter(|at| sluice_prices::reads_partition(topic, at.partition, (1, 2)))
+        .count();
+    assert_eq!(applied, [40 - of_node_1, of_node_1], "each node counted its partitions only");
+
+    // Node 1 goes; node 0 alone reads every partition from where the group committed.
+    consumers.pop().unwrap().abort();
+    nodes.store(1, Ordering::SeqCst);
+    log.append(topic, (40..80).map(record).collect()).await.unwrap();
+    all_committed(log.as_ref(), topic).await;
+    assert_eq!(stores[0].trades_applied.load(Ordering::SeqCst), 40 - of_node_1 + 40);
+    consumers.pop().unwrap().abort();
+    let token = TokenRef::new("base", "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913");
+    let minute = stores[0].inner.latest_candles(&token, Granularity::M1, 0, 1).await.unwrap();
+    assert_eq!(minute[0].1.trade_count, 80);
 }

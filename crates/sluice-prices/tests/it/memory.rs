@@ -21,6 +21,8 @@ pub(crate) struct Counting {
     pub(crate) inner: Arc<dyn PriceStore>,
     pub(crate) history_reads: AtomicUsize,
     pub(crate) largest_batch: AtomicUsize,
+    /// Trades handed to `apply_trades`, in all.
+    pub(crate) trades_applied: AtomicUsize,
 }
 
 #[async_trait]
@@ -31,6 +33,7 @@ impl PriceStore for Counting {
         keep_from: &(dyn Fn(Granularity) -> i64 + Sync),
     ) -> Result<Applied> {
         self.largest_batch.fetch_max(trades.len(), Ordering::SeqCst);
+        self.trades_applied.fetch_add(trades.len(), Ordering::SeqCst);
         self.inner.apply_trades(trades, keep_from).await
     }
     async fn history(
@@ -204,6 +207,7 @@ async fn fixture(
         inner: sluice_store::open_prices(&url).await.unwrap(),
         history_reads: AtomicUsize::new(0),
         largest_batch: AtomicUsize::new(0),
+        trades_applied: AtomicUsize::new(0),
     });
     let clock = Arc::new(ManualClock::new(now()));
     let service = PriceService::start(
