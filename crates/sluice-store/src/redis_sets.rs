@@ -465,82 +465,81 @@ impl RedisSets {
     }
 
     /// Adds `values` to `set`, whose values are `members` as of `at` (the caller holds the
-    /// pipeline lock), in request order, [`WRITE_CHUNK`] at a time; answers how many were
-    /// new and the state after. Each step is one `MULTI`/`EXEC`: the new values' chunks,
-    /// the mark, count and version, and the step's feed entry. On an error `members` may be
-    /// ahead of Redis: the caller drops it.
+    /// pipeline lock), in request order; answers how many were new and the state after. On
+    /// an error `members` may be ahead of Redis: the caller drops it.
     pub(crate) async fn add(
         &self,
         set: SetRef<'_>,
         members: &mut ValueSet,
-        mut at: LogState,
+        at: LogState,
         values: &[String],
     ) -> Result<(u64, LogState)> {
-        let keys = self.keys(set.id);
-        let mut conn = self.conn.clone();
-        let mut added = 0;
-        for chunk in values.chunks(WRITE_CHUNK) {
-            let new: Vec<&str> =
-                chunk.iter().map(String::as_str).filter(|value| members.insert(value)).collect();
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            for part in new.chunks(LOG_CHUNK) {
-                let first = at.mark + 1;
-                at.mark += part.len() as i64;
-                let mut chunk = ChunkWriter::added();
-                for (i, value) in part.iter().enumerate() {
-                    chunk.push(first + i as i64, value);
-                }
-                let (bytes, score) = chunk.take();
-                pipe.cmd("ZADD").arg(&keys.log).arg(score).arg(bytes).ignore();
-            }
-            at.count += new.len() as i64;
-            at.version += 1;
-            commit_step(&mut pipe, &keys, &at, set, "add", chunk);
-            let () = pipe.query_async(&mut conn).await?;
-            added += new.len() as u64;
-        }
-        Ok((added, at))
+        self.write(set, members, at, values, true).await
     }
 
-    /// Removes `values` from `set`, whose values are `members` as of `at` (the caller holds
-    /// the pipeline lock), [`WRITE_CHUNK`] at a time, each step atomic as in [`Self::add`];
-    /// answers how many were there and the state after (the log compacted when due).
+    /// Removes `values` from `set` as [`Self::add`] adds; answers how many were there and
+    /// the state after (the log compacted when due).
     pub(crate) async fn remove(
+        &self,
+        set: SetRef<'_>,
+        members: &mut ValueSet,
+        at: LogState,
+        values: &[String],
+    ) -> Result<(u64, LogState)> {
+        let (removed, at) = self.write(set, members, at, values, false).await?;
+        Ok((removed, self.compact_if_due(set, at).await?))
+    }
+
+    /// Adds (`add`) or removes `values`, [`WRITE_CHUNK`] at a time. Each step is one
+    /// `MULTI`/`EXEC`: the chunks of the values it changes (a removal's seq also in the
+    /// removed hash), the mark, count and version, and the step's feed entry.
+    async fn write(
         &self,
         set: SetRef<'_>,
         members: &mut ValueSet,
         mut at: LogState,
         values: &[String],
+        add: bool,
     ) -> Result<(u64, LogState)> {
         let keys = self.keys(set.id);
         let mut conn = self.conn.clone();
-        let mut removed = 0;
+        let mut changed = 0;
         for chunk in values.chunks(WRITE_CHUNK) {
-            let present: Vec<&str> =
-                chunk.iter().map(String::as_str).filter(|value| members.remove(value)).collect();
+            let changes: Vec<&str> = chunk
+                .iter()
+                .map(String::as_str)
+                .filter(|value| if add { members.insert(value) } else { members.remove(value) })
+                .collect();
             let mut pipe = redis::pipe();
             pipe.atomic();
-            for part in present.chunks(LOG_CHUNK) {
-                at.mark += 1;
-                let mut chunk = ChunkWriter::removed(at.mark);
-                let hset = pipe.cmd("HSET").arg(&keys.removed);
+            for part in changes.chunks(LOG_CHUNK) {
+                // Added values take a seq each; removed ones share the chunk's.
+                let mut log = if add {
+                    ChunkWriter::added()
+                } else {
+                    at.mark += 1;
+                    let hset = pipe.cmd("HSET").arg(&keys.removed);
+                    for value in part {
+                        hset.arg(*value).arg(at.mark);
+                    }
+                    hset.ignore();
+                    ChunkWriter::removed(at.mark)
+                };
                 for value in part {
-                    chunk.push(at.mark, value);
-                    hset.arg(*value).arg(at.mark);
+                    at.mark += i64::from(add);
+                    log.push(at.mark, value);
                 }
-                hset.ignore();
-                let (bytes, score) = chunk.take();
+                let (bytes, score) = log.take();
                 pipe.cmd("ZADD").arg(&keys.log).arg(score).arg(bytes).ignore();
             }
-            at.count -= present.len() as i64;
+            let n = changes.len() as i64;
+            at.count += if add { n } else { -n };
             at.version += 1;
-            commit_step(&mut pipe, &keys, &at, set, "remove", chunk);
+            commit_step(&mut pipe, &keys, &at, set, if add { "add" } else { "remove" }, chunk);
             let () = pipe.query_async(&mut conn).await?;
-            removed += present.len() as u64;
+            changed += changes.len() as u64;
         }
-        let at = self.compact_if_due(set, at).await?;
-        Ok((removed, at))
+        Ok((changed, at))
     }
 
     /// Makes `set` exactly `values` (not empty: an empty set is dropped) in one atomic step
