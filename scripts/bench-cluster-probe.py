@@ -1,7 +1,7 @@
 """Per-process CPU of the broker and the nodes while scripts/bench-cluster's pipeline idles,
 waits paused with a backlog, and drains it (BENCHMARKS.md §17). Run by
 scripts/bench-cluster-probe."""
-import argparse, importlib.util, os, subprocess, sys, threading, time
+import argparse, collections, importlib.util, os, subprocess, threading, time
 spec = importlib.util.spec_from_file_location(
     "bc", os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench-cluster.py"))
 bc = importlib.util.module_from_spec(spec); spec.loader.exec_module(bc)
@@ -27,18 +27,18 @@ base = nodes[0].base
 pids = {"tansu": args.tansu_pid}
 for i, n in enumerate(nodes): pids["node%d" % i] = n.process.pid
 try:
-    port = args.kafka.rsplit(":", 1)[1]
+    port = args.kafka.split("?", 1)[0].rsplit(":", 1)[1]
     def conns():
         out = subprocess.run(["ss", "-tn", "state", "established", "( dport = :%s )" % port], capture_output=True, text=True).stdout
         return len(out.strip().splitlines()) - 1
     def threads(pid):
         return len(os.listdir("/proc/%d/task" % pid))
     print("idle, no pipeline:", sample(pids, 8), "connections:", conns(), "node threads:", threads(nodes[0].process.pid), flush=True)
-    names = {}
+    names = collections.Counter()
     for t in os.listdir("/proc/%d/task" % nodes[0].process.pid):
-        try: n = open("/proc/%d/task/%s/comm" % (nodes[0].process.pid, t)).read().strip(); names[n] = names.get(n, 0) + 1
+        try: names[open("/proc/%d/task/%s/comm" % (nodes[0].process.pid, t)).read().strip()] += 1
         except OSError: pass
-    print("node threads by name:", sorted(names.items(), key=lambda kv: -kv[1])[:10], flush=True)
+    print("node threads by name:", names.most_common(10), flush=True)
     pipeline = bc.create_pipeline(args, base)
     assert bc.call("POST", "%s/api/v1/beam/%s/deploy" % (base, pipeline))[0] == 200
     time.sleep(3)

@@ -34,12 +34,7 @@ pub struct Record {
 /// The partition of a key: FNV-1a of the key bytes modulo the partition count. Stable across
 /// versions and restarts, so a key's records stay in one partition and in order.
 pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in key {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    (hash % u64::from(partitions.max(1))) as u32
+    (sluice_core::hash::fnv1a(key) % u64::from(partitions.max(1))) as u32
 }
 
 #[cfg(test)]

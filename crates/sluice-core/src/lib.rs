@@ -14,6 +14,7 @@ pub mod datasets;
 pub mod deployment;
 pub mod filter_expr;
 pub mod filter_values;
+pub mod hash;
 pub mod identity;
 pub mod ids;
 pub mod json;

@@ -108,10 +108,7 @@ pub fn reads_partition(topic: &str, partition: u32, (index, count): (usize, usiz
     if count <= 1 {
         return true;
     }
-    // FNV-1a: stable across processes and builds.
-    let start = topic.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let start = sluice_core::hash::fnv1a(topic.as_bytes());
     (start.wrapping_add(u64::from(partition)) % count as u64) as usize == index
 }
 

@@ -216,15 +216,9 @@ pub(crate) fn assigned_slots(
     me: &str,
 ) -> Vec<usize> {
     let Some(position) = live.iter().position(|name| name == me) else { return Vec::new() };
-    let start = usize::try_from(fnv1a(pipeline_id.as_bytes()) % live.len() as u64).unwrap_or(0);
+    let start = sluice_core::hash::fnv1a(pipeline_id.as_bytes()) % live.len() as u64;
+    let start = usize::try_from(start).unwrap_or(0);
     (0..workers).filter(|slot| (start + slot) % live.len() == position).collect()
-}
-
-/// FNV-1a, 64 bits: a hash that is the same in every process and version.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// Every topic a deployment writes (its managed sinks', dead letters', script logs').
