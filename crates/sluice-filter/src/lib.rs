@@ -11,10 +11,12 @@
 //! throughput), then [`value_set`] (the memory layout) and [`extract()`] (the raw JSON walk).
 //! `docs/set-filter.md` has the semantics and measured figures.
 
+pub mod candidates;
 pub mod extract;
 pub mod set_filter;
 pub mod value_set;
 
+pub use candidates::Candidates;
 pub use extract::{Extracted, extract};
 pub use set_filter::SetFilter;
-pub use value_set::ValueSet;
+pub use value_set::{Prepared, ValueSet};

@@ -3,7 +3,7 @@
 use sluice_core::filter_expr::{FilterExpr, PathSegment};
 
 use crate::extract::{PreparedPath, Scalar};
-use crate::value_set::{Probe, ValueSet};
+use crate::value_set::{Prepared, Probe, ValueSet};
 
 /// Tests records against a [`ValueSet`] by the value at one path.
 ///
@@ -38,6 +38,23 @@ impl SetFilter {
             let (bytes, ascii) = value.bytes();
             set.contains_lowercased(bytes, ascii)
         })
+    }
+
+    /// Each record's value at the path, extracted once and prepared for lookups in any
+    /// number of sets ([`ValueSet::contains_prepared`]): `prepared[i]` is for `records[i]`.
+    /// Testing one prepared value against a set answers what [`passes`](Self::passes) does.
+    pub fn prepare<R: AsRef<[u8]>>(&self, records: &[R]) -> Vec<Prepared> {
+        preload_records(records);
+        records
+            .iter()
+            .map(|record| match self.prepared.scalar(record.as_ref()) {
+                Some(value) => {
+                    let (bytes, ascii) = value.bytes();
+                    Prepared::of(bytes, ascii)
+                }
+                None => Prepared::ABSENT,
+            })
+            .collect()
     }
 
     /// Whether each of `records` passes: clears `passed`, then pushes one answer per record,

@@ -253,6 +253,36 @@ impl ValueSet {
         }
     }
 
+    /// Whether the value `prepared` was made from ([`crate::SetFilter::prepare`]) is in the
+    /// set: the lookup of [`SetFilter::passes`](crate::SetFilter::passes) without extracting
+    /// the value again, so one record's value can be tested against many sets.
+    #[inline]
+    pub fn contains_prepared(&self, prepared: &Prepared) -> bool {
+        match &prepared.long {
+            Some(value) => self.contains_unnormalized(value),
+            None => self.contains_probe(&prepared.probe, &[]),
+        }
+    }
+
+    /// The lookup hash of `value`, taken as it is (in normal form, as
+    /// [`insert`](Self::insert) takes it): what [`Prepared::hash`] gives for a record whose
+    /// value lowercases to it. Indexes over many sets key on it.
+    pub fn hash_of(value: &str) -> u64 {
+        let mut buf = [0; MAX_PACKED_BYTES];
+        let (packed, payload) = encode(value.as_bytes(), &mut buf);
+        hash(packed, payload)
+    }
+
+    /// The lookup hash of every value (as [`hash_of`](Self::hash_of) gives), in no order.
+    pub fn hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        let arena = &self.arena;
+        let offsets: Box<dyn Iterator<Item = usize> + '_> = match &self.slots {
+            Slots::Narrow(table) => Box::new(table.offsets()),
+            Slots::Wide(table) => Box::new(table.offsets()),
+        };
+        offsets.map(move |offset| rehash(arena, offset))
+    }
+
     /// Removes every value, keeping the allocated memory.
     pub fn clear(&mut self) {
         self.arena.clear();
@@ -319,6 +349,42 @@ impl ValueSet {
 
 /// Encodings up to this long are kept in a [`Probe`]; longer ones are made again.
 const PROBE_INLINE_BYTES: usize = 32;
+
+/// A record's value at a set filter's path, extracted and hashed once
+/// ([`crate::SetFilter::prepare`]) to be looked up in any number of sets
+/// ([`ValueSet::contains_prepared`]).
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    probe: Probe,
+    /// The value itself when its encoding is too long for the probe (rare: over 32 bytes
+    /// once encoded), with its hash.
+    long: Option<Box<[u8]>>,
+    hash: Option<u64>,
+}
+
+impl Prepared {
+    /// No value: the path is missing, holds no string or number, or the record is not JSON.
+    pub const ABSENT: Self = Self { probe: Probe::Absent, long: None, hash: None };
+
+    /// Prepares `value` (a string's text or a number's literal, not yet lowercased).
+    pub(crate) fn of(value: &[u8], ascii: bool) -> Self {
+        match ValueSet::probe(value, ascii) {
+            probe @ Probe::Ready { hash, .. } => Self { probe, long: None, hash: Some(hash) },
+            Probe::Absent => Self::ABSENT,
+            Probe::Long => {
+                let hash = with_lowercase_encoding(value, ascii, hash);
+                Self { probe: Probe::Long, long: Some(value.into()), hash }
+            }
+        }
+    }
+
+    /// The lookup hash of the lowercased value (as [`ValueSet::hash_of`] gives for it);
+    /// `None` when there is no value, which no set holds.
+    #[inline]
+    pub fn hash(&self) -> Option<u64> {
+        self.hash
+    }
+}
 
 /// A value prepared for lookup by [`ValueSet::probe`].
 #[derive(Debug, Clone, Copy)]

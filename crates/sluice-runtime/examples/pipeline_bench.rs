@@ -1,10 +1,15 @@
 //! The pipeline benchmark: records through log → set filter → managed sink with one worker.
 //!
 //! `cargo run --release -p sluice-runtime --example pipeline_bench -- [--records N]
-//! [--values N] [--rate R] [--seconds S] [--match-percent P] [--phase both|throughput|latency]
+//! [--values N] [--pipelines N] [--rate R] [--seconds S] [--match-percent P] [--phase both|throughput|latency]
 //! [--bus kafka://host:port] [--sink managed|webhook|nats:nats://host:port|external_kafka:host:port]`
 //! (defaults: 2 000 000 records, 1 000 000 values, 10 000 records/s for 20 s, 100 % matching,
 //! both phases).
+//!
+//! With `--pipelines N` (default 1) the throughput phase runs N such pipelines on the one
+//! stream, each with `--values` values of its own (a matching record matches one of them), and
+//! drains them together: what the shared readers and the set filters evaluated together give
+//! (docs/runtime.md "Shared readers"). The latency phase then runs on the first of them.
 //!
 //! Everything is real and in a temporary directory: the SQLite metadata store, the embedded
 //! stream log (durable appends) and the runtime with `RuntimeSettings::default()`. The
@@ -80,6 +85,8 @@ enum Phase {
 struct Args {
     records: usize,
     values: usize,
+    /// Pipelines on the stream, each with `values` values of its own.
+    pipelines: usize,
     rate: u64,
     seconds: f64,
     match_percent: u32,
@@ -143,6 +150,7 @@ fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         records: 2_000_000,
         values: 1_000_000,
+        pipelines: 1,
         rate: 10_000,
         seconds: 20.0,
         match_percent: 100,
@@ -158,6 +166,7 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--records" => args.records = value.parse().map_err(|_| bad())?,
             "--values" => args.values = value.parse().map_err(|_| bad())?,
+            "--pipelines" => args.pipelines = value.parse().map_err(|_| bad())?,
             "--rate" => args.rate = value.parse().map_err(|_| bad())?,
             "--seconds" => args.seconds = value.parse().map_err(|_| bad())?,
             "--match-percent" => {
@@ -194,14 +203,18 @@ fn parse_args() -> Result<Args, String> {
             }
             _ => {
                 return Err(format!(
-                    "unknown argument {flag}; use --records, --values, --rate, --seconds, \
-                     --match-percent, --phase, --bus, --sink, --throughput-match-percent"
+                    "unknown argument {flag}; use --records, --values, --pipelines, --rate, \
+                     --seconds, --match-percent, --phase, --bus, --sink, \
+                     --throughput-match-percent"
                 ));
             }
         }
     }
-    if args.values == 0 {
-        return Err("--values must be at least 1".to_owned());
+    if args.values == 0 || args.pipelines == 0 {
+        return Err("--values and --pipelines must be at least 1".to_owned());
+    }
+    if args.pipelines > 1 && !matches!(args.sink, SinkChoice::Managed) {
+        return Err("--pipelines above 1 needs the managed sink".to_owned());
     }
     Ok(args)
 }
@@ -250,24 +263,35 @@ async fn run(args: &Args) -> Result<(), BoxError> {
 
     let identity = store.ensure_identity("bench", "bench", "bench", false).await?;
     let (sink, receiver) = external_sink(&args.sink).await?;
-    let pipeline = Pipeline::new(
-        "pipeline-bench".to_owned(),
-        bench_spec(sink),
-        identity.user.id.clone(),
-        identity.org.id.clone(),
-        clock.now(),
-    );
-    store.insert_pipeline(&pipeline, &identity.team.id, &[]).await?;
+    let mut pipelines = Vec::with_capacity(args.pipelines);
+    for n in 0..args.pipelines {
+        let pipeline = Pipeline::new(
+            format!("pipeline-bench-{n}"),
+            bench_spec(sink.clone()),
+            identity.user.id.clone(),
+            identity.org.id.clone(),
+            clock.now(),
+        );
+        store.insert_pipeline(&pipeline, &identity.team.id, &[]).await?;
+        pipelines.push(pipeline);
+    }
+    let pipeline = pipelines[0].clone();
 
     let mut rng = SplitMix(0x5eed);
     let load_start = Instant::now();
-    let sample = load_values(store.as_ref(), &pipeline.id, args.values, &mut rng).await?;
+    // A matching record picks from the union of every pipeline's sample: it matches one.
+    let mut sample = Vec::new();
+    for pipeline in &pipelines {
+        sample.extend(load_values(store.as_ref(), &pipeline.id, args.values, &mut rng).await?);
+    }
     let load_secs = load_start.elapsed().as_secs_f64();
     let others: Vec<String> = (0..OTHER_TOKENS).map(|_| rng.address()).collect();
 
     // The first deploy builds the set index from the store and pins the offsets at the end.
     let deploy_start = Instant::now();
-    runtime.deploy(&pipeline).await?;
+    for pipeline in &pipelines {
+        runtime.deploy(pipeline).await?;
+    }
     let deploy_secs = deploy_start.elapsed().as_secs_f64();
     let index_len = runtime
         .set_indexes()
@@ -278,6 +302,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
         serde_json::json!({
             "bench": "pipeline_setup",
             "values": args.values,
+            "pipelines": args.pipelines,
             "index_values": index_len,
             "store_load_secs": round3(load_secs),
             "first_deploy_secs": round3(deploy_secs),
@@ -297,7 +322,7 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     let mut generator = Generator { rng, sample, others, next: 0 };
     if args.phase != Phase::Latency {
         let hit_rate = f64::from(args.throughput_match_percent) / 100.0;
-        throughput(&runtime, log.as_ref(), &pipeline, &mut generator, args.records, hit_rate)
+        throughput(&runtime, log.as_ref(), &pipelines, &mut generator, args.records, hit_rate)
             .await?;
     }
     let measures_latency = matches!(args.sink, SinkChoice::Managed | SinkChoice::Webhook);
@@ -432,16 +457,19 @@ async fn load_values(
 async fn throughput(
     runtime: &Runtime,
     log: &dyn StreamLog,
-    pipeline: &Pipeline,
+    pipelines: &[Pipeline],
     generator: &mut Generator,
     records: usize,
     hit_rate: f64,
 ) -> Result<(), BoxError> {
     let source = topics::chain_stream(CHAIN, ENTITY, false);
-    let group = topics::deployment_group(&pipeline.id);
-    let sink = topics::sink_topic(&pipeline.id, SINK_NAME);
-    runtime.pause(&pipeline.id).await?;
-    let sink_before = total_end(log, &sink).await.unwrap_or(0);
+    let pipeline = &pipelines[0];
+    let mut sink_before = 0;
+    for pipeline in pipelines {
+        runtime.pause(&pipeline.id).await?;
+        sink_before +=
+            total_end(log, &topics::sink_topic(&pipeline.id, SINK_NAME)).await.unwrap_or(0);
+    }
 
     let mut append_time = Duration::ZERO;
     let mut hits = 0usize;
@@ -478,16 +506,22 @@ async fn throughput(
     }
     let cpu_start = process_cpu_secs();
     let start = Instant::now();
-    runtime.deploy(pipeline).await?;
-    loop {
-        let committed = log.committed(&group, &source).await?;
-        let done = ends
-            .iter()
-            .enumerate()
-            .all(|(partition, end)| committed.get(&(partition as u32)).is_some_and(|c| c >= end));
-        if done {
-            break;
+    for pipeline in pipelines {
+        runtime.deploy(pipeline).await?;
+    }
+    let mut draining: Vec<&Pipeline> = pipelines.iter().collect();
+    while !draining.is_empty() {
+        let mut still = Vec::with_capacity(draining.len());
+        for pipeline in draining {
+            let committed = log.committed(&topics::deployment_group(&pipeline.id), &source).await?;
+            let done = ends.iter().enumerate().all(|(partition, end)| {
+                committed.get(&(partition as u32)).is_some_and(|c| c >= end)
+            });
+            if !done {
+                still.push(pipeline);
+            }
         }
+        draining = still;
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let drain_secs = start.elapsed().as_secs_f64();
@@ -505,7 +539,11 @@ async fn throughput(
         }
         Counters::get(&counters.sent)
     } else {
-        total_end(log, &sink).await? - sink_before
+        let mut after = 0;
+        for pipeline in pipelines {
+            after += total_end(log, &topics::sink_topic(&pipeline.id, SINK_NAME)).await?;
+        }
+        after - sink_before
     };
     if delivered != hits as u64 {
         return Err(format!("{delivered} records reached the sink, {hits} were expected").into());
@@ -516,6 +554,7 @@ async fn throughput(
     report(
         serde_json::json!({
             "bench": "pipeline_throughput",
+            "pipelines": pipelines.len(),
             "sink": pipeline.pipeline_config.sinks[0].type_name(),
             "records": records,
             "avg_record_bytes": bytes / records.max(1),
@@ -530,8 +569,9 @@ async fn throughput(
         &[
             format!(
                 "throughput: {records} records ({} bytes on average, {hits} matching) through log \
-                 → set filter → {} sink with one worker in {drain_secs:.2} s",
+                 → set filter → {} sink, {} pipeline(s) of one worker, in {drain_secs:.2} s",
                 bytes / records.max(1),
+                pipelines.len(),
                 pipeline.pipeline_config.sinks[0].type_name()
             ),
             format!(

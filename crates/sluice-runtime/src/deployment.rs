@@ -14,6 +14,7 @@ use crate::RuntimeSettings;
 use crate::health::{WorkerHealth, WorkerStatus};
 use crate::metrics::PipelineMetrics;
 use crate::plan::BoundPlan;
+use crate::readers::SharedReaders;
 use crate::worker::Worker;
 
 /// What a deployment's workers counted since they started.
@@ -63,6 +64,7 @@ pub(crate) struct Running {
     entity: Arc<str>,
     metrics: Arc<PipelineMetrics>,
     counters: Arc<Counters>,
+    readers: Arc<SharedReaders>,
 }
 
 /// One worker and its supervisor.
@@ -122,6 +124,8 @@ pub(crate) struct RunSpec {
     /// The source's entity, to read block times.
     pub entity: Arc<str>,
     pub metrics: Arc<PipelineMetrics>,
+    /// The node's shared readers of the chain streams.
+    pub readers: Arc<SharedReaders>,
 }
 
 impl Running {
@@ -140,6 +144,7 @@ impl Running {
             entity: spec.entity,
             metrics: spec.metrics,
             counters: Arc::new(Counters::default()),
+            readers: spec.readers,
         }
     }
 
@@ -175,6 +180,7 @@ impl Running {
             health: health.clone(),
             metrics: self.metrics.clone(),
             entity: self.entity.clone(),
+            readers: self.readers.clone(),
         };
         let supervisor = tokio::spawn(supervise(worker));
         self.slots.insert(slot, Slot { stop, supervisor, health });

@@ -18,6 +18,7 @@ mod deployment;
 pub mod health;
 pub mod metrics;
 pub mod plan;
+mod readers;
 pub mod sets;
 pub mod sinks;
 mod worker;
@@ -92,7 +93,9 @@ pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
 pub struct RuntimeSettings {
     /// Most records a worker reads from one partition per batch.
     pub batch_size: usize,
-    /// How long an idle worker waits for new records before looking again.
+    /// How long a quiet stream's shared reader waits for the log's append watch before it
+    /// looks for new records anyway (a safety net: the watch wakes it on every append).
+    /// Idle workers themselves never poll ([`readers`]).
     pub idle_wait: Duration,
     /// First retry delay after a sink failure (`at_least_once`); doubles up to `max_backoff`.
     pub initial_backoff: Duration,
@@ -105,7 +108,7 @@ impl Default for RuntimeSettings {
     fn default() -> Self {
         Self {
             batch_size: 2000,
-            idle_wait: Duration::from_millis(200),
+            idle_wait: Duration::from_secs(1),
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
             hold: Retention::DEFAULT_MAX_AGE,
@@ -159,6 +162,8 @@ pub struct Runtime {
     settings: RuntimeSettings,
     /// What the workers measured, by pipeline.
     metrics: Arc<MetricsHub>,
+    /// This node's shared readers of the chain streams ([`readers`]).
+    readers: Arc<readers::SharedReaders>,
     /// One lifecycle lock per pipeline, holding its running workers (`None`: not running).
     /// Lifecycle calls of one pipeline serialise on its lock and never wait for another
     /// pipeline's; the map's own lock is held only to find or add an entry, never across an
@@ -257,6 +262,11 @@ impl Runtime {
         let cluster = cluster.map(|settings| Arc::new(Cluster::new(settings, clock.now())));
         let metrics = Arc::new(MetricsHub::new(store.clone(), clock.clone()));
         tokio::spawn(MetricsHub::run_jobs(Arc::downgrade(&metrics)));
+        let readers = Arc::new(readers::SharedReaders::new(
+            log.clone(),
+            settings.batch_size,
+            settings.idle_wait,
+        ));
         let runtime = Arc::new(Self {
             store,
             log,
@@ -264,6 +274,7 @@ impl Runtime {
             clock,
             sets,
             datasets: Arc::new(DatasetSlot(std::sync::RwLock::new(Arc::new(NoDatasets)))),
+            readers,
             settings,
             metrics,
             lifecycles: std::sync::Mutex::default(),
@@ -1033,6 +1044,7 @@ impl Runtime {
             settings: self.settings,
             entity: Arc::from(pipeline.pipeline_config.source.entity.as_str()),
             metrics: self.metrics.pipeline(&pipeline.id),
+            readers: self.readers.clone(),
         }
     }
 }

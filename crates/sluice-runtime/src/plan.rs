@@ -355,6 +355,16 @@ impl BoundPlan {
         self.run_from(0, items, engines)
     }
 
+    /// The first stage when it is a set filter, with its live set: what a worker's shared
+    /// reader evaluates together with the other pipelines on the stream
+    /// ([`crate::readers`]), so the worker runs the plan from stage 1.
+    pub fn first_set_filter(&self) -> Option<(&SetFilter, &Arc<SetHandle>)> {
+        match (self.plan.stages.first(), self.sets.first()) {
+            (Some(Stage::SetFilter { filter, .. }), Some(set)) => Some((filter, set)),
+            _ => None,
+        }
+    }
+
     /// The stage index of transform `uid`, if the plan has it.
     pub fn stage_of(&self, uid: &str) -> Option<usize> {
         self.plan.stages.iter().position(|stage| match stage {

@@ -149,10 +149,23 @@ fn step(held: Option<(i64, i64)>, set: i64, version: i64) -> Step {
     }
 }
 
+/// Hears of the values added to a set before the set holds them (the shared readers'
+/// filter groups list them as candidates: [`crate::readers`]).
+pub(crate) trait SetObserver: Send + Sync {
+    /// Unique in the process.
+    fn id(&self) -> u64;
+
+    /// Values of the lookup hashes `hashes` are being added to the set the observer knows
+    /// as member `member`. Called under the set's write lock.
+    fn adding(&self, member: u32, hashes: &mut dyn Iterator<Item = u64>);
+}
+
 /// One set filter's index.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct SetHandle {
     values: RwLock<ValueSet>,
+    /// Who hears of added values, with the member number each knows this set by.
+    observers: Mutex<Vec<(Weak<dyn SetObserver>, u32)>>,
     /// `Some` while the index loads: changes wait here to be replayed.
     pending: Mutex<Option<Vec<Queued>>>,
     /// The stored version the values hold: read before they were loaded (they are at least
@@ -163,12 +176,19 @@ pub struct SetHandle {
     behind: Mutex<Option<Option<(i64, i64)>>>,
 }
 
+impl std::fmt::Debug for SetHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SetHandle").field("values", &self.values).finish_non_exhaustive()
+    }
+}
+
 impl SetHandle {
     /// An index of fixed values, not loaded from the store nor following changes (a
     /// backfill's set filter, whose values come with the job).
     pub fn fixed(values: ValueSet) -> Arc<Self> {
         Arc::new(Self {
             values: RwLock::new(values),
+            observers: Mutex::default(),
             pending: Mutex::new(None),
             version: Mutex::new(None),
             behind: Mutex::new(None),
@@ -184,10 +204,64 @@ impl SetHandle {
         let mut pending = self.pending.lock().expect("pending-changes lock is never poisoned");
         match pending.as_mut() {
             Some(queue) => queue.push(Queued { version: None, change: Some(change) }),
-            None => {
-                change.apply(&mut self.values.write().expect("set index lock is never poisoned"))
+            None => self.write(&change),
+        }
+    }
+
+    /// Applies `change` to the values; observers hear of added values first, under the
+    /// same write lock, so no reader sees the set hold a value its observers do not list.
+    fn write(&self, change: &Change) {
+        let mut values = self.values.write().expect("set index lock is never poisoned");
+        if let Change::Added(added) | Change::Replaced(added) = change {
+            self.announce(&mut added.iter().map(|value| ValueSet::hash_of(value)));
+        }
+        change.apply(&mut values);
+    }
+
+    /// Replaces the values with `set` (a load), observers hearing of every value first.
+    fn replace(&self, set: ValueSet) {
+        let mut values = self.values.write().expect("set index lock is never poisoned");
+        self.announce(&mut set.hashes());
+        *values = set;
+    }
+
+    /// Tells every observer of values being added; drops observers that are gone.
+    fn announce(&self, hashes: &mut dyn Iterator<Item = u64>) {
+        let mut observers = self.observers.lock().expect("set observers lock is never poisoned");
+        observers.retain(|(observer, _)| observer.strong_count() > 0);
+        match observers.as_slice() {
+            [] => {}
+            [(observer, member)] => {
+                if let Some(observer) = observer.upgrade() {
+                    observer.adding(*member, hashes);
+                }
+            }
+            many => {
+                let hashes: Vec<u64> = hashes.collect();
+                for (observer, member) in many {
+                    if let Some(observer) = observer.upgrade() {
+                        observer.adding(*member, &mut hashes.iter().copied());
+                    }
+                }
             }
         }
+    }
+
+    /// Lets `observer` hear of values added from now on, as member `member`.
+    pub(crate) fn observe(&self, observer: Weak<dyn SetObserver>, member: u32) {
+        let _values = self.values.write().expect("set index lock is never poisoned");
+        self.observers
+            .lock()
+            .expect("set observers lock is never poisoned")
+            .push((observer, member));
+    }
+
+    /// Stops telling the observer of id `id`.
+    pub(crate) fn unobserve(&self, id: u64) {
+        self.observers
+            .lock()
+            .expect("set observers lock is never poisoned")
+            .retain(|(observer, _)| observer.upgrade().is_some_and(|o| o.id() != id));
     }
 
     fn held_version(&self) -> Option<(i64, i64)> {
@@ -304,7 +378,7 @@ impl SetIndexes {
                 ?held,
                 "set index loaded"
             );
-            *handle.values.write().expect("set index lock is never poisoned") = set;
+            handle.replace(set);
             *handle.version.lock().expect("set version lock is never poisoned") = held;
             return Ok(());
         }
@@ -405,9 +479,7 @@ impl SetIndexes {
             match (step(*held, set_id, version), &change) {
                 (Step::Stale, _) => return Ok(()),
                 (Step::Next, Some(change)) => {
-                    change.apply(
-                        &mut handle.values.write().expect("set index lock is never poisoned"),
-                    );
+                    handle.write(change);
                     *held = Some((set_id, version));
                     return Ok(());
                 }

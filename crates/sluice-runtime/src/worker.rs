@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_bus::{Record, StreamLog, topics};
+use sluice_bus::{StreamLog, topics};
 use sluice_core::clock::Clock;
 use sluice_core::pipeline::DeliveryGuarantee;
 use tokio::sync::watch;
@@ -30,21 +30,26 @@ use crate::deployment::Counters;
 use crate::health::WorkerHealth;
 use crate::metrics::{BatchMetrics, PipelineMetrics};
 use crate::plan::{BoundPlan, Engines, Item};
+use crate::readers::{Chunk, Membership, SharedReaders, SharedStream};
 use crate::sinks::Settle;
 
-/// Reads a worker's rounds (on a task of its own when reading ahead).
+/// Reads a worker's rounds (on a task of its own when reading ahead) through the node's
+/// shared reader of the source.
+#[derive(Clone)]
 struct Reader {
-    log: Arc<dyn StreamLog>,
-    source: Arc<str>,
+    stream: Arc<SharedStream>,
     batch_size: usize,
 }
 
 /// One round's reads: the records of every partition read, in partition order, the offset
-/// after each partition's last record (partitions with none are left out), and the reads
-/// that failed.
+/// after each partition's last record (partitions with none are left out), what the
+/// partitions with nothing had seen (to wait on), and the reads that failed.
 struct Round {
-    records: Vec<Record>,
+    /// The shared reader's wake count before the reads ([`SharedStream::wakes`]).
+    wakes: u64,
+    chunks: Vec<(u32, Chunk)>,
     offsets: Vec<(u32, u64)>,
+    seen: Vec<(u32, u64)>,
     errors: Vec<(u32, String)>,
 }
 
@@ -61,7 +66,13 @@ impl Drop for ReadAhead {
 impl Round {
     /// A round whose reading task itself failed (it panicked or was cancelled).
     fn failed(error: String) -> Self {
-        Self { records: Vec::new(), offsets: Vec::new(), errors: vec![(0, error)] }
+        Self {
+            wakes: 0,
+            chunks: Vec::new(),
+            offsets: Vec::new(),
+            seen: Vec::new(),
+            errors: vec![(0, error)],
+        }
     }
 }
 
@@ -69,17 +80,22 @@ impl Reader {
     /// Up to `batch_size` records of each of `partitions`, from `next`.
     async fn round(&self, partitions: &[u32], next: &HashMap<u32, u64>) -> Round {
         let mut round = Round {
-            records: Vec::with_capacity(self.batch_size * partitions.len()),
+            wakes: self.stream.wakes(),
+            chunks: Vec::with_capacity(partitions.len()),
             offsets: Vec::with_capacity(partitions.len()),
+            seen: Vec::new(),
             errors: Vec::new(),
         };
         for &partition in partitions {
             let from = next[&partition];
-            match self.log.read(&self.source, partition, from, self.batch_size).await {
-                Ok(records) => {
-                    let Some(last) = records.last().map(|r| r.offset) else { continue };
+            match self.stream.read(partition, from, self.batch_size).await {
+                Ok(chunk) => {
+                    let Some(last) = chunk.records().last().map(|r| r.offset) else {
+                        round.seen.push((partition, chunk.pushes()));
+                        continue;
+                    };
                     round.offsets.push((partition, last + 1));
-                    round.records.extend(records);
+                    round.chunks.push((partition, chunk));
                 }
                 Err(error) => round.errors.push((partition, error.to_string())),
             }
@@ -106,6 +122,8 @@ pub(crate) struct Worker {
     pub metrics: Arc<PipelineMetrics>,
     /// The source's entity, to read records' block times ([`sluice_core::streams::event_time`]).
     pub entity: Arc<str>,
+    /// The node's shared readers, through which the source is read.
+    pub readers: Arc<SharedReaders>,
 }
 
 impl Worker {
@@ -115,7 +133,10 @@ impl Worker {
         let group = topics::deployment_group(&plan.plan.pipeline_id);
         let side = SideTopics::new(&plan.plan.pipeline_id);
         let Some(mut next) = self.start_offsets(&source, &group).await else { return };
-        let mut watch = self.log.watch(&source);
+        let reader =
+            Reader { stream: self.readers.stream(&source), batch_size: self.settings.batch_size };
+        // The plan's first set filter, evaluated with the other pipelines on the stream.
+        let mut membership = join(&reader.stream, &plan, None);
         // This worker's script runtimes; they move into the blocking task that runs a batch
         // and come back with its outcome.
         let mut engines = Engines::default();
@@ -132,7 +153,7 @@ impl Worker {
                 Some(mut reading) => {
                     (&mut reading.0).await.unwrap_or_else(|error| Round::failed(error.to_string()))
                 }
-                None => self.reader(&source).round(&partitions, &next).await,
+                None => reader.round(&partitions, &next).await,
             };
             for (partition, error) in &round.errors {
                 tracing::warn!(%error, %source, partition, "source read failed");
@@ -141,10 +162,10 @@ impl Worker {
                 }
             }
             if round.offsets.is_empty() {
-                let mut stop = self.stop.clone();
-                tokio::select! {
-                    _ = watch.wait(self.settings.idle_wait) => {}
-                    _ = stop.changed() => {}
+                if round.errors.is_empty() {
+                    // Nothing new: wait for the shared reader to bring some (no polling).
+                    let mut stop = self.stop.clone();
+                    reader.stream.wait(&round.seen, round.wakes, &mut stop).await;
                 }
                 continue;
             }
@@ -154,17 +175,18 @@ impl Worker {
             if self.plan.has_changed().unwrap_or(false) {
                 plan = self.plan.borrow_and_update().clone();
                 engines.keep_only(&plan);
+                membership = join(&reader.stream, &plan, membership);
             }
             let mut after = next.clone();
             after.extend(round.offsets.iter().copied());
-            let reader = self.reader(&source);
+            let reading = reader.clone();
             let read_partitions = partitions.clone();
             ahead = Some(ReadAhead(tokio::spawn(async move {
-                reader.round(&read_partitions, &after).await
+                reading.round(&read_partitions, &after).await
             })));
-            let settled = self
-                .process(&plan, round.records, &mut engines, &group, &side, &round.offsets)
-                .await;
+            let batch = Batch { chunks: &round.chunks, membership: membership.as_ref() };
+            let settled =
+                self.process(&plan, batch, &mut engines, &group, &side, &round.offsets).await;
             let Some(committed) = settled else {
                 // Stopped while the sink kept failing: offsets stay for the next start.
                 return;
@@ -174,14 +196,6 @@ impl Worker {
                 ahead = None;
             }
             next.extend(committed);
-        }
-    }
-
-    fn reader(&self, source: &str) -> Reader {
-        Reader {
-            log: self.log.clone(),
-            source: source.into(),
-            batch_size: self.settings.batch_size,
         }
     }
 
@@ -233,7 +247,7 @@ impl Worker {
     async fn process(
         &self,
         plan: &Arc<BoundPlan>,
-        records: Vec<Record>,
+        batch: Batch<'_>,
         engines: &mut Engines,
         group: &str,
         side: &SideTopics,
@@ -242,36 +256,69 @@ impl Worker {
         let mut metrics = BatchMetrics::default();
         let hold_ms = i64::try_from(self.settings.hold.as_millis()).unwrap_or(i64::MAX);
         let cutoff = self.clock.now().timestamp_millis().saturating_sub(hold_ms);
-        let read = records.len();
-        let oldest_append_ms =
-            records.iter().filter(|r| r.timestamp_ms >= cutoff).map(|r| r.timestamp_ms).min();
-        let newest_block_ms = self.newest_block_time_ms(&records, cutoff);
         let started = std::time::Instant::now();
-        // The records move through the stages and into the sink batch: nothing is copied.
-        // Only script stages can leave records for the next batch, so only then are the
-        // records' positions kept, to commit up to the first one left.
+        let mut read = 0;
+        let mut expired = 0;
+        let mut oldest_append_ms: Option<i64> = None;
+        let mut newest_block_ms: Option<i64> = None;
+        // The first set filter ran already when the stream's shared reader evaluated it
+        // with the other pipelines' (or runs here, over this batch, for records read alone).
+        let prefiltered = batch.membership.filter(|_| plan.first_set_filter().is_some());
+        // Records move on as shared `Bytes`: nothing is copied. Only script stages can leave
+        // records for the next batch, so only then are the records' positions kept, to
+        // commit up to the first one left.
         let track_positions = plan.plan.has_scripts();
         let mut positions: Vec<(u32, u64)> = Vec::new();
-        let items: Vec<Item> = records
-            .into_iter()
-            .filter(|r| r.timestamp_ms >= cutoff)
-            .enumerate()
-            .map(|(origin, r)| {
-                if track_positions {
-                    positions.push((r.partition, r.offset));
+        let mut items: Vec<Item> = Vec::new();
+        for (_, chunk) in batch.chunks {
+            let records = chunk.records();
+            read += records.len();
+            let all_fresh = chunk.oldest_timestamp_ms() >= cutoff;
+            if !all_fresh {
+                expired += records.iter().filter(|r| r.timestamp_ms < cutoff).count();
+            }
+            let first_fresh = records.iter().find(|r| r.timestamp_ms >= cutoff);
+            if let Some(first) = first_fresh {
+                oldest_append_ms = Some(
+                    oldest_append_ms.map_or(first.timestamp_ms, |at| at.min(first.timestamp_ms)),
+                );
+            }
+            if let Some(at) = records
+                .last()
+                .filter(|last| last.timestamp_ms >= cutoff)
+                .and_then(|last| self.block_time_ms(last))
+            {
+                newest_block_ms = Some(newest_block_ms.map_or(at, |newest| newest.max(at)));
+            }
+            let mut keep = |record: &sluice_bus::Record| {
+                if record.timestamp_ms < cutoff {
+                    return;
                 }
-                Item { key: r.key, value: r.value, origin }
-            })
-            .collect();
-        let kept = items.len();
-        if items.len() < read {
-            Counters::add(&self.counters.skipped_expired, (read - items.len()) as u64);
+                if track_positions {
+                    positions.push((record.partition, record.offset));
+                }
+                let origin = items.len();
+                items.push(Item { key: record.key.clone(), value: record.value.clone(), origin });
+            };
+            match prefiltered {
+                Some(membership) => {
+                    chunk
+                        .passing(membership, 0)
+                        .into_iter()
+                        .for_each(|index| keep(&records[index]));
+                }
+                None => records.iter().for_each(&mut keep),
+            }
         }
+        if expired > 0 {
+            Counters::add(&self.counters.skipped_expired, expired as u64);
+        }
+        let first_stage = usize::from(prefiltered.is_some());
         let outcome = if plan.plan.has_scripts() {
             // Scripts block their thread for up to their time budget per record.
             let (moved_plan, mut moved) = (plan.clone(), std::mem::take(engines));
             let joined = tokio::task::spawn_blocking(move || {
-                let outcome = moved_plan.run(items, &mut moved);
+                let outcome = moved_plan.run_from(first_stage, items, &mut moved);
                 (outcome, moved)
             })
             .await;
@@ -288,7 +335,7 @@ impl Worker {
                 }
             }
         } else {
-            plan.run(items, engines)
+            plan.run_from(first_stage, items, engines)
         };
         metrics.processing_latency_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
         // Records left for the next batch are read again from their offset.
@@ -307,9 +354,16 @@ impl Worker {
                 .collect(),
         };
         let offsets = offsets.as_slice();
-        // Deferred records are read again, and counted then.
-        let deferred = outcome.deferred_from.map_or(0, |from| kept.saturating_sub(from));
-        let received = (read - deferred) as u64;
+        // Records from each partition's committed offset on are read again, and counted then.
+        let again: usize = batch
+            .chunks
+            .iter()
+            .map(|(partition, chunk)| {
+                let from = offsets.iter().find(|(p, _)| p == partition).map_or(u64::MAX, |o| o.1);
+                chunk.records().iter().filter(|record| record.offset >= from).count()
+            })
+            .sum();
+        let received = (read - again) as u64;
         Counters::add(&self.counters.received, received);
         metrics.received = received;
         Counters::add(&self.counters.oom_restarts, outcome.oom_restarts);
@@ -396,23 +450,11 @@ impl Worker {
         }
     }
 
-    /// The newest block time (unix ms) among the last unexpired record of each partition of
-    /// `records` (a partition's records are in order, so its last is its newest).
-    fn newest_block_time_ms(&self, records: &[Record], cutoff: i64) -> Option<i64> {
-        records
-            .iter()
-            .enumerate()
-            .filter(|(i, r)| {
-                r.timestamp_ms >= cutoff
-                    && records.get(i + 1).is_none_or(|next| next.partition != r.partition)
-            })
-            .filter_map(|(_, r)| {
-                let value: serde_json::Map<String, serde_json::Value> =
-                    serde_json::from_slice(&r.value).ok()?;
-                sluice_core::streams::event_time(&self.entity, &value)
-            })
-            .map(|at| at.timestamp_millis())
-            .max()
+    /// The block time (unix ms) of `record`, when its entity has one.
+    fn block_time_ms(&self, record: &sluice_bus::Record) -> Option<i64> {
+        let value: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&record.value).ok()?;
+        sluice_core::streams::event_time(&self.entity, &value).map(|at| at.timestamp_millis())
     }
 
     /// Sleeps for `length` unless stopped first; false when stopped.
@@ -425,5 +467,29 @@ impl Worker {
             () = tokio::time::sleep(length) => true,
             _ = stop.changed() => false,
         }
+    }
+}
+
+/// One round's records as the worker processes them.
+struct Batch<'a> {
+    /// Each partition's records, in partition order.
+    chunks: &'a [(u32, Chunk)],
+    /// The worker's place in its stream's filter group, when the plan starts with a set
+    /// filter.
+    membership: Option<&'a Membership>,
+}
+
+/// The worker's membership in its stream's filter group for `plan`: kept when `current` is
+/// for the same filter and set, made anew otherwise; `None` when the plan does not start
+/// with a set filter.
+fn join(
+    stream: &SharedStream,
+    plan: &BoundPlan,
+    current: Option<Membership>,
+) -> Option<Membership> {
+    let (filter, set) = plan.first_set_filter()?;
+    match current {
+        Some(current) if current.is_for(filter, set) => Some(current),
+        _ => Some(stream.join(filter, set)),
     }
 }

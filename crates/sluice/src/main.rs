@@ -48,11 +48,22 @@ enum Command {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Threads for blocking calls (see `main`): enough for every worker of a few XL deployments
+/// to run a script batch at once, while a node's thread count stays bounded.
+const MAX_BLOCKING_THREADS: usize = 24;
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     owner_only_files();
     logging::init();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // Blocking work (log reads, script batches, librdkafka calls) runs on at most
+    // `MAX_BLOCKING_THREADS` threads: tokio's default of 512 let a node with many pipelines
+    // grow hundreds of threads under a burst of reads; past the bound, calls queue.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .thread_keep_alive(std::time::Duration::from_secs(2))
+        .build()?;
     runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve::run(*args).await,

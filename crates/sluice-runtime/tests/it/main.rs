@@ -6,4 +6,5 @@
 mod lifecycle;
 mod nats;
 mod set_feed;
+mod shared_reads;
 mod sns;

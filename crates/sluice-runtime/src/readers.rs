@@ -1,0 +1,687 @@
+//! Shared readers: this node reads each (stream, partition) once, however many deployed
+//! pipelines read it, and evaluates the set filters of all those pipelines together.
+//!
+//! - **A window per partition.** Each (stream, partition) a worker of this node reads has a
+//!   window: the last few batches read from the log, contiguous, as shared
+//!   [`Segment`]s. A worker asking for records inside the window gets a slice of a segment
+//!   (nothing is read or copied). A worker at the window's end — at the stream's tail — reads
+//!   the next batch from the log under the window's lock, so when many pipelines are at the
+//!   tail exactly one of them reads it and the others take it from the window.
+//! - **Behind, on its own.** A worker whose position is before the window (a paused
+//!   pipeline resumed, a new deploy pinned earlier, a pipeline slower than the rest) reads
+//!   the log itself, with its own reads, until its position reaches the window; from there
+//!   it rides the window. The window never waits for anyone: it moves with the fastest
+//!   reader at the tail and keeps at most [`WINDOW_BATCHES`] batches, so a paused, slow or
+//!   failing pipeline never holds the others back. Offsets, commits and every lifecycle
+//!   semantic stay per pipeline: the window only changes where a worker's records come from.
+//! - **Quiet streams cost no polling.** A worker with nothing to read waits for the window
+//!   of one of its partitions to grow. One follower task per stream waits for the log's
+//!   append watch (and, as a safety net, `idle_wait`) and reads the partitions that have
+//!   waiting workers, once for all of them; so a thousand idle pipelines cost one watch per
+//!   stream, not a thousand polls.
+//! - **Filters evaluated together.** Pipelines whose first transform is a set filter join
+//!   their stream's [`FilterGroup`] of that path. The first worker to look at a segment
+//!   evaluates the group over it: each record's value is extracted and hashed once
+//!   ([`SetFilter::prepare`]), looked up once in the group's [`Candidates`] (value hash →
+//!   member sets), and each candidate confirmed by the member's own live set. Every other
+//!   member takes its matches from that evaluation. A member that joined after a segment
+//!   was evaluated tests its own set against the segment's prepared values.
+//!
+//! Live filter-value changes stay immediate: a value added reaches the group's candidates
+//! under the set's write lock, before the set itself holds it ([`crate::sets::SetObserver`]),
+//! and the records appended after the change answered are in segments read, and so
+//! evaluated, after it.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::time::Duration;
+
+use sluice_bus::{BusError, Record, StreamLog};
+use sluice_filter::{Candidates, Prepared, SetFilter};
+use tokio::sync::watch;
+
+use crate::sets::{SetHandle, SetObserver};
+
+/// Batches a partition's window keeps (the newest is kept whatever its size): enough for
+/// pipelines a few batches apart to share reads, few enough that a node reading many
+/// streams holds a bounded amount (8,000 records a partition at the default batch size).
+const WINDOW_BATCHES: usize = 4;
+
+/// Most bytes of records a partition's window keeps (the newest batch is kept whatever its
+/// size).
+const WINDOW_BYTES: usize = 8 << 20;
+
+/// A member whose set holds more values than this is looked up directly for each record
+/// instead of being listed in its group's candidates (which would copy every hash).
+const LARGE_MEMBER: usize = 1_000_000;
+
+/// The shared readers of this node, by stream.
+pub(crate) struct SharedReaders {
+    log: Arc<dyn StreamLog>,
+    /// Records read from the log per batch (the workers' batch size).
+    batch_size: usize,
+    /// The followers' safety net: how long a quiet stream waits before looking again.
+    idle_wait: Duration,
+    streams: Mutex<HashMap<String, Weak<SharedStream>>>,
+}
+
+impl SharedReaders {
+    pub(crate) fn new(log: Arc<dyn StreamLog>, batch_size: usize, idle_wait: Duration) -> Self {
+        Self { log, batch_size: batch_size.max(1), idle_wait, streams: Mutex::default() }
+    }
+
+    /// The shared reader of `topic`, started on first use and stopped when its last worker
+    /// drops it.
+    pub(crate) fn stream(&self, topic: &str) -> Arc<SharedStream> {
+        let mut streams = self.streams.lock().expect("shared streams lock is never poisoned");
+        if let Some(stream) = streams.get(topic).and_then(Weak::upgrade) {
+            return stream;
+        }
+        streams.retain(|_, stream| stream.strong_count() > 0);
+        let (arrived, _) = watch::channel(0);
+        let stream = Arc::new(SharedStream {
+            topic: topic.into(),
+            log: self.log.clone(),
+            batch_size: self.batch_size,
+            partitions: Mutex::default(),
+            groups: Mutex::default(),
+            arrived,
+            wakes: AtomicU64::new(0),
+        });
+        streams.insert(topic.to_owned(), Arc::downgrade(&stream));
+        let appended = self.log.watch(topic);
+        tokio::spawn(follow(Arc::downgrade(&stream), appended, self.idle_wait));
+        stream
+    }
+}
+
+/// One stream's shared reader: a window per partition, and the filter groups of the
+/// pipelines reading it.
+pub(crate) struct SharedStream {
+    topic: Arc<str>,
+    log: Arc<dyn StreamLog>,
+    batch_size: usize,
+    partitions: Mutex<HashMap<u32, Arc<Partition>>>,
+    /// Filter groups by path (the path's debug form).
+    groups: Mutex<HashMap<String, Weak<FilterGroup>>>,
+    /// Moves each time any partition's window receives a batch: idle workers wait on it.
+    arrived: watch::Sender<u64>,
+    /// Moves each time the follower wakes: a worker that read before an append and starts
+    /// waiting after the follower handled it (finding no one waiting) sees it moved and
+    /// reads again instead of waiting for the next wake.
+    wakes: AtomicU64,
+}
+
+struct Partition {
+    window: tokio::sync::Mutex<Window>,
+    /// Batches the window received so far: a worker that saw `n` and found nothing waits
+    /// until it moves.
+    pushes: AtomicU64,
+    /// Workers waiting for this partition's window to grow.
+    waiting: AtomicUsize,
+}
+
+/// The last batches read of a partition, contiguous, oldest first.
+#[derive(Default)]
+struct Window {
+    segments: VecDeque<Arc<Segment>>,
+    /// Where the next read at the tail starts (`None`: nobody read here yet).
+    end: Option<u64>,
+    records: usize,
+    bytes: usize,
+}
+
+impl Window {
+    /// The records of the window from `from` on (up to `max`), when `from` is inside it.
+    fn slice(&self, from: u64, max: usize) -> Option<(Arc<Segment>, Range<usize>)> {
+        let first = self.segments.front()?;
+        if from < first.from || from >= self.end? {
+            return None;
+        }
+        let segment = self.segments.iter().find(|segment| from < segment.to)?;
+        let start = segment.records.partition_point(|record| record.offset < from);
+        let end = segment.records.len().min(start.saturating_add(max));
+        (start < end).then(|| (segment.clone(), start..end))
+    }
+
+    /// Starts the window again at `from` (the old one is of no use to a reader there).
+    fn restart(&mut self, from: u64) {
+        self.segments.clear();
+        self.records = 0;
+        self.bytes = 0;
+        self.end = Some(from);
+    }
+
+    fn push(&mut self, segment: Arc<Segment>, max_records: usize) {
+        self.end = Some(segment.to);
+        self.records += segment.records.len();
+        self.bytes += segment.bytes;
+        self.segments.push_back(segment);
+        while self.segments.len() > 1 && (self.records > max_records || self.bytes > WINDOW_BYTES) {
+            let oldest = self.segments.pop_front().expect("more than one segment");
+            self.records -= oldest.records.len();
+            self.bytes -= oldest.bytes;
+        }
+    }
+}
+
+/// One batch read from the log at the tail, shared by every worker that reads it.
+pub(crate) struct Segment {
+    /// The offset the read started at (records before the first one do not exist).
+    from: u64,
+    /// The offset after the last record.
+    to: u64,
+    records: Vec<Record>,
+    bytes: usize,
+    /// The oldest append time of the records (they are skipped past the pause hold).
+    oldest_ms: i64,
+    /// Evaluations of filter groups over the records, by group id.
+    evaluations: Mutex<Vec<(u64, Arc<OnceLock<Evaluation>>)>>,
+}
+
+impl Segment {
+    fn new(from: u64, records: Vec<Record>) -> Self {
+        let to = records.last().map_or(from, |record| record.offset + 1);
+        let bytes = records.iter().map(|record| record.key.len() + record.value.len()).sum();
+        let oldest_ms = records.iter().map(|record| record.timestamp_ms).min().unwrap_or(i64::MAX);
+        Self { from, to, records, bytes, oldest_ms, evaluations: Mutex::default() }
+    }
+
+    /// The group's evaluation of this segment, made by the first worker to ask.
+    fn evaluation(&self, group: &FilterGroup) -> Arc<OnceLock<Evaluation>> {
+        let mut evaluations =
+            self.evaluations.lock().expect("segment evaluations lock is never poisoned");
+        if let Some((_, found)) = evaluations.iter().find(|(id, _)| *id == group.id) {
+            return found.clone();
+        }
+        let made = Arc::new(OnceLock::new());
+        evaluations.push((group.id, made.clone()));
+        made
+    }
+}
+
+/// What a worker read of one partition: a slice of a shared segment, or records it read on
+/// its own.
+pub(crate) struct Chunk {
+    /// The window's batch count when this was read: a worker that found nothing waits
+    /// until it moves.
+    pushes: u64,
+    kind: ChunkKind,
+}
+
+enum ChunkKind {
+    Shared { segment: Arc<Segment>, range: Range<usize> },
+    Own(Vec<Record>),
+}
+
+impl Chunk {
+    pub(crate) fn records(&self) -> &[Record] {
+        match &self.kind {
+            ChunkKind::Shared { segment, range } => &segment.records[range.clone()],
+            ChunkKind::Own(records) => records,
+        }
+    }
+
+    /// The window's batch count when this was read.
+    pub(crate) fn pushes(&self) -> u64 {
+        self.pushes
+    }
+
+    /// At most the oldest append time of the records (cheap: a shared segment's, which
+    /// may be older than this slice's).
+    pub(crate) fn oldest_timestamp_ms(&self) -> i64 {
+        match &self.kind {
+            ChunkKind::Shared { segment, .. } => segment.oldest_ms,
+            ChunkKind::Own(records) => {
+                records.iter().map(|record| record.timestamp_ms).min().unwrap_or(i64::MAX)
+            }
+        }
+    }
+
+    /// Which of `records()[from..]` pass `membership`'s set filter, as indexes into
+    /// `records()`, in order: from the segment's group evaluation when there is one, else
+    /// by the member's own set.
+    pub(crate) fn passing(&self, membership: &Membership, from: usize) -> Vec<usize> {
+        let ChunkKind::Shared { segment, range } = &self.kind else {
+            return membership.test(&self.records()[from..], from);
+        };
+        let evaluation = segment.evaluation(&membership.group);
+        let evaluation = evaluation.get_or_init(|| membership.group.evaluate(&segment.records));
+        let wanted = range.start + from..range.end;
+        match evaluation.matches_of(membership.member) {
+            Some(matches) => {
+                let first = matches.partition_point(|&index| (index as usize) < wanted.start);
+                matches[first..]
+                    .iter()
+                    .map(|&index| index as usize)
+                    .take_while(|index| *index < wanted.end)
+                    .map(|index| index - range.start)
+                    .collect()
+            }
+            // Joined after this segment was evaluated: its own set, over the prepared values.
+            None => membership.group.set_of(membership.member).map_or_else(Vec::new, |set| {
+                set.with(|values| {
+                    wanted
+                        .filter(|&index| values.contains_prepared(&evaluation.prepared[index]))
+                        .map(|index| index - range.start)
+                        .collect()
+                })
+            }),
+        }
+    }
+}
+
+impl SharedStream {
+    fn partition(&self, partition: u32) -> Arc<Partition> {
+        let mut partitions =
+            self.partitions.lock().expect("shared partitions lock is never poisoned");
+        partitions
+            .entry(partition)
+            .or_insert_with(|| {
+                Arc::new(Partition {
+                    window: tokio::sync::Mutex::default(),
+                    pushes: AtomicU64::new(0),
+                    waiting: AtomicUsize::new(0),
+                })
+            })
+            .clone()
+    }
+
+    /// Up to `max` records of `partition` from offset `from`: from the window when `from` is
+    /// inside it; read from the log once for everyone when `from` is at (or past) the
+    /// window's end; read on this worker's own when `from` is before the window.
+    ///
+    /// # Errors
+    /// A log failure.
+    pub(crate) async fn read(
+        &self,
+        partition: u32,
+        from: u64,
+        max: usize,
+    ) -> Result<Chunk, BusError> {
+        let part = self.partition(partition);
+        let mut window = part.window.lock().await;
+        let pushes = part.pushes.load(Ordering::Acquire);
+        if let Some((segment, range)) = window.slice(from, max) {
+            return Ok(Chunk { pushes, kind: ChunkKind::Shared { segment, range } });
+        }
+        if window.end.is_none_or(|end| from >= end) {
+            // At the tail: one read for every worker here, under the window's lock.
+            if window.end != Some(from) {
+                window.restart(from);
+            }
+            let records = self.log.read(&self.topic, partition, from, self.batch_size).await?;
+            if records.is_empty() {
+                return Ok(Chunk { pushes, kind: ChunkKind::Own(Vec::new()) });
+            }
+            let segment = Arc::new(Segment::new(from, records));
+            window.push(segment.clone(), WINDOW_BATCHES * self.batch_size);
+            let pushes = part.pushes.fetch_add(1, Ordering::AcqRel) + 1;
+            drop(window);
+            self.arrived.send_modify(|count| *count += 1);
+            let range = 0..segment.records.len().min(max);
+            return Ok(Chunk { pushes, kind: ChunkKind::Shared { segment, range } });
+        }
+        drop(window);
+        // Behind the window: on its own until it catches up.
+        let records = self.log.read(&self.topic, partition, from, max).await?;
+        Ok(Chunk { pushes, kind: ChunkKind::Own(records) })
+    }
+
+    /// The follower's wake count: take it before reading, to give [`SharedStream::wait`].
+    pub(crate) fn wakes(&self) -> u64 {
+        self.wakes.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the window of one of `seen`'s partitions received a batch after the
+    /// count given (each `(partition, Chunk::pushes)` of a read that found nothing), or the
+    /// follower woke since `wakes` (taken before those reads), or `stop` changes.
+    pub(crate) async fn wait(
+        &self,
+        seen: &[(u32, u64)],
+        wakes: u64,
+        stop: &mut watch::Receiver<bool>,
+    ) {
+        let parts: Vec<(Arc<Partition>, u64)> =
+            seen.iter().map(|&(partition, pushes)| (self.partition(partition), pushes)).collect();
+        let _waiting = Waiting::new(&parts);
+        let mut arrived = self.arrived.subscribe();
+        // Counted as waiting first, then the wake count checked; the follower counts its
+        // wake first, then looks for waiting workers: one of the two sees the other.
+        if self.wakes.load(Ordering::SeqCst) != wakes {
+            return;
+        }
+        loop {
+            let moved =
+                parts.iter().any(|(part, pushes)| part.pushes.load(Ordering::Acquire) != *pushes);
+            if moved || *stop.borrow() {
+                return;
+            }
+            tokio::select! {
+                changed = arrived.changed() => if changed.is_err() { return },
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    /// Reads the next batch of each partition that has waiting workers (the follower's
+    /// round).
+    async fn read_for_waiting(&self) {
+        let waited: Vec<(u32, Arc<Partition>)> = self
+            .partitions
+            .lock()
+            .expect("shared partitions lock is never poisoned")
+            .iter()
+            .filter(|(_, part)| part.waiting.load(Ordering::SeqCst) > 0)
+            .map(|(partition, part)| (*partition, part.clone()))
+            .collect();
+        for (partition, part) in waited {
+            let Some(end) = part.window.lock().await.end else { continue };
+            if let Err(error) = self.read(partition, end, self.batch_size).await {
+                tracing::debug!(%error, topic = %self.topic, partition, "shared reader: read failed; the workers retry");
+            }
+        }
+    }
+
+    /// Joins the filter group of `filter`'s path on this stream with the set `set` (one
+    /// member per set, however many workers share it).
+    pub(crate) fn join(&self, filter: &SetFilter, set: &Arc<SetHandle>) -> Membership {
+        let key = format!("{:?}", filter.path());
+        let group = {
+            let mut groups = self.groups.lock().expect("filter groups lock is never poisoned");
+            match groups.get(&key).and_then(Weak::upgrade) {
+                Some(group) => group,
+                None => {
+                    groups.retain(|_, group| group.strong_count() > 0);
+                    let group = Arc::new(FilterGroup::new(filter.clone()));
+                    groups.insert(key, Arc::downgrade(&group));
+                    group
+                }
+            }
+        };
+        let member = group.join(set);
+        Membership { group, member }
+    }
+}
+
+/// Counts a worker as waiting on its partitions while it waits.
+struct Waiting<'a>(&'a [(Arc<Partition>, u64)]);
+
+impl<'a> Waiting<'a> {
+    fn new(parts: &'a [(Arc<Partition>, u64)]) -> Self {
+        for (part, _) in parts {
+            part.waiting.fetch_add(1, Ordering::SeqCst);
+        }
+        Self(parts)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        for (part, _) in self.0 {
+            part.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Reads the partitions of a stream that have waiting workers when the log says records
+/// were appended, and every `idle_wait` in case a wake-up was missed; stops with the stream.
+async fn follow(
+    stream: Weak<SharedStream>,
+    mut appended: sluice_bus::AppendWatch,
+    idle_wait: Duration,
+) {
+    loop {
+        appended.wait(idle_wait).await;
+        let Some(stream) = stream.upgrade() else { return };
+        stream.wakes.fetch_add(1, Ordering::SeqCst);
+        stream.read_for_waiting().await;
+    }
+}
+
+/// Pipelines on one stream whose first transform is a set filter of one path.
+pub(crate) struct FilterGroup {
+    /// Unique in the process: names the group's evaluations in segments.
+    id: u64,
+    filter: SetFilter,
+    index: RwLock<GroupIndex>,
+}
+
+#[derive(Default)]
+struct GroupIndex {
+    candidates: Candidates,
+    /// By member number; `None` once it left (numbers are never reused, so stale
+    /// candidates of a member that left name no one).
+    members: Vec<Option<Member>>,
+}
+
+struct Member {
+    set: Arc<SetHandle>,
+    /// Workers of this node that joined with this set.
+    workers: usize,
+    /// Listed in the candidates (else looked up directly: a large set, or one whose values
+    /// are still being listed).
+    listed: bool,
+    /// Too large to list ([`LARGE_MEMBER`]): always looked up directly.
+    large: bool,
+}
+
+/// What a group's evaluation of one segment found.
+struct Evaluation {
+    /// Each record's prepared value.
+    prepared: Vec<Prepared>,
+    /// The records (indexes into the segment) each evaluated member's set holds, in order.
+    matches: HashMap<u32, Vec<u32>>,
+}
+
+impl Evaluation {
+    fn matches_of(&self, member: u32) -> Option<&[u32]> {
+        self.matches.get(&member).map(Vec::as_slice)
+    }
+}
+
+static NEXT_GROUP: AtomicU64 = AtomicU64::new(1);
+
+impl FilterGroup {
+    fn new(filter: SetFilter) -> Self {
+        Self { id: NEXT_GROUP.fetch_add(1, Ordering::Relaxed), filter, index: RwLock::default() }
+    }
+
+    fn read_index(&self) -> std::sync::RwLockReadGuard<'_, GroupIndex> {
+        self.index.read().expect("filter group lock is never poisoned")
+    }
+
+    fn write_index(&self) -> std::sync::RwLockWriteGuard<'_, GroupIndex> {
+        self.index.write().expect("filter group lock is never poisoned")
+    }
+
+    /// Adds a worker of the set `set`; answers its member number.
+    ///
+    /// The set's observer is registered before its values are listed, so a value added
+    /// meanwhile is listed by the observer; until the listing is done the member is
+    /// looked up directly, so no record is missed in between.
+    fn join(self: &Arc<Self>, set: &Arc<SetHandle>) -> u32 {
+        let member = {
+            let mut index = self.write_index();
+            let found = index.members.iter().position(|member| {
+                member.as_ref().is_some_and(|member| Arc::ptr_eq(&member.set, set))
+            });
+            if let Some(found) = found {
+                if let Some(member) = index.members[found].as_mut() {
+                    member.workers += 1;
+                }
+                return u32::try_from(found).expect("fewer than 2^32 members");
+            }
+            index.members.push(Some(Member {
+                set: set.clone(),
+                workers: 1,
+                listed: false,
+                large: false,
+            }));
+            u32::try_from(index.members.len() - 1).expect("fewer than 2^32 members")
+        };
+        let observer: Arc<dyn SetObserver> = self.clone();
+        set.observe(Arc::downgrade(&observer), member);
+        let hashes: Option<Vec<u64>> =
+            set.with(|values| (values.len() <= LARGE_MEMBER).then(|| values.hashes().collect()));
+        let mut index = self.write_index();
+        if let Some(hashes) = &hashes {
+            for &hash in hashes {
+                index.candidates.add(hash, member);
+            }
+        }
+        if let Some(Some(joined)) = index.members.get_mut(member as usize) {
+            joined.listed = hashes.is_some();
+            joined.large = hashes.is_none();
+        }
+        member
+    }
+
+    /// A worker of member `member` leaves; the member goes with its last worker.
+    fn leave(&self, member: u32) {
+        let set = {
+            let mut index = self.write_index();
+            let Some(slot) = index.members.get_mut(member as usize) else { return };
+            let Some(joined) = slot.as_mut() else { return };
+            joined.workers -= 1;
+            if joined.workers > 0 {
+                return;
+            }
+            slot.take().map(|joined| joined.set)
+        };
+        if let Some(set) = set {
+            set.unobserve(self.id);
+        }
+    }
+
+    fn set_of(&self, member: u32) -> Option<Arc<SetHandle>> {
+        self.read_index().members.get(member as usize)?.as_ref().map(|member| member.set.clone())
+    }
+
+    /// Evaluates every member over `records`: one extraction and one candidates lookup per
+    /// record, then one exact lookup per candidate in the member's own set (and a direct
+    /// lookup per record for members not listed).
+    fn evaluate(&self, records: &[Record]) -> Evaluation {
+        let values: Vec<&[u8]> = records.iter().map(|record| &record.value[..]).collect();
+        let prepared = self.filter.prepare(&values);
+        // Candidates are found under the group's lock and confirmed after it is released:
+        // a set's writer holds the set's lock while it takes the group's (to list values it
+        // adds), so the group's lock is never held while a set's is taken.
+        let mut found: Vec<(u32, u32)> = Vec::new();
+        let (listed, direct): (Vec<(u32, Arc<SetHandle>)>, Vec<(u32, Arc<SetHandle>)>) = {
+            let index = self.read_index();
+            for (record, value) in prepared.iter().enumerate() {
+                let Some(hash) = value.hash() else { continue };
+                for &member in index.candidates.get(hash) {
+                    found.push((member, record as u32));
+                }
+            }
+            index
+                .members
+                .iter()
+                .enumerate()
+                .filter_map(|(number, member)| {
+                    let member = member.as_ref()?;
+                    Some((u32::try_from(number).ok()?, member.set.clone(), member.listed))
+                })
+                .fold((Vec::new(), Vec::new()), |(mut listed, mut direct), (n, set, is_listed)| {
+                    if is_listed {
+                        listed.push((n, set))
+                    } else {
+                        direct.push((n, set))
+                    }
+                    (listed, direct)
+                })
+        };
+        let mut matches: HashMap<u32, Vec<u32>> = HashMap::new();
+        for (member, _) in listed.iter().chain(&direct) {
+            matches.insert(*member, Vec::new());
+        }
+        // By member, then record: each member's set is locked once.
+        found.sort_unstable();
+        for run in found.chunk_by(|a, b| a.0 == b.0) {
+            let member = run[0].0;
+            let Some((_, set)) = listed.iter().find(|(number, _)| *number == member) else {
+                continue;
+            };
+            let kept = matches.entry(member).or_default();
+            set.with(|values| {
+                kept.extend(
+                    run.iter()
+                        .map(|(_, record)| *record)
+                        .filter(|&record| values.contains_prepared(&prepared[record as usize])),
+                );
+            });
+        }
+        for (member, set) in &direct {
+            let kept = matches.entry(*member).or_default();
+            set.with(|values| {
+                kept.extend(
+                    prepared
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, value)| values.contains_prepared(value))
+                        .map(|(record, _)| record as u32),
+                );
+            });
+        }
+        Evaluation { prepared, matches }
+    }
+}
+
+impl SetObserver for FilterGroup {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn adding(&self, member: u32, hashes: &mut dyn Iterator<Item = u64>) {
+        let mut index = self.write_index();
+        // A large member is looked up directly, never listed.
+        let listable = index
+            .members
+            .get(member as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|member| !member.large);
+        if listable {
+            for hash in hashes {
+                index.candidates.add(hash, member);
+            }
+        }
+    }
+}
+
+/// A worker's place in a filter group; leaves it when dropped.
+pub(crate) struct Membership {
+    group: Arc<FilterGroup>,
+    member: u32,
+}
+
+impl Membership {
+    /// Whether this membership is of `filter`'s path with the set `set`.
+    pub(crate) fn is_for(&self, filter: &SetFilter, set: &Arc<SetHandle>) -> bool {
+        self.group.filter.path() == filter.path()
+            && self.group.set_of(self.member).is_some_and(|own| Arc::ptr_eq(&own, set))
+    }
+
+    /// Which of `records` pass by this member's own set, as indexes offset by `base`.
+    fn test(&self, records: &[Record], base: usize) -> Vec<usize> {
+        let Some(set) = self.group.set_of(self.member) else { return Vec::new() };
+        let mut passed = Vec::with_capacity(records.len());
+        let values: Vec<&[u8]> = records.iter().map(|record| &record.value[..]).collect();
+        set.with(|values_set| self.group.filter.passes_batch(&values, values_set, &mut passed));
+        passed
+            .iter()
+            .enumerate()
+            .filter(|(_, pass)| **pass)
+            .map(|(index, _)| index + base)
+            .collect()
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.group.leave(self.member);
+    }
+}
