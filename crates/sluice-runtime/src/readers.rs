@@ -570,7 +570,9 @@ impl FilterGroup {
         // a set's writer holds the set's lock while it takes the group's (to list values it
         // adds), so the group's lock is never held while a set's is taken.
         let mut found: Vec<(u32, u32)> = Vec::new();
-        let (listed, direct): (Vec<(u32, Arc<SetHandle>)>, Vec<(u32, Arc<SetHandle>)>) = {
+        let mut listed: Vec<(u32, Arc<SetHandle>)> = Vec::new();
+        let mut direct: Vec<(u32, Arc<SetHandle>)> = Vec::new();
+        {
             let index = self.read_index();
             for (record, value) in prepared.iter().enumerate() {
                 let Some(hash) = value.hash() else { continue };
@@ -578,23 +580,14 @@ impl FilterGroup {
                     found.push((member, record as u32));
                 }
             }
-            index
-                .members
-                .iter()
-                .enumerate()
-                .filter_map(|(number, member)| {
-                    let member = member.as_ref()?;
-                    Some((u32::try_from(number).ok()?, member.set.clone(), member.listed))
-                })
-                .fold((Vec::new(), Vec::new()), |(mut listed, mut direct), (n, set, is_listed)| {
-                    if is_listed {
-                        listed.push((n, set))
-                    } else {
-                        direct.push((n, set))
-                    }
-                    (listed, direct)
-                })
-        };
+            for (number, member) in index.members.iter().enumerate() {
+                let (Some(member), Ok(number)) = (member, u32::try_from(number)) else {
+                    continue;
+                };
+                let to = if member.listed { &mut listed } else { &mut direct };
+                to.push((number, member.set.clone()));
+            }
+        }
         let mut matches: HashMap<u32, Vec<u32>> = HashMap::new();
         for (member, _) in listed.iter().chain(&direct) {
             matches.insert(*member, Vec::new());
