@@ -45,13 +45,15 @@ use tokio::sync::watch;
 use crate::sets::{SetHandle, SetObserver};
 
 /// Batches a partition's window keeps (the newest is kept whatever its size): enough for
-/// pipelines a few batches apart to share reads, few enough that a node reading many
-/// streams holds a bounded amount (8,000 records a partition at the default batch size).
-const WINDOW_BATCHES: usize = 4;
+/// pipelines a few batches apart to share reads — draining a backlog, a hundred pipelines
+/// on two cores drift several batches apart, and with 4 a tenth of their reads fell out of
+/// the window (BENCHMARKS.md §19) — few enough that a node reading many streams holds a
+/// bounded amount (16,000 records a partition at the default batch size).
+const WINDOW_BATCHES: usize = 8;
 
 /// Most bytes of records a partition's window keeps (the newest batch is kept whatever its
-/// size).
-const WINDOW_BYTES: usize = 8 << 20;
+/// size): 128 MiB for a busy stream's 8 partitions.
+const WINDOW_BYTES: usize = 16 << 20;
 
 /// A member whose set holds more values than this is looked up directly for each record
 /// instead of being listed in its group's candidates (which would copy every hash).
