@@ -75,8 +75,24 @@ impl Harness {
             Vec::new(),
         );
         let secrets = sluice_store::Secrets::new(store.clone(), keyring);
+        // Every change of a pipeline takes its turn from the runtime's lifecycle owner.
+        let log = Arc::new(
+            sluice_bus::EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap(),
+        );
+        let sink_env = sluice_runtime::SinkEnv { secrets: Some(secrets.clone()), egress: None };
+        let runtime = sluice_runtime::Runtime::builder(
+            store.clone(),
+            log,
+            Arc::new(Catalog::default()),
+            clock.clone(),
+        )
+        .sinks(sink_env)
+        .start()
+        .await
+        .unwrap();
         let state = AppState::new(store.clone(), Catalog::default(), clock.clone(), limits)
-            .with_sinks(secrets, None);
+            .with_sinks(secrets, None)
+            .with_runtime(runtime);
         Self { store, clock, state, _dir: dir }
     }
 

@@ -113,16 +113,16 @@ async fn a_deploy_proceeds_while_another_pipelines_set_is_loading() {
         entered: Notify::new(),
         gate: Semaphore::new(0),
     });
-    let runtime = Runtime::start_with_set_source(
-        store.clone(),
-        log.clone(),
-        Arc::new(Catalog::default()),
-        clock.clone(),
-        RuntimeSettings { idle_wait: Duration::from_millis(20), ..RuntimeSettings::default() },
-        sets.clone(),
-    )
-    .await
-    .unwrap();
+    let runtime =
+        Runtime::builder(store.clone(), log.clone(), Arc::new(Catalog::default()), clock.clone())
+            .settings(RuntimeSettings {
+                idle_wait: Duration::from_millis(20),
+                ..RuntimeSettings::default()
+            })
+            .set_source(sets.clone())
+            .start()
+            .await
+            .unwrap();
 
     // B's deploy starts loading its set and stays there until the gate opens.
     let deploying_b = tokio::spawn({
