@@ -126,6 +126,11 @@ impl Harness {
         harness
     }
 
+    /// The runtime whose lifecycle owners every change of a pipeline goes through.
+    pub fn runtime(&self) -> Arc<sluice_runtime::Runtime> {
+        self.state.runtime.clone().expect("a harness runs a runtime")
+    }
+
     pub async fn user(&self, org: &str, team: &str, name: &str) -> User {
         let identity = self.store.ensure_identity(org, team, name, false).await.unwrap();
         let key = sluice_api::auth::issue_key(self.store.as_ref(), &identity.user.id, None)
