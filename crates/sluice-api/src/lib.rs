@@ -189,16 +189,28 @@ impl AppState {
     }
 
     /// Waits for the turn of a change of pipeline `pipeline_id` (its lifecycle owner in the
-    /// runtime): take it before reading what the change depends on, and hold it until the
-    /// change is done.
+    /// runtime, which on a cluster also keeps the other nodes' changes out): take it before
+    /// reading what the change depends on, and hold it until the change is done.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] in a process that runs no pipelines.
+    /// [`ApiError::Unavailable`] in a process that runs no pipelines; a store failure.
     pub async fn lifecycle(
         &self,
         pipeline_id: &str,
     ) -> Result<sluice_runtime::LifecycleGuard, error::ApiError> {
-        Ok(self.runtime()?.lifecycle(pipeline_id).await)
+        Ok(self.runtime()?.lifecycle(pipeline_id).await?)
+    }
+
+    /// The turn of a filter-value change of pipeline `pipeline_id` in this process (the
+    /// store orders the changes of every node itself).
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] in a process that runs no pipelines.
+    pub async fn lifecycle_here(
+        &self,
+        pipeline_id: &str,
+    ) -> Result<sluice_runtime::LifecycleGuard, error::ApiError> {
+        Ok(self.runtime()?.lifecycle_here(pipeline_id).await)
     }
 
     /// Sends dataset changes to `listener` (the dataset index behind `beam.contains`).

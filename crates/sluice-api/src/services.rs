@@ -196,7 +196,7 @@ pub async fn change_filter_values(
 ) -> Result<u64, ApiError> {
     let state = state.clone();
     detached(async move {
-        let _turn = state.lifecycle(&pipeline_id).await?;
+        let _turn = state.lifecycle_here(&pipeline_id).await?;
         let (id, uid) = (pipeline_id.as_str(), uid.as_str());
         let store = &state.store;
         let (count, heard) = match change {

@@ -265,9 +265,22 @@ impl Runtime {
     }
 
     /// Waits for the turn of a change of `pipeline_id` and answers it: the pipeline's other
-    /// changes (in this process and, once the guard makes a lifecycle call, on every node)
-    /// wait until the guard drops. Take it before reading what the change depends on.
-    pub async fn lifecycle(&self, pipeline_id: &str) -> LifecycleGuard {
+    /// changes, in this process and (through the placement: the pipeline's database lock on
+    /// a cluster) on every node, wait until the guard drops. Take it before reading what the
+    /// change depends on.
+    ///
+    /// # Errors
+    /// A store failure while taking the database lock.
+    pub async fn lifecycle(&self, pipeline_id: &str) -> Result<LifecycleGuard> {
+        let mut guard = self.lifecycle_here(pipeline_id).await;
+        guard.exclude_others().await?;
+        Ok(guard)
+    }
+
+    /// The turn of a change of `pipeline_id` in this process only: for a filter-value change,
+    /// which the store orders across nodes itself (docs/runtime.md, "The control side"). A
+    /// lifecycle call made with it keeps the other nodes out from then on.
+    pub async fn lifecycle_here(&self, pipeline_id: &str) -> LifecycleGuard {
         LifecycleGuard::take(self.node.clone(), self.placement.clone(), pipeline_id).await
     }
 
@@ -276,7 +289,7 @@ impl Runtime {
     /// # Errors
     /// As [`LifecycleGuard::deploy`].
     pub async fn deploy(&self, pipeline: &Pipeline) -> Result<Deployed> {
-        self.lifecycle(&pipeline.id).await.deploy(pipeline).await
+        self.lifecycle(&pipeline.id).await?.deploy(pipeline).await
     }
 
     /// Pauses a pipeline in a change of its own ([`LifecycleGuard::pause`]).
@@ -284,7 +297,7 @@ impl Runtime {
     /// # Errors
     /// As [`LifecycleGuard::pause`].
     pub async fn pause(&self, pipeline_id: &str) -> Result<Paused> {
-        self.lifecycle(pipeline_id).await.pause().await
+        self.lifecycle(pipeline_id).await?.pause().await
     }
 
     /// Tears a deployment down in a change of its own ([`LifecycleGuard::teardown`]).
@@ -292,7 +305,7 @@ impl Runtime {
     /// # Errors
     /// As [`LifecycleGuard::teardown`].
     pub async fn teardown(&self, pipeline_id: &str) -> Result<bool> {
-        self.lifecycle(pipeline_id).await.teardown().await
+        self.lifecycle(pipeline_id).await?.teardown().await
     }
 
     /// Replays a pipeline's dead letters in a change of its own
@@ -301,7 +314,7 @@ impl Runtime {
     /// # Errors
     /// As [`LifecycleGuard::replay_dead_letters`].
     pub async fn replay_dead_letters(&self, pipeline_id: &str) -> Result<Option<Replayed>> {
-        self.lifecycle(pipeline_id).await.replay_dead_letters().await
+        self.lifecycle(pipeline_id).await?.replay_dead_letters().await
     }
 
     /// Checks that `pipeline` could be deployed as it is (its transforms compile, its sinks

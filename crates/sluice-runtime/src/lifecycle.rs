@@ -4,14 +4,16 @@
 //! filter-value change. Changes of different pipelines never wait for each other.
 //!
 //! A change holds a [`LifecycleGuard`] from before it reads the pipeline until it is done
-//! (the API takes it with [`crate::Runtime::lifecycle`] and passes it along). The guard's
-//! lifecycle calls — [`LifecycleGuard::deploy`], [`LifecycleGuard::pause`],
-//! [`LifecycleGuard::teardown`], [`LifecycleGuard::replay_dead_letters`] — first keep other
-//! nodes' changes of the pipeline out ([`Placement::exclude`]: the database lock on a
-//! cluster, nothing on a node of its own) and hold that until the guard ends. What each call
-//! does, in order:
+//! (the API takes it with [`crate::Runtime::lifecycle`] and passes it along). The guard also
+//! keeps other processes' changes of the pipeline out ([`Placement::exclude`]: the
+//! pipeline's database lock on a cluster, nothing on a node of its own) until it drops; a
+//! filter-value change takes only the turn here ([`crate::Runtime::lifecycle_here`]),
+//! because the store orders the writers of a set across nodes itself, and any lifecycle
+//! call made on such a guard takes the exclusion first. The guard's lifecycle calls are
+//! [`LifecycleGuard::deploy`], [`LifecycleGuard::pause`], [`LifecycleGuard::teardown`] and
+//! [`LifecycleGuard::replay_dead_letters`]; what each does, in order:
 //!
-//! - **deploy**: compile the pipeline (a 422 changes nothing), keep other nodes out, create
+//! - **deploy**: compile the pipeline (a 422 changes nothing), create
 //!   the sink, dead-letter and log topics and pin the source offsets of partitions never
 //!   read at the stream's end (so records appended right after the answer are delivered),
 //!   store the deployment, then let the placement run it and answer once it runs.
@@ -137,7 +139,7 @@ impl LifecycleGuard {
     }
 
     /// Keeps other nodes' changes of the pipeline out until this guard drops.
-    async fn exclude_others(&mut self) -> Result<()> {
+    pub(crate) async fn exclude_others(&mut self) -> Result<()> {
         if !self.excluded {
             self._exclusion = self.placement.exclude(&self.owner.pipeline_id).await?;
             self.excluded = true;
