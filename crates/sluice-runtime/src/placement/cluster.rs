@@ -1,10 +1,12 @@
-//! Several `sluice serve` nodes on one PostgreSQL and one Kafka cluster: who is alive, which
-//! node runs which worker of each deployment, and how a node follows the desired state.
+//! The cluster placement ([`ClusterPlacement`]): several `sluice serve` nodes on one
+//! PostgreSQL and one Kafka cluster — who is alive, which node runs which worker of each
+//! deployment, and how a node follows the desired state.
 //!
 //! - **Desired state** is the `deployments` table: deployed (with the pipeline as deployed
 //!   and its `updated_at`, the *version*), paused, or gone. Lifecycle calls change it under
-//!   the pipeline's cluster lock ([`sluice_store::NodeStore::cluster_lock`]), then signal
-//!   the other nodes (`NOTIFY`).
+//!   the pipeline's cluster lock ([`sluice_store::NodeStore::cluster_lock`], which the
+//!   pipeline's lifecycle owner takes through [`Placement::exclude`]), then signal the
+//!   other nodes (`NOTIFY`).
 //! - **Nodes** write a heartbeat row every [`ClusterSettings::heartbeat`] with a report of
 //!   the workers they run; a node whose row is older than [`ClusterSettings::node_timeout`]
 //!   (by the database's clock) is dead.

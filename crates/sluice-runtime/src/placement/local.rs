@@ -81,6 +81,12 @@ impl Placement for LocalPlacement {
         let source = plan.source.clone();
         let bound = node.bind(plan).await?;
         let mut running = owner.running().await;
+        if node.is_shut_down() {
+            // Shutdown stops what runs and starts nothing after (checked under the slot, which
+            // shutdown takes after raising the flag): the stored deployment runs at the next
+            // start.
+            return Ok(running.is_some());
+        }
         let was_running = match running.as_mut() {
             Some(current)
                 if current.workers() == pipeline.pod_size.workers()
