@@ -127,11 +127,10 @@ pub async fn deploy(
     path: PathParams,
 ) -> Result<Json<DeployBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
-    // Serialized with transform edits, whose automatic redeploy must not undo this call.
-    let _edit = state.edit_locks.lock(&config_id).await;
+    // In the pipeline's turn: a transform edit's automatic redeploy must not undo this call.
+    let mut lifecycle = state.lifecycle(&config_id).await?;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
-    let runtime = state.runtime()?;
-    let deployed = runtime.deploy(&pipeline).await?;
+    let deployed = lifecycle.deploy(&pipeline).await?;
     let sinks = deployed.sinks.into_iter().map(SinkConnection::from).collect();
     Ok(Json(DeployBody {
         message: format!("Pipeline {config_id} successfully deployed"),
@@ -160,9 +159,9 @@ pub async fn pause(
     path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
-    let _edit = state.edit_locks.lock(&config_id).await;
+    let mut lifecycle = state.lifecycle(&config_id).await?;
     caller.pipeline(&state, &config_id, Permission::Edit).await?;
-    let message = match state.runtime()?.pause(&config_id).await? {
+    let message = match lifecycle.pause().await? {
         Paused::Paused => format!("Pipeline {config_id} successfully paused"),
         Paused::AlreadyPaused => format!("Pipeline {config_id} is already paused"),
         Paused::NotDeployed => format!("Pipeline {config_id} is not deployed; nothing to pause"),
@@ -190,9 +189,9 @@ pub async fn teardown(
     path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
-    let _edit = state.edit_locks.lock(&config_id).await;
+    let mut lifecycle = state.lifecycle(&config_id).await?;
     caller.pipeline(&state, &config_id, Permission::Edit).await?;
-    let message = if state.runtime()?.teardown(&config_id).await? {
+    let message = if lifecycle.teardown().await? {
         format!("Pipeline {config_id} successfully torn down")
     } else {
         format!("Pipeline {config_id} is not deployed; nothing to tear down")
@@ -635,11 +634,10 @@ pub async fn replay_dead_letters(
     path: PathParams,
 ) -> Result<Json<ReplayBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
-    let _edit = state.edit_locks.lock(&config_id).await;
+    let mut lifecycle = state.lifecycle(&config_id).await?;
     caller.pipeline(&state, &config_id, Permission::Edit).await?;
-    let report = state
-        .runtime()?
-        .replay_dead_letters(&config_id)
+    let report = lifecycle
+        .replay_dead_letters()
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("Pipeline {config_id} is not deployed")))?;
     Ok(Json(ReplayBody {

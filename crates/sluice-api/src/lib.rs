@@ -86,8 +86,6 @@ pub struct AppState {
     /// The pipelines running in this process; `None` in a process that runs none (then the
     /// deployment and ingest endpoints answer 503).
     pub runtime: Option<Arc<Runtime>>,
-    /// Serialises the read-change-store(-redeploy) edits of one pipeline in this process.
-    pub edit_locks: Arc<services::EditLocks>,
     /// Token prices; `None` in a process that serves none. The price endpoints answer 503
     /// while the slot is empty (the service is still loading) or holds the reason it failed.
     pub prices: Option<PriceSlot>,
@@ -127,7 +125,6 @@ impl AppState {
             filter_listener: Arc::new(NoInMemoryCopies),
             dataset_listener: Arc::new(NoDatasetIndex),
             runtime: None,
-            edit_locks: Arc::default(),
             prices: None,
             metrics_token: None,
             chains: None,
@@ -189,6 +186,31 @@ impl AppState {
         self.runtime.as_ref().ok_or_else(|| {
             error::ApiError::Unavailable("this process runs no pipelines".to_owned())
         })
+    }
+
+    /// Waits for the turn of a change of pipeline `pipeline_id` (its lifecycle owner in the
+    /// runtime, which on a cluster also keeps the other nodes' changes out): take it before
+    /// reading what the change depends on, and hold it until the change is done.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] in a process that runs no pipelines; a store failure.
+    pub async fn lifecycle(
+        &self,
+        pipeline_id: &str,
+    ) -> Result<sluice_runtime::LifecycleGuard, error::ApiError> {
+        Ok(self.runtime()?.lifecycle(pipeline_id).await?)
+    }
+
+    /// The turn of a filter-value change of pipeline `pipeline_id` in this process (the
+    /// store orders the changes of every node itself).
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] in a process that runs no pipelines.
+    pub async fn lifecycle_here(
+        &self,
+        pipeline_id: &str,
+    ) -> Result<sluice_runtime::LifecycleGuard, error::ApiError> {
+        Ok(self.runtime()?.lifecycle_here(pipeline_id).await)
     }
 
     /// Sends dataset changes to `listener` (the dataset index behind `beam.contains`).

@@ -151,7 +151,7 @@ pub async fn update_pipeline(
 ) -> Result<Json<Pipeline>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     // A concurrent transform change must not be undone by this read-change-write.
-    let edit = state.edit_locks.lock(&config_id).await;
+    let lifecycle = state.lifecycle(&config_id).await?;
     let (previous, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let body = body.object()?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Update)?;
@@ -160,7 +160,8 @@ pub async fn update_pipeline(
     crate::secrets::check_sinks(&state, &previous.organization_id, &valid.spec).await?;
     let mut updated = previous.clone();
     updated.apply(valid.spec, state.clock.now());
-    let updated = services::update_pipeline(&state, edit, &previous, updated, Redeploy::No).await?;
+    let updated =
+        services::update_pipeline(&state, lifecycle, &previous, updated, Redeploy::No).await?;
     Ok(Json(updated))
 }
 
@@ -182,9 +183,9 @@ pub async fn delete_pipeline(
     path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
-    let edit = state.edit_locks.lock(&config_id).await;
+    let lifecycle = state.lifecycle(&config_id).await?;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
     // SPEC: deleting tears any deployment down first (workers, topics, offsets).
-    services::delete_pipeline(&state, edit, pipeline).await?;
+    services::delete_pipeline(&state, lifecycle, pipeline).await?;
     Ok(Json(MessageBody { message: format!("Pipeline {config_id} successfully deleted") }))
 }

@@ -3,13 +3,16 @@
 //! follow the store (the runtime's set indexes, the dataset index behind `beam.contains`),
 //! and redeploy a running pipeline when its transforms changed.
 //!
+//! Every change of a pipeline runs in its turn: the handler (or, for filter values, the
+//! service) takes the pipeline's [`LifecycleGuard`] from the runtime before it reads what the
+//! change depends on, and the service holds it until the change is stored and applied, so
+//! two changes of one pipeline never interleave and a transform edit's redeploy never undoes
+//! a pause or a deploy (`sluice_runtime` has the one owner per pipeline).
+//!
 //! Each service runs in a task of its own ([`detached`]): a client that hangs up drops its
 //! handler, but never between a commit and the notification that must follow it, so the
 //! in-memory copies can never miss a committed change. Handlers parse, call one service
 //! function, and render its answer.
-
-use std::collections::HashMap;
-use std::sync::{Arc, Weak};
 
 use chrono::{DateTime, Utc};
 use sluice_core::datasets::{Dataset, DatasetChange, DatasetRef};
@@ -17,7 +20,7 @@ use sluice_core::deployment::DeploymentState;
 use sluice_core::filter_values::FilterValuesChange;
 use sluice_core::pipeline::Pipeline;
 use sluice_core::validation::{Loc, Violation};
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use sluice_runtime::LifecycleGuard;
 
 use crate::AppState;
 use crate::error::ApiError;
@@ -33,34 +36,6 @@ pub async fn detached<T: Send + 'static>(
     tokio::spawn(change)
         .await
         .map_err(|error| ApiError::Internal(format!("a change task failed: {error}")))?
-}
-
-/// One lock per pipeline id, held while a pipeline is read, changed, stored and redeployed
-/// (and by lifecycle calls, whose deploy a transform edit's redeploy must not undo).
-/// Entries live only while someone holds or waits for them.
-#[derive(Debug, Default)]
-pub struct EditLocks(std::sync::Mutex<HashMap<String, Weak<Mutex<()>>>>);
-
-/// A held edit lock; pass it to the service that finishes the edit, so it stays held until
-/// the change is stored even when the request is dropped.
-pub type EditGuard = OwnedMutexGuard<()>;
-
-impl EditLocks {
-    /// Waits until no other edit of `pipeline_id` runs in this process.
-    pub async fn lock(&self, pipeline_id: &str) -> EditGuard {
-        let lock = {
-            let mut locks = self.0.lock().expect("edit-lock map lock is never poisoned");
-            locks.retain(|_, lock| lock.strong_count() > 0);
-            if let Some(lock) = locks.get(pipeline_id).and_then(Weak::upgrade) {
-                lock
-            } else {
-                let lock = Arc::new(Mutex::new(()));
-                locks.insert(pipeline_id.to_owned(), Arc::downgrade(&lock));
-                lock
-            }
-        };
-        lock.lock_owned().await
-    }
 }
 
 /// Stores a new pipeline with the initial values of its set filters, and tells the set
@@ -97,7 +72,7 @@ pub enum Redeploy {
 
 /// Stores `updated` in place of `previous` (the store deletes the filter values of set
 /// filters the new configuration no longer has), drops their set indexes, and redeploys a
-/// deployed pipeline when `redeploy` says so. `edit` is the pipeline's edit lock, held
+/// deployed pipeline when `redeploy` says so. `lifecycle` is the pipeline's turn, held
 /// until all of it is done.
 ///
 /// # Errors
@@ -105,7 +80,7 @@ pub enum Redeploy {
 /// (nothing is stored then); a store or runtime failure.
 pub async fn update_pipeline(
     state: &AppState,
-    edit: EditGuard,
+    mut lifecycle: LifecycleGuard,
     previous: &Pipeline,
     updated: Pipeline,
     redeploy: Redeploy,
@@ -117,7 +92,6 @@ pub async fn update_pipeline(
         .map(str::to_owned)
         .collect();
     detached(async move {
-        let _edit = edit;
         let config_id = updated.id.clone();
         let runtime = state.runtime.as_ref().filter(|_| redeploy == Redeploy::IfDeployed);
         if let Some(runtime) = runtime {
@@ -148,7 +122,7 @@ pub async fn update_pipeline(
         if let Some(runtime) = runtime {
             // Asked again after storing: a pause in between must not be undone by a deploy.
             if runtime.state(&config_id).await? == Some(DeploymentState::Deployed) {
-                runtime.deploy(&updated).await?;
+                lifecycle.deploy(&updated).await?;
                 tracing::info!(%config_id, "redeployed after a transform change");
             }
         }
@@ -160,21 +134,19 @@ pub async fn update_pipeline(
 
 /// Deletes a pipeline: tears its deployment down first (SPEC), then deletes the
 /// configuration with its filter values and sharing, drops its set indexes and its metrics.
+/// `lifecycle` is the pipeline's turn, held until all of it is done.
 ///
 /// # Errors
 /// 404 when the pipeline is gone; a store or runtime failure.
 pub async fn delete_pipeline(
     state: &AppState,
-    edit: EditGuard,
+    mut lifecycle: LifecycleGuard,
     pipeline: Pipeline,
 ) -> Result<(), ApiError> {
     let state = state.clone();
     detached(async move {
-        let _edit = edit;
         let config_id = pipeline.id.as_str();
-        if let Some(runtime) = &state.runtime {
-            runtime.teardown(config_id).await?;
-        }
+        lifecycle.teardown().await?;
         if !state.store.delete_pipeline(config_id).await? {
             return Err(ApiError::NotFound(format!("Pipeline {config_id} not found")));
         }
@@ -205,8 +177,13 @@ pub enum ValuesChange {
 }
 
 /// Applies `change` with `values` (normalised) to the set of transform `uid` of pipeline
-/// `pipeline_id`, then tells the set indexes, so running workers filter with it at their
-/// next batch.
+/// `pipeline_id` in the pipeline's turn, then tells the set indexes, so running workers
+/// filter with it at their next batch.
+///
+/// On several nodes the change does not keep other nodes' changes out with the database
+/// lock: the store's row lock on the pipeline, taken in the transaction that writes the
+/// values and their set's version, already orders every node's writers of the set
+/// (docs/runtime.md, "The control side").
 ///
 /// # Errors
 /// A store failure; then nothing changed and nothing is told.
@@ -219,6 +196,7 @@ pub async fn change_filter_values(
 ) -> Result<u64, ApiError> {
     let state = state.clone();
     detached(async move {
+        let _turn = state.lifecycle_here(&pipeline_id).await?;
         let (id, uid) = (pipeline_id.as_str(), uid.as_str());
         let store = &state.store;
         let (count, heard) = match change {

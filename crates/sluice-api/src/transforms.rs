@@ -8,9 +8,9 @@
 //! at a batch boundary, so no record is skipped or processed twice by the change. A paused
 //! pipeline is only stored; it runs the new list when it is next deployed.
 //!
-//! Edits of one pipeline are serialised in this process ([`crate::services::EditLocks`]) so that two
-//! concurrent changes cannot both read the same configuration and the later write silently
-//! undo the earlier one, and so that the runtime ends up running the last stored list.
+//! Each edit runs in the pipeline's turn ([`crate::AppState::lifecycle`]), so two concurrent
+//! changes cannot both read the same configuration and the later write silently undo the
+//! earlier one, and the runtime ends up running the last stored list.
 
 use axum::Json;
 use axum::extract::State;
@@ -28,7 +28,8 @@ use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::PathParams;
 use crate::scripts::{check_transform, check_transform_list};
-use crate::services::{self, EditGuard, Redeploy};
+use crate::services::{self, Redeploy};
+use sluice_runtime::LifecycleGuard;
 
 /// Change one transform of a pipeline (edit permission) and redeploy it when it is deployed.
 ///
@@ -63,7 +64,7 @@ pub async fn patch_transform(
 ) -> Result<Json<Transform>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let transform_uid = path.get("transform_uid").to_owned();
-    let edit = state.edit_locks.lock(&config_id).await;
+    let lifecycle = state.lifecycle(&config_id).await?;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let mut body = body.object()?;
     let Some(index) =
@@ -109,7 +110,7 @@ pub async fn patch_transform(
     check_transform(&transform, &Loc::body()).await?;
     let mut transforms = pipeline.pipeline_config.transforms.clone();
     transforms[index] = transform.clone();
-    store_and_redeploy(&state, edit, &caller, pipeline, transforms).await?;
+    store_and_redeploy(&state, lifecycle, &caller, pipeline, transforms).await?;
     tracing::info!(%config_id, transform_uid = ?transform_uid, "transform updated");
     Ok(Json(transform))
 }
@@ -143,7 +144,7 @@ pub async fn replace_transforms(
     body: JsonBody,
 ) -> Result<Json<Vec<Transform>>, ApiError> {
     let config_id = path.get("config_id").to_owned();
-    let edit = state.edit_locks.lock(&config_id).await;
+    let lifecycle = state.lifecycle(&config_id).await?;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
     let items = body.array()?;
     if items.is_empty() {
@@ -170,7 +171,7 @@ pub async fn replace_transforms(
     }
     errors.finish(())?;
     check_transform_list(&transforms, &Loc::body()).await?;
-    store_and_redeploy(&state, edit, &caller, pipeline, transforms.clone()).await?;
+    store_and_redeploy(&state, lifecycle, &caller, pipeline, transforms.clone()).await?;
     tracing::info!(%config_id, transforms = transforms.len(), "transforms replaced");
     Ok(Json(transforms))
 }
@@ -188,7 +189,7 @@ fn with_uid(transform: Transform, new_uid: &str) -> Transform {
 /// deployed ([`services::update_pipeline`]), once the caller may use them.
 async fn store_and_redeploy(
     state: &AppState,
-    edit: EditGuard,
+    lifecycle: LifecycleGuard,
     caller: &Caller,
     previous: Pipeline,
     transforms: Vec<Transform>,
@@ -197,5 +198,5 @@ async fn store_and_redeploy(
     updated.pipeline_config.transforms = transforms;
     updated.updated_at = state.clock.now();
     caller.require_custom_transforms_for(&updated.pipeline_config)?;
-    services::update_pipeline(state, edit, &previous, updated, Redeploy::IfDeployed).await
+    services::update_pipeline(state, lifecycle, &previous, updated, Redeploy::IfDeployed).await
 }

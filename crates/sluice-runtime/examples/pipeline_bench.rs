@@ -252,14 +252,11 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     };
     let kind = if args.bus.is_some() { "kafka" } else { "embedded" };
     report(serde_json::json!({"bench": "pipeline_log", "log": kind}), &[]);
-    let runtime = Runtime::start(
-        store.clone(),
-        log.clone(),
-        Arc::new(Catalog::default()),
-        clock.clone(),
-        RuntimeSettings::default(),
-    )
-    .await?;
+    let runtime =
+        Runtime::builder(store.clone(), log.clone(), Arc::new(Catalog::default()), clock.clone())
+            .settings(RuntimeSettings::default())
+            .start()
+            .await?;
 
     let identity = store.ensure_identity("bench", "bench", "bench", false).await?;
     let (sink, receiver) = external_sink(&args.sink).await?;

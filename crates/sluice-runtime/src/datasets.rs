@@ -14,6 +14,10 @@
 //! entry change applies only in version order (an early one waits in `pending` for the one
 //! before it). A dataset deleted and created again under the same name is a new dataset with a
 //! greater [`Dataset::seq`]: a late change to the old one is recognised and ignored.
+//!
+//! Running plans read datasets through a [`DatasetSlot`] (the index arrives after the
+//! runtime started); with a shared set store the index also follows the store's change feed
+//! ([`FeedDatasets`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
@@ -319,6 +323,62 @@ impl DatasetListener for DatasetIndex {
                 .write()
                 .expect("dataset entry lock is never poisoned")
                 .apply(version, pending);
+        }
+    }
+}
+
+/// The dataset lookup of the process, replaceable after the runtime started (the index is
+/// loaded after it): plans hold the slot, so running pipelines see the replacement.
+pub(crate) struct DatasetSlot(RwLock<Arc<dyn DatasetLookup>>);
+
+impl DatasetSlot {
+    /// A slot where every dataset is empty.
+    pub(crate) fn empty() -> Self {
+        Self(RwLock::new(Arc::new(sluice_core::datasets::NoDatasets)))
+    }
+
+    pub(crate) fn replace(&self, lookup: Arc<dyn DatasetLookup>) {
+        *self.0.write().expect("dataset lookup lock is never poisoned") = lookup;
+    }
+}
+
+impl DatasetLookup for DatasetSlot {
+    fn contains_any(&self, owner_user_id: &str, dataset: &str, values: &[&str]) -> bool {
+        self.0.read().expect("dataset lookup lock is never poisoned").contains_any(
+            owner_user_id,
+            dataset,
+            values,
+        )
+    }
+}
+
+/// Dataset changes from the shared set store's feed, applied to the node's dataset index by
+/// their versions (a change this node made and applied already is skipped).
+pub(crate) struct FeedDatasets(pub std::sync::Weak<crate::node::Node>);
+
+#[async_trait::async_trait]
+impl crate::sets::DatasetFeedTarget for FeedDatasets {
+    async fn apply(&self, entry: sluice_store::DatasetFeedEntry) {
+        use sluice_store::DatasetFeedChange;
+        let Some(node) = self.0.upgrade() else { return };
+        let Some(index) = node.dataset_index() else { return };
+        let dataset =
+            DatasetRef { owner_user_id: &entry.owner_user_id, name: &entry.name, seq: entry.seq };
+        let version = entry.version;
+        match &entry.change {
+            DatasetFeedChange::Created => index.changed(dataset, DatasetChange::Created),
+            DatasetFeedChange::Dropped => index.changed(dataset, DatasetChange::Dropped),
+            DatasetFeedChange::Added(values) => {
+                index.changed(dataset, DatasetChange::Added { version, values });
+            }
+            DatasetFeedChange::Removed(values) => {
+                index.changed(dataset, DatasetChange::Removed { version, values });
+            }
+            DatasetFeedChange::Reload => {
+                if let Err(error) = index.refresh(node.store.as_ref()).await {
+                    tracing::warn!(%error, "dataset feed: cannot read changed datasets again");
+                }
+            }
         }
     }
 }

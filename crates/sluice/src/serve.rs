@@ -10,7 +10,7 @@ use sluice_bus::{EmbeddedLog, KafkaLog};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::{Clock, SystemClock};
 use sluice_runtime::datasets::DatasetIndex;
-use sluice_runtime::{ClusterSettings, Runtime, RuntimeSettings};
+use sluice_runtime::{ClusterSettings, Runtime};
 use sluice_store::MetadataStore;
 
 use crate::settings::{Bus, ServeArgs, Settings};
@@ -57,18 +57,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(node = %node_name, "a cluster node: PostgreSQL holds the desired state, workers spread over the live nodes");
         cluster
     });
-    let runtime = Runtime::start_node(
-        store.clone(),
-        log.clone(),
-        Arc::new(catalog.clone()),
-        clock.clone(),
-        RuntimeSettings::default(),
-        Arc::new(sluice_runtime::sets::StoreSetSource(store.clone())),
-        sink_env,
-        cluster,
-    )
-    .await
-    .context("starting the pipeline runtime")?;
+    let runtime =
+        Runtime::builder(store.clone(), log.clone(), Arc::new(catalog.clone()), clock.clone())
+            .set_source(Arc::new(sluice_runtime::sets::StoreSetSource(store.clone())))
+            .sinks(sink_env)
+            .cluster(cluster)
+            .start()
+            .await
+            .context("starting the pipeline runtime")?;
     let mut background = background_tasks(&runtime, &catalog, args.demo);
     // The warehouse and its archiver, and backfill jobs over it (resumed where they were).
     let (warehouse, staging) = {

@@ -97,17 +97,13 @@ impl Stack {
             Secrets::new(store.clone(), Keyring::new(SecretsKey::generate().unwrap(), Vec::new()));
         let env = SinkEnv { secrets: Some(secrets.clone()), egress: None };
         let catalog = Arc::new(Catalog::default());
-        let runtime = Runtime::start_with_sinks(
-            store.clone(),
-            log.clone(),
-            catalog.clone(),
-            clock.clone(),
-            settings(),
-            Arc::new(StoreSetSource(store.clone())),
-            env.clone(),
-        )
-        .await
-        .unwrap();
+        let runtime = Runtime::builder(store.clone(), log.clone(), catalog.clone(), clock.clone())
+            .settings(settings())
+            .set_source(Arc::new(StoreSetSource(store.clone())))
+            .sinks(env.clone())
+            .start()
+            .await
+            .unwrap();
         let (warehouse, staging): (Warehouse, Arc<dyn Storage>) = match backend {
             Backend::Embedded => (
                 Warehouse::open(&dir.path().join("warehouse")).unwrap(),

@@ -70,10 +70,11 @@ impl Stack {
         clock: &Arc<ManualClock>,
     ) -> (Arc<Runtime>, AppState) {
         let catalog = Arc::new(Catalog::default());
-        let runtime =
-            Runtime::start(store.clone(), log.clone(), catalog, clock.clone(), settings())
-                .await
-                .unwrap();
+        let runtime = Runtime::builder(store.clone(), log.clone(), catalog, clock.clone())
+            .settings(settings())
+            .start()
+            .await
+            .unwrap();
         let datasets = Arc::new(DatasetIndex::load(store.as_ref()).await.unwrap());
         runtime.use_datasets(datasets.clone());
         let state =

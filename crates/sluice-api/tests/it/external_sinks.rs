@@ -190,15 +190,16 @@ impl Stack {
         let keyring = Keyring::new(SecretsKey::generate().unwrap(), Vec::new());
         let secrets = Secrets::new(store.clone(), keyring);
         let env = SinkEnv { secrets: Some(secrets.clone()), egress };
-        let runtime = Runtime::start_with_sinks(
+        let runtime = Runtime::builder(
             store.clone(),
             log.clone(),
             Arc::new(Catalog::default()),
             clock.clone(),
-            settings(),
-            Arc::new(StoreSetSource(store.clone())),
-            env,
         )
+        .settings(settings())
+        .set_source(Arc::new(StoreSetSource(store.clone())))
+        .sinks(env)
+        .start()
         .await
         .unwrap();
         let state = AppState::new(store.clone(), Catalog::default(), clock, Limits::default())

@@ -75,8 +75,24 @@ impl Harness {
             Vec::new(),
         );
         let secrets = sluice_store::Secrets::new(store.clone(), keyring);
+        // Every change of a pipeline takes its turn from the runtime's lifecycle owner.
+        let log = Arc::new(
+            sluice_bus::EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap(),
+        );
+        let sink_env = sluice_runtime::SinkEnv { secrets: Some(secrets.clone()), egress: None };
+        let runtime = sluice_runtime::Runtime::builder(
+            store.clone(),
+            log,
+            Arc::new(Catalog::default()),
+            clock.clone(),
+        )
+        .sinks(sink_env)
+        .start()
+        .await
+        .unwrap();
         let state = AppState::new(store.clone(), Catalog::default(), clock.clone(), limits)
-            .with_sinks(secrets, None);
+            .with_sinks(secrets, None)
+            .with_runtime(runtime);
         Self { store, clock, state, _dir: dir }
     }
 
@@ -108,6 +124,11 @@ impl Harness {
         let mut harness = Self::new().await;
         harness.state = harness.state.with_dataset_listener(listener);
         harness
+    }
+
+    /// The runtime whose lifecycle owners every change of a pipeline goes through.
+    pub fn runtime(&self) -> Arc<sluice_runtime::Runtime> {
+        self.state.runtime.clone().expect("a harness runs a runtime")
     }
 
     pub async fn user(&self, org: &str, team: &str, name: &str) -> User {

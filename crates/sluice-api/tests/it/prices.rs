@@ -75,15 +75,12 @@ impl Stack {
         let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
         let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
         let catalog = Catalog::default();
-        let runtime = Runtime::start(
-            store.clone(),
-            log.clone(),
-            Arc::new(catalog.clone()),
-            clock.clone(),
-            RuntimeSettings::default(),
-        )
-        .await
-        .unwrap();
+        let runtime =
+            Runtime::builder(store.clone(), log.clone(), Arc::new(catalog.clone()), clock.clone())
+                .settings(RuntimeSettings::default())
+                .start()
+                .await
+                .unwrap();
         let price_store = sluice_store::open_prices(&url).await.unwrap();
         let prices = PriceService::start(
             price_store.clone(),

@@ -60,6 +60,7 @@ async fn a_dropped_change_is_still_committed_and_told_to_the_in_memory_copies() 
     let heard = Arc::new(Heard::default());
     let state =
         AppState::new(h.store.clone(), Catalog::default(), h.clock.clone(), Limits::default())
+            .with_runtime(h.runtime())
             .with_filter_listener(heard.clone())
             .with_dataset_listener(heard.clone());
 

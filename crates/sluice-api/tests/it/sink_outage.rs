@@ -42,13 +42,14 @@ impl Stack {
         let inner =
             Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
         let log = Arc::new(FaultyLog::new(inner, Faults::default()));
-        let runtime = Runtime::start(
+        let runtime = Runtime::builder(
             store.clone(),
             log.clone(),
             Arc::new(Catalog::default()),
             clock.clone(),
-            settings(),
         )
+        .settings(settings())
+        .start()
         .await
         .unwrap();
         let state =

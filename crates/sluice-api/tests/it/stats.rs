@@ -57,10 +57,11 @@ impl Stack {
         clock: &Arc<ManualClock>,
     ) -> (Arc<Runtime>, AppState) {
         let catalog = Arc::new(Catalog::default());
-        let runtime =
-            Runtime::start(store.clone(), log.clone(), catalog, clock.clone(), settings())
-                .await
-                .unwrap();
+        let runtime = Runtime::builder(store.clone(), log.clone(), catalog, clock.clone())
+            .settings(settings())
+            .start()
+            .await
+            .unwrap();
         let state =
             AppState::new(store.clone(), Catalog::default(), clock.clone(), Limits::default())
                 .with_runtime(runtime.clone());

@@ -80,13 +80,14 @@ impl World {
         let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
         let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
         let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
-        let runtime = Runtime::start(
+        let runtime = Runtime::builder(
             store.clone(),
             log.clone(),
             Arc::new(Catalog::default()),
             clock.clone(),
-            settings(),
         )
+        .settings(settings())
+        .start()
         .await
         .unwrap();
         let datasets = Arc::new(DatasetIndex::load(store.as_ref()).await.unwrap());

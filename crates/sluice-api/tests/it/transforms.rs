@@ -387,13 +387,14 @@ impl Stack {
         let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
         let operator = key_for(store.as_ref(), "sluice", "team", "admin", true).await;
         let owner = key_for(store.as_ref(), "acme", "team", "ann", false).await;
-        let runtime = Runtime::start(
+        let runtime = Runtime::builder(
             store.clone(),
             log.clone(),
             Arc::new(Catalog::default()),
             clock.clone(),
-            settings(),
         )
+        .settings(settings())
+        .start()
         .await
         .unwrap();
         let state = AppState::new(store, Catalog::default(), clock, Limits::default())

@@ -1,5 +1,6 @@
-//! Lifecycle calls serialise per deployment: one pipeline's slow call (a big set loading)
-//! never holds another pipeline's calls, nor health and counter reads.
+//! Changes serialise per pipeline, in its lifecycle owner: one pipeline's slow call (a big
+//! set loading) holds that pipeline's other changes, never another pipeline's calls, nor
+//! health and counter reads.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,16 +114,16 @@ async fn a_deploy_proceeds_while_another_pipelines_set_is_loading() {
         entered: Notify::new(),
         gate: Semaphore::new(0),
     });
-    let runtime = Runtime::start_with_set_source(
-        store.clone(),
-        log.clone(),
-        Arc::new(Catalog::default()),
-        clock.clone(),
-        RuntimeSettings { idle_wait: Duration::from_millis(20), ..RuntimeSettings::default() },
-        sets.clone(),
-    )
-    .await
-    .unwrap();
+    let runtime =
+        Runtime::builder(store.clone(), log.clone(), Arc::new(Catalog::default()), clock.clone())
+            .settings(RuntimeSettings {
+                idle_wait: Duration::from_millis(20),
+                ..RuntimeSettings::default()
+            })
+            .set_source(sets.clone())
+            .start()
+            .await
+            .unwrap();
 
     // B's deploy starts loading its set and stays there until the gate opens.
     let deploying_b = tokio::spawn({
@@ -143,8 +144,16 @@ async fn a_deploy_proceeds_while_another_pipelines_set_is_loading() {
         let (runtime, id) = (runtime.clone(), b.id.clone());
         async move { runtime.pause(&id).await }
     });
+    // Every other change of B (an edit, a filter-value change) waits its turn too; A's
+    // changes do not.
+    let b_change = tokio::spawn({
+        let (runtime, id) = (runtime.clone(), b.id.clone());
+        async move { drop(runtime.lifecycle_here(&id).await) }
+    });
+    drop(within("A's turn", runtime.lifecycle(&a.id)).await.unwrap());
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!pausing_b.is_finished(), "B's pause must wait for B's deploy");
+    assert!(!b_change.is_finished(), "B's other changes must wait for B's deploy");
     assert!(!deploying_b.is_finished(), "B's deploy must wait for its set");
 
     // A delivers while B is still loading.
@@ -165,6 +174,7 @@ async fn a_deploy_proceeds_while_another_pipelines_set_is_loading() {
     sets.gate.add_permits(1);
     within("B's deploy", deploying_b).await.unwrap().unwrap();
     assert_eq!(within("B's pause", pausing_b).await.unwrap().unwrap(), Paused::Paused);
+    within("B's change", b_change).await.unwrap();
     assert_eq!(runtime.state(&b.id).await.unwrap(), Some(DeploymentState::Paused));
     assert!(runtime.worker_health(&b.id).await.is_empty());
     runtime.shutdown().await;

@@ -83,16 +83,12 @@ async fn node(count: usize, settings: RuntimeSettings) -> Node {
             .unwrap();
         pipelines.push(pipeline);
     }
-    let runtime = Runtime::start_with_set_source(
-        store.clone(),
-        log.clone(),
-        Arc::new(Catalog::default()),
-        clock,
-        settings,
-        Arc::new(StoreSetSource(store.clone())),
-    )
-    .await
-    .unwrap();
+    let runtime = Runtime::builder(store.clone(), log.clone(), Arc::new(Catalog::default()), clock)
+        .settings(settings)
+        .set_source(Arc::new(StoreSetSource(store.clone())))
+        .start()
+        .await
+        .unwrap();
     for pipeline in &pipelines {
         runtime.deploy(pipeline).await.unwrap();
     }

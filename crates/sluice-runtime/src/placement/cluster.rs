@@ -1,10 +1,12 @@
-//! Several `sluice serve` nodes on one PostgreSQL and one Kafka cluster: who is alive, which
-//! node runs which worker of each deployment, and how a node follows the desired state.
+//! The cluster placement ([`ClusterPlacement`]): several `sluice serve` nodes on one
+//! PostgreSQL and one Kafka cluster — who is alive, which node runs which worker of each
+//! deployment, and how a node follows the desired state.
 //!
 //! - **Desired state** is the `deployments` table: deployed (with the pipeline as deployed
 //!   and its `updated_at`, the *version*), paused, or gone. Lifecycle calls change it under
-//!   the pipeline's cluster lock ([`sluice_store::NodeStore::cluster_lock`]), then signal
-//!   the other nodes (`NOTIFY`).
+//!   the pipeline's cluster lock ([`sluice_store::NodeStore::cluster_lock`], which the
+//!   pipeline's lifecycle owner takes through [`Placement::exclude`]), then signal the
+//!   other nodes (`NOTIFY`).
 //! - **Nodes** write a heartbeat row every [`ClusterSettings::heartbeat`] with a report of
 //!   the workers they run; a node whose row is older than [`ClusterSettings::node_timeout`]
 //!   (by the database's clock) is dead.
@@ -30,8 +32,17 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sluice_core::deployment::{DeploymentRecord, DeploymentState};
 
-use crate::Runtime;
+use async_trait::async_trait;
+use sluice_core::datasets::DatasetListener;
+use sluice_store::{ClusterLock, MetadataStore};
+
+use super::{Placement, pipeline_topics, version_of};
+use crate::Result;
+use crate::datasets::DatasetIndex;
 use crate::health::WorkerStatus;
+use crate::lifecycle::Lifecycle;
+use crate::node::{Node, SecretUse};
+use crate::plan::Plan;
 
 /// How a node takes part in a cluster.
 #[derive(Debug, Clone)]
@@ -118,8 +129,6 @@ pub(crate) struct Cluster {
     peers: RwLock<Vec<Peer>>,
     /// When this node last wrote its heartbeat.
     last_heartbeat: std::sync::Mutex<Instant>,
-    /// Wakes the loop for an early reconcile.
-    wake: tokio::sync::Notify,
     /// Each stored deployment as last read, by pipeline id: a round reads only the versions
     /// and then the records that changed (and knows the topics of one that is gone).
     records: std::sync::Mutex<BTreeMap<String, DeploymentRecord>>,
@@ -142,7 +151,6 @@ impl Cluster {
             started_at: now,
             peers: RwLock::default(),
             last_heartbeat: std::sync::Mutex::new(Instant::now()),
-            wake: tokio::sync::Notify::new(),
             records: std::sync::Mutex::default(),
             unchanged: std::sync::Mutex::default(),
         }
@@ -221,37 +229,49 @@ pub(crate) fn assigned_slots(
     (0..workers).filter(|slot| (start + slot) % live.len() == position).collect()
 }
 
-/// Every topic a deployment writes (its managed sinks', dead letters', script logs').
-pub(crate) fn pipeline_topics(record: &DeploymentRecord) -> Vec<String> {
-    let id = &record.pipeline_id;
-    let mut topics: Vec<String> = crate::plan::Plan::managed_topics(&record.pipeline)
-        .into_iter()
-        .map(|(_, topic)| topic)
-        .collect();
-    topics.push(sluice_bus::topics::dead_letter_topic(id));
-    topics.push(sluice_bus::topics::logs_topic(id));
-    topics
+/// This node's share of every deployment, following the desired state in the database.
+pub(crate) struct ClusterPlacement {
+    node: Arc<Node>,
+    cluster: Cluster,
 }
 
-/// The version of a stored deployment.
-pub(crate) fn version_of(record: &DeploymentRecord) -> String {
-    sluice_core::time::format(record.updated_at)
-}
+impl ClusterPlacement {
+    /// Joins the cluster: the deployments run as the cluster assigns them, from the first
+    /// round on, and a filter-value change made here wakes the other nodes to refresh their
+    /// indexes.
+    pub(crate) fn start(node: Arc<Node>, settings: ClusterSettings) -> Arc<Self> {
+        let store = node.store.clone();
+        node.sets.on_change(Arc::new(move || signal_in_background(&store)));
+        let cluster = Cluster::new(settings, node.clock.now());
+        let placement = Arc::new(Self { node, cluster });
+        tokio::spawn(follow(Arc::downgrade(&placement)));
+        placement
+    }
 
-impl Runtime {
+    /// Wakes the other nodes to follow a change of the desired state, after telling them
+    /// what runs here now.
+    async fn signal_cluster(&self) {
+        self.heartbeat().await;
+        if let Err(error) = self.node.store.signal_cluster().await {
+            tracing::warn!(%error, "cannot signal the other nodes; they follow on their next heartbeat");
+        }
+    }
+
     /// This node's report: the workers it runs, the topics it holds open.
-    fn node_report(&self, cluster: &Cluster) -> NodeReport {
+    fn node_report(&self) -> NodeReport {
+        let cluster = &self.cluster;
         NodeReport {
             address: cluster.settings.address.clone(),
             started_at: Some(cluster.started_at),
-            workers: self.local_workers(cluster),
-            open_topics: self.log.open_topics(),
+            workers: self.local_workers(),
+            open_topics: self.node.log.open_topics(),
         }
     }
 
     /// The workers this node runs, by pipeline and slot.
-    fn local_workers(&self, cluster: &Cluster) -> Vec<ReportedWorker> {
-        let views = self.views();
+    fn local_workers(&self) -> Vec<ReportedWorker> {
+        let cluster = &self.cluster;
+        let views = self.node.views();
         let mut workers = Vec::new();
         for (pipeline_id, view) in views.iter() {
             for (slot, mut health) in view.slots() {
@@ -270,14 +290,15 @@ impl Runtime {
     }
 
     /// Writes this node's heartbeat; false when the store did not take it.
-    pub(crate) async fn heartbeat(&self, cluster: &Cluster) -> bool {
-        if self.is_shut_down() {
+    pub(crate) async fn heartbeat(&self) -> bool {
+        let cluster = &self.cluster;
+        if self.node.is_shut_down() {
             // Gone from the nodes table for good: do not write the row back.
             return false;
         }
-        let report = serde_json::to_string(&self.node_report(cluster))
-            .expect("a node report always serialises");
-        match self.store.heartbeat(cluster.name(), &report).await {
+        let report =
+            serde_json::to_string(&self.node_report()).expect("a node report always serialises");
+        match self.node.store.heartbeat(cluster.name(), &report).await {
             Ok(()) => {
                 *cluster.last_heartbeat.lock().expect("heartbeat lock is never poisoned") =
                     Instant::now();
@@ -291,8 +312,9 @@ impl Runtime {
     }
 
     /// Reads the other nodes' rows.
-    pub(crate) async fn refresh_peers(&self, cluster: &Cluster) -> bool {
-        let beats = match self.store.node_beats().await {
+    pub(crate) async fn refresh_peers(&self) -> bool {
+        let cluster = &self.cluster;
+        let beats = match self.node.store.node_beats().await {
             Ok(beats) => beats,
             Err(error) => {
                 tracing::warn!(%error, "cannot read the cluster's nodes");
@@ -306,7 +328,7 @@ impl Runtime {
         for beat in beats.into_iter().filter(|beat| beat.name != cluster.settings.node_name) {
             let (report_seq, report) = match known.get(&beat.name) {
                 Some((seq, report)) if *seq == beat.report_seq => (*seq, report.clone()),
-                _ => match self.store.node_report(&beat.name).await {
+                _ => match self.node.store.node_report(&beat.name).await {
                     Ok(Some((seq, json))) => (seq, parse_report(&beat.name, &json)),
                     Ok(None) => continue, // gone since the ages were read
                     Err(error) => {
@@ -324,8 +346,9 @@ impl Runtime {
 
     /// One round of following the desired state: heartbeat, read the others, bring every
     /// deployment's workers here in line, and tell the others when that changed anything.
-    pub(crate) async fn cluster_round(&self, cluster: &Cluster) {
-        let wrote = self.heartbeat(cluster).await;
+    pub(crate) async fn cluster_round(&self) {
+        let cluster = &self.cluster;
+        let wrote = self.heartbeat().await;
         let silent =
             cluster.last_heartbeat.lock().expect("heartbeat lock is never poisoned").elapsed();
         if !wrote && silent > cluster.settings.node_timeout && !cluster.live_peers().is_empty() {
@@ -340,21 +363,19 @@ impl Runtime {
             }
             return;
         }
-        if !self.refresh_peers(cluster).await {
+        if !self.refresh_peers().await {
             return;
         }
         // Filter values and datasets changed through other nodes.
-        if let Err(error) = self.sets.refresh().await {
+        if let Err(error) = self.node.sets.refresh().await {
             tracing::warn!(%error, "cannot refresh the set-filter indexes");
         }
-        let index =
-            self.dataset_index.read().expect("dataset index lock is never poisoned").clone();
-        if let Some(index) = index
-            && let Err(error) = index.refresh_if_changed(self.store.as_ref()).await
+        if let Some(index) = self.node.dataset_index()
+            && let Err(error) = index.refresh_if_changed(self.node.store.as_ref()).await
         {
             tracing::warn!(%error, "cannot refresh the dataset index");
         }
-        let Some((records, gone)) = self.desired_state(cluster).await else { return };
+        let Some((records, gone)) = self.desired_state().await else { return };
         let mut changed = false;
         let mut seen = BTreeSet::new();
         // A paused or gone pipeline's topics may be deleted by a teardown on another node:
@@ -362,19 +383,19 @@ impl Runtime {
         let mut idle_topics: BTreeSet<String> = gone.iter().flat_map(pipeline_topics).collect();
         for record in records.iter() {
             seen.insert(record.pipeline_id.as_str());
-            changed |= self.reconcile(cluster, &record.pipeline_id, Some(record)).await;
+            changed |= self.reconcile(&record.pipeline_id, Some(record)).await;
             if record.state != DeploymentState::Deployed {
                 idle_topics.extend(pipeline_topics(record));
             }
         }
         let stopped: Vec<String> =
-            self.views().keys().filter(|id| !seen.contains(id.as_str())).cloned().collect();
+            self.node.views().keys().filter(|id| !seen.contains(id.as_str())).cloned().collect();
         for id in stopped {
-            changed |= self.reconcile(cluster, &id, None).await;
+            changed |= self.reconcile(&id, None).await;
         }
-        for topic in self.log.open_topics() {
+        for topic in self.node.log.open_topics() {
             if idle_topics.contains(&topic) {
-                self.log.release_topic(&topic).await;
+                self.node.log.release_topic(&topic).await;
                 changed = true;
             }
         }
@@ -386,9 +407,10 @@ impl Runtime {
     /// Every stored deployment, and those gone since the last round: the versions read, and
     /// a record read again only when its version or state moved. `None` when the store
     /// fails (what was known stays known).
-    async fn desired_state(&self, cluster: &Cluster) -> Option<(Records, Vec<DeploymentRecord>)> {
+    async fn desired_state(&self) -> Option<(Records, Vec<DeploymentRecord>)> {
+        let cluster = &self.cluster;
         // Read first: a write after it moves it again for the next round.
-        let seq = match self.store.deployments_seq().await {
+        let seq = match self.node.store.deployments_seq().await {
             Ok(seq) => Some(seq),
             Err(error) => {
                 tracing::warn!(%error, "cannot read the deployments number");
@@ -404,7 +426,7 @@ impl Runtime {
                 return Some((Arc::clone(records), Vec::new()));
             }
         }
-        let versions = match self.store.deployment_versions().await {
+        let versions = match self.node.store.deployment_versions().await {
             Ok(versions) => versions,
             Err(error) => {
                 tracing::warn!(%error, "cannot read the desired state");
@@ -421,7 +443,7 @@ impl Runtime {
                 .filter(|record| record.state == state && version_of(record) == version);
             let record = match current {
                 Some(record) => Some(record),
-                None => match self.store.deployment(&id).await {
+                None => match self.node.store.deployment(&id).await {
                     Ok(record) => record,
                     Err(error) => {
                         tracing::warn!(%error, config_id = %id, "cannot read a deployment");
@@ -453,16 +475,17 @@ impl Runtime {
     /// or stopped, or its workers took a newer deployment.
     pub(crate) async fn reconcile(
         &self,
-        cluster: &Cluster,
         pipeline_id: &str,
         record: Option<&DeploymentRecord>,
     ) -> bool {
-        let mut running = self.lifecycle(pipeline_id).await;
+        let cluster = &self.cluster;
+        let owner = self.node.lifecycles.get(pipeline_id);
+        let mut running = owner.running().await;
         // A node shutting down starts nothing.
-        let record = record.filter(|_| !self.is_shut_down());
+        let record = record.filter(|_| !self.node.is_shut_down());
         let Some(record) = record.filter(|r| r.state == DeploymentState::Deployed) else {
             let was = running.is_some();
-            self.stop_running(pipeline_id, &mut running).await;
+            self.node.stop_running(pipeline_id, &mut running).await;
             return was;
         };
         let pipeline = &record.pipeline;
@@ -472,18 +495,18 @@ impl Runtime {
         let mut changed = false;
         // A newer deployment: the new plan at the next batch boundary, or new workers.
         if running.as_ref().is_some_and(|current| current.version() != version) {
-            match self.compile(pipeline).await {
+            match self.node.compile(pipeline).await {
                 Ok((plan, uses)) => {
                     let same_shape = running.as_ref().is_some_and(|current| {
                         current.workers() == workers && current.source() == plan.source
                     });
                     if same_shape {
-                        match self.bind(plan).await {
+                        match self.node.bind(plan).await {
                             Ok(bound) => {
                                 if let Some(current) = running.as_mut() {
                                     current.replace_plan(bound, version.clone());
                                 }
-                                self.secret_uses_mut().insert(pipeline_id.to_owned(), uses);
+                                self.node.secret_uses_mut().insert(pipeline_id.to_owned(), uses);
                                 changed = true;
                             }
                             Err(error) => {
@@ -491,7 +514,7 @@ impl Runtime {
                             }
                         }
                     } else {
-                        self.stop_running(pipeline_id, &mut running).await;
+                        self.node.stop_running(pipeline_id, &mut running).await;
                         changed = true;
                     }
                 }
@@ -502,15 +525,15 @@ impl Runtime {
         }
         if running.is_none() && !mine.is_empty() {
             let started = async {
-                let (plan, uses) = self.compile(pipeline).await?;
-                let bound = self.bind(plan).await?;
+                let (plan, uses) = self.node.compile(pipeline).await?;
+                let bound = self.node.bind(plan).await?;
                 Ok::<_, crate::RuntimeError>((
-                    self.new_running(pipeline, bound, version.clone()),
+                    self.node.new_running(pipeline, bound, version.clone()),
                     uses,
                 ))
             };
             match started.await {
-                Ok((fresh, uses)) => self.set_running(pipeline_id, &mut running, fresh, uses),
+                Ok((fresh, uses)) => self.node.set_running(pipeline_id, &mut running, fresh, uses),
                 Err(error) => {
                     tracing::error!(%error, config_id = %pipeline_id, "cannot run deployment here");
                     return changed;
@@ -532,10 +555,9 @@ impl Runtime {
             }
         }
         if current.slots().is_empty() && mine.is_empty() {
-            self.stop_running(pipeline_id, &mut running).await;
+            self.node.stop_running(pipeline_id, &mut running).await;
         } else if changed {
-            let view = current.view();
-            self.views_mut().insert(pipeline_id.to_owned(), view);
+            self.node.show(pipeline_id, current);
         }
         if changed {
             tracing::info!(config_id = %pipeline_id, slots = ?running.as_ref().map(|r| r.slots()), "this node's workers changed");
@@ -545,14 +567,11 @@ impl Runtime {
 
     /// Waits until the reports of every live node (this one's included) are what `done`
     /// asks, or the converge timeout passes; false on timeout.
-    pub(crate) async fn converge(
-        &self,
-        cluster: &Cluster,
-        done: impl Fn(&[NodeReport]) -> bool,
-    ) -> bool {
+    pub(crate) async fn converge(&self, done: impl Fn(&[NodeReport]) -> bool) -> bool {
+        let cluster = &self.cluster;
         let deadline = Instant::now() + cluster.settings.converge_timeout;
         loop {
-            let mut all = vec![self.node_report(cluster)];
+            let mut all = vec![self.node_report()];
             all.extend(cluster.live_peers().into_iter().map(|peer| peer.report));
             if done(&all) {
                 return true;
@@ -561,23 +580,25 @@ impl Runtime {
                 return false;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
-            self.refresh_peers(cluster).await;
+            self.refresh_peers().await;
         }
     }
 
     /// The workers on every live node, by pipeline id, each pipeline's in slot order.
-    pub(crate) fn cluster_workers(&self, cluster: &Cluster) -> BTreeMap<String, Vec<WorkerStatus>> {
+    pub(crate) fn cluster_workers(&self) -> BTreeMap<String, Vec<WorkerStatus>> {
+        let cluster = &self.cluster;
         let mut by_slot: BTreeMap<String, BTreeMap<usize, WorkerStatus>> = BTreeMap::new();
         let peers = cluster.live_peers().into_iter().flat_map(|peer| peer.report.workers);
         // This node's own view comes last: it is the freshest.
-        for worker in peers.chain(self.local_workers(cluster)) {
+        for worker in peers.chain(self.local_workers()) {
             by_slot.entry(worker.pipeline_id).or_default().insert(worker.slot, worker.health);
         }
         by_slot.into_iter().map(|(id, slots)| (id, slots.into_values().collect())).collect()
     }
 
     /// The live nodes, this one first.
-    pub(crate) fn node_infos(&self, cluster: &Cluster) -> Vec<NodeInfo> {
+    pub(crate) fn node_infos(&self) -> Vec<NodeInfo> {
+        let cluster = &self.cluster;
         let info =
             |name: String, report: NodeReport, last_seen: Duration, is_self: bool| NodeInfo {
                 name,
@@ -593,7 +614,7 @@ impl Runtime {
             };
         let mut nodes = vec![info(
             cluster.name().to_owned(),
-            self.node_report(cluster),
+            self.node_report(),
             cluster.last_heartbeat.lock().expect("heartbeat lock is never poisoned").elapsed(),
             true,
         )];
@@ -605,20 +626,126 @@ impl Runtime {
 
     /// Stops every worker of this node; true when some ran.
     pub(crate) async fn stop_all_local(&self) -> bool {
-        let ids: Vec<String> = self.views().keys().cloned().collect();
+        let ids: Vec<String> = self.node.views().keys().cloned().collect();
         for id in &ids {
-            let mut running = self.lifecycle(id).await;
-            self.stop_running(id, &mut running).await;
+            let owner = self.node.lifecycles.get(id);
+            let mut running = owner.running().await;
+            self.node.stop_running(id, &mut running).await;
         }
         !ids.is_empty()
     }
 }
 
-/// Follows the desired state until the runtime goes: a round every heartbeat, and at once
-/// when another node signals or a lifecycle call here asks.
-pub(crate) async fn follow(runtime: Weak<Runtime>, cluster: Arc<Cluster>) {
-    let listener = match runtime.upgrade() {
-        Some(runtime) => runtime.store.listen_cluster().await.unwrap_or_else(|error| {
+#[async_trait]
+impl Placement for ClusterPlacement {
+    /// The pipeline's advisory lock in PostgreSQL, so two nodes' changes never interleave.
+    async fn exclude(&self, pipeline_id: &str) -> Result<Option<ClusterLock>> {
+        Ok(Some(self.node.store.cluster_lock(pipeline_id).await?))
+    }
+
+    /// Brings this node's share in line at once (with the freshest view of who is alive,
+    /// so the others hear what runs here before they start anything), wakes the others and
+    /// waits until every slot runs the new version somewhere.
+    async fn deploy(
+        &self,
+        _owner: &Lifecycle,
+        record: &DeploymentRecord,
+        was_deployed: bool,
+        _plan: Plan,
+        _uses: SecretUse,
+    ) -> Result<bool> {
+        let id = record.pipeline_id.as_str();
+        let version = version_of(record);
+        self.refresh_peers().await;
+        self.reconcile(id, Some(record)).await;
+        self.signal_cluster().await;
+        let workers = record.pipeline.pod_size.workers();
+        let everywhere = self
+            .converge(|nodes| {
+                let at_version: BTreeSet<usize> = nodes
+                    .iter()
+                    .flat_map(|node| &node.workers)
+                    .filter(|w| w.pipeline_id == id && w.version == version)
+                    .map(|w| w.slot)
+                    .collect();
+                at_version.len() == workers
+            })
+            .await;
+        if !everywhere {
+            tracing::warn!(config_id = %id, "not every node runs the deployment yet; they follow it on their next rounds");
+        }
+        Ok(was_deployed)
+    }
+
+    async fn await_stopped(&self, pipeline_id: &str) {
+        self.signal_cluster().await;
+        let stopped = self
+            .converge(|nodes| {
+                nodes.iter().flat_map(|node| &node.workers).all(|w| w.pipeline_id != pipeline_id)
+            })
+            .await;
+        if !stopped {
+            tracing::warn!(config_id = %pipeline_id, "a node still reports workers of the pipeline");
+        }
+    }
+
+    async fn await_released(&self, topics: &[String]) {
+        let released = self
+            .converge(|nodes| {
+                nodes
+                    .iter()
+                    .skip(1)
+                    .all(|node| !node.open_topics.iter().any(|t| topics.contains(t)))
+            })
+            .await;
+        if !released {
+            tracing::warn!(?topics, "a node still holds topics open that a teardown deletes");
+        }
+    }
+
+    async fn announce(&self) {
+        self.signal_cluster().await;
+    }
+
+    fn worker_health(&self, pipeline_id: &str) -> Vec<WorkerStatus> {
+        self.cluster_workers().remove(pipeline_id).unwrap_or_default()
+    }
+
+    fn all_worker_health(&self) -> Vec<(String, Vec<WorkerStatus>)> {
+        self.cluster_workers().into_iter().collect()
+    }
+
+    fn nodes(&self) -> Option<Vec<NodeInfo>> {
+        Some(self.node_infos())
+    }
+
+    fn in_cluster(&self) -> bool {
+        self.cluster.heartbeat_fresh()
+    }
+
+    /// The index hears the change, the other nodes a signal (their rounds read the changed
+    /// datasets again).
+    fn dataset_listener(&self, index: Arc<DatasetIndex>) -> Arc<dyn DatasetListener> {
+        Arc::new(SignallingDatasets { index, store: self.node.store.clone() })
+    }
+
+    /// The others take this node's work at once instead of after the node timeout.
+    async fn leave(&self) {
+        let stale = i64::try_from(Duration::from_secs(86_400).as_millis()).unwrap_or(i64::MAX);
+        if let Err(error) = self.node.store.remove_nodes(Some(self.cluster.name()), stale).await {
+            tracing::warn!(%error, "cannot remove this node from the cluster's nodes");
+        }
+        if let Err(error) = self.node.store.signal_cluster().await {
+            tracing::warn!(%error, "cannot signal the other nodes");
+        }
+    }
+}
+
+/// Follows the desired state until the placement goes: a round every heartbeat, and at
+/// once when another node signals or a lifecycle call here asks.
+async fn follow(placement: Weak<ClusterPlacement>) {
+    let listener = match placement.upgrade() {
+        Some(placement) => placement.node.store.listen_cluster().await.unwrap_or_else(|error| {
             tracing::warn!(%error, "cannot listen for the other nodes' signals; following on the heartbeat alone");
             None
         }),
@@ -626,13 +753,14 @@ pub(crate) async fn follow(runtime: Weak<Runtime>, cluster: Arc<Cluster>) {
     };
     let mut listener = listener;
     loop {
-        {
-            let Some(runtime) = runtime.upgrade() else { return };
-            if runtime.is_shut_down() {
+        let heartbeat = {
+            let Some(placement) = placement.upgrade() else { return };
+            if placement.node.is_shut_down() {
                 return;
             }
-            runtime.cluster_round(&cluster).await;
-        }
+            placement.cluster_round().await;
+            placement.cluster.settings.heartbeat
+        };
         let signal = async {
             match listener.as_mut() {
                 Some(receiver) => {
@@ -644,11 +772,38 @@ pub(crate) async fn follow(runtime: Weak<Runtime>, cluster: Arc<Cluster>) {
             }
         };
         tokio::select! {
-            () = tokio::time::sleep(cluster.settings.heartbeat) => {}
-            () = cluster.wake.notified() => {}
+            () = tokio::time::sleep(heartbeat) => {}
             () = signal => {}
         }
     }
+}
+
+/// A dataset listener of a cluster node: the index hears the change, the other nodes a
+/// signal.
+struct SignallingDatasets {
+    index: Arc<DatasetIndex>,
+    store: Arc<dyn MetadataStore>,
+}
+
+impl DatasetListener for SignallingDatasets {
+    fn changed(
+        &self,
+        dataset: sluice_core::datasets::DatasetRef<'_>,
+        change: sluice_core::datasets::DatasetChange<'_>,
+    ) {
+        self.index.changed(dataset, change);
+        signal_in_background(&self.store);
+    }
+}
+
+/// Wakes the other nodes of a cluster from a listener, which cannot wait.
+fn signal_in_background(store: &Arc<dyn MetadataStore>) {
+    let store = store.clone();
+    tokio::spawn(async move {
+        if let Err(error) = store.signal_cluster().await {
+            tracing::warn!(%error, "cannot signal the other nodes");
+        }
+    });
 }
 
 #[cfg(test)]
