@@ -29,35 +29,55 @@ impl LocalPlacement {
     /// # Errors
     /// When the stored deployments cannot be read.
     pub(crate) async fn start(node: Arc<Node>) -> Result<Self> {
-        for record in node.store.list_deployments().await? {
-            if record.state != DeploymentState::Deployed {
-                continue;
+        let mut deployed = node
+            .store
+            .list_deployments()
+            .await?
+            .into_iter()
+            .filter(|record| record.state == DeploymentState::Deployed);
+        // A node restarted with a thousand deployed pipelines runs them again within
+        // seconds: several at a time, as each waits mostly on its own store reads and set
+        // load.
+        let mut resuming = tokio::task::JoinSet::new();
+        loop {
+            while resuming.len() < RESUME_AT_ONCE {
+                let Some(record) = deployed.next() else { break };
+                resuming.spawn(resume(node.clone(), record));
             }
-            let owner = node.lifecycles.get(&record.pipeline_id);
-            let mut running = owner.running().await;
-            let started = async {
-                let (plan, uses) = node.compile(&record.pipeline).await?;
-                // Deployed by an older version, it may lack a topic this one writes.
-                node.create_pipeline_topics(&plan).await?;
-                node.pin_start_offsets(&plan).await?;
-                let bound = node.bind(plan).await?;
-                let version = version_of(&record);
-                Ok::<_, crate::RuntimeError>((
-                    node.start_workers(&record.pipeline, bound, version),
-                    uses,
-                ))
-            };
-            match started.await {
-                Ok((workers, uses)) => {
-                    node.set_running(&record.pipeline_id, &mut running, workers, uses);
-                    tracing::info!(config_id = %record.pipeline_id, "resumed deployed pipeline");
-                }
-                Err(error) => {
-                    tracing::error!(%error, config_id = %record.pipeline_id, "cannot resume deployed pipeline");
-                }
+            match resuming.join_next().await {
+                None => break,
+                Some(Ok(())) => {}
+                Some(Err(error)) => tracing::error!(%error, "resuming a deployed pipeline failed"),
             }
         }
         Ok(Self { node })
+    }
+}
+
+/// Deployed pipelines [`LocalPlacement::start`] resumes at once.
+const RESUME_AT_ONCE: usize = 16;
+
+/// Runs a stored deployment again; one that cannot run is logged and left stored as it is.
+async fn resume(node: Arc<Node>, record: DeploymentRecord) {
+    let owner = node.lifecycles.get(&record.pipeline_id);
+    let mut running = owner.running().await;
+    let started = async {
+        let (plan, uses) = node.compile(&record.pipeline).await?;
+        // Deployed by an older version, it may lack a topic this one writes.
+        node.create_pipeline_topics(&plan).await?;
+        node.pin_start_offsets(&plan).await?;
+        let bound = node.bind(plan).await?;
+        let version = version_of(&record);
+        Ok::<_, crate::RuntimeError>((node.start_workers(&record.pipeline, bound, version), uses))
+    };
+    match started.await {
+        Ok((workers, uses)) => {
+            node.set_running(&record.pipeline_id, &mut running, workers, uses);
+            tracing::info!(config_id = %record.pipeline_id, "resumed deployed pipeline");
+        }
+        Err(error) => {
+            tracing::error!(%error, config_id = %record.pipeline_id, "cannot resume deployed pipeline");
+        }
     }
 }
 
