@@ -354,15 +354,21 @@ impl Worker {
                 .collect(),
         };
         let offsets = offsets.as_slice();
-        // Records from each partition's committed offset on are read again, and counted then.
-        let again: usize = batch
-            .chunks
-            .iter()
-            .map(|(partition, chunk)| {
-                let from = offsets.iter().find(|(p, _)| p == partition).map_or(u64::MAX, |o| o.1);
-                chunk.records().iter().filter(|record| record.offset >= from).count()
-            })
-            .sum();
+        // Records from each partition's committed offset on are read again, and counted then
+        // (only a script stage's deferral leaves any).
+        let again: usize = if outcome.deferred_from.is_none() {
+            0
+        } else {
+            batch
+                .chunks
+                .iter()
+                .map(|(partition, chunk)| {
+                    let from =
+                        offsets.iter().find(|(p, _)| p == partition).map_or(u64::MAX, |o| o.1);
+                    chunk.records().iter().filter(|record| record.offset >= from).count()
+                })
+                .sum()
+        };
         let received = (read - again) as u64;
         Counters::add(&self.counters.received, received);
         metrics.received = received;
