@@ -452,7 +452,7 @@ async fn load_values(
 
 /// Phase a: a backlog of `records` appended while paused, then drained by one worker.
 async fn throughput(
-    runtime: &Runtime,
+    runtime: &Arc<Runtime>,
     log: &dyn StreamLog,
     pipelines: &[Pipeline],
     generator: &mut Generator,
@@ -503,8 +503,15 @@ async fn throughput(
     }
     let cpu_start = process_cpu_secs();
     let start = Instant::now();
+    // Resumed together, so they start the backlog side by side (one after the other, the
+    // first would be far into it before the last starts).
+    let mut resuming = tokio::task::JoinSet::new();
     for pipeline in pipelines {
-        runtime.deploy(pipeline).await?;
+        let (runtime, pipeline) = (runtime.clone(), pipeline.clone());
+        resuming.spawn(async move { runtime.deploy(&pipeline).await.map(|_| ()) });
+    }
+    while let Some(deployed) = resuming.join_next().await {
+        deployed??;
     }
     // Pipelines are checked in turn, from the first not done yet: the bench's own reads of
     // committed offsets stay a small part of the process's CPU however many pipelines run.

@@ -1,19 +1,21 @@
 //! Shared readers: this node reads each (stream, partition) once, however many deployed
 //! pipelines read it, and evaluates the set filters of all those pipelines together.
 //!
-//! - **A window per partition.** Each (stream, partition) a worker of this node reads has a
-//!   window: the last few batches read from the log, contiguous, as shared
-//!   [`Segment`]s. A worker asking for records inside the window gets a slice of a segment
-//!   (nothing is read or copied). A worker at the window's end — at the stream's tail — reads
-//!   the next batch from the log under the window's lock, so when many pipelines are at the
-//!   tail exactly one of them reads it and the others take it from the window.
-//! - **Behind, on its own.** A worker whose position is before the window (a paused
-//!   pipeline resumed, a new deploy pinned earlier, a pipeline slower than the rest) reads
-//!   the log itself, with its own reads, until its position reaches the window; from there
-//!   it rides the window. The window never waits for anyone: it moves with the fastest
-//!   reader at the tail and keeps at most [`WINDOW_BATCHES`] batches, so a paused, slow or
-//!   failing pipeline never holds the others back. Offsets, commits and every lifecycle
-//!   semantic stay per pipeline: the window only changes where a worker's records come from.
+//! - **Windows per partition.** Each (stream, partition) a worker of this node reads keeps
+//!   its last batches read from the log as shared [`Segment`]s, in a few *runs* of
+//!   contiguous batches. A worker asking for records inside a run gets a slice of a segment
+//!   (nothing is read or copied). A worker at the end of a run — at the stream's tail, or
+//!   where other pipelines behind are — reads the next batch from the log under the
+//!   partition's lock and adds it to that run, so however many pipelines are at one
+//!   position, exactly one of them reads it and the others take it from the run.
+//! - **Behind, together.** A worker whose position is in no run (a paused pipeline resumed,
+//!   a pipeline deployed while the others drain a backlog, one slower than the rest) starts
+//!   a run of its own there; pipelines behind at the same place share it, and it joins the
+//!   tail's run when it gets there. Runs never wait for anyone: a partition keeps at most
+//!   [`MAX_RUNS`] runs and [`WINDOW_BATCHES`] batches, dropping the batches least recently
+//!   read, so a paused, slow or failing pipeline never holds the others back. Offsets,
+//!   commits and every lifecycle semantic stay per pipeline: the windows only change where
+//!   a worker's records come from.
 //! - **Quiet streams cost no polling.** A worker with nothing to read waits for the window
 //!   of one of its partitions to grow. One follower task per stream waits for the log's
 //!   append watch (and, as a safety net, `idle_wait`) and reads the partitions that have
@@ -54,6 +56,9 @@ const WINDOW_BATCHES: usize = 8;
 /// Most bytes of records a partition's window keeps (the newest batch is kept whatever its
 /// size): 128 MiB for a busy stream's 8 partitions.
 const WINDOW_BYTES: usize = 16 << 20;
+
+/// Runs a partition keeps: the tail's, and a few for the pipelines behind it.
+const MAX_RUNS: usize = 4;
 
 /// A member whose set holds more values than this is looked up directly for each record
 /// instead of being listed in its group's candidates (which would copy every hash).
@@ -117,7 +122,7 @@ pub(crate) struct SharedStream {
 }
 
 struct Partition {
-    window: tokio::sync::Mutex<Window>,
+    windows: tokio::sync::Mutex<Windows>,
     /// Batches the window received so far: a worker that saw `n` and found nothing waits
     /// until it moves.
     pushes: AtomicU64,
@@ -125,46 +130,95 @@ struct Partition {
     waiting: AtomicUsize,
 }
 
-/// The last batches read of a partition, contiguous, oldest first.
+/// What a partition keeps of its last reads: a few runs of contiguous batches. The run at
+/// the tail serves the pipelines there; a run further back serves the pipelines behind
+/// together (deployed later, resumed, slower), so they too read each batch once.
 #[derive(Default)]
-struct Window {
-    segments: VecDeque<Arc<Segment>>,
-    /// Where the next read at the tail starts (`None`: nobody read here yet).
-    end: Option<u64>,
+struct Windows {
+    runs: Vec<Run>,
+    /// Records and bytes in every run.
     records: usize,
     bytes: usize,
+    /// Counts reads, to find the run least recently read.
+    reads: u64,
 }
 
-impl Window {
-    /// The records of the window from `from` on (up to `max`), when `from` is inside it.
-    fn slice(&self, from: u64, max: usize) -> Option<(Arc<Segment>, Range<usize>)> {
-        let first = self.segments.front()?;
-        if from < first.from || from >= self.end? {
-            return None;
-        }
-        let segment = self.segments.iter().find(|segment| from < segment.to)?;
+/// Contiguous batches, oldest first.
+struct Run {
+    segments: VecDeque<Arc<Segment>>,
+    /// Where the next read of this run starts.
+    end: u64,
+    /// The read count when this run was last read.
+    used: u64,
+}
+
+impl Windows {
+    /// The records from `from` on (up to `max`), when a run holds `from`.
+    fn slice(&mut self, from: u64, max: usize) -> Option<(Arc<Segment>, Range<usize>)> {
+        self.reads += 1;
+        let reads = self.reads;
+        let run = self.runs.iter_mut().find(|run| {
+            run.segments.front().is_some_and(|first| first.from <= from) && from < run.end
+        })?;
+        run.used = reads;
+        let segment = run.segments.iter().find(|segment| from < segment.to)?;
         let start = segment.records.partition_point(|record| record.offset < from);
         let end = segment.records.len().min(start.saturating_add(max));
         (start < end).then(|| (segment.clone(), start..end))
     }
 
-    /// Starts the window again at `from` (the old one is of no use to a reader there).
-    fn restart(&mut self, from: u64) {
-        self.segments.clear();
-        self.records = 0;
-        self.bytes = 0;
-        self.end = Some(from);
+    /// The run whose next read starts at `from`, made when there is none (the least recently
+    /// read run goes when there are [`MAX_RUNS`]).
+    fn run_at(&mut self, from: u64) -> usize {
+        if let Some(found) = self.runs.iter().position(|run| run.end == from) {
+            return found;
+        }
+        if self.runs.len() >= MAX_RUNS {
+            let stalest = self.stalest().expect("MAX_RUNS is above zero");
+            self.drop_run(stalest);
+        }
+        self.runs.push(Run { segments: VecDeque::new(), end: from, used: self.reads });
+        self.runs.len() - 1
     }
 
-    fn push(&mut self, segment: Arc<Segment>, max_records: usize) {
-        self.end = Some(segment.to);
+    /// The end of the run furthest on: where the stream's tail was last read.
+    fn tail(&self) -> Option<u64> {
+        self.runs.iter().map(|run| run.end).max()
+    }
+
+    fn stalest(&self) -> Option<usize> {
+        (0..self.runs.len()).min_by_key(|&index| self.runs[index].used)
+    }
+
+    fn drop_run(&mut self, index: usize) {
+        let run = self.runs.swap_remove(index);
+        for segment in run.segments {
+            self.records -= segment.records.len();
+            self.bytes -= segment.bytes;
+        }
+    }
+
+    /// Adds a batch read at the end of run `index`, then drops the oldest batches of the
+    /// least recently read runs while the partition holds more than its share.
+    fn push(&mut self, index: usize, segment: Arc<Segment>, max_records: usize) {
         self.records += segment.records.len();
         self.bytes += segment.bytes;
-        self.segments.push_back(segment);
-        while self.segments.len() > 1 && (self.records > max_records || self.bytes > WINDOW_BYTES) {
-            let oldest = self.segments.pop_front().expect("more than one segment");
-            self.records -= oldest.records.len();
-            self.bytes -= oldest.bytes;
+        let run = &mut self.runs[index];
+        run.end = segment.to;
+        run.used = self.reads;
+        run.segments.push_back(segment);
+        while self.records > max_records || self.bytes > WINDOW_BYTES {
+            let Some(stalest) = self.stalest() else { break };
+            if self.runs.len() == 1 && self.runs[stalest].segments.len() <= 1 {
+                break;
+            }
+            if let Some(oldest) = self.runs[stalest].segments.pop_front() {
+                self.records -= oldest.records.len();
+                self.bytes -= oldest.bytes;
+            }
+            if self.runs[stalest].segments.is_empty() {
+                self.drop_run(stalest);
+            }
         }
     }
 }
@@ -283,7 +337,7 @@ impl SharedStream {
             .entry(partition)
             .or_insert_with(|| {
                 Arc::new(Partition {
-                    window: tokio::sync::Mutex::default(),
+                    windows: tokio::sync::Mutex::default(),
                     pushes: AtomicU64::new(0),
                     waiting: AtomicUsize::new(0),
                 })
@@ -304,32 +358,26 @@ impl SharedStream {
         max: usize,
     ) -> Result<Chunk, BusError> {
         let part = self.partition(partition);
-        let mut window = part.window.lock().await;
+        let mut windows = part.windows.lock().await;
         let pushes = part.pushes.load(Ordering::Acquire);
-        if let Some((segment, range)) = window.slice(from, max) {
+        if let Some((segment, range)) = windows.slice(from, max) {
             return Ok(Chunk { pushes, kind: ChunkKind::Shared { segment, range } });
         }
-        if window.end.is_none_or(|end| from >= end) {
-            // At the tail: one read for every worker here, under the window's lock.
-            if window.end != Some(from) {
-                window.restart(from);
-            }
-            let records = self.log.read(&self.topic, partition, from, self.batch_size).await?;
-            if records.is_empty() {
-                return Ok(Chunk { pushes, kind: ChunkKind::Own(Vec::new()) });
-            }
-            let segment = Arc::new(Segment::new(from, records));
-            window.push(segment.clone(), WINDOW_BATCHES * self.batch_size);
-            let pushes = part.pushes.fetch_add(1, Ordering::AcqRel) + 1;
-            drop(window);
-            self.arrived.send_modify(|count| *count += 1);
-            let range = 0..segment.records.len().min(max);
-            return Ok(Chunk { pushes, kind: ChunkKind::Shared { segment, range } });
+        // At the end of a run (the tail, or where others behind are), or the first here:
+        // one read for every worker at this position, under the lock.
+        let records = self.log.read(&self.topic, partition, from, self.batch_size).await?;
+        // Nothing yet: the run is marked here all the same, for the follower to read at.
+        let run = windows.run_at(from);
+        if records.is_empty() {
+            return Ok(Chunk { pushes, kind: ChunkKind::Own(Vec::new()) });
         }
-        drop(window);
-        // Behind the window: on its own until it catches up.
-        let records = self.log.read(&self.topic, partition, from, max).await?;
-        Ok(Chunk { pushes, kind: ChunkKind::Own(records) })
+        let segment = Arc::new(Segment::new(from, records));
+        windows.push(run, segment.clone(), WINDOW_BATCHES * self.batch_size);
+        let pushes = part.pushes.fetch_add(1, Ordering::AcqRel) + 1;
+        drop(windows);
+        self.arrived.send_modify(|count| *count += 1);
+        let range = 0..segment.records.len().min(max);
+        Ok(Chunk { pushes, kind: ChunkKind::Shared { segment, range } })
     }
 
     /// The follower's wake count: take it before reading, to give [`SharedStream::wait`].
@@ -380,7 +428,7 @@ impl SharedStream {
             .map(|(partition, part)| (*partition, part.clone()))
             .collect();
         for (partition, part) in waited {
-            let Some(end) = part.window.lock().await.end else { continue };
+            let Some(end) = part.windows.lock().await.tail() else { continue };
             if let Err(error) = self.read(partition, end, self.batch_size).await {
                 tracing::debug!(%error, topic = %self.topic, partition, "shared reader: read failed; the workers retry");
             }

@@ -196,6 +196,10 @@ impl Worker {
                 ahead = None;
             }
             next.extend(committed);
+            // The other workers' turn first: a worker woken at once by its own read-ahead
+            // would otherwise run round after round and leave the pipelines sharing its
+            // stream's windows behind them.
+            tokio::task::yield_now().await;
         }
     }
 
