@@ -469,7 +469,15 @@ def fmt(value):
     return "{:,}".format(value)
 
 
+def stop_on_signal(signum, _frame):
+    # SystemExit runs every `finally`, so nodes and brokers are stopped; a script started in
+    # the background has SIGINT ignored, which Python would otherwise keep.
+    sys.exit(128 + signum)
+
+
 def main():
+    signal.signal(signal.SIGTERM, stop_on_signal)
+    signal.signal(signal.SIGINT, stop_on_signal)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--candidate", required=True, help="the sluice binary under test")
     parser.add_argument("--baseline", help="the previous build's sluice binary, run in the same run")
