@@ -32,6 +32,7 @@ fn pipelines() -> usize {
         count.parse().expect("SLUICE_TEST_DENSITY_PIPELINES is a number of pipelines")
     })
 }
+
 /// Concurrent API calls while the fleet is created, deployed and read.
 const CONCURRENCY: usize = 8;
 /// Records of no pipeline's value in each round.
