@@ -331,9 +331,25 @@ async fn deploy_fleet(client: &reqwest::Client, base: &str, count: usize) -> Vec
                     "sinks": [{"type": "kafka", "uid": "sk-1", "name": "out"}]
                 }
             });
-            let created =
-                call(&client, Method::POST, &format!("{base}/api/v1/beam"), Some(body)).await;
-            let id = created["id"].as_str().unwrap().to_owned();
+            let answer =
+                client.post(format!("{base}/api/v1/beam")).header("x-api-key", KEY).json(&body);
+            let created = match answer.send().await {
+                Ok(response) => (response.status().as_u16(), response.text().await),
+                Err(error) => (0, Err(error)),
+            };
+            let id = match &created {
+                (200, Ok(text)) => serde_json::from_str::<Value>(text)
+                    .ok()
+                    .and_then(|created| created["id"].as_str().map(str::to_owned)),
+                _ => None,
+            };
+            let Some(id) = id else {
+                let done = deployed_so_far.load(Ordering::SeqCst);
+                panic!(
+                    "creating pipeline {index} failed, with {done} of {count} pipelines \
+                     deployed: {created:?}"
+                );
+            };
             let url = format!("{base}/api/v1/beam/{id}/deploy");
             let call_started = Instant::now();
             let answer = client.post(&url).header("x-api-key", KEY).send().await;
