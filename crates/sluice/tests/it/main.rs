@@ -6,6 +6,7 @@ mod backfills;
 mod chains;
 mod cluster;
 mod crash;
+mod density;
 mod hardening;
 mod kafka_bus;
 mod kill_loop;
