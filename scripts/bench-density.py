@@ -184,7 +184,8 @@ class Node:
             time.sleep(0.05)
 
     def stop(self, sig=signal.SIGTERM):
-        """Stops the process; answers the seconds it took to exit."""
+        """Stops the process; answers the seconds it took to exit, or None when it had not
+        exited 120 s after the signal and was killed."""
         started = time.time()
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(sig)
@@ -193,6 +194,8 @@ class Node:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+                self.log.close()
+                return None
         self.log.close()
         return time.time() - started
 
@@ -323,6 +326,9 @@ def density(args, binary, label, log):
               flush=True)
 
         figures["restart: SIGTERM to exit s"] = node.stop()
+        if figures["restart: SIGTERM to exit s"] is None:
+            print("  [%s %s] restart: the node had not exited 120 s after SIGTERM; killed (SIGKILL)"
+                  % (label, log), flush=True)
         ready, spawned = node.start()
         seconds, missing = wait_all_running(node, pipelines, args.restart_timeout, pool)
         figures["restart: start to /readyz s"] = ready
@@ -333,8 +339,8 @@ def density(args, binary, label, log):
         else:
             # From the process's spawn to the poll round that found the last pipeline running.
             figures["restart: start to all running s"] = time.time() - spawned
-            print("  [%s %s] restart: SIGTERM exit in %.1f s; /readyz after %.1f s; all %d pipelines "
-                  "running %.1f s after the start" % (label, log, figures["restart: SIGTERM to exit s"],
+            print("  [%s %s] restart: SIGTERM exit in %s s; /readyz after %.1f s; all %d pipelines "
+                  "running %.1f s after the start" % (label, log, fmt(figures["restart: SIGTERM to exit s"]),
                                                       ready, len(pipelines),
                                                       figures["restart: start to all running s"]), flush=True)
         return figures

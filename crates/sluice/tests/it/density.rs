@@ -652,9 +652,10 @@ async fn timed_call(
     body: Option<Value>,
 ) -> Span {
     let start = Instant::now();
-    let answer = call(client, method, url, body).await;
+    let answer = call(client, method.clone(), url, body).await;
     let end = Instant::now();
-    eprintln!("density: {url} answered in {:?}: {answer}", end - start);
+    let shown: String = answer.to_string().chars().take(160).collect();
+    eprintln!("density: {method} {url} answered in {:?}: {shown}", end - start);
     Span { start, end }
 }
 
