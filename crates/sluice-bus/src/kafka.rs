@@ -16,6 +16,7 @@
 //! - Retention is the topics' `retention.ms` / `retention.bytes`, applied by the brokers;
 //!   [`StreamLog::enforce_retention`] has nothing to do.
 
+mod groups;
 mod readers;
 mod settings;
 mod tails;
@@ -28,7 +29,7 @@ use async_trait::async_trait;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
@@ -36,6 +37,7 @@ use sluice_core::clock::Clock;
 
 pub use settings::KafkaSettings;
 
+use self::groups::GroupOffsets;
 use self::readers::{Cursor, Readers};
 use self::tails::Tails;
 use crate::topics::check_name;
@@ -60,14 +62,14 @@ pub struct KafkaLog {
 struct Inner {
     settings: KafkaSettings,
     clock: Arc<dyn Clock>,
-    admin: AdminClient<Context>,
+    admin: Arc<AdminClient<Context>>,
     producer: FutureProducer<Context>,
     /// Metadata, watermarks and time lookups.
     meta: Arc<BaseConsumer<Context>>,
     /// Topic configurations by Sluice name, as created or last read.
     topics: Mutex<HashMap<String, TopicConfig>>,
-    /// One client per consumer group, to commit and read its offsets.
-    groups: Mutex<HashMap<String, Arc<BaseConsumer<Context>>>>,
+    /// Commits and reads the offsets of every consumer group (through `admin`).
+    groups: GroupOffsets,
     readers: Arc<Readers>,
     tails: Arc<Tails>,
 }
@@ -87,6 +89,9 @@ impl KafkaLog {
     pub async fn connect(settings: KafkaSettings, clock: Arc<dyn Clock>) -> Result<Self> {
         let base = client_config(&settings);
         let admin: AdminClient<Context> = base.create_with_context(Context).map_err(backend)?;
+        let admin = Arc::new(admin);
+        let groups = GroupOffsets::start(admin.clone())
+            .map_err(|error| BusError::Backend { source: Box::new(error), transient: true })?;
         let producer: FutureProducer<Context> = base
             .clone()
             .set("enable.idempotence", "true")
@@ -130,7 +135,7 @@ impl KafkaLog {
                 producer,
                 meta,
                 topics: Mutex::new(HashMap::new()),
-                groups: Mutex::new(HashMap::new()),
+                groups,
                 readers,
                 tails: Arc::new(Tails::default()),
             }),
@@ -219,21 +224,6 @@ impl KafkaLog {
                 value("retention.bytes").filter(|b| *b >= 0).map(i64::unsigned_abs);
         }
         Ok(retention)
-    }
-
-    /// The group's client, made on first use.
-    fn group(&self, group: &str) -> Result<Arc<BaseConsumer<Context>>> {
-        let mut groups = self.inner.groups.lock().expect("group map mutex");
-        if let Some(client) = groups.get(group) {
-            return Ok(client.clone());
-        }
-        let client: BaseConsumer<Context> =
-            consumer_config(&self.inner.settings, Some(&self.name(group)))
-                .create_with_context(Context)
-                .map_err(backend)?;
-        let client = Arc::new(client);
-        groups.insert(group.to_owned(), client.clone());
-        Ok(client)
     }
 
     /// A cursor of `partition` that will read `from` next.
@@ -477,46 +467,37 @@ impl StreamLog for KafkaLog {
     async fn commit(&self, group: &str, topic: &str, offsets: &[(u32, u64)]) -> Result<()> {
         let config = self.existing(topic).await?;
         let name = self.name(topic);
-        let mut list = TopicPartitionList::new();
+        let mut list = Vec::with_capacity(offsets.len());
         for &(partition, offset) in offsets {
             if partition >= config.partitions {
                 return Err(BusError::UnknownPartition { topic: topic.to_owned(), partition });
             }
-            let offset = Offset::Offset(i64::try_from(offset).unwrap_or(i64::MAX));
-            list.add_partition_offset(&name, partition as i32, offset).map_err(backend)?;
+            list.push((name.as_str(), partition as i32, i64::try_from(offset).unwrap_or(i64::MAX)));
         }
         if offsets.is_empty() {
             return Ok(());
         }
-        let client = self.group(group)?;
-        blocking(move || client.commit(&list, CommitMode::Sync)).await.map_err(backend)
+        self.inner.groups.commit(&self.name(group), &list, REQUEST_TIMEOUT).await.map_err(backend)
     }
 
     async fn committed(&self, group: &str, topic: &str) -> Result<BTreeMap<u32, u64>> {
         let Some(config) = self.config_of(topic).await? else { return Ok(BTreeMap::new()) };
-        let name = self.name(topic);
-        let mut list = TopicPartitionList::new();
-        for partition in 0..config.partitions {
-            list.add_partition(&name, partition as i32);
-        }
-        let client = self.group(group)?;
-        let found = blocking(move || client.committed_offsets(list, REQUEST_TIMEOUT))
+        let partitions = (0..config.partitions).map(|partition| partition as i32);
+        let found = self
+            .inner
+            .groups
+            .committed(&self.name(group), &self.name(topic), partitions, REQUEST_TIMEOUT)
             .await
             .map_err(backend)?;
         Ok(found
-            .elements()
-            .iter()
-            .filter_map(|element| match element.offset() {
-                Offset::Offset(offset) => {
-                    Some((u32::try_from(element.partition()).ok()?, u64::try_from(offset).ok()?))
-                }
-                _ => None,
+            .into_iter()
+            .filter_map(|(partition, offset)| {
+                Some((u32::try_from(partition).ok()?, u64::try_from(offset).ok()?))
             })
             .collect())
     }
 
     async fn delete_group(&self, group: &str) -> Result<()> {
-        self.inner.groups.lock().expect("group map mutex").remove(group);
         let name = self.name(group);
         let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
         let results = self.inner.admin.delete_groups(&[&name], &options).await.map_err(backend)?;
