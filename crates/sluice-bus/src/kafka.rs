@@ -10,7 +10,11 @@
 //!
 //! - Appends go through one idempotent producer (`acks=all`); an append returns once the
 //!   brokers acknowledged every record.
-//! - Reads: [`readers`]. Watches: [`tails`].
+//! - Reads: [`readers`]. Watches: [`tails`]. Group offsets: [`groups`].
+//! - Clients: an admin client (group offsets too), a producer, [`readers::LANES`] fetching
+//!   consumers (metadata and watermarks through the first) and one tail consumer: a fixed
+//!   set, whatever the number of groups, partitions read and topics watched. librdkafka's
+//!   blocking calls run on [`BLOCKING_THREADS`] threads of the log's own.
 //! - `append_and_commit` appends, then commits (at-least-once: a crash in between delivers
 //!   the batch again); the embedded log does both in one transaction.
 //! - Retention is the topics' `retention.ms` / `retention.bytes`, applied by the brokers;
@@ -38,7 +42,7 @@ use sluice_core::clock::Clock;
 pub use settings::KafkaSettings;
 
 use self::groups::GroupOffsets;
-use self::readers::{Cursor, Readers};
+use self::readers::Readers;
 use self::tails::Tails;
 use crate::topics::check_name;
 use crate::{
@@ -52,6 +56,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 const DELIVERY_TIMEOUT_MS: &str = "30000";
 /// Largest record the producer sends (the brokers' `message.max.bytes` may be lower).
 const MAX_MESSAGE_BYTES: &str = "8388608";
+/// Threads for librdkafka's blocking calls (metadata, watermarks, placing and parking
+/// cursors): at most this many run at once, more wait.
+const BLOCKING_THREADS: usize = 4;
 
 /// The stream log on a Kafka cluster.
 #[derive(Clone)]
@@ -64,8 +71,10 @@ struct Inner {
     clock: Arc<dyn Clock>,
     admin: Arc<AdminClient<Context>>,
     producer: FutureProducer<Context>,
-    /// Metadata, watermarks and time lookups.
+    /// Metadata, watermarks and time lookups (the first reader lane).
     meta: Arc<BaseConsumer<Context>>,
+    /// Bounds the blocking calls running at once.
+    blocking: Blocking,
     /// Topic configurations by Sluice name, as created or last read.
     topics: Mutex<HashMap<String, TopicConfig>>,
     /// Commits and reads the offsets of every consumer group (through `admin`).
@@ -102,27 +111,42 @@ impl KafkaLog {
             .set("queue.buffering.max.messages", "1000000")
             .create_with_context(Context)
             .map_err(backend)?;
-        let meta: BaseConsumer<Context> =
-            consumer_config(&settings, None).create_with_context(Context).map_err(backend)?;
-        let meta = Arc::new(meta);
+        let mut lanes = Vec::with_capacity(readers::LANES);
+        for _ in 0..readers::LANES {
+            let lane: BaseConsumer<Context> = consumer_config(&settings, None)
+                .set("enable.partition.eof", "true")
+                .set("fetch.wait.max.ms", settings.fetch_wait_ms.to_string())
+                .set("queued.max.messages.kbytes", "16384")
+                .create_with_context(Context)
+                .map_err(backend)?;
+            lanes.push(Arc::new(lane));
+        }
+        let meta = lanes[0].clone();
+        let blocking = Blocking::start()?;
         let probe = meta.clone();
-        let reached = blocking(move || probe.fetch_metadata(None, Duration::from_secs(10))).await;
+        let reached =
+            blocking.run(move || probe.fetch_metadata(None, Duration::from_secs(10))).await;
         if let Err(error) = reached {
             return Err(BusError::Unreachable {
                 url: settings.redacted(),
                 reason: error.to_string(),
             });
         }
-        let readers = Arc::new(Readers::default());
+        let readers = Arc::new(Readers::new(lanes));
         // Parks idle cursors (and closes old ones) until the log is dropped.
         let sweeping = Arc::downgrade(&readers);
+        let sweeper = blocking.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_secs(1));
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 every.tick().await;
                 let Some(readers) = sweeping.upgrade() else { return };
-                if tokio::task::spawn_blocking(move || readers.sweep()).await.is_err() {
+                let swept = sweeper.run(move || {
+                    readers.sweep();
+                    Ok(())
+                });
+                if swept.await.is_err() {
                     return;
                 }
             }
@@ -134,6 +158,7 @@ impl KafkaLog {
                 admin,
                 producer,
                 meta,
+                blocking,
                 topics: Mutex::new(HashMap::new()),
                 groups,
                 readers,
@@ -166,7 +191,8 @@ impl KafkaLog {
         let name = self.name(topic);
         let meta = self.inner.meta.clone();
         let lookup = name.clone();
-        let metadata = blocking(move || meta.fetch_metadata(Some(&lookup), REQUEST_TIMEOUT))
+        let metadata = (self.inner.blocking)
+            .run(move || meta.fetch_metadata(Some(&lookup), REQUEST_TIMEOUT))
             .await
             .map_err(backend)?;
         let Some(found) = metadata.topics().iter().find(|t| t.name() == name) else {
@@ -226,21 +252,7 @@ impl KafkaLog {
         Ok(retention)
     }
 
-    /// A cursor of `partition` that will read `from` next.
-    fn cursor(&self, topic: &str, partition: u32, from: u64) -> Result<Cursor> {
-        if let Some(cursor) = self.inner.readers.take(topic, partition, from) {
-            return Ok(cursor);
-        }
-        let consumer: BaseConsumer<Context> = consumer_config(&self.inner.settings, None)
-            .set("enable.partition.eof", "true")
-            .set("fetch.wait.max.ms", self.inner.settings.fetch_wait_ms.to_string())
-            .set("queued.max.messages.kbytes", "16384")
-            .create_with_context(Context)
-            .map_err(backend)?;
-        Ok(Cursor::new(consumer, self.name(topic), partition))
-    }
-
-    /// Reads with a pooled cursor on a blocking thread.
+    /// Reads with a pooled cursor.
     async fn read_with_cursor(
         &self,
         topic: &str,
@@ -262,18 +274,48 @@ impl KafkaLog {
         max: usize,
         fresh: bool,
     ) -> Result<Vec<Record>> {
-        let mut cursor = self.cursor(topic, partition, from)?;
+        // On a task of its own: a caller that stops waiting does not take the cursor with it
+        // (its lane stays the partition's until the read is done and the cursor is back).
+        let log = self.clone();
+        let topic = topic.to_owned();
+        tokio::spawn(async move { log.read_in_task(&topic, partition, from, max, fresh).await })
+            .await
+            .map_err(|_| BusError::Closed)?
+    }
+
+    async fn read_in_task(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        fresh: bool,
+    ) -> Result<Vec<Record>> {
+        let readers = &self.inner.readers;
+        let mut cursor = readers.cursor(topic, &self.name(topic), partition, from).await?;
         if fresh {
             cursor.replace();
         }
-        let known_end = self.inner.readers.known_end(topic, partition);
-        let (cursor, read) = tokio::task::spawn_blocking(move || {
-            let read = cursor.read(from, max, known_end);
-            (cursor, read)
-        })
-        .await
-        .map_err(|_| BusError::Closed)?;
-        self.inner.readers.put(topic, cursor);
+        if cursor.needs_placing(from) {
+            let placed = self
+                .inner
+                .blocking
+                .run(move || {
+                    let placed = cursor.place(from);
+                    Ok((cursor, placed))
+                })
+                .await;
+            // Only a panic while placing loses the cursor; its lane then stays taken.
+            let (back, placed) = placed.map_err(|_| BusError::Closed)?;
+            cursor = back;
+            if let Err(error) = placed {
+                readers.put(topic, cursor);
+                return Err(error);
+            }
+        }
+        let known_end = readers.known_end(topic, partition);
+        let read = cursor.read(from, max, known_end).await;
+        readers.put(topic, cursor);
         read
     }
 
@@ -285,10 +327,10 @@ impl KafkaLog {
     async fn partition_offsets(&self, topic: &str, partition: u32) -> Result<OffsetRange> {
         let name = self.name(topic);
         let meta = self.inner.meta.clone();
-        let (low, high) =
-            blocking(move || meta.fetch_watermarks(&name, partition as i32, REQUEST_TIMEOUT))
-                .await
-                .map_err(backend)?;
+        let (low, high) = (self.inner.blocking)
+            .run(move || meta.fetch_watermarks(&name, partition as i32, REQUEST_TIMEOUT))
+            .await
+            .map_err(backend)?;
         let start = u64::try_from(low).unwrap_or(0);
         let listed = u64::try_from(high).unwrap_or(0);
         let mut end = listed.max(start).max(self.inner.readers.known_end(topic, partition));
@@ -430,7 +472,8 @@ impl StreamLog for KafkaLog {
         )
         .map_err(backend)?;
         let meta = self.inner.meta.clone();
-        let found = blocking(move || meta.offsets_for_times(list, REQUEST_TIMEOUT))
+        let found = (self.inner.blocking)
+            .run(move || meta.offsets_for_times(list, REQUEST_TIMEOUT))
             .await
             .map_err(backend)?;
         let hint = match found.elements().first().map(|element| element.offset()) {
@@ -516,22 +559,21 @@ impl StreamLog for KafkaLog {
     }
 
     fn watch(&self, topic: &str) -> AppendWatch {
-        let name = self.name(topic);
-        let partitions = self.cached(topic).map(|config| config.partitions);
-        let settings = self.inner.settings.clone();
-        let (tails, readers) = (self.inner.tails.clone(), self.inner.readers.clone());
-        self.inner.tails.watch(&name, |sender, stop| {
-            let consumer = consumer_config(&settings, None)
+        let follow = tails::Follow {
+            topic: self.name(topic),
+            readers_topic: topic.to_owned(),
+            partitions: self.cached(topic).map(|config| config.partitions),
+        };
+        let settings = &self.inner.settings;
+        self.inner.tails.watch(follow, &self.inner.readers, || {
+            let consumer = consumer_config(settings, None)
                 .set("fetch.wait.max.ms", settings.fetch_wait_ms.to_string())
                 .set("queued.max.messages.kbytes", "1024")
                 .create_with_context(Context);
             match consumer {
-                Ok(consumer) => {
-                    let ends = tails::EndsTo { readers, topic: topic.to_owned() };
-                    tails::spawn(consumer, name.clone(), partitions, sender, stop, tails, ends)
-                }
+                Ok(consumer) => Some(consumer),
                 Err(error) => {
-                    tracing::warn!(%error, "cannot follow a topic; local appends only");
+                    tracing::warn!(%error, "cannot follow topics; local appends only");
                     None
                 }
             }
@@ -539,11 +581,17 @@ impl StreamLog for KafkaLog {
     }
 
     async fn release_topic(&self, topic: &str) {
-        self.inner.readers.forget(topic);
-        let tails = self.inner.tails.clone();
-        let name = self.name(topic);
-        if tokio::task::spawn_blocking(move || tails.stop(&name)).await.is_err() {
-            tracing::warn!(%topic, "stopping a tail failed");
+        let (readers, tails) = (self.inner.readers.clone(), self.inner.tails.clone());
+        let (topic_name, name) = (topic.to_owned(), self.name(topic));
+        let released = (self.inner.blocking)
+            .run(move || {
+                readers.forget(&topic_name);
+                tails.stop(&name);
+                Ok(())
+            })
+            .await;
+        if released.is_err() {
+            tracing::warn!(%topic, "releasing a topic failed");
         }
     }
 
@@ -577,12 +625,13 @@ impl StreamLog for KafkaLog {
 
     async fn ready(&self) -> Result<()> {
         let meta = self.inner.meta.clone();
-        blocking(move || meta.fetch_metadata(None, Duration::from_secs(3))).await.map_err(
-            |error| BusError::Unreachable {
+        (self.inner.blocking)
+            .run(move || meta.fetch_metadata(None, Duration::from_secs(3)))
+            .await
+            .map_err(|error| BusError::Unreachable {
                 url: self.inner.settings.redacted(),
                 reason: error.to_string(),
-            },
-        )?;
+            })?;
         Ok(())
     }
 }
@@ -654,11 +703,54 @@ impl KafkaLog {
     }
 }
 
-/// Runs a blocking librdkafka call off the async threads.
-async fn blocking<T: Send + 'static>(
-    call: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
-) -> Result<T, KafkaError> {
-    tokio::task::spawn_blocking(call).await.unwrap_or(Err(KafkaError::Canceled))
+/// Runs blocking librdkafka calls off the async threads, on [`BLOCKING_THREADS`] threads of
+/// its own (tokio's blocking pool would grow a thread per call waiting at once); calls queue
+/// for a free thread.
+#[derive(Clone)]
+struct Blocking {
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+impl Blocking {
+    /// Starts the threads; they end when the last handle is dropped.
+    fn start() -> Result<Self> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        for n in 0..BLOCKING_THREADS {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name(format!("kafka-blocking-{n}"))
+                .spawn(move || {
+                    loop {
+                        // The lock is held only while waiting for a job, not while it runs.
+                        let job = queue.lock().expect("blocking queue mutex").recv();
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    }
+                })
+                .map_err(|error| BusError::Backend { source: Box::new(error), transient: true })?;
+        }
+        Ok(Self { jobs })
+    }
+
+    async fn run<T: Send + 'static>(
+        &self,
+        call: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+    ) -> Result<T, KafkaError> {
+        let (done, result) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move || {
+            // The caller may have stopped waiting.
+            let _ = done.send(call());
+        });
+        if self.jobs.send(job).is_err() {
+            return Err(KafkaError::Canceled);
+        }
+        result.await.unwrap_or(Err(KafkaError::Canceled))
+    }
 }
 
 /// A client error as a [`BusError`]: transient unless retrying cannot help.

@@ -1,16 +1,18 @@
 //! Watches: waking readers when a topic receives records, whoever appended them.
 //!
 //! Appends made through this process wake the topic's watchers at once. For appends made
-//! elsewhere (another Sluice node, a user's producer), the first watch of a topic starts a
-//! tail: a consumer assigned to the end of every partition of the topic, long-polling the
-//! broker (its fetch waits up to `fetch.wait.max.ms` for data), on its own thread. Every
-//! record it receives wakes the watchers and tells the readers the partition's new end. The
-//! tail stops when the topic's last watch is dropped.
+//! elsewhere (another Sluice node, a user's producer), the first watch of a topic has the
+//! *tail* follow it: one consumer for every watched topic of the node (a client per topic
+//! cost its threads for each), assigned the end of every partition of each, long-polling the
+//! broker (its fetch waits up to `fetch.wait.max.ms` for data), on one thread. Every record
+//! it receives wakes the topic's watchers and tells the readers the partition's new end. A
+//! topic leaves the tail when its last watch is dropped; the thread and its client stay
+//! while the log does.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -21,26 +23,48 @@ use super::Context;
 use super::readers::Readers;
 use crate::AppendWatch;
 
-/// How long a tail's poll blocks before it checks whether anyone still watches.
-const POLL: Duration = Duration::from_millis(500);
-/// How long a tail waits for the partitions' ends when it starts.
+/// How long the tail's poll blocks before it looks at its requests (a new watch's topic is
+/// followed at most this late, plus the time to find its ends).
+const POLL: Duration = Duration::from_millis(100);
+/// How often the tail drops the topics nobody watches any more.
+const UNWATCHED_EVERY: Duration = Duration::from_secs(1);
+/// How long the tail waits for a topic's partitions and their ends when it starts following.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A running tail: its stop flag and its thread.
-struct Running {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<()>,
-}
+/// How long stopping a topic's tail may wait for the tail thread.
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 
 struct Entry {
     sender: watch::Sender<u64>,
-    tail: Option<Running>,
+    /// Whether the tail follows the topic (or was asked to).
+    followed: bool,
 }
 
-/// The watch channels of the topics being watched, by Kafka topic name.
+/// What the tail thread is asked to do.
+enum Request {
+    Follow(Follow),
+    /// Stop following the topic, then answer.
+    Stop {
+        topic: String,
+        done: mpsc::Sender<()>,
+    },
+}
+
+/// A topic to follow.
+pub(super) struct Follow {
+    /// The Kafka topic name.
+    pub topic: String,
+    /// The topic's name for the readers (without the cluster prefix).
+    pub readers_topic: String,
+    /// Its partition count, when known.
+    pub partitions: Option<u32>,
+}
+
+/// The watch channels of the topics being watched, by Kafka topic name, and the tail.
 #[derive(Default)]
 pub(super) struct Tails {
     channels: Mutex<HashMap<String, Entry>>,
+    /// Requests to the tail thread; `None` until the first watch starts it.
+    requests: Mutex<Option<mpsc::Sender<Request>>>,
 }
 
 impl Tails {
@@ -48,54 +72,97 @@ impl Tails {
         self.channels.lock().expect("tail map mutex is never poisoned")
     }
 
-    /// Wakes `topic`'s watchers (after an append through this process).
+    /// Wakes `topic`'s watchers (after an append through this process, or one the tail saw).
     pub(super) fn wake(&self, topic: &str) {
         if let Some(entry) = self.channels().get(topic) {
             entry.sender.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 
-    /// A watch of `topic`; `start_tail` is called with the channel and a stop flag when no
-    /// tail follows the topic, to follow appends made elsewhere.
+    /// A watch of `follow.topic`; the tail is asked to follow the topic when it does not, and
+    /// started (with the consumer `start` makes) when it is not running.
     pub(super) fn watch(
-        &self,
-        topic: &str,
-        start_tail: impl FnOnce(
-            watch::Sender<u64>,
-            Arc<AtomicBool>,
-        ) -> Option<std::thread::JoinHandle<()>>,
+        self: &Arc<Self>,
+        follow: Follow,
+        readers: &Arc<Readers>,
+        start: impl FnOnce() -> Option<BaseConsumer<Context>>,
     ) -> AppendWatch {
         let mut channels = self.channels();
         let entry = channels
-            .entry(topic.to_owned())
-            .or_insert_with(|| Entry { sender: watch::channel(0).0, tail: None });
+            .entry(follow.topic.clone())
+            .or_insert_with(|| Entry { sender: watch::channel(0).0, followed: false });
         let receiver = entry.sender.subscribe();
-        if entry.tail.as_ref().is_none_or(|running| running.thread.is_finished()) {
-            let stop = Arc::new(AtomicBool::new(false));
-            entry.tail = start_tail(entry.sender.clone(), stop.clone())
-                .map(|thread| Running { stop, thread });
+        if !entry.followed {
+            entry.followed = self.request(Request::Follow(follow), readers, start);
         }
         AppendWatch::new(receiver)
     }
 
-    /// Stops `topic`'s tail (before the topic is deleted) and waits for its thread; its
-    /// watchers stay, woken by appends through this process, and the next watch starts a
-    /// new tail.
+    /// Sends a request to the tail thread, starting it first when `start` is given and it does
+    /// not run; false when no tail runs.
+    fn request(
+        self: &Arc<Self>,
+        request: Request,
+        readers: &Arc<Readers>,
+        start: impl FnOnce() -> Option<BaseConsumer<Context>>,
+    ) -> bool {
+        let mut requests = self.requests.lock().expect("tail request mutex is never poisoned");
+        let request = match requests.as_ref() {
+            Some(sender) => match sender.send(request) {
+                Ok(()) => return true,
+                // The thread is gone: start it again.
+                Err(mpsc::SendError(request)) => request,
+            },
+            None => request,
+        };
+        let Some(consumer) = start() else { return false };
+        let (sender, receiver) = mpsc::channel();
+        let tail = Tail {
+            consumer,
+            requests: receiver,
+            tails: Arc::downgrade(self),
+            readers: readers.clone(),
+            followed: HashMap::new(),
+        };
+        let spawned =
+            std::thread::Builder::new().name("kafka-tail".to_owned()).spawn(move || tail.run());
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "cannot start the tail thread; watchers wait for their timeouts");
+            return false;
+        }
+        let sent = sender.send(request).is_ok();
+        *requests = Some(sender);
+        sent
+    }
+
+    /// Stops following `topic` (before the topic is deleted) and waits until the tail has
+    /// let it go; its watchers stay, woken by appends through this process, and the next
+    /// watch follows it again. Blocks: run it on a blocking thread.
     pub(super) fn stop(&self, topic: &str) {
-        let running = self.channels().get_mut(topic).and_then(|entry| entry.tail.take());
-        if let Some(running) = running {
-            running.stop.store(true, Ordering::Relaxed);
-            if running.thread.join().is_err() {
-                tracing::warn!(%topic, "a tail thread panicked");
+        {
+            let mut channels = self.channels();
+            match channels.get_mut(topic) {
+                Some(entry) if entry.followed => entry.followed = false,
+                _ => return,
             }
+        }
+        let (done, stopped) = mpsc::channel();
+        let sent = {
+            let requests = self.requests.lock().expect("tail request mutex is never poisoned");
+            requests.as_ref().is_some_and(|sender| {
+                sender.send(Request::Stop { topic: topic.to_owned(), done }).is_ok()
+            })
+        };
+        if sent && stopped.recv_timeout(STOP_TIMEOUT).is_err() {
+            tracing::warn!(%topic, "the tail did not let a topic go in time");
         }
     }
 
-    /// The Kafka topics a tail follows now.
+    /// The Kafka topics the tail follows now.
     pub(super) fn running(&self) -> Vec<String> {
         self.channels()
             .iter()
-            .filter(|(_, entry)| entry.tail.as_ref().is_some_and(|r| !r.thread.is_finished()))
+            .filter(|(_, entry)| entry.followed)
             .map(|(topic, _)| topic.clone())
             .collect()
     }
@@ -112,6 +179,13 @@ impl Tails {
             None => true,
         }
     }
+
+    /// Notes that the tail could not follow `topic` (the next watch asks again).
+    fn not_followed(&self, topic: &str) {
+        if let Some(entry) = self.channels().get_mut(topic) {
+            entry.followed = false;
+        }
+    }
 }
 
 impl std::fmt::Debug for Tails {
@@ -120,78 +194,130 @@ impl std::fmt::Debug for Tails {
     }
 }
 
-/// Where a tail tells the ends it sees: the log's readers, under the topic's name there
-/// (without the cluster's topic prefix).
-pub(super) struct EndsTo {
-    pub readers: Arc<Readers>,
-    pub topic: String,
+/// The tail thread's state.
+struct Tail {
+    consumer: BaseConsumer<Context>,
+    requests: mpsc::Receiver<Request>,
+    tails: Weak<Tails>,
+    readers: Arc<Readers>,
+    /// Followed topics: their partition count and their name for the readers.
+    followed: HashMap<String, (u32, String)>,
 }
 
-/// Follows the end of `topic`'s `partitions` on a thread of its own until nobody watches or
-/// `stop` is set; `None` when the thread could not start.
-pub(super) fn spawn(
-    consumer: BaseConsumer<Context>,
-    topic: String,
-    partitions: Option<u32>,
-    sender: watch::Sender<u64>,
-    stop: Arc<AtomicBool>,
-    tails: Arc<Tails>,
-    ends: EndsTo,
-) -> Option<std::thread::JoinHandle<()>> {
-    let spawned = std::thread::Builder::new().name(format!("tail-{topic}")).spawn(move || {
+impl Tail {
+    /// Follows topics until the log is gone.
+    fn run(mut self) {
+        let mut swept = Instant::now();
+        loop {
+            loop {
+                match self.requests.try_recv() {
+                    Ok(request) => self.serve(request),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => return,
+                }
+            }
+            let Some(tails) = self.tails.upgrade() else { return };
+            if swept.elapsed() >= UNWATCHED_EVERY {
+                swept = Instant::now();
+                let unwatched: Vec<String> = self
+                    .followed
+                    .keys()
+                    .filter(|topic| tails.remove_if_unwatched(topic))
+                    .cloned()
+                    .collect();
+                for topic in unwatched {
+                    self.leave(&topic);
+                }
+            }
+            if self.followed.is_empty() {
+                drop(tails);
+                // Nothing to fetch: wait for a request.
+                match self.requests.recv_timeout(UNWATCHED_EVERY) {
+                    Ok(request) => self.serve(request),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+                continue;
+            }
+            match self.consumer.poll(POLL) {
+                Some(Ok(message)) => {
+                    let topic = message.topic();
+                    if let Some((_, readers_topic)) = self.followed.get(topic) {
+                        let end = u64::try_from(message.offset()).unwrap_or(0) + 1;
+                        self.readers.learn_end(readers_topic, message.partition() as u32, end);
+                        tails.wake(topic);
+                    }
+                }
+                Some(Err(error)) => tracing::debug!(%error, "tail poll failed"),
+                None => {}
+            }
+        }
+    }
+
+    fn serve(&mut self, request: Request) {
+        match request {
+            Request::Follow(follow) => {
+                if !self.follow(&follow) {
+                    if let Some(tails) = self.tails.upgrade() {
+                        tails.not_followed(&follow.topic);
+                    }
+                }
+            }
+            Request::Stop { topic, done } => {
+                self.leave(&topic);
+                let _ = done.send(());
+            }
+        }
+    }
+
+    /// Assigns the end of every partition of the topic; true when followed.
+    fn follow(&mut self, follow: &Follow) -> bool {
+        let topic = &follow.topic;
+        if self.followed.contains_key(topic) {
+            return true;
+        }
         // Start where each partition ends now (as the broker answers it; an answer that is
         // too low only wakes watchers once more), then wake the watchers once: an append
         // made between the watch and this point is found by their next read.
-        let partitions = partitions.or_else(|| {
-            let metadata = consumer.fetch_metadata(Some(&topic), START_TIMEOUT).ok()?;
+        let partitions = follow.partitions.or_else(|| {
+            let metadata = self.consumer.fetch_metadata(Some(topic), START_TIMEOUT).ok()?;
             let found = metadata.topics().iter().find(|t| t.name() == topic)?;
             u32::try_from(found.partitions().len()).ok().filter(|n| *n > 0)
         });
         let Some(partitions) = partitions else {
             tracing::debug!(%topic, "watch of a topic not found: appends of this process only");
-            return;
+            return false;
         };
         let mut list = TopicPartitionList::new();
         for partition in 0..partitions {
-            let end = match consumer.fetch_watermarks(&topic, partition as i32, START_TIMEOUT) {
+            let end = match self.consumer.fetch_watermarks(topic, partition as i32, START_TIMEOUT) {
                 Ok((_, high)) => Offset::Offset(high),
                 Err(_) => Offset::End,
             };
-            if list.add_partition_offset(&topic, partition as i32, end).is_err() {
-                return;
+            if list.add_partition_offset(topic, partition as i32, end).is_err() {
+                return false;
             }
         }
-        if let Err(error) = consumer.assign(&list) {
+        if let Err(error) = self.consumer.incremental_assign(&list) {
             tracing::warn!(%error, %topic, "cannot follow the topic; its watchers wait for their timeouts");
-            return;
+            return false;
         }
-        sender.send_modify(|n| *n = n.wrapping_add(1));
-        loop {
-            if stop.load(Ordering::Relaxed) {
-                return;
-            }
-            if sender.receiver_count() == 0 && tails.remove_if_unwatched(&topic) {
-                return;
-            }
-            match consumer.poll(POLL) {
-                Some(Ok(message)) => {
-                    let end = u64::try_from(message.offset()).unwrap_or(0) + 1;
-                    ends.readers.learn_end(&ends.topic, message.partition() as u32, end);
-                    sender.send_modify(|n| *n = n.wrapping_add(1));
-                }
-                Some(Err(error)) => {
-                    tracing::debug!(%error, %topic, "tail poll failed");
-                    std::thread::sleep(POLL);
-                }
-                None => {}
-            }
+        self.followed.insert(topic.clone(), (partitions, follow.readers_topic.clone()));
+        if let Some(tails) = self.tails.upgrade() {
+            tails.wake(topic);
         }
-    });
-    match spawned {
-        Ok(thread) => Some(thread),
-        Err(error) => {
-            tracing::warn!(%error, "cannot start a tail thread; watchers wait for their timeouts");
-            None
+        true
+    }
+
+    /// Stops following the topic.
+    fn leave(&mut self, topic: &str) {
+        let Some((partitions, _)) = self.followed.remove(topic) else { return };
+        let mut list = TopicPartitionList::new();
+        for partition in 0..partitions {
+            list.add_partition(topic, partition as i32);
+        }
+        if let Err(error) = self.consumer.incremental_unassign(&list) {
+            tracing::warn!(%error, %topic, "the tail could not let a topic go");
         }
     }
 }
