@@ -11,8 +11,8 @@
 //! - Appends go through one idempotent producer (`acks=all`); an append returns once the
 //!   brokers acknowledged every record.
 //! - Reads: [`readers`]. Watches: [`tails`]. Group offsets: [`groups`].
-//! - Clients: an admin client (group offsets too), a producer, [`readers::LANES`] fetching
-//!   consumers (metadata and watermarks through the first) and one tail consumer: a fixed
+//! - Clients: an admin client (group offsets too), a producer, a consumer for metadata and
+//!   watermarks, [`readers::LANES`] fetching consumers and one tail consumer: a fixed
 //!   set, whatever the number of groups, partitions read and topics watched. librdkafka's
 //!   blocking calls run on [`BLOCKING_THREADS`] threads of the log's own.
 //! - `append_and_commit` appends, then commits (at-least-once: a crash in between delivers
@@ -71,7 +71,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     admin: Arc<AdminClient<Context>>,
     producer: FutureProducer<Context>,
-    /// Metadata, watermarks and time lookups (the first reader lane).
+    /// Metadata, watermarks and time lookups.
     meta: Arc<BaseConsumer<Context>>,
     /// Bounds the blocking calls running at once.
     blocking: Blocking,
@@ -81,6 +81,7 @@ struct Inner {
     groups: GroupOffsets,
     readers: Arc<Readers>,
     tails: Arc<Tails>,
+    make_tail: tails::MakeTail,
 }
 
 impl std::fmt::Debug for KafkaLog {
@@ -111,17 +112,9 @@ impl KafkaLog {
             .set("queue.buffering.max.messages", "1000000")
             .create_with_context(Context)
             .map_err(backend)?;
-        let mut lanes = Vec::with_capacity(readers::LANES);
-        for _ in 0..readers::LANES {
-            let lane: BaseConsumer<Context> = consumer_config(&settings, None)
-                .set("enable.partition.eof", "true")
-                .set("fetch.wait.max.ms", settings.fetch_wait_ms.to_string())
-                .set("queued.max.messages.kbytes", "16384")
-                .create_with_context(Context)
-                .map_err(backend)?;
-            lanes.push(Arc::new(lane));
-        }
-        let meta = lanes[0].clone();
+        let meta: BaseConsumer<Context> =
+            consumer_config(&settings, None).create_with_context(Context).map_err(backend)?;
+        let meta = Arc::new(meta);
         let blocking = Blocking::start()?;
         let probe = meta.clone();
         let reached =
@@ -132,7 +125,15 @@ impl KafkaLog {
                 reason: error.to_string(),
             });
         }
-        let readers = Arc::new(Readers::new(lanes));
+        let lane_settings = settings.clone();
+        let readers = Arc::new(Readers::new(Box::new(move || {
+            consumer_config(&lane_settings, None)
+                .set("enable.partition.eof", "true")
+                .set("fetch.wait.max.ms", lane_settings.fetch_wait_ms.to_string())
+                .set("queued.max.messages.kbytes", "16384")
+                .create_with_context(Context)
+                .map_err(backend)
+        }))?);
         // Parks idle cursors (and closes old ones) until the log is dropped.
         let sweeping = Arc::downgrade(&readers);
         let sweeper = blocking.clone();
@@ -151,6 +152,20 @@ impl KafkaLog {
                 }
             }
         });
+        let tail_settings = settings.clone();
+        let make_tail: tails::MakeTail = Arc::new(move || {
+            let consumer = consumer_config(&tail_settings, None)
+                .set("fetch.wait.max.ms", tail_settings.fetch_wait_ms.to_string())
+                .set("queued.max.messages.kbytes", "1024")
+                .create_with_context(Context);
+            match consumer {
+                Ok(consumer) => Some(consumer),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot follow topics; local appends only");
+                    None
+                }
+            }
+        });
         Ok(Self {
             inner: Arc::new(Inner {
                 settings,
@@ -163,6 +178,7 @@ impl KafkaLog {
                 groups,
                 readers,
                 tails: Arc::new(Tails::default()),
+                make_tail,
             }),
         })
     }
@@ -564,20 +580,7 @@ impl StreamLog for KafkaLog {
             readers_topic: topic.to_owned(),
             partitions: self.cached(topic).map(|config| config.partitions),
         };
-        let settings = &self.inner.settings;
-        self.inner.tails.watch(follow, &self.inner.readers, || {
-            let consumer = consumer_config(settings, None)
-                .set("fetch.wait.max.ms", settings.fetch_wait_ms.to_string())
-                .set("queued.max.messages.kbytes", "1024")
-                .create_with_context(Context);
-            match consumer {
-                Ok(consumer) => Some(consumer),
-                Err(error) => {
-                    tracing::warn!(%error, "cannot follow topics; local appends only");
-                    None
-                }
-            }
-        })
+        self.inner.tails.watch(follow, &self.inner.readers, &self.inner.make_tail)
     }
 
     async fn release_topic(&self, topic: &str) {
@@ -727,7 +730,11 @@ impl Blocking {
                         // The lock is held only while waiting for a job, not while it runs.
                         let job = queue.lock().expect("blocking queue mutex").recv();
                         match job {
-                            Ok(job) => job(),
+                            // A call that panics fails its caller (its answer is dropped),
+                            // not the thread.
+                            Ok(job) => {
+                                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                            }
                             Err(_) => return,
                         }
                     }

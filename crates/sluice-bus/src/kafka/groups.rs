@@ -40,6 +40,10 @@ use super::Context;
 
 /// How long the result thread waits for a result before it checks whether the log is gone.
 const POLL_MS: i32 = 200;
+/// Tries per request when the failure is worth retrying ([`worth_retrying`]).
+const ATTEMPTS: u32 = 3;
+/// The wait before the second try (twice that before the third).
+const RETRY_AFTER: Duration = Duration::from_millis(50);
 
 /// Committed offsets of one topic, by partition, as librdkafka answers them (`-1`: none).
 pub(super) type Offsets = Vec<(i32, i64)>;
@@ -109,13 +113,27 @@ impl GroupOffsets {
         offsets: &[(&str, i32, i64)],
         timeout: Duration,
     ) -> Result<(), KafkaError> {
-        let (id, answer) = self.alter(group, offsets, timeout)?;
-        for (_, _, code) in self.wait(id, answer, timeout).await? {
-            if code != RDKafkaErrorCode::NoError {
-                return Err(KafkaError::AdminOp(code));
+        let mut attempt = 1;
+        loop {
+            let (id, answer) = self.alter(group, offsets, timeout)?;
+            let failed = match self.wait(id, answer, timeout).await {
+                Ok(partitions) => partitions
+                    .into_iter()
+                    .map(|(_, _, code)| code)
+                    .find(|code| *code != RDKafkaErrorCode::NoError)
+                    .map(KafkaError::AdminOp),
+                Err(error) => Some(error),
+            };
+            match failed {
+                None => return Ok(()),
+                Some(error) if attempt < ATTEMPTS && worth_retrying(&error) => {
+                    tracing::debug!(%error, attempt, "committing group offsets again");
+                    tokio::time::sleep(RETRY_AFTER * attempt).await;
+                    attempt += 1;
+                }
+                Some(error) => return Err(error),
             }
         }
-        Ok(())
     }
 
     /// Sends an `AlterConsumerGroupOffsets` request; its result will come on the receiver.
@@ -162,9 +180,20 @@ impl GroupOffsets {
         timeout: Duration,
     ) -> Result<Offsets, KafkaError> {
         let wanted: Vec<(&str, i32, i64)> = partitions.map(|p| (topic, p, -1)).collect();
-        let (id, answer) = self.list(group, &wanted, timeout)?;
+        let mut attempt = 1;
+        let answered = loop {
+            let (id, answer) = self.list(group, &wanted, timeout)?;
+            match self.wait(id, answer, timeout).await {
+                Err(error) if attempt < ATTEMPTS && worth_retrying(&error) => {
+                    tracing::debug!(%error, attempt, "reading group offsets again");
+                    tokio::time::sleep(RETRY_AFTER * attempt).await;
+                    attempt += 1;
+                }
+                answered => break answered?,
+            }
+        };
         let mut found = Vec::new();
-        for (partition, offset, code) in self.wait(id, answer, timeout).await? {
+        for (partition, offset, code) in answered {
             if code != RDKafkaErrorCode::NoError {
                 return Err(KafkaError::AdminOp(code));
             }
@@ -264,6 +293,25 @@ impl Drop for GroupOffsets {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
+}
+
+/// Whether a failed request may succeed when sent again: the connection or the group's
+/// coordinator failed (tansu 0.6 drops the connection on the first `OffsetCommit` of a group
+/// deleted before, after storing the offsets; a consumer's commit retried that by itself).
+fn worth_retrying(error: &KafkaError) -> bool {
+    let code = match error {
+        KafkaError::AdminOp(code) => Some(*code),
+        other => other.rdkafka_error_code(),
+    };
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+        )
+    )
 }
 
 fn invalid_argument() -> KafkaError {

@@ -24,8 +24,13 @@
 //! node keeps dozens of cursors the archiver reads once a minute. A cursor in steady use (a
 //! worker's, read every round) stays assigned and keeps fetching ahead; a parked one is
 //! assigned again where it stopped by its next read, which then waits for that fetch.
+//!
+//! A lane that has read a topic is replaced by a new client when the topic is released
+//! before its deletion ([`Readers::forget`]), its cursors closed: librdkafka 2.12.1 corrupts
+//! its metadata cache, and crashes, when a topic it knows is deleted and made again under the
+//! same name (a pipeline's sink and dead-letter topics are, on teardown and deploy).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,11 +71,19 @@ struct Lane {
     consumer: Arc<BaseConsumer<Context>>,
     /// Partitions assigned to it now (a new cursor goes to the least loaded lane).
     assigned: Arc<AtomicUsize>,
+    /// Bumped when the client is replaced; cursors of an older one are closed.
+    generation: u64,
+    /// The topics it has had cursors on (Sluice names).
+    topics: HashSet<String>,
 }
+
+/// Makes a lane's client.
+pub(super) type MakeLane = Box<dyn Fn() -> Result<BaseConsumer<Context>> + Send + Sync>;
 
 /// One partition on one lane.
 pub(super) struct Cursor {
     lane: usize,
+    generation: u64,
     consumer: Arc<BaseConsumer<Context>>,
     lane_load: Arc<AtomicUsize>,
     queue: PartitionQueue<Context>,
@@ -102,7 +115,9 @@ enum Polled {
 }
 
 impl Cursor {
-    fn new(lane: usize, on: &Lane, topic: String, partition: u32) -> Result<Self> {
+    fn new(lane: usize, on: &mut Lane, topic: &str, name: String, partition: u32) -> Result<Self> {
+        on.topics.insert(topic.to_owned());
+        let topic = name;
         let mut queue =
             on.consumer.split_partition_queue(&topic, partition as i32).ok_or_else(|| {
                 BusError::InvalidTopicName { name: topic.clone(), reason: "contains a NUL byte" }
@@ -112,6 +127,7 @@ impl Cursor {
         queue.set_nonempty_callback(move || woken.notify_one());
         Ok(Self {
             lane,
+            generation: on.generation,
             consumer: on.consumer.clone(),
             lane_load: on.assigned.clone(),
             queue,
@@ -189,9 +205,23 @@ impl Cursor {
                 // A seek failed (the partition was between fetch states): assign it afresh.
                 self.unassign()?;
             }
-            self.consumer.incremental_assign(&list).map_err(super::backend)?;
+            match self.consumer.incremental_assign(&list) {
+                Ok(()) => {
+                    self.lane_load.fetch_add(1, Ordering::Relaxed);
+                }
+                // The lane has the partition already (from a cursor lost to a panic, which
+                // never gave it back): take it over where it is.
+                Err(error) => {
+                    if self
+                        .consumer
+                        .seek(&self.topic, self.partition as i32, at, PLACE_TIMEOUT)
+                        .is_err()
+                    {
+                        return Err(super::backend(error));
+                    }
+                }
+            }
             self.assigned = true;
-            self.lane_load.fetch_add(1, Ordering::Relaxed);
         }
         self.placed = true;
         self.parked = false;
@@ -300,7 +330,11 @@ impl Slots {
 
 /// The lanes, their idle cursors by partition, and each partition's end as last learnt.
 pub(super) struct Readers {
-    lanes: Vec<Lane>,
+    /// Locked after `pool` when both are.
+    lanes: Mutex<Vec<Lane>>,
+    make_lane: MakeLane,
+    /// Cursors of replaced lanes that came back from a read, closed by the next sweep.
+    stale: Mutex<Vec<Cursor>>,
     pool: Mutex<HashMap<PartitionKey, Slots>>,
     /// Signalled when a cursor comes back to the pool (a read waiting for one tries again).
     returned: Notify,
@@ -315,17 +349,32 @@ pub(super) enum Taken {
 }
 
 impl Readers {
-    /// Readers fetching through `lanes`.
-    pub(super) fn new(lanes: Vec<Arc<BaseConsumer<Context>>>) -> Self {
-        Self {
-            lanes: lanes
-                .into_iter()
-                .map(|consumer| Lane { consumer, assigned: Arc::default() })
-                .collect(),
+    /// Readers fetching through [`LANES`] clients `make_lane` makes.
+    ///
+    /// # Errors
+    /// A client could not be made.
+    pub(super) fn new(make_lane: MakeLane) -> Result<Self> {
+        let mut lanes = Vec::with_capacity(LANES);
+        for _ in 0..LANES {
+            lanes.push(Lane {
+                consumer: Arc::new(make_lane()?),
+                assigned: Arc::default(),
+                generation: 0,
+                topics: HashSet::new(),
+            });
+        }
+        Ok(Self {
+            lanes: Mutex::new(lanes),
+            make_lane,
+            stale: Mutex::default(),
             pool: Mutex::default(),
             returned: Notify::new(),
             ends: Mutex::default(),
-        }
+        })
+    }
+
+    fn lanes(&self) -> std::sync::MutexGuard<'_, Vec<Lane>> {
+        self.lanes.lock().expect("reader lanes mutex is never poisoned")
     }
 
     fn pool(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionKey, Slots>> {
@@ -357,15 +406,16 @@ impl Readers {
         let mut pool = self.pool();
         let slots = pool.entry((topic.to_owned(), partition)).or_default();
         let at = slots.idle.iter().position(|c| c.placed && c.next == from);
-        let free = (0..self.lanes.len())
+        let mut lanes = self.lanes();
+        let free = (0..lanes.len())
             .filter(|&lane| !slots.holds(lane))
-            .min_by_key(|&lane| self.lanes[lane].assigned.load(Ordering::Relaxed));
+            .min_by_key(|&lane| lanes[lane].assigned.load(Ordering::Relaxed));
         let oldest = (0..slots.idle.len()).min_by_key(|&i| slots.idle[i].last_used);
         let movable = oldest.filter(|&i| slots.idle[i].last_used.elapsed() >= IDLE_REUSE);
         let cursor = if let Some(at) = at {
             slots.idle.swap_remove(at)
         } else if let (Some(lane), None) = (free, movable) {
-            Cursor::new(lane, &self.lanes[lane], name.to_owned(), partition)?
+            Cursor::new(lane, &mut lanes[lane], topic, name.to_owned(), partition)?
         } else if let Some(i) = movable.or(oldest) {
             slots.idle.swap_remove(i)
         } else {
@@ -382,7 +432,14 @@ impl Readers {
         let read_to = if cursor.placed && cursor.fetched { cursor.next } else { 0 };
         let end = cursor.end_seen().unwrap_or(read_to);
         self.learn_end(topic, cursor.partition, end);
-        self.give_back((topic.to_owned(), cursor.partition), cursor);
+        let current = self.lanes()[cursor.lane].generation;
+        if cursor.generation == current {
+            self.give_back((topic.to_owned(), cursor.partition), cursor);
+        } else {
+            // Its lane was replaced while it read: the next sweep closes it.
+            self.release(&[((topic.to_owned(), cursor.partition), cursor.lane)]);
+            self.stale.lock().expect("stale cursors mutex is never poisoned").push(cursor);
+        }
         self.returned.notify_waiters();
     }
 
@@ -431,14 +488,20 @@ impl Readers {
     /// [`IDLE_CLOSE`], outside the pool's lock; serves the lanes' own queues (client errors).
     /// Blocks while librdkafka changes assignments: run it on a blocking thread.
     pub(super) fn sweep(&self) {
-        for lane in &self.lanes {
+        let consumers: Vec<_> = self.lanes().iter().map(|lane| lane.consumer.clone()).collect();
+        for consumer in consumers {
             // Only events other than records come here (every partition has its own queue);
             // the context logs them.
             for _ in 0..100 {
-                if lane.consumer.poll(Duration::ZERO).is_none() {
+                if consumer.poll(Duration::ZERO).is_none() {
                     break;
                 }
             }
+        }
+        let stale =
+            std::mem::take(&mut *self.stale.lock().expect("stale cursors mutex is never poisoned"));
+        for cursor in stale {
+            cursor.close();
         }
         let taken = self.take_idle(|_, cursor| {
             let unused = cursor.last_used.elapsed();
@@ -494,16 +557,51 @@ impl Readers {
             .collect()
     }
 
-    /// Forgets a topic (about to be deleted): its idle cursors close (their partitions leave
-    /// the lanes) and its ends start again from zero. Blocks: run it on a blocking thread.
+    /// Forgets a topic (about to be deleted): the lanes that read it are replaced by new
+    /// clients (see the module's notes), their cursors closed, and the topic's ends start
+    /// again from zero. Blocks: run it on a blocking thread.
     pub(super) fn forget(&self, topic: &str) {
-        let taken = self.take_idle(|(t, _), _| t == topic);
-        let mut closed = Vec::new();
-        for (key, cursor) in taken {
-            closed.push((key, cursor.lane));
-            cursor.close();
+        let knew: Vec<usize> = {
+            let lanes = self.lanes();
+            (0..lanes.len()).filter(|&lane| lanes[lane].topics.contains(topic)).collect()
+        };
+        for lane in knew {
+            let fresh = match (self.make_lane)() {
+                Ok(fresh) => fresh,
+                Err(error) => {
+                    tracing::warn!(%error, %topic, "cannot replace a reader client; it keeps the topic");
+                    continue;
+                }
+            };
+            let generation = {
+                let mut pool = self.pool();
+                let mut lanes = self.lanes();
+                let generation = lanes[lane].generation + 1;
+                lanes[lane] = Lane {
+                    consumer: Arc::new(fresh),
+                    assigned: Arc::default(),
+                    generation,
+                    topics: HashSet::new(),
+                };
+                drop(lanes);
+                // Cursors of the old client out of the pool now; those reading come back stale.
+                let mut old = Vec::new();
+                for slots in pool.values_mut() {
+                    let (gone, kept) =
+                        std::mem::take(&mut slots.idle).into_iter().partition(|c| c.lane == lane);
+                    slots.idle = kept;
+                    old.extend(gone);
+                }
+                pool.retain(|_, slots| !slots.idle.is_empty() || !slots.busy.is_empty());
+                drop(pool);
+                // Closed (and the old client with the last of them) outside the locks.
+                for cursor in old {
+                    cursor.close();
+                }
+                generation
+            };
+            tracing::debug!(%topic, lane, generation, "replaced a reader client");
         }
-        self.release(&closed);
         self.returned.notify_waiters();
         self.ends.lock().expect("ends mutex is never poisoned").retain(|(t, _), _| t != topic);
     }

@@ -6,10 +6,12 @@
 //! cost its threads for each), assigned the end of every partition of each, long-polling the
 //! broker (its fetch waits up to `fetch.wait.max.ms` for data), on one thread. Every record
 //! it receives wakes the topic's watchers and tells the readers the partition's new end. A
-//! topic leaves the tail when its last watch is dropped; the thread and its client stay
-//! while the log does.
+//! topic leaves the tail when its last watch is dropped; the thread stays while the log does.
+//! A topic released before its deletion ([`Tails::stop`]) leaves the tail with the tail's
+//! client: a new one follows the other topics (librdkafka 2.12.1 crashes when a topic it
+//! knows is deleted and made again under the same name; see `readers`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -59,6 +61,9 @@ pub(super) struct Follow {
     pub partitions: Option<u32>,
 }
 
+/// Makes the tail's client (`None` when it cannot, which it logs).
+pub(super) type MakeTail = Arc<dyn Fn() -> Option<BaseConsumer<Context>> + Send + Sync>;
+
 /// The watch channels of the topics being watched, by Kafka topic name, and the tail.
 #[derive(Default)]
 pub(super) struct Tails {
@@ -85,7 +90,7 @@ impl Tails {
         self: &Arc<Self>,
         follow: Follow,
         readers: &Arc<Readers>,
-        start: impl FnOnce() -> Option<BaseConsumer<Context>>,
+        make: &MakeTail,
     ) -> AppendWatch {
         let mut channels = self.channels();
         let entry = channels
@@ -93,7 +98,7 @@ impl Tails {
             .or_insert_with(|| Entry { sender: watch::channel(0).0, followed: false });
         let receiver = entry.sender.subscribe();
         if !entry.followed {
-            entry.followed = self.request(Request::Follow(follow), readers, start);
+            entry.followed = self.request(Request::Follow(follow), readers, make);
         }
         AppendWatch::new(receiver)
     }
@@ -104,7 +109,7 @@ impl Tails {
         self: &Arc<Self>,
         request: Request,
         readers: &Arc<Readers>,
-        start: impl FnOnce() -> Option<BaseConsumer<Context>>,
+        make: &MakeTail,
     ) -> bool {
         let mut requests = self.requests.lock().expect("tail request mutex is never poisoned");
         let request = match requests.as_ref() {
@@ -115,7 +120,7 @@ impl Tails {
             },
             None => request,
         };
-        let Some(consumer) = start() else { return false };
+        let Some(consumer) = make() else { return false };
         let (sender, receiver) = mpsc::channel();
         let tail = Tail {
             consumer,
@@ -123,6 +128,8 @@ impl Tails {
             tails: Arc::downgrade(self),
             readers: readers.clone(),
             followed: HashMap::new(),
+            known: HashSet::new(),
+            make: make.clone(),
         };
         let spawned =
             std::thread::Builder::new().name("kafka-tail".to_owned()).spawn(move || tail.run());
@@ -139,12 +146,10 @@ impl Tails {
     /// let it go; its watchers stay, woken by appends through this process, and the next
     /// watch follows it again. Blocks: run it on a blocking thread.
     pub(super) fn stop(&self, topic: &str) {
-        {
-            let mut channels = self.channels();
-            match channels.get_mut(topic) {
-                Some(entry) if entry.followed => entry.followed = false,
-                _ => return,
-            }
+        // Asked even when nobody watches the topic now: the tail's client may have followed
+        // it before, and must go before the topic does.
+        if let Some(entry) = self.channels().get_mut(topic) {
+            entry.followed = false;
         }
         let (done, stopped) = mpsc::channel();
         let sent = {
@@ -202,6 +207,9 @@ struct Tail {
     readers: Arc<Readers>,
     /// Followed topics: their partition count and their name for the readers.
     followed: HashMap<String, (u32, String)>,
+    /// Every topic the client has followed (or looked up), followed now or not.
+    known: HashSet<String>,
+    make: MakeTail,
 }
 
 impl Tail {
@@ -265,6 +273,9 @@ impl Tail {
             }
             Request::Stop { topic, done } => {
                 self.leave(&topic);
+                if self.known.contains(&topic) {
+                    self.replace_client();
+                }
                 let _ = done.send(());
             }
         }
@@ -276,6 +287,7 @@ impl Tail {
         if self.followed.contains_key(topic) {
             return true;
         }
+        self.known.insert(topic.clone());
         // Start where each partition ends now (as the broker answers it; an answer that is
         // too low only wakes watchers once more), then wake the watchers once: an append
         // made between the watch and this point is found by their next read.
@@ -309,7 +321,27 @@ impl Tail {
         true
     }
 
-    /// Stops following the topic.
+    /// Follows the other topics with a new client, the old one closed (after a topic it
+    /// followed is released for deletion).
+    fn replace_client(&mut self) {
+        let Some(fresh) = (self.make)() else {
+            tracing::warn!("cannot replace the tail's client; it keeps a released topic");
+            return;
+        };
+        drop(std::mem::replace(&mut self.consumer, fresh));
+        self.known.clear();
+        let followed = std::mem::take(&mut self.followed);
+        for (topic, (partitions, readers_topic)) in followed {
+            let follow = Follow { topic, readers_topic, partitions: Some(partitions) };
+            if !self.follow(&follow) {
+                if let Some(tails) = self.tails.upgrade() {
+                    tails.not_followed(&follow.topic);
+                }
+            }
+        }
+    }
+
+    /// Stops following the topic (the client still knows it).
     fn leave(&mut self, topic: &str) {
         let Some((partitions, _)) = self.followed.remove(topic) else { return };
         let mut list = TopicPartitionList::new();

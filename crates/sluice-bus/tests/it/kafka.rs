@@ -223,3 +223,17 @@ async fn threads_do_not_grow_with_groups_readers_and_watched_topics() {
     assert!(many <= few + 4, "threads grew from {few} to {many}");
     assert!(many <= 48, "{many} threads");
 }
+
+/// A deployment torn down (its group deleted) and deployed again commits to a group of the
+/// same name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_deleted_is_committed_to_again() {
+    let [log] = processes().await;
+    let config = TopicConfig { partitions: 2, retention: Default::default() };
+    log.create_topic("t", config).await.unwrap();
+    log.commit("g", "t", &[(0, 1)]).await.unwrap();
+    log.delete_group("g").await.unwrap();
+    assert!(log.committed("g", "t").await.unwrap().is_empty());
+    log.commit("g", "t", &[(0, 2)]).await.unwrap();
+    assert_eq!(log.committed("g", "t").await.unwrap().into_iter().collect::<Vec<_>>(), [(0, 2)]);
+}
