@@ -81,7 +81,7 @@ struct Inner {
     groups: GroupOffsets,
     readers: Arc<Readers>,
     tails: Arc<Tails>,
-    make_tail: tails::MakeTail,
+    tail_clients: tails::TailClients,
 }
 
 impl std::fmt::Debug for KafkaLog {
@@ -166,6 +166,7 @@ impl KafkaLog {
                 }
             }
         });
+        let tail_clients = tails::TailClients { make: make_tail, meta: meta.clone() };
         Ok(Self {
             inner: Arc::new(Inner {
                 settings,
@@ -178,7 +179,7 @@ impl KafkaLog {
                 groups,
                 readers,
                 tails: Arc::new(Tails::default()),
-                make_tail,
+                tail_clients,
             }),
         })
     }
@@ -579,8 +580,9 @@ impl StreamLog for KafkaLog {
             topic: self.name(topic),
             readers_topic: topic.to_owned(),
             partitions: self.cached(topic).map(|config| config.partitions),
+            shared: !crate::topics::is_pipeline_topic(topic),
         };
-        self.inner.tails.watch(follow, &self.inner.readers, &self.inner.make_tail)
+        self.inner.tails.watch(follow, &self.inner.readers, &self.inner.tail_clients)
     }
 
     async fn release_topic(&self, topic: &str) {
@@ -589,7 +591,7 @@ impl StreamLog for KafkaLog {
         let released = (self.inner.blocking)
             .run(move || {
                 readers.forget(&topic_name);
-                tails.stop(&name);
+                tails.stop(&name, !crate::topics::is_pipeline_topic(&topic_name));
                 Ok(())
             })
             .await;

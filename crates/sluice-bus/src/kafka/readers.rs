@@ -25,6 +25,14 @@
 //! worker's, read every round) stays assigned and keeps fetching ahead; a parked one is
 //! assigned again where it stopped by its next read, which then waits for that fetch.
 //!
+//! A pipeline's own topics (its sink, dead letters and script log: read on demand, and deleted
+//! and made again with the pipeline) are not read through the lanes but through cursors with
+//! a client each, as many as [`MAX_PRIVATE`] per partition, closed when unused, so a lane only
+//! ever has chain streams: the test broker (tansu) answers a fetch of a topic made a moment
+//! before as an unknown topic with a leader hint that crashes librdkafka 2.12.1 (a lookup of
+//! a topic without a name in its metadata cache), which a client made for the read did not
+//! meet (it connects first).
+//!
 //! A lane that has read a topic is replaced by a new client when the topic is released
 //! before its deletion ([`Readers::forget`]), its cursors closed: librdkafka 2.12.1 corrupts
 //! its metadata cache, and crashes, when a topic it knows is deleted and made again under the
@@ -62,6 +70,10 @@ const IDLE_CLOSE: Duration = Duration::from_secs(120);
 const IDLE_REUSE: Duration = Duration::from_secs(10);
 /// A cursor unused this long stops fetching until its next read.
 pub(super) const IDLE_PARK: Duration = Duration::from_secs(2);
+/// Most cursors with a client of their own per partition (of a pipeline's own topic).
+const MAX_PRIVATE: usize = 4;
+/// The lane number of a cursor with a client of its own.
+const PRIVATE: usize = usize::MAX;
 
 /// A partition by its Sluice topic name (without the cluster prefix).
 type PartitionKey = (String, u32);
@@ -326,6 +338,13 @@ impl Slots {
     fn holds(&self, lane: usize) -> bool {
         self.busy.contains(&lane) || self.idle.iter().any(|c| c.lane == lane)
     }
+
+    /// Marks one cursor of `lane` as back.
+    fn unbusy(&mut self, lane: usize) {
+        if let Some(at) = self.busy.iter().position(|&l| l == lane) {
+            self.busy.swap_remove(at);
+        }
+    }
 }
 
 /// The lanes, their idle cursors by partition, and each partition's end as last learnt.
@@ -406,6 +425,9 @@ impl Readers {
         let mut pool = self.pool();
         let slots = pool.entry((topic.to_owned(), partition)).or_default();
         let at = slots.idle.iter().position(|c| c.placed && c.next == from);
+        if crate::topics::is_pipeline_topic(topic) {
+            return self.take_private(slots, topic, name, partition, from);
+        }
         let mut lanes = self.lanes();
         let free = (0..lanes.len())
             .filter(|&lane| !slots.holds(lane))
@@ -425,6 +447,38 @@ impl Readers {
         Ok(Taken::Cursor(cursor))
     }
 
+    /// [`Readers::take`] for a pipeline's own topic: a cursor with a client of its own.
+    fn take_private(
+        &self,
+        slots: &mut Slots,
+        topic: &str,
+        name: &str,
+        partition: u32,
+        from: u64,
+    ) -> Result<Taken> {
+        let at = slots.idle.iter().position(|c| c.placed && c.next == from);
+        let oldest = (0..slots.idle.len()).min_by_key(|&i| slots.idle[i].last_used);
+        let full = slots.idle.len() + slots.busy.len() >= MAX_PRIVATE;
+        let movable = oldest.filter(|&i| full || slots.idle[i].last_used.elapsed() >= IDLE_REUSE);
+        let cursor = if let Some(at) = at {
+            slots.idle.swap_remove(at)
+        } else if let Some(i) = movable {
+            slots.idle.swap_remove(i)
+        } else if !full {
+            let mut own = Lane {
+                consumer: Arc::new((self.make_lane)()?),
+                assigned: Arc::default(),
+                generation: 0,
+                topics: HashSet::new(),
+            };
+            Cursor::new(PRIVATE, &mut own, topic, name.to_owned(), partition)?
+        } else {
+            return Ok(Taken::Wait);
+        };
+        slots.busy.push(cursor.lane);
+        Ok(Taken::Cursor(cursor))
+    }
+
     /// Returns a cursor to the pool after a read.
     pub(super) fn put(&self, topic: &str, cursor: Cursor) {
         // What a cursor read is there: the end is at least past it (appends made by other
@@ -432,7 +486,10 @@ impl Readers {
         let read_to = if cursor.placed && cursor.fetched { cursor.next } else { 0 };
         let end = cursor.end_seen().unwrap_or(read_to);
         self.learn_end(topic, cursor.partition, end);
-        let current = self.lanes()[cursor.lane].generation;
+        let current = match cursor.lane {
+            PRIVATE => cursor.generation,
+            lane => self.lanes()[lane].generation,
+        };
         if cursor.generation == current {
             self.give_back((topic.to_owned(), cursor.partition), cursor);
         } else {
@@ -446,7 +503,7 @@ impl Readers {
     fn give_back(&self, key: PartitionKey, cursor: Cursor) {
         let mut pool = self.pool();
         let slots = pool.entry(key).or_default();
-        slots.busy.retain(|&lane| lane != cursor.lane);
+        slots.unbusy(cursor.lane);
         slots.idle.push(cursor);
     }
 
@@ -455,7 +512,7 @@ impl Readers {
         let mut pool = self.pool();
         for (key, lane) in closed {
             if let Some(slots) = pool.get_mut(key) {
-                slots.busy.retain(|l| l != lane);
+                slots.unbusy(*lane);
             }
         }
         pool.retain(|_, slots| !slots.idle.is_empty() || !slots.busy.is_empty());
@@ -561,10 +618,19 @@ impl Readers {
     /// clients (see the module's notes), their cursors closed, and the topic's ends start
     /// again from zero. Blocks: run it on a blocking thread.
     pub(super) fn forget(&self, topic: &str) {
+        // Cursors with clients of their own close with their clients.
+        let own = self.take_idle(|(t, _), cursor| t == topic && cursor.lane == PRIVATE);
+        let mut closed = Vec::new();
+        for (key, cursor) in own {
+            closed.push((key, PRIVATE));
+            cursor.close();
+        }
+        self.release(&closed);
         let knew: Vec<usize> = {
             let lanes = self.lanes();
             (0..lanes.len()).filter(|&lane| lanes[lane].topics.contains(topic)).collect()
         };
+        let mut replaced = Vec::new();
         for lane in knew {
             let fresh = match (self.make_lane)() {
                 Ok(fresh) => fresh,
@@ -577,13 +643,17 @@ impl Readers {
                 let mut pool = self.pool();
                 let mut lanes = self.lanes();
                 let generation = lanes[lane].generation + 1;
-                lanes[lane] = Lane {
-                    consumer: Arc::new(fresh),
-                    assigned: Arc::default(),
-                    generation,
-                    topics: HashSet::new(),
-                };
+                let old_lane = std::mem::replace(
+                    &mut lanes[lane],
+                    Lane {
+                        consumer: Arc::new(fresh),
+                        assigned: Arc::default(),
+                        generation,
+                        topics: HashSet::new(),
+                    },
+                );
                 drop(lanes);
+                replaced.push(Arc::downgrade(&old_lane.consumer));
                 // Cursors of the old client out of the pool now; those reading come back stale.
                 let mut old = Vec::new();
                 for slots in pool.values_mut() {
@@ -603,6 +673,25 @@ impl Readers {
             tracing::debug!(%topic, lane, generation, "replaced a reader client");
         }
         self.returned.notify_waiters();
+        // The old clients must be gone before the topic is: wait for the reads still using
+        // them to come back, and close their cursors.
+        let started = Instant::now();
+        loop {
+            let stale = std::mem::take(
+                &mut *self.stale.lock().expect("stale cursors mutex is never poisoned"),
+            );
+            for cursor in stale {
+                cursor.close();
+            }
+            if replaced.iter().all(|old| old.strong_count() == 0) {
+                break;
+            }
+            if started.elapsed() >= FETCH_WAIT + PLACE_TIMEOUT {
+                tracing::warn!(%topic, "a replaced reader client is still in use; the topic goes anyway");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         self.ends.lock().expect("ends mutex is never poisoned").retain(|(t, _), _| t != topic);
     }
 }

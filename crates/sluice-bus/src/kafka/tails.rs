@@ -7,6 +7,11 @@
 //! broker (its fetch waits up to `fetch.wait.max.ms` for data), on one thread. Every record
 //! it receives wakes the topic's watchers and tells the readers the partition's new end. A
 //! topic leaves the tail when its last watch is dropped; the thread stays while the log does.
+//! A pipeline's own topics (sink, dead letters, script log) are each followed by a tail of
+//! their own instead, which ends with its last watch: they are watched only while someone
+//! reads them, and a shared client fetching a topic made a moment before crashed on the test
+//! broker (see `readers`).
+//!
 //! A topic released before its deletion ([`Tails::stop`]) leaves the tail with the tail's
 //! client: a new one follows the other topics (librdkafka 2.12.1 crashes when a topic it
 //! knows is deleted and made again under the same name; see `readers`).
@@ -59,17 +64,33 @@ pub(super) struct Follow {
     pub readers_topic: String,
     /// Its partition count, when known.
     pub partitions: Option<u32>,
+    /// Whether the shared tail follows it (else a tail of its own).
+    pub shared: bool,
+}
+
+/// The tail that follows `topic`: "" for the shared one, else the topic's own.
+fn tail_of(topic: &str, shared: bool) -> String {
+    if shared { String::new() } else { topic.to_owned() }
 }
 
 /// Makes the tail's client (`None` when it cannot, which it logs).
 pub(super) type MakeTail = Arc<dyn Fn() -> Option<BaseConsumer<Context>> + Send + Sync>;
 
+/// What the tail thread is started with: how to make its client, and the log's metadata
+/// client, which looks topics up for it (so that the tail's client never learns of a topic
+/// it does not follow: one that does not exist yet, when a watch comes first, crashed it
+/// once the topic was made).
+pub(super) struct TailClients {
+    pub make: MakeTail,
+    pub meta: Arc<BaseConsumer<Context>>,
+}
+
 /// The watch channels of the topics being watched, by Kafka topic name, and the tail.
 #[derive(Default)]
 pub(super) struct Tails {
     channels: Mutex<HashMap<String, Entry>>,
-    /// Requests to the tail thread; `None` until the first watch starts it.
-    requests: Mutex<Option<mpsc::Sender<Request>>>,
+    /// Requests to the running tail threads, by [`tail_of`].
+    requests: Mutex<HashMap<String, mpsc::Sender<Request>>>,
 }
 
 impl Tails {
@@ -90,7 +111,7 @@ impl Tails {
         self: &Arc<Self>,
         follow: Follow,
         readers: &Arc<Readers>,
-        make: &MakeTail,
+        clients: &TailClients,
     ) -> AppendWatch {
         let mut channels = self.channels();
         let entry = channels
@@ -98,7 +119,8 @@ impl Tails {
             .or_insert_with(|| Entry { sender: watch::channel(0).0, followed: false });
         let receiver = entry.sender.subscribe();
         if !entry.followed {
-            entry.followed = self.request(Request::Follow(follow), readers, make);
+            let key = tail_of(&follow.topic, follow.shared);
+            entry.followed = self.request(key, Request::Follow(follow), readers, clients);
         }
         AppendWatch::new(receiver)
     }
@@ -107,12 +129,13 @@ impl Tails {
     /// not run; false when no tail runs.
     fn request(
         self: &Arc<Self>,
+        key: String,
         request: Request,
         readers: &Arc<Readers>,
-        make: &MakeTail,
+        clients: &TailClients,
     ) -> bool {
         let mut requests = self.requests.lock().expect("tail request mutex is never poisoned");
-        let request = match requests.as_ref() {
+        let request = match requests.get(&key) {
             Some(sender) => match sender.send(request) {
                 Ok(()) => return true,
                 // The thread is gone: start it again.
@@ -120,7 +143,7 @@ impl Tails {
             },
             None => request,
         };
-        let Some(consumer) = make() else { return false };
+        let Some(consumer) = (clients.make)() else { return false };
         let (sender, receiver) = mpsc::channel();
         let tail = Tail {
             consumer,
@@ -129,7 +152,9 @@ impl Tails {
             readers: readers.clone(),
             followed: HashMap::new(),
             known: HashSet::new(),
-            make: make.clone(),
+            make: clients.make.clone(),
+            meta: clients.meta.clone(),
+            key: key.clone(),
         };
         let spawned =
             std::thread::Builder::new().name("kafka-tail".to_owned()).spawn(move || tail.run());
@@ -138,14 +163,14 @@ impl Tails {
             return false;
         }
         let sent = sender.send(request).is_ok();
-        *requests = Some(sender);
+        requests.insert(key, sender);
         sent
     }
 
     /// Stops following `topic` (before the topic is deleted) and waits until the tail has
     /// let it go; its watchers stay, woken by appends through this process, and the next
     /// watch follows it again. Blocks: run it on a blocking thread.
-    pub(super) fn stop(&self, topic: &str) {
+    pub(super) fn stop(&self, topic: &str, shared: bool) {
         // Asked even when nobody watches the topic now: the tail's client may have followed
         // it before, and must go before the topic does.
         if let Some(entry) = self.channels().get_mut(topic) {
@@ -154,7 +179,7 @@ impl Tails {
         let (done, stopped) = mpsc::channel();
         let sent = {
             let requests = self.requests.lock().expect("tail request mutex is never poisoned");
-            requests.as_ref().is_some_and(|sender| {
+            requests.get(&tail_of(topic, shared)).is_some_and(|sender| {
                 sender.send(Request::Stop { topic: topic.to_owned(), done }).is_ok()
             })
         };
@@ -210,6 +235,10 @@ struct Tail {
     /// Every topic the client has followed (or looked up), followed now or not.
     known: HashSet<String>,
     make: MakeTail,
+    /// Looks topics up (see [`TailClients`]).
+    meta: Arc<BaseConsumer<Context>>,
+    /// "" for the shared tail, else the one topic it follows.
+    key: String,
 }
 
 impl Tail {
@@ -219,10 +248,20 @@ impl Tail {
         loop {
             loop {
                 match self.requests.try_recv() {
+                    // A topic's own tail ends with its topic (its client first).
+                    Ok(Request::Stop { done, .. }) if !self.key.is_empty() => {
+                        self.retire_now();
+                        drop(self);
+                        let _ = done.send(());
+                        return;
+                    }
                     Ok(request) => self.serve(request),
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => return,
                 }
+            }
+            if !self.key.is_empty() && self.followed.is_empty() && self.retire() {
+                return;
             }
             let Some(tails) = self.tails.upgrade() else { return };
             if swept.elapsed() >= UNWATCHED_EVERY {
@@ -262,6 +301,41 @@ impl Tail {
         }
     }
 
+    /// Ends a topic's own tail: no request reaches it any more (one that came meanwhile is
+    /// served, and then it goes on: false).
+    fn retire(&mut self) -> bool {
+        let Some(tails) = self.tails.upgrade() else { return true };
+        let mut requests = tails.requests.lock().expect("tail request mutex is never poisoned");
+        match self.requests.try_recv() {
+            Ok(request) => {
+                drop(requests);
+                self.serve(request);
+                false
+            }
+            Err(_) => {
+                requests.remove(&self.key);
+                true
+            }
+        }
+    }
+
+    /// Ends a topic's own tail at once: no request reaches it any more, and those that came
+    /// meanwhile are answered (a follow as not followed, so the next watch asks again).
+    fn retire_now(&mut self) {
+        let Some(tails) = self.tails.upgrade() else { return };
+        let mut requests = tails.requests.lock().expect("tail request mutex is never poisoned");
+        requests.remove(&self.key);
+        drop(requests);
+        while let Ok(request) = self.requests.try_recv() {
+            match request {
+                Request::Follow(follow) => tails.not_followed(&follow.topic),
+                Request::Stop { done, .. } => {
+                    let _ = done.send(());
+                }
+            }
+        }
+    }
+
     fn serve(&mut self, request: Request) {
         match request {
             Request::Follow(follow) => {
@@ -287,12 +361,11 @@ impl Tail {
         if self.followed.contains_key(topic) {
             return true;
         }
-        self.known.insert(topic.clone());
         // Start where each partition ends now (as the broker answers it; an answer that is
         // too low only wakes watchers once more), then wake the watchers once: an append
         // made between the watch and this point is found by their next read.
         let partitions = follow.partitions.or_else(|| {
-            let metadata = self.consumer.fetch_metadata(Some(topic), START_TIMEOUT).ok()?;
+            let metadata = self.meta.fetch_metadata(Some(topic), START_TIMEOUT).ok()?;
             let found = metadata.topics().iter().find(|t| t.name() == topic)?;
             u32::try_from(found.partitions().len()).ok().filter(|n| *n > 0)
         });
@@ -302,7 +375,7 @@ impl Tail {
         };
         let mut list = TopicPartitionList::new();
         for partition in 0..partitions {
-            let end = match self.consumer.fetch_watermarks(topic, partition as i32, START_TIMEOUT) {
+            let end = match self.meta.fetch_watermarks(topic, partition as i32, START_TIMEOUT) {
                 Ok((_, high)) => Offset::Offset(high),
                 Err(_) => Offset::End,
             };
@@ -310,6 +383,7 @@ impl Tail {
                 return false;
             }
         }
+        self.known.insert(topic.clone());
         if let Err(error) = self.consumer.incremental_assign(&list) {
             tracing::warn!(%error, %topic, "cannot follow the topic; its watchers wait for their timeouts");
             return false;
@@ -332,7 +406,8 @@ impl Tail {
         self.known.clear();
         let followed = std::mem::take(&mut self.followed);
         for (topic, (partitions, readers_topic)) in followed {
-            let follow = Follow { topic, readers_topic, partitions: Some(partitions) };
+            let follow =
+                Follow { topic, readers_topic, partitions: Some(partitions), shared: true };
             if !self.follow(&follow) {
                 if let Some(tails) = self.tails.upgrade() {
                     tails.not_followed(&follow.topic);
