@@ -12,8 +12,10 @@
 //!   brokers acknowledged every record.
 //! - Reads: [`readers`]. Watches: [`tails`]. Group offsets: [`groups`].
 //! - Clients: an admin client (group offsets too), a producer, a consumer for metadata and
-//!   watermarks, [`readers::LANES`] fetching consumers and one tail consumer: a fixed
-//!   set, whatever the number of groups, partitions read and topics watched. librdkafka's
+//!   watermarks, [`readers::LANES`] fetching consumers and one tail consumer for the chain
+//!   streams: a fixed set, whatever the number of groups, partitions read and streams
+//!   watched. A pipeline's own topics (sink, dead letters, script log) get clients of their
+//!   own while someone reads or watches them (see [`readers`] for why). librdkafka's
 //!   blocking calls run on [`BLOCKING_THREADS`] threads of the log's own.
 //! - `append_and_commit` appends, then commits (at-least-once: a crash in between delivers
 //!   the batch again); the embedded log does both in one transaction.
