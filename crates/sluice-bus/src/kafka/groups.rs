@@ -2,13 +2,13 @@
 //!
 //! A librdkafka consumer commits only for the group it was made with (`group.id` is a
 //! client setting), so committing for every deployment's group through consumers needs a
-//! client per group, each with its own threads: at 1,000 deployed pipelines that was most of
-//! a node's ~4,000 threads. librdkafka's admin API has what a group's offsets need for any
-//! group (`AlterConsumerGroupOffsets` and `ListConsumerGroupOffsets`, an `OffsetCommit` and
-//! an `OffsetFetch` to the group's coordinator, as the consumers sent), but `rdkafka` 0.39
-//! does not wrap them, so they are called here through `rdkafka-sys` on the log's admin
-//! client. A commit needs the group to have no active members, which holds for Sluice's
-//! groups: its readers are assigned partitions and never join them.
+//! client per group, each with its own threads (main, internal, and one per broker): a node
+//! with 1,000 deployments held 1,000 of them. librdkafka's admin API has what a group's
+//! offsets need for any group (`AlterConsumerGroupOffsets` and `ListConsumerGroupOffsets`,
+//! an `OffsetCommit` and an `OffsetFetch` to the group's coordinator, as the consumers sent),
+//! but `rdkafka` 0.39 does not wrap them, so they are called here through `rdkafka-sys` on
+//! the log's admin client. A commit needs the group to have no active members, which holds
+//! for Sluice's groups: its readers are assigned partitions and never join them.
 //!
 //! The one module of `sluice-bus` that may use `unsafe` (the crate denies it). What every
 //! block relies on:
@@ -56,8 +56,9 @@ type Outcome = Result<Vec<Answer>, KafkaError>;
 /// Commits and reads group offsets through the admin client; results come back on a queue of
 /// its own, served by one thread.
 pub(super) struct GroupOffsets {
-    admin: Arc<AdminClient<Context>>,
+    /// Declared (so dropped) before `admin`: the queue goes before the client it belongs to.
     queue: Arc<Queue>,
+    admin: Arc<AdminClient<Context>>,
     waiting: Arc<Mutex<HashMap<usize, oneshot::Sender<Outcome>>>>,
     next: AtomicUsize,
     stop: Arc<AtomicBool>,
@@ -103,7 +104,7 @@ impl GroupOffsets {
         std::thread::Builder::new()
             .name("kafka-offsets".to_owned())
             .spawn(move || results.run())?;
-        Ok(Self { admin, queue, waiting, next: AtomicUsize::new(1), stop })
+        Ok(Self { queue, admin, waiting, next: AtomicUsize::new(1), stop })
     }
 
     /// Stores `offsets` (topic, partition, offset) as `group`'s committed offsets.
