@@ -582,7 +582,7 @@ impl StreamLog for KafkaLog {
             topic: self.name(topic),
             readers_topic: topic.to_owned(),
             partitions: self.cached(topic).map(|config| config.partitions),
-            shared: !crate::topics::is_pipeline_topic(topic),
+            shared: !self.inner.readers.is_own(topic),
         };
         self.inner.tails.watch(follow, &self.inner.readers, &self.inner.tail_clients)
     }
@@ -590,10 +590,12 @@ impl StreamLog for KafkaLog {
     async fn release_topic(&self, topic: &str) {
         let (readers, tails) = (self.inner.readers.clone(), self.inner.tails.clone());
         let (topic_name, name) = (topic.to_owned(), self.name(topic));
+        // Which tail follows it now (after this, its own would).
+        let shared = !readers.is_own(topic);
         let released = (self.inner.blocking)
             .run(move || {
                 readers.forget(&topic_name);
-                tails.stop(&name, !crate::topics::is_pipeline_topic(&topic_name));
+                tails.stop(&name, shared);
                 Ok(())
             })
             .await;

@@ -33,6 +33,10 @@
 //! a topic without a name in its metadata cache), which a client made for the read did not
 //! meet (it connects first).
 //!
+//! A topic released for deletion in this process is read through clients of its own from
+//! then on too ([`Readers::is_own`]): made again under the same name, a fetch of it by a
+//! shared client crashed librdkafka the same way (a new client for the read did not).
+//!
 //! A lane that has read a topic is replaced by a new client when the topic is released
 //! before its deletion ([`Readers::forget`]), its cursors closed: librdkafka 2.12.1 corrupts
 //! its metadata cache, and crashes, when a topic it knows is deleted and made again under the
@@ -354,6 +358,8 @@ pub(super) struct Readers {
     make_lane: MakeLane,
     /// Cursors of replaced lanes that came back from a read, closed by the next sweep.
     stale: Mutex<Vec<Cursor>>,
+    /// Shared topics released for deletion in this process, read by own clients since.
+    released: Mutex<HashSet<String>>,
     pool: Mutex<HashMap<PartitionKey, Slots>>,
     /// Signalled when a cursor comes back to the pool (a read waiting for one tries again).
     returned: Notify,
@@ -386,6 +392,7 @@ impl Readers {
             lanes: Mutex::new(lanes),
             make_lane,
             stale: Mutex::default(),
+            released: Mutex::default(),
             pool: Mutex::default(),
             returned: Notify::new(),
             ends: Mutex::default(),
@@ -425,7 +432,7 @@ impl Readers {
         let mut pool = self.pool();
         let slots = pool.entry((topic.to_owned(), partition)).or_default();
         let at = slots.idle.iter().position(|c| c.placed && c.next == from);
-        if crate::topics::is_pipeline_topic(topic) {
+        if self.is_own(topic) {
             return self.take_private(slots, topic, name, partition, from);
         }
         let mut lanes = self.lanes();
@@ -447,7 +454,19 @@ impl Readers {
         Ok(Taken::Cursor(cursor))
     }
 
-    /// [`Readers::take`] for a pipeline's own topic: a cursor with a client of its own.
+    /// Whether `topic` is read (and watched) through clients of its own rather than the shared
+    /// ones: a pipeline's own topic, or one released for deletion before (see the module's
+    /// notes).
+    pub(super) fn is_own(&self, topic: &str) -> bool {
+        crate::topics::is_pipeline_topic(topic)
+            || self
+                .released
+                .lock()
+                .expect("released topics mutex is never poisoned")
+                .contains(topic)
+    }
+
+    /// [`Readers::take`] for a topic read through clients of its own.
     fn take_private(
         &self,
         slots: &mut Slots,
@@ -618,6 +637,10 @@ impl Readers {
     /// clients (see the module's notes), their cursors closed, and the topic's ends start
     /// again from zero. Blocks: run it on a blocking thread.
     pub(super) fn forget(&self, topic: &str) {
+        self.released
+            .lock()
+            .expect("released topics mutex is never poisoned")
+            .insert(topic.to_owned());
         // Cursors with clients of their own close with their clients.
         let own = self.take_idle(|(t, _), cursor| t == topic && cursor.lane == PRIVATE);
         let mut closed = Vec::new();

@@ -237,3 +237,40 @@ async fn a_group_deleted_is_committed_to_again() {
     log.commit("g", "t", &[(0, 2)]).await.unwrap();
     assert_eq!(log.committed("g", "t").await.unwrap().into_iter().collect::<Vec<_>>(), [(0, 2)]);
 }
+
+/// A stream read and watched through the shared clients, deleted and made again under the
+/// same name, is read and watched again (the clients that knew it were replaced: librdkafka
+/// 2.12.1 crashed in its metadata cache otherwise), and other streams read on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_and_made_again_is_read_and_watched_again() {
+    let [log] = processes().await;
+    let config = TopicConfig { partitions: 2, retention: Default::default() };
+    for topic in ["base.kept", "base.again"] {
+        log.create_topic(topic, config).await.unwrap();
+        log.append(topic, vec![record("a", "1"), record("b", "2")]).await.unwrap();
+    }
+    let _kept = log.watch("base.kept");
+    let watch = log.watch("base.again");
+    for topic in ["base.kept", "base.again"] {
+        let read: usize = records_in(&log, topic, config.partitions).await;
+        assert_eq!(read, 2, "{topic}");
+    }
+    drop(watch);
+    assert!(log.delete_topic("base.again").await.unwrap());
+    log.create_topic("base.again", config).await.unwrap();
+    let mut watch = log.watch("base.again");
+    log.append("base.again", vec![record("c", "3")]).await.unwrap();
+    assert!(watch.wait(Duration::from_secs(60)).await, "the new topic's append woke the watch");
+    assert_eq!(records_in(&log, "base.again", config.partitions).await, 1);
+    log.append("base.kept", vec![record("d", "4")]).await.unwrap();
+    assert_eq!(records_in(&log, "base.kept", config.partitions).await, 3);
+}
+
+/// How many records every partition of `topic` holds, read from the start.
+async fn records_in(log: &KafkaLog, topic: &str, partitions: u32) -> usize {
+    let mut total = 0;
+    for partition in 0..partitions {
+        total += log.read(topic, partition, 0, 100).await.unwrap().len();
+    }
+    total
+}
