@@ -10,12 +10,19 @@
 //!
 //! - Appends go through one idempotent producer (`acks=all`); an append returns once the
 //!   brokers acknowledged every record.
-//! - Reads: [`readers`]. Watches: [`tails`].
+//! - Reads: [`readers`]. Watches: [`tails`]. Group offsets: [`groups`].
+//! - Clients: an admin client (group offsets too), a producer, a consumer for metadata and
+//!   watermarks, [`readers::LANES`] fetching consumers and one tail consumer for the chain
+//!   streams: a fixed set, whatever the number of groups, partitions read and streams
+//!   watched. A pipeline's own topics (sink, dead letters, script log) get clients of their
+//!   own while someone reads or watches them (see [`readers`] for why). librdkafka's
+//!   blocking calls run on [`BLOCKING_THREADS`] threads of the log's own.
 //! - `append_and_commit` appends, then commits (at-least-once: a crash in between delivers
 //!   the batch again); the embedded log does both in one transaction.
 //! - Retention is the topics' `retention.ms` / `retention.bytes`, applied by the brokers;
 //!   [`StreamLog::enforce_retention`] has nothing to do.
 
+mod groups;
 mod readers;
 mod settings;
 mod tails;
@@ -28,7 +35,7 @@ use async_trait::async_trait;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
@@ -36,7 +43,8 @@ use sluice_core::clock::Clock;
 
 pub use settings::KafkaSettings;
 
-use self::readers::{Cursor, Readers};
+use self::groups::GroupOffsets;
+use self::readers::Readers;
 use self::tails::Tails;
 use crate::topics::check_name;
 use crate::{
@@ -50,6 +58,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 const DELIVERY_TIMEOUT_MS: &str = "30000";
 /// Largest record the producer sends (the brokers' `message.max.bytes` may be lower).
 const MAX_MESSAGE_BYTES: &str = "8388608";
+/// Threads for librdkafka's blocking calls (metadata, watermarks, placing and parking
+/// cursors): at most this many run at once, more wait.
+const BLOCKING_THREADS: usize = 4;
 
 /// The stream log on a Kafka cluster.
 #[derive(Clone)]
@@ -60,16 +71,19 @@ pub struct KafkaLog {
 struct Inner {
     settings: KafkaSettings,
     clock: Arc<dyn Clock>,
-    admin: AdminClient<Context>,
+    admin: Arc<AdminClient<Context>>,
     producer: FutureProducer<Context>,
     /// Metadata, watermarks and time lookups.
     meta: Arc<BaseConsumer<Context>>,
+    /// Bounds the blocking calls running at once.
+    blocking: Blocking,
     /// Topic configurations by Sluice name, as created or last read.
     topics: Mutex<HashMap<String, TopicConfig>>,
-    /// One client per consumer group, to commit and read its offsets.
-    groups: Mutex<HashMap<String, Arc<BaseConsumer<Context>>>>,
+    /// Commits and reads the offsets of every consumer group (through `admin`).
+    groups: GroupOffsets,
     readers: Arc<Readers>,
     tails: Arc<Tails>,
+    tail_clients: tails::TailClients,
 }
 
 impl std::fmt::Debug for KafkaLog {
@@ -87,6 +101,9 @@ impl KafkaLog {
     pub async fn connect(settings: KafkaSettings, clock: Arc<dyn Clock>) -> Result<Self> {
         let base = client_config(&settings);
         let admin: AdminClient<Context> = base.create_with_context(Context).map_err(backend)?;
+        let admin = Arc::new(admin);
+        let groups = GroupOffsets::start(admin.clone())
+            .map_err(|error| BusError::Backend { source: Box::new(error), transient: true })?;
         let producer: FutureProducer<Context> = base
             .clone()
             .set("enable.idempotence", "true")
@@ -100,28 +117,58 @@ impl KafkaLog {
         let meta: BaseConsumer<Context> =
             consumer_config(&settings, None).create_with_context(Context).map_err(backend)?;
         let meta = Arc::new(meta);
+        let blocking = Blocking::start()?;
         let probe = meta.clone();
-        let reached = blocking(move || probe.fetch_metadata(None, Duration::from_secs(10))).await;
+        let reached =
+            blocking.run(move || probe.fetch_metadata(None, Duration::from_secs(10))).await;
         if let Err(error) = reached {
             return Err(BusError::Unreachable {
                 url: settings.redacted(),
                 reason: error.to_string(),
             });
         }
-        let readers = Arc::new(Readers::default());
+        let lane_settings = settings.clone();
+        let readers = Arc::new(Readers::new(Box::new(move || {
+            consumer_config(&lane_settings, None)
+                .set("enable.partition.eof", "true")
+                .set("fetch.wait.max.ms", lane_settings.fetch_wait_ms.to_string())
+                .set("queued.max.messages.kbytes", "16384")
+                .create_with_context(Context)
+                .map_err(backend)
+        }))?);
         // Parks idle cursors (and closes old ones) until the log is dropped.
         let sweeping = Arc::downgrade(&readers);
+        let sweeper = blocking.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_secs(1));
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 every.tick().await;
                 let Some(readers) = sweeping.upgrade() else { return };
-                if tokio::task::spawn_blocking(move || readers.sweep()).await.is_err() {
+                let swept = sweeper.run(move || {
+                    readers.sweep();
+                    Ok(())
+                });
+                if swept.await.is_err() {
                     return;
                 }
             }
         });
+        let tail_settings = settings.clone();
+        let make_tail: tails::MakeTail = Arc::new(move || {
+            let consumer = consumer_config(&tail_settings, None)
+                .set("fetch.wait.max.ms", tail_settings.fetch_wait_ms.to_string())
+                .set("queued.max.messages.kbytes", "1024")
+                .create_with_context(Context);
+            match consumer {
+                Ok(consumer) => Some(consumer),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot follow topics; local appends only");
+                    None
+                }
+            }
+        });
+        let tail_clients = tails::TailClients { make: make_tail, meta: meta.clone() };
         Ok(Self {
             inner: Arc::new(Inner {
                 settings,
@@ -129,10 +176,12 @@ impl KafkaLog {
                 admin,
                 producer,
                 meta,
+                blocking,
                 topics: Mutex::new(HashMap::new()),
-                groups: Mutex::new(HashMap::new()),
+                groups,
                 readers,
                 tails: Arc::new(Tails::default()),
+                tail_clients,
             }),
         })
     }
@@ -161,7 +210,8 @@ impl KafkaLog {
         let name = self.name(topic);
         let meta = self.inner.meta.clone();
         let lookup = name.clone();
-        let metadata = blocking(move || meta.fetch_metadata(Some(&lookup), REQUEST_TIMEOUT))
+        let metadata = (self.inner.blocking)
+            .run(move || meta.fetch_metadata(Some(&lookup), REQUEST_TIMEOUT))
             .await
             .map_err(backend)?;
         let Some(found) = metadata.topics().iter().find(|t| t.name() == name) else {
@@ -221,36 +271,7 @@ impl KafkaLog {
         Ok(retention)
     }
 
-    /// The group's client, made on first use.
-    fn group(&self, group: &str) -> Result<Arc<BaseConsumer<Context>>> {
-        let mut groups = self.inner.groups.lock().expect("group map mutex");
-        if let Some(client) = groups.get(group) {
-            return Ok(client.clone());
-        }
-        let client: BaseConsumer<Context> =
-            consumer_config(&self.inner.settings, Some(&self.name(group)))
-                .create_with_context(Context)
-                .map_err(backend)?;
-        let client = Arc::new(client);
-        groups.insert(group.to_owned(), client.clone());
-        Ok(client)
-    }
-
-    /// A cursor of `partition` that will read `from` next.
-    fn cursor(&self, topic: &str, partition: u32, from: u64) -> Result<Cursor> {
-        if let Some(cursor) = self.inner.readers.take(topic, partition, from) {
-            return Ok(cursor);
-        }
-        let consumer: BaseConsumer<Context> = consumer_config(&self.inner.settings, None)
-            .set("enable.partition.eof", "true")
-            .set("fetch.wait.max.ms", self.inner.settings.fetch_wait_ms.to_string())
-            .set("queued.max.messages.kbytes", "16384")
-            .create_with_context(Context)
-            .map_err(backend)?;
-        Ok(Cursor::new(consumer, self.name(topic), partition))
-    }
-
-    /// Reads with a pooled cursor on a blocking thread.
+    /// Reads with a pooled cursor.
     async fn read_with_cursor(
         &self,
         topic: &str,
@@ -272,18 +293,48 @@ impl KafkaLog {
         max: usize,
         fresh: bool,
     ) -> Result<Vec<Record>> {
-        let mut cursor = self.cursor(topic, partition, from)?;
+        // On a task of its own: a caller that stops waiting does not take the cursor with it
+        // (its lane stays the partition's until the read is done and the cursor is back).
+        let log = self.clone();
+        let topic = topic.to_owned();
+        tokio::spawn(async move { log.read_in_task(&topic, partition, from, max, fresh).await })
+            .await
+            .map_err(|_| BusError::Closed)?
+    }
+
+    async fn read_in_task(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max: usize,
+        fresh: bool,
+    ) -> Result<Vec<Record>> {
+        let readers = &self.inner.readers;
+        let mut cursor = readers.cursor(topic, &self.name(topic), partition, from).await?;
         if fresh {
             cursor.replace();
         }
-        let known_end = self.inner.readers.known_end(topic, partition);
-        let (cursor, read) = tokio::task::spawn_blocking(move || {
-            let read = cursor.read(from, max, known_end);
-            (cursor, read)
-        })
-        .await
-        .map_err(|_| BusError::Closed)?;
-        self.inner.readers.put(topic, cursor);
+        if cursor.needs_placing(from) {
+            let placed = self
+                .inner
+                .blocking
+                .run(move || {
+                    let placed = cursor.place(from);
+                    Ok((cursor, placed))
+                })
+                .await;
+            // Only a panic while placing loses the cursor; its lane then stays taken.
+            let (back, placed) = placed.map_err(|_| BusError::Closed)?;
+            cursor = back;
+            if let Err(error) = placed {
+                readers.put(topic, cursor);
+                return Err(error);
+            }
+        }
+        let known_end = readers.known_end(topic, partition);
+        let read = cursor.read(from, max, known_end).await;
+        readers.put(topic, cursor);
         read
     }
 
@@ -295,10 +346,10 @@ impl KafkaLog {
     async fn partition_offsets(&self, topic: &str, partition: u32) -> Result<OffsetRange> {
         let name = self.name(topic);
         let meta = self.inner.meta.clone();
-        let (low, high) =
-            blocking(move || meta.fetch_watermarks(&name, partition as i32, REQUEST_TIMEOUT))
-                .await
-                .map_err(backend)?;
+        let (low, high) = (self.inner.blocking)
+            .run(move || meta.fetch_watermarks(&name, partition as i32, REQUEST_TIMEOUT))
+            .await
+            .map_err(backend)?;
         let start = u64::try_from(low).unwrap_or(0);
         let listed = u64::try_from(high).unwrap_or(0);
         let mut end = listed.max(start).max(self.inner.readers.known_end(topic, partition));
@@ -440,7 +491,8 @@ impl StreamLog for KafkaLog {
         )
         .map_err(backend)?;
         let meta = self.inner.meta.clone();
-        let found = blocking(move || meta.offsets_for_times(list, REQUEST_TIMEOUT))
+        let found = (self.inner.blocking)
+            .run(move || meta.offsets_for_times(list, REQUEST_TIMEOUT))
             .await
             .map_err(backend)?;
         let hint = match found.elements().first().map(|element| element.offset()) {
@@ -477,46 +529,37 @@ impl StreamLog for KafkaLog {
     async fn commit(&self, group: &str, topic: &str, offsets: &[(u32, u64)]) -> Result<()> {
         let config = self.existing(topic).await?;
         let name = self.name(topic);
-        let mut list = TopicPartitionList::new();
+        let mut list = Vec::with_capacity(offsets.len());
         for &(partition, offset) in offsets {
             if partition >= config.partitions {
                 return Err(BusError::UnknownPartition { topic: topic.to_owned(), partition });
             }
-            let offset = Offset::Offset(i64::try_from(offset).unwrap_or(i64::MAX));
-            list.add_partition_offset(&name, partition as i32, offset).map_err(backend)?;
+            list.push((name.as_str(), partition as i32, i64::try_from(offset).unwrap_or(i64::MAX)));
         }
         if offsets.is_empty() {
             return Ok(());
         }
-        let client = self.group(group)?;
-        blocking(move || client.commit(&list, CommitMode::Sync)).await.map_err(backend)
+        self.inner.groups.commit(&self.name(group), &list, REQUEST_TIMEOUT).await.map_err(backend)
     }
 
     async fn committed(&self, group: &str, topic: &str) -> Result<BTreeMap<u32, u64>> {
         let Some(config) = self.config_of(topic).await? else { return Ok(BTreeMap::new()) };
-        let name = self.name(topic);
-        let mut list = TopicPartitionList::new();
-        for partition in 0..config.partitions {
-            list.add_partition(&name, partition as i32);
-        }
-        let client = self.group(group)?;
-        let found = blocking(move || client.committed_offsets(list, REQUEST_TIMEOUT))
+        let partitions = (0..config.partitions).map(|partition| partition as i32);
+        let found = self
+            .inner
+            .groups
+            .committed(&self.name(group), &self.name(topic), partitions, REQUEST_TIMEOUT)
             .await
             .map_err(backend)?;
         Ok(found
-            .elements()
-            .iter()
-            .filter_map(|element| match element.offset() {
-                Offset::Offset(offset) => {
-                    Some((u32::try_from(element.partition()).ok()?, u64::try_from(offset).ok()?))
-                }
-                _ => None,
+            .into_iter()
+            .filter_map(|(partition, offset)| {
+                Some((u32::try_from(partition).ok()?, u64::try_from(offset).ok()?))
             })
             .collect())
     }
 
     async fn delete_group(&self, group: &str) -> Result<()> {
-        self.inner.groups.lock().expect("group map mutex").remove(group);
         let name = self.name(group);
         let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
         let results = self.inner.admin.delete_groups(&[&name], &options).await.map_err(backend)?;
@@ -535,34 +578,29 @@ impl StreamLog for KafkaLog {
     }
 
     fn watch(&self, topic: &str) -> AppendWatch {
-        let name = self.name(topic);
-        let partitions = self.cached(topic).map(|config| config.partitions);
-        let settings = self.inner.settings.clone();
-        let (tails, readers) = (self.inner.tails.clone(), self.inner.readers.clone());
-        self.inner.tails.watch(&name, |sender, stop| {
-            let consumer = consumer_config(&settings, None)
-                .set("fetch.wait.max.ms", settings.fetch_wait_ms.to_string())
-                .set("queued.max.messages.kbytes", "1024")
-                .create_with_context(Context);
-            match consumer {
-                Ok(consumer) => {
-                    let ends = tails::EndsTo { readers, topic: topic.to_owned() };
-                    tails::spawn(consumer, name.clone(), partitions, sender, stop, tails, ends)
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "cannot follow a topic; local appends only");
-                    None
-                }
-            }
-        })
+        let follow = tails::Follow {
+            topic: self.name(topic),
+            readers_topic: topic.to_owned(),
+            partitions: self.cached(topic).map(|config| config.partitions),
+            shared: !self.inner.readers.is_own(topic),
+        };
+        self.inner.tails.watch(follow, &self.inner.readers, &self.inner.tail_clients)
     }
 
     async fn release_topic(&self, topic: &str) {
-        self.inner.readers.forget(topic);
-        let tails = self.inner.tails.clone();
-        let name = self.name(topic);
-        if tokio::task::spawn_blocking(move || tails.stop(&name)).await.is_err() {
-            tracing::warn!(%topic, "stopping a tail failed");
+        let (readers, tails) = (self.inner.readers.clone(), self.inner.tails.clone());
+        let (topic_name, name) = (topic.to_owned(), self.name(topic));
+        // Which tail follows it now (after this, its own would).
+        let shared = !readers.is_own(topic);
+        let released = (self.inner.blocking)
+            .run(move || {
+                readers.forget(&topic_name);
+                tails.stop(&name, shared);
+                Ok(())
+            })
+            .await;
+        if released.is_err() {
+            tracing::warn!(%topic, "releasing a topic failed");
         }
     }
 
@@ -596,12 +634,13 @@ impl StreamLog for KafkaLog {
 
     async fn ready(&self) -> Result<()> {
         let meta = self.inner.meta.clone();
-        blocking(move || meta.fetch_metadata(None, Duration::from_secs(3))).await.map_err(
-            |error| BusError::Unreachable {
+        (self.inner.blocking)
+            .run(move || meta.fetch_metadata(None, Duration::from_secs(3)))
+            .await
+            .map_err(|error| BusError::Unreachable {
                 url: self.inner.settings.redacted(),
                 reason: error.to_string(),
-            },
-        )?;
+            })?;
         Ok(())
     }
 }
@@ -673,11 +712,58 @@ impl KafkaLog {
     }
 }
 
-/// Runs a blocking librdkafka call off the async threads.
-async fn blocking<T: Send + 'static>(
-    call: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
-) -> Result<T, KafkaError> {
-    tokio::task::spawn_blocking(call).await.unwrap_or(Err(KafkaError::Canceled))
+/// Runs blocking librdkafka calls off the async threads, on [`BLOCKING_THREADS`] threads of
+/// its own (tokio's blocking pool would grow a thread per call waiting at once); calls queue
+/// for a free thread.
+#[derive(Clone)]
+struct Blocking {
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+impl Blocking {
+    /// Starts the threads; they end when the last handle is dropped.
+    fn start() -> Result<Self> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        for n in 0..BLOCKING_THREADS {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name(format!("kafka-blocking-{n}"))
+                .spawn(move || {
+                    loop {
+                        // The lock is held only while waiting for a job, not while it runs.
+                        let job = queue.lock().expect("blocking queue mutex").recv();
+                        match job {
+                            // A call that panics fails its caller (its answer is dropped),
+                            // not the thread.
+                            Ok(job) => {
+                                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                            }
+                            Err(_) => return,
+                        }
+                    }
+                })
+                .map_err(|error| BusError::Backend { source: Box::new(error), transient: true })?;
+        }
+        Ok(Self { jobs })
+    }
+
+    async fn run<T: Send + 'static>(
+        &self,
+        call: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+    ) -> Result<T, KafkaError> {
+        let (done, result) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move || {
+            // The caller may have stopped waiting.
+            let _ = done.send(call());
+        });
+        if self.jobs.send(job).is_err() {
+            return Err(KafkaError::Canceled);
+        }
+        result.await.unwrap_or(Err(KafkaError::Canceled))
+    }
 }
 
 /// A client error as a [`BusError`]: transient unless retrying cannot help.

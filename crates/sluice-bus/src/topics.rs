@@ -26,6 +26,12 @@ pub fn logs_topic(pipeline_id: &str) -> String {
     format!("logs.{pipeline_id}")
 }
 
+/// Whether `topic` (a Sluice name) belongs to one pipeline (its sink, dead-letter or log
+/// topic) rather than being a chain stream many pipelines read.
+pub fn is_pipeline_topic(topic: &str) -> bool {
+    ["sink.", "deadletter.", "logs."].iter().any(|prefix| topic.starts_with(prefix))
+}
+
 /// The consumer group whose offset on the dead-letter topic marks what was replayed.
 pub fn replay_group(pipeline_id: &str) -> String {
     format!("replay.{pipeline_id}")

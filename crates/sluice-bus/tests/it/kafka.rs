@@ -142,3 +142,135 @@ async fn a_third_process_sees_the_exact_ends_of_partitions_two_others_append_to(
     let seen: Vec<u64> = ends.iter().map(|range| range.end).collect();
     assert_eq!(seen, actual, "the ends a third process reads");
 }
+
+/// The process's thread count (`Threads:` of /proc/self/status). nextest runs each test in
+/// a process of its own, so this counts this test's threads only.
+fn threads() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|line| line.starts_with("Threads:")).unwrap();
+    line["Threads:".len()..].trim().parse().unwrap()
+}
+
+/// Commits and reads the offsets of groups `groups`, reads every partition of topics
+/// `topics` at several positions at once, and watches those topics (the watches are kept).
+async fn use_groups_readers_and_watches(
+    log: &KafkaLog,
+    groups: std::ops::Range<usize>,
+    topics: std::ops::Range<usize>,
+    watches: &mut Vec<sluice_bus::AppendWatch>,
+) {
+    const PARTITIONS: u32 = 4;
+    let config = TopicConfig { partitions: PARTITIONS, retention: Default::default() };
+    log.create_topic("offsets", config).await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for group in groups {
+        let log = log.clone();
+        tasks.spawn(async move {
+            let name = format!("deployment.{group}");
+            let offsets = [(0, group as u64), (3, group as u64 + 7)];
+            log.commit(&name, "offsets", &offsets).await.unwrap();
+            let committed = log.committed(&name, "offsets").await.unwrap();
+            assert_eq!(committed.into_iter().collect::<Vec<_>>(), offsets, "{name}");
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    // Every topic gets the same keys, so the partitions' ends are known here.
+    let records: Vec<_> = (0..40).map(|i| record(&format!("k{i}"), &i.to_string())).collect();
+    let mut ends = [0u64; PARTITIONS as usize];
+    for record in &records {
+        ends[sluice_bus::partition_for_key(&record.key, PARTITIONS) as usize] += 1;
+    }
+    for topic in topics.clone() {
+        let topic = format!("stream.{topic}");
+        log.create_topic(&topic, config).await.unwrap();
+        log.append(&topic, records.clone()).await.unwrap();
+        watches.push(log.watch(&topic));
+    }
+    // Readers at the start, in the middle and at the end of every partition, all at once.
+    for topic in topics {
+        for partition in 0..PARTITIONS {
+            let end = ends[partition as usize];
+            for from in [0, end / 2, end] {
+                let log = log.clone();
+                let topic = format!("stream.{topic}");
+                tasks.spawn(async move {
+                    let read = log.read(&topic, partition, from, 1000).await.unwrap();
+                    let offsets: Vec<u64> = read.iter().map(|r| r.offset).collect();
+                    assert_eq!(offsets, (from..end).collect::<Vec<_>>(), "{topic}/{partition}");
+                });
+            }
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+}
+
+/// A node commits for every deployment's group, reads many partitions and watches many
+/// topics: its librdkafka clients (and so its threads) are a fixed few, whatever the counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn threads_do_not_grow_with_groups_readers_and_watched_topics() {
+    let [log] = processes().await;
+    let mut watches = Vec::new();
+    use_groups_readers_and_watches(&log, 0..20, 0..2, &mut watches).await;
+    let few = threads();
+    use_groups_readers_and_watches(&log, 20..300, 2..40, &mut watches).await;
+    let many = threads();
+    // Seen when it fails, or with --no-capture (before the change: 219 and 3,497).
+    eprintln!("threads: {few} after 20 groups and 2 topics, {many} after 300 groups and 40 topics");
+    assert!(many <= few + 4, "threads grew from {few} to {many}");
+    assert!(many <= 48, "{many} threads");
+}
+
+/// A deployment torn down (its group deleted) and deployed again commits to a group of the
+/// same name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_deleted_is_committed_to_again() {
+    let [log] = processes().await;
+    let config = TopicConfig { partitions: 2, retention: Default::default() };
+    log.create_topic("t", config).await.unwrap();
+    log.commit("g", "t", &[(0, 1)]).await.unwrap();
+    log.delete_group("g").await.unwrap();
+    assert!(log.committed("g", "t").await.unwrap().is_empty());
+    log.commit("g", "t", &[(0, 2)]).await.unwrap();
+    assert_eq!(log.committed("g", "t").await.unwrap().into_iter().collect::<Vec<_>>(), [(0, 2)]);
+}
+
+/// A stream read and watched through the shared clients, deleted and made again under the
+/// same name, is read and watched again (the clients that knew it were replaced: librdkafka
+/// 2.12.1 crashed in its metadata cache otherwise), and other streams read on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_and_made_again_is_read_and_watched_again() {
+    let [log] = processes().await;
+    let config = TopicConfig { partitions: 2, retention: Default::default() };
+    for topic in ["base.kept", "base.again"] {
+        log.create_topic(topic, config).await.unwrap();
+        log.append(topic, vec![record("a", "1"), record("b", "2")]).await.unwrap();
+    }
+    let _kept = log.watch("base.kept");
+    let watch = log.watch("base.again");
+    for topic in ["base.kept", "base.again"] {
+        let read: usize = records_in(&log, topic, config.partitions).await;
+        assert_eq!(read, 2, "{topic}");
+    }
+    drop(watch);
+    assert!(log.delete_topic("base.again").await.unwrap());
+    log.create_topic("base.again", config).await.unwrap();
+    let mut watch = log.watch("base.again");
+    log.append("base.again", vec![record("c", "3")]).await.unwrap();
+    assert!(watch.wait(Duration::from_secs(60)).await, "the new topic's append woke the watch");
+    assert_eq!(records_in(&log, "base.again", config.partitions).await, 1);
+    log.append("base.kept", vec![record("d", "4")]).await.unwrap();
+    assert_eq!(records_in(&log, "base.kept", config.partitions).await, 3);
+}
+
+/// How many records every partition of `topic` holds, read from the start.
+async fn records_in(log: &KafkaLog, topic: &str, partitions: u32) -> usize {
+    let mut total = 0;
+    for partition in 0..partitions {
+        total += log.read(topic, partition, 0, 100).await.unwrap().len();
+    }
+    total
+}
