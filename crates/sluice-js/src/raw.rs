@@ -7,9 +7,10 @@
 //! was most of a script stage's time. The calls here take pre-made atoms and hand out
 //! string bytes without copying them.
 //!
-//! This module and `sluice_core::json`'s SSE2 search are the only code of the workspace
-//! that may use `unsafe` (the workspace forbids it; `sluice-js` denies it and allows it
-//! here). What every block relies on:
+//! This module, `sluice_core::json`'s SSE2 search and `sluice-bus`'s Kafka group offsets
+//! (`kafka/groups.rs`) are the only code of the workspace that may use `unsafe` (the
+//! workspace forbids it; `sluice-js` denies it and allows it here). What every block
+//! relies on:
 //! - [`Raw`] is made from a [`Ctx`] and lives no longer than it, so its context pointer is
 //!   valid for every call, and the engine is single-threaded: nothing else runs while a
 //!   call here does.
