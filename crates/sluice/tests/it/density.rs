@@ -69,7 +69,9 @@ fn start(dir: &std::path::Path, port: u16, bus: &Bus) -> Server {
     if let Some((url, prefix)) = bus {
         command.args(["--bus", url, "--bus-topic-prefix", prefix]);
     }
-    Server::start(command, port)
+    // A restart resumes every deployed pipeline before it is ready: on a broker that other
+    // density tests load at the same time that can take longer than a plain start.
+    Server::start_within(command, port, Duration::from_secs(180))
 }
 
 /// The value pipeline `index` filters on.

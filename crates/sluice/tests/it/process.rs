@@ -23,6 +23,9 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// How long a server may take to answer `/readyz` after its start.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
 /// A running server; killed when dropped.
 pub struct Server {
     pub child: Child,
@@ -34,12 +37,18 @@ pub struct Server {
 impl Server {
     /// Starts `command` (a `sluice serve …`) listening on `port` and waits until it is ready.
     pub fn start(command: Command, port: u16) -> Self {
-        Self::spawn(command, port, Stdio::inherit())
+        Self::spawn(command, port, Stdio::inherit(), READY_WITHIN)
+    }
+
+    /// As [`Server::start`], waiting up to `ready_within` (a restart that resumes hundreds of
+    /// deployed pipelines on a loaded broker).
+    pub fn start_within(command: Command, port: u16, ready_within: Duration) -> Self {
+        Self::spawn(command, port, Stdio::inherit(), ready_within)
     }
 
     /// As [`Server::start`], and also returns the lines the server logs on stderr.
     pub fn start_logged(command: Command, port: u16) -> (Self, mpsc::Receiver<String>) {
-        let mut server = Self::spawn(command, port, Stdio::piped());
+        let mut server = Self::spawn(command, port, Stdio::piped(), READY_WITHIN);
         let stderr = server.child.stderr.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -53,7 +62,7 @@ impl Server {
         (server, rx)
     }
 
-    fn spawn(mut command: Command, port: u16, stderr: Stdio) -> Self {
+    fn spawn(mut command: Command, port: u16, stderr: Stdio, ready_within: Duration) -> Self {
         let mut child = command.stdout(Stdio::piped()).stderr(stderr).spawn().unwrap();
         let (tx, rx) = mpsc::channel();
         let stdout = child.stdout.take().unwrap();
@@ -65,12 +74,12 @@ impl Server {
             }
         });
         let server = Self { child, base: format!("http://127.0.0.1:{port}"), stdout: rx };
-        server.wait_ready();
+        server.wait_ready(ready_within);
         server
     }
 
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+    fn wait_ready(&self, ready_within: Duration) {
+        let deadline = Instant::now() + ready_within;
         loop {
             if let Ok(true) = is_ready(&format!("{}/readyz", self.base)) {
                 return;
