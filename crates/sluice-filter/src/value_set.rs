@@ -264,6 +264,23 @@ impl ValueSet {
         }
     }
 
+    /// For each of `prepared`, whether the set holds its value (as
+    /// [`contains_prepared`](Self::contains_prepared) answers), pushed onto `found` in
+    /// order. Faster than a loop of single lookups when the set is much larger than the CPU
+    /// caches: the table memory of a few values is read together, so their cache misses
+    /// overlap (as in [`crate::SetFilter::passes_batch`]).
+    pub fn contains_prepared_batch(&self, prepared: &[Prepared], found: &mut Vec<bool>) {
+        found.reserve(prepared.len());
+        let mut probes = [Probe::Absent; PRELOAD_BATCH];
+        for chunk in prepared.chunks(PRELOAD_BATCH) {
+            for (probe, value) in probes.iter_mut().zip(chunk) {
+                *probe = value.probe;
+            }
+            self.preload(&probes[..chunk.len()]);
+            found.extend(chunk.iter().map(|value| self.contains_prepared(value)));
+        }
+    }
+
     /// The lookup hash of `value`, taken as it is (in normal form, as
     /// [`insert`](Self::insert) takes it): what [`Prepared::hash`] gives for a record whose
     /// value lowercases to it. Indexes over many sets key on it.
@@ -346,6 +363,9 @@ impl ValueSet {
         self.garbage_bytes = 0;
     }
 }
+
+/// Values whose lookups [`ValueSet::contains_prepared_batch`] prepares together.
+const PRELOAD_BATCH: usize = 32;
 
 /// Encodings up to this long are kept in a [`Probe`]; longer ones are made again.
 const PROBE_INLINE_BYTES: usize = 32;

@@ -61,8 +61,10 @@ const WINDOW_BYTES: usize = 16 << 20;
 const MAX_RUNS: usize = 4;
 
 /// A member whose set holds more values than this is looked up directly for each record
-/// instead of being listed in its group's candidates (which would copy every hash).
-const LARGE_MEMBER: usize = 1_000_000;
+/// (a few records' lookups at a time, so their memory reads overlap) instead of being
+/// listed in its group's candidates: listing would copy every hash, and a lookup in a large
+/// candidate index costs what the set's own lookup does.
+const LARGE_MEMBER: usize = 100_000;
 
 /// The shared readers of this node, by stream.
 pub(crate) struct SharedReaders {
@@ -95,6 +97,7 @@ impl SharedReaders {
             partitions: Mutex::default(),
             groups: Mutex::default(),
             arrived,
+            workers: AtomicUsize::new(0),
             wakes: AtomicU64::new(0),
         });
         streams.insert(topic.to_owned(), Arc::downgrade(&stream));
@@ -115,6 +118,8 @@ pub(crate) struct SharedStream {
     groups: Mutex<HashMap<String, Weak<FilterGroup>>>,
     /// Moves each time any partition's window receives a batch: idle workers wait on it.
     arrived: watch::Sender<u64>,
+    /// Workers reading this stream now ([`SharedStream::attach`]).
+    workers: AtomicUsize,
     /// Moves each time the follower wakes: a worker that read before an append and starts
     /// waiting after the follower handled it (finding no one waiting) sees it moved and
     /// reads again instead of waiting for the next wake.
@@ -372,12 +377,22 @@ impl SharedStream {
             return Ok(Chunk { pushes, kind: ChunkKind::Own(Vec::new()) });
         }
         let segment = Arc::new(Segment::new(from, records));
-        windows.push(run, segment.clone(), WINDOW_BATCHES * self.batch_size);
+        // A lone reader needs no batch but the newest: keeping more would only hold memory
+        // (and make every batch land in fresh pages).
+        let batches = if self.workers.load(Ordering::Relaxed) > 1 { WINDOW_BATCHES } else { 1 };
+        windows.push(run, segment.clone(), batches * self.batch_size);
         let pushes = part.pushes.fetch_add(1, Ordering::AcqRel) + 1;
         drop(windows);
         self.arrived.send_modify(|count| *count += 1);
         let range = 0..segment.records.len().min(max);
         Ok(Chunk { pushes, kind: ChunkKind::Shared { segment, range } })
+    }
+
+    /// Counts a worker as reading this stream until the guard drops (windows keep several
+    /// batches only while more than one does).
+    pub(crate) fn attach(self: &Arc<Self>) -> Attached {
+        self.workers.fetch_add(1, Ordering::Relaxed);
+        Attached(self.clone())
     }
 
     /// The follower's wake count: take it before reading, to give [`SharedStream::wait`].
@@ -453,6 +468,15 @@ impl SharedStream {
         };
         let member = group.join(set);
         Membership { group, member }
+    }
+}
+
+/// A worker reading a stream ([`SharedStream::attach`]).
+pub(crate) struct Attached(Arc<SharedStream>);
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.0.workers.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -658,17 +682,18 @@ impl FilterGroup {
                 );
             });
         }
+        let mut found = Vec::with_capacity(prepared.len());
         for (member, set) in &direct {
+            found.clear();
+            set.with(|values| values.contains_prepared_batch(&prepared, &mut found));
             let kept = matches.entry(*member).or_default();
-            set.with(|values| {
-                kept.extend(
-                    prepared
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, value)| values.contains_prepared(value))
-                        .map(|(record, _)| record as u32),
-                );
-            });
+            kept.extend(
+                found
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, held)| **held)
+                    .map(|(record, _)| record as u32),
+            );
         }
         Evaluation { prepared, matches }
     }

@@ -135,6 +135,7 @@ impl Worker {
         let Some(mut next) = self.start_offsets(&source, &group).await else { return };
         let reader =
             Reader { stream: self.readers.stream(&source), batch_size: self.settings.batch_size };
+        let _attached = reader.stream.attach();
         // The plan's first set filter, evaluated with the other pipelines on the stream.
         let mut membership = join(&reader.stream, &plan, None);
         // This worker's script runtimes; they move into the blocking task that runs a batch
