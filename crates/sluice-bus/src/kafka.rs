@@ -21,6 +21,9 @@
 //!   the batch again); the embedded log does both in one transaction.
 //! - Retention is the topics' `retention.ms` / `retention.bytes`, applied by the brokers;
 //!   [`StreamLog::enforce_retention`] has nothing to do.
+//!
+//! This file (about 880 lines) is the `StreamLog` implementation and its clients' setup;
+//! what grew on its own (readers, tails, group offsets, settings) is in the submodules.
 
 mod groups;
 mod readers;

@@ -9,6 +9,9 @@
 //! records of values no pipeline has, and remembers when each request was sent and when it
 //! was acknowledged, so a check can tell records appended before a call from those appended
 //! after it answered.
+//!
+//! One file (over 900 lines) on purpose: the three scenarios share the fleet, the feeder and
+//! the ledger of acknowledged records, which are half of it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
