@@ -300,16 +300,16 @@ impl Chunk {
         }
     }
 
-    /// Which of `records()[from..]` pass `membership`'s set filter, as indexes into
-    /// `records()`, in order: from the segment's group evaluation when there is one, else
-    /// by the member's own set.
-    pub(crate) fn passing(&self, membership: &Membership, from: usize) -> Vec<usize> {
+    /// Which of `records()` pass `membership`'s set filter, as indexes into `records()`, in
+    /// order: from the segment's group evaluation when there is one, else by the member's
+    /// own set.
+    pub(crate) fn passing(&self, membership: &Membership) -> Vec<usize> {
         let ChunkKind::Shared { segment, range } = &self.kind else {
-            return membership.test(&self.records()[from..], from);
+            return membership.test(self.records());
         };
         let evaluation = segment.evaluation(&membership.group);
         let evaluation = evaluation.get_or_init(|| membership.group.evaluate(&segment.records));
-        let wanted = range.start + from..range.end;
+        let wanted = range.clone();
         match evaluation.matches_of(membership.member) {
             Some(matches) => {
                 let first = matches.partition_point(|&index| (index as usize) < wanted.start);

@@ -307,10 +307,7 @@ impl Worker {
             };
             match prefiltered {
                 Some(membership) => {
-                    chunk
-                        .passing(membership, 0)
-                        .into_iter()
-                        .for_each(|index| keep(&records[index]));
+                    chunk.passing(membership).into_iter().for_each(|index| keep(&records[index]));
                 }
                 None => records.iter().for_each(&mut keep),
             }

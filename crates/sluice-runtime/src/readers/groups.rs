@@ -234,18 +234,13 @@ impl Membership {
             && self.group.set_of(self.member).is_some_and(|own| Arc::ptr_eq(&own, set))
     }
 
-    /// Which of `records` pass by this member's own set, as indexes offset by `base`.
-    pub(super) fn test(&self, records: &[Record], base: usize) -> Vec<usize> {
+    /// Which of `records` pass by this member's own set, as indexes into `records`.
+    pub(super) fn test(&self, records: &[Record]) -> Vec<usize> {
         let Some(set) = self.group.set_of(self.member) else { return Vec::new() };
         let mut passed = Vec::with_capacity(records.len());
         let values: Vec<&[u8]> = records.iter().map(|record| &record.value[..]).collect();
         set.with(|values_set| self.group.filter.passes_batch(&values, values_set, &mut passed));
-        passed
-            .iter()
-            .enumerate()
-            .filter(|(_, pass)| **pass)
-            .map(|(index, _)| index + base)
-            .collect()
+        passed.iter().enumerate().filter(|(_, pass)| **pass).map(|(index, _)| index).collect()
     }
 }
 
