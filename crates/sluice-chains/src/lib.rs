@@ -1,6 +1,8 @@
 //! Chain ingesters: an EVM JSON-RPC node turned into Sluice's chain streams (`log`,
 //! `decoded_log`, `erc20/721/1155_token_transfer`, `dex_trade` and their `.zerolag` twins),
-//! with finality, reorgs and an exact resume. `docs/chains.md` is the prose version.
+//! with finality, reorgs and an exact resume; a Solana JSON-RPC node turned into
+//! `nonvoting_transaction` ([`solana`]); and the chain identity check both run at start
+//! ([`identity`]). `docs/chains.md` is the prose version.
 //!
 //! Must not depend on `sluice-api` or `sluice-runtime`: records leave through a
 //! [`ChainSink`] that the binary implements over the runtime's ingest path (the same checks as
@@ -16,16 +18,19 @@ pub mod config;
 pub mod events;
 pub mod fetch;
 pub mod heads;
+pub mod identity;
 pub mod ingester;
 pub mod records;
 pub mod rpc;
 pub mod sink;
+pub mod solana;
 pub mod status;
 pub mod tokens;
 pub mod usd;
 
 pub use config::{ChainConfig, Finality, StartBlock};
 pub use ingester::Ingester;
+pub use solana::{SolanaConfig, SolanaIngester};
 pub use sink::{ChainSink, Checkpoint, LogPositions, SinkError};
 pub use status::{ChainStatus, StatusSnapshot};
 

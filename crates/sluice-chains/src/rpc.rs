@@ -111,6 +111,20 @@ pub struct RpcCounters {
     pub requests: AtomicU64,
     pub errors: AtomicU64,
     pub retries: AtomicU64,
+    /// The last attempt's failure while requests fail, `None` once one succeeds: the status
+    /// shows it at once, not only when a step gives up after its retries (~20 s).
+    failing: std::sync::Mutex<Option<String>>,
+}
+
+impl RpcCounters {
+    /// Why the last request failed, while no later one has succeeded.
+    pub fn failing(&self) -> Option<String> {
+        self.failing.lock().expect("the failure lock is never poisoned").clone()
+    }
+
+    fn set_failing(&self, failure: Option<String>) {
+        *self.failing.lock().expect("the failure lock is never poisoned") = failure;
+    }
 }
 
 /// A JSON-RPC client for one node URL.
@@ -243,7 +257,10 @@ impl RpcClient {
                 Ok(answers) => {
                     match answers.iter().find_map(|a| a.as_ref().err().filter(|e| e.is_retryable()))
                     {
-                        None => return Ok(answers),
+                        None => {
+                            self.counters.set_failing(None);
+                            return Ok(answers);
+                        }
                         Some(error) => {
                             (None, format!("node error {}: {}", error.code, error.message))
                         }
@@ -251,11 +268,16 @@ impl RpcClient {
                 }
                 Err(Failure::Fatal(reason)) => {
                     self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                    return Err(ChainError::Rpc { url: self.display_url(), reason });
+                    let error = ChainError::Rpc { url: self.display_url(), reason };
+                    self.counters.set_failing(Some(error.to_string()));
+                    return Err(error);
                 }
                 Err(Failure::Retryable { reason, retry_after }) => (retry_after, reason),
             };
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            self.counters.set_failing(Some(
+                ChainError::Rpc { url: self.display_url(), reason: reason.clone() }.to_string(),
+            ));
             if attempt >= self.settings.max_attempts.max(1) {
                 return Err(ChainError::Rpc {
                     url: self.display_url(),

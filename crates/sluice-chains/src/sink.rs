@@ -63,7 +63,8 @@ pub trait ChainSink: Send + Sync + 'static {
         records: Vec<StreamRecord>,
     ) -> Result<(), SinkError>;
 
-    /// The highest `block_number` the finalized stream `chain.entity` holds.
+    /// The highest `block_number` (`block_slot` on Solana) the finalized stream
+    /// `chain.entity` holds.
     async fn last_block(&self, chain: &str, entity: &str) -> Result<Option<u64>, SinkError>;
 
     async fn load_checkpoint(&self, chain: &str) -> Result<Option<Checkpoint>, SinkError>;
@@ -103,7 +104,8 @@ impl LogPositions {
         Self { log }
     }
 
-    /// The latest record of every partition of `topic`, parsed for `block_number`.
+    /// The latest record of every partition of `topic`, parsed for `block_number` (or
+    /// `block_slot`, which Solana records carry instead).
     ///
     /// # Errors
     /// Log failures.
@@ -119,7 +121,11 @@ impl LogPositions {
             for record in self.log.read(topic, partition, range.end - 1, 1).await? {
                 let number = serde_json::from_slice::<serde_json::Value>(&record.value)
                     .ok()
-                    .and_then(|v| v.get("block_number").and_then(serde_json::Value::as_u64));
+                    .and_then(|v| {
+                        v.get("block_number")
+                            .or_else(|| v.get("block_slot"))
+                            .and_then(serde_json::Value::as_u64)
+                    });
                 last = last.max(number);
             }
         }

@@ -105,7 +105,8 @@ impl ChainStatus {
         self.update(|s| s.reorgs += 1);
     }
 
-    pub(crate) fn error(&self, error: Option<String>) {
+    /// Sets (or clears) the error the status shows.
+    pub fn error(&self, error: Option<String>) {
         self.update(|s| s.last_error = error);
     }
 
@@ -126,7 +127,8 @@ impl ChainStatus {
             rpc_requests: count(|c| c.requests.load(Ordering::Relaxed)),
             rpc_errors: count(|c| c.errors.load(Ordering::Relaxed)),
             rpc_retries: count(|c| c.retries.load(Ordering::Relaxed)),
-            last_error: s.last_error,
+            // A step's error, or while requests are failing the last one's at once.
+            last_error: s.last_error.or_else(|| rpc.as_deref().and_then(RpcCounters::failing)),
         }
     }
 

@@ -13,7 +13,14 @@
 //! zerolag = true
 //! consolidated = false
 //! default_size = "M"
+//! [[chains]]                 # optional: the chain's family and identity
+//! name = "arbitrum"
+//! family = "evm"             # evm, solana or hyperliquid
+//! chain_id = 42161           # what eth_chainId must answer (evm)
 //! ```
+//!
+//! The catalog also knows each chain's family (which ingester reads it) and identity (the
+//! EVM chain id or the Solana genesis hash a node of it must report), see [`ChainIdentity`].
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -46,6 +53,76 @@ pub struct CatalogEntry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Catalog {
     entries: Vec<CatalogEntry>,
+    identities: Vec<ChainIdentity>,
+}
+
+/// What kind of node serves a chain, and so which ingester reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChainFamily {
+    /// An EVM JSON-RPC node (`eth_*` methods).
+    Evm,
+    /// A Solana JSON-RPC node (`getBlock`, `getGenesisHash`, …).
+    Solana,
+    /// A Hyperliquid node's output files (no JSON-RPC ingester).
+    Hyperliquid,
+}
+
+impl std::fmt::Display for ChainFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Evm => "EVM",
+            Self::Solana => "Solana",
+            Self::Hyperliquid => "Hyperliquid",
+        })
+    }
+}
+
+/// A chain's family and the identity its nodes must report: an ingester checks it at start
+/// so that a URL of another chain (a local Anvil, a testnet, another family's node) is not
+/// ingested under this chain's name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainIdentity {
+    /// The chain's catalog name.
+    pub name: String,
+    pub family: ChainFamily,
+    /// EVM: what `eth_chainId` answers (8453 for Base).
+    #[serde(default)]
+    pub chain_id: Option<u64>,
+    /// Solana: what `getGenesisHash` answers (base58).
+    #[serde(default)]
+    pub genesis_hash: Option<String>,
+}
+
+/// Solana mainnet-beta's genesis hash.
+pub const SOLANA_MAINNET_GENESIS_HASH: &str = "5eykt4UsFv8P8NJdTREpY1vzqKqZKvdpKuc147dw2N9d";
+
+fn default_identities() -> Vec<ChainIdentity> {
+    let evm = |name: &str, chain_id: u64| ChainIdentity {
+        name: name.to_owned(),
+        family: ChainFamily::Evm,
+        chain_id: Some(chain_id),
+        genesis_hash: None,
+    };
+    vec![
+        evm("polygon", 137),
+        evm("base", 8453),
+        evm("ethereum", 1),
+        evm("abstract", 2741),
+        ChainIdentity {
+            name: "solana".to_owned(),
+            family: ChainFamily::Solana,
+            chain_id: None,
+            genesis_hash: Some(SOLANA_MAINNET_GENESIS_HASH.to_owned()),
+        },
+        ChainIdentity {
+            name: "hyperliquid".to_owned(),
+            family: ChainFamily::Hyperliquid,
+            chain_id: None,
+            genesis_hash: None,
+        },
+    ]
 }
 
 /// Why a catalog file was rejected.
@@ -57,6 +134,8 @@ pub enum CatalogError {
     Duplicate { chain: String, entity: String },
     #[error("catalog entry {index} has an empty chain or entity")]
     Empty { index: usize },
+    #[error("catalog lists chain {chain} more than once under [[chains]]")]
+    DuplicateChain { chain: String },
 }
 
 #[derive(Debug, Deserialize)]
@@ -66,6 +145,8 @@ struct CatalogFile {
     mode: CatalogMode,
     #[serde(default)]
     sources: Vec<CatalogEntry>,
+    #[serde(default)]
+    chains: Vec<ChainIdentity>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -117,7 +198,7 @@ impl Default for Catalog {
         add("abstract", "log", Pubsub, false, S);
         add("abstract", "erc20_token_transfer", Pubsub, false, S);
         add("abstract", "dex_trade", Pubsub, false, S);
-        Self { entries }
+        Self { entries, identities: default_identities() }
     }
 }
 
@@ -131,7 +212,8 @@ impl Catalog {
         let file: CatalogFile = toml::from_str(text)?;
         let mut catalog = match file.mode {
             CatalogMode::Extend => Self::default(),
-            CatalogMode::Replace => Self { entries: Vec::new() },
+            // The built-in chains keep their identities: `replace` is about the streams.
+            CatalogMode::Replace => Self { entries: Vec::new(), identities: default_identities() },
         };
         let mut seen: Vec<(&str, &str)> = Vec::new();
         for (index, entry) in file.sources.iter().enumerate() {
@@ -151,7 +233,30 @@ impl Catalog {
             catalog.entries.retain(|e| !(e.chain == entry.chain && e.entity == entry.entity));
             catalog.entries.push(entry);
         }
+        for (index, identity) in file.chains.iter().enumerate() {
+            if file.chains[..index].iter().any(|c| c.name == identity.name) {
+                return Err(CatalogError::DuplicateChain { chain: identity.name.clone() });
+            }
+        }
+        for identity in file.chains {
+            catalog.identities.retain(|c| c.name != identity.name);
+            catalog.identities.push(identity);
+        }
         Ok(catalog)
+    }
+
+    /// The family and identity the catalog gives `chain`: its `[[chains]]` entry, or for a
+    /// chain without one an EVM chain of unknown chain id (operator-added chains before
+    /// families existed were all EVM).
+    pub fn identity(&self, chain: &str) -> ChainIdentity {
+        self.identities.iter().find(|c| c.name == chain).cloned().unwrap_or_else(|| {
+            ChainIdentity {
+                name: chain.to_owned(),
+                family: ChainFamily::Evm,
+                chain_id: None,
+                genesis_hash: None,
+            }
+        })
     }
 
     pub fn entries(&self) -> &[CatalogEntry] {
@@ -205,6 +310,32 @@ mod tests {
             assert!(catalog.find(chain, "dex_trade").is_some(), "{chain}");
         }
         assert_eq!(catalog.entries().len(), 10 + 1 + 5 + 1 + 2 + 5);
+    }
+
+    #[test]
+    fn chains_have_a_family_and_an_identity_a_file_can_set() {
+        let catalog = Catalog::default();
+        assert_eq!(catalog.identity("base").chain_id, Some(8453));
+        assert_eq!(catalog.identity("solana").family, ChainFamily::Solana);
+        assert_eq!(
+            catalog.identity("solana").genesis_hash.as_deref(),
+            Some(SOLANA_MAINNET_GENESIS_HASH)
+        );
+        assert_eq!(catalog.identity("hyperliquid").family, ChainFamily::Hyperliquid);
+        // A chain the catalog does not describe is an EVM chain of unknown id.
+        assert_eq!(catalog.identity("arbitrum").family, ChainFamily::Evm);
+        assert_eq!(catalog.identity("arbitrum").chain_id, None);
+        let file = "[[chains]]\nname = \"arbitrum\"\nfamily = \"evm\"\nchain_id = 42161\n\
+                    [[chains]]\nname = \"solana\"\nfamily = \"solana\"\ngenesis_hash = \"abc\"\n";
+        let extended = Catalog::from_file_text(file).unwrap();
+        assert_eq!(extended.identity("arbitrum").chain_id, Some(42161));
+        assert_eq!(extended.identity("solana").genesis_hash.as_deref(), Some("abc"));
+        assert_eq!(extended.identity("base").chain_id, Some(8453));
+        let twice = "[[chains]]\nname = \"x\"\nfamily = \"evm\"\n".repeat(2);
+        assert!(matches!(
+            Catalog::from_file_text(&twice),
+            Err(CatalogError::DuplicateChain { .. })
+        ));
     }
 
     #[test]

@@ -164,19 +164,28 @@ const ERC1155_FIELDS: &[(&str, &str)] = &[
 ];
 
 const SOLANA_TRANSACTION_FIELDS: &[(&str, &str)] = &[
-    ("block_slot", "integer"),
-    ("block_height", "integer"),
+    ("block_slot", "integer, the slot"),
+    ("block_height", "integer, or null when the node has none (early slots)"),
     ("block_timestamp", TIMESTAMP),
     ("block_hash", "string, base58"),
+    ("parent_slot", "integer"),
     ("txn_id", "string, base58 signature"),
     ("txn_index", "integer"),
     ("signatures", "array of strings, base58"),
+    ("signer", "string, base58, the fee payer"),
+    ("signers", "array of strings, base58, every required signer"),
     ("fee", "integer, lamports"),
-    ("err", "object or null"),
-    ("account_keys", "array of strings, base58"),
+    ("success", "boolean"),
+    ("err", "object, string or null"),
+    ("compute_units_consumed", "integer or null"),
+    ("version", "string, legacy or 0"),
     ("recent_block_hash", "string, base58"),
-    ("signer", "string, base58"),
-    ("log_messages", "array of strings"),
+    ("account_keys", "array of objects {pubkey, signer, writable, source}"),
+    ("instructions", "array of objects {program_id, accounts, data, stack_height}"),
+    ("inner_instructions", "array of objects {index, instructions}"),
+    ("log_messages", "array of strings, or null"),
+    ("pre_balances", "array of integers, lamports"),
+    ("post_balances", "array of integers, lamports"),
     ("pre_token_balances", "array of objects"),
     ("post_token_balances", "array of objects"),
 ];
@@ -689,6 +698,18 @@ impl RecordWriter {
         self.key_part(name, || None);
         if name == self.schema.time_field {
             self.time_ok = Some(time_value(self.schema.entity, value).is_some());
+        }
+    }
+
+    /// A field of any serializable value (a derived struct, a list of them); not a key or
+    /// time field. `T` must write each object key once, as derived `Serialize` impls and maps
+    /// do: the ingest rule against repeated keys is not checked again here.
+    pub fn serialize<T: serde::Serialize + ?Sized>(&mut self, name: &'static str, value: &T) {
+        self.name(name);
+        write_json(&mut self.text, value);
+        self.key_part(name, || None);
+        if name == self.schema.time_field {
+            self.time_ok = Some(false);
         }
     }
 
