@@ -108,15 +108,20 @@ pub async fn check(
 ) -> Result<String, IdentityError> {
     let url = redact_url(rpc_url);
     let settings = RpcSettings { timeout, max_attempts: 2, ..RpcSettings::default() };
-    let unreachable =
-        |reason: String| IdentityError::Unreachable { chain: chain.to_owned(), url: url.clone(), reason };
+    let unreachable = |reason: String| IdentityError::Unreachable {
+        chain: chain.to_owned(),
+        url: url.clone(),
+        reason,
+    };
     let rpc = RpcClient::new(rpc_url, settings).map_err(|error| unreachable(error.to_string()))?;
     let method = match expected {
         Expected::Evm { .. } => "eth_chainId",
         Expected::Solana { .. } => "getGenesisHash",
     };
-    let answer =
-        rpc.call(Call::new(method, json!([]))).await.map_err(|error| unreachable(error.to_string()))?;
+    let answer = rpc
+        .call(Call::new(method, json!([])))
+        .await
+        .map_err(|error| unreachable(error.to_string()))?;
     let wrong_family = |answer: String| IdentityError::WrongFamily {
         chain: chain.to_owned(),
         url: url.clone(),
@@ -126,13 +131,16 @@ pub async fn check(
         what: expected.what(),
         expected: expected.expected(),
     };
-    let value = answer.map_err(|error| wrong_family(format!("error {}: {}", error.code, error.message)))?;
+    let value =
+        answer.map_err(|error| wrong_family(format!("error {}: {}", error.code, error.message)))?;
     let found = match expected {
         Expected::Evm { .. } => value
             .as_str()
             .and_then(|hex| u64::from_str_radix(hex.trim_start_matches("0x"), 16).ok())
             .map(|id| id.to_string()),
-        Expected::Solana { .. } => value.as_str().filter(|hash| !hash.is_empty()).map(str::to_owned),
+        Expected::Solana { .. } => {
+            value.as_str().filter(|hash| !hash.is_empty()).map(str::to_owned)
+        }
     }
     .ok_or_else(|| wrong_family(short(&value)))?;
     let matches = match expected {

@@ -30,8 +30,8 @@ pub mod usd;
 
 pub use config::{ChainConfig, Finality, StartBlock};
 pub use ingester::Ingester;
-pub use solana::{SolanaConfig, SolanaIngester};
 pub use sink::{ChainSink, Checkpoint, LogPositions, SinkError};
+pub use solana::{SolanaConfig, SolanaIngester};
 pub use status::{ChainStatus, StatusSnapshot};
 
 /// Errors of an ingester. Whose fault: `Config` the operator's; `Rpc`/`Node`/`Inconsistent`

@@ -119,9 +119,8 @@ impl LogPositions {
                 continue;
             }
             for record in self.log.read(topic, partition, range.end - 1, 1).await? {
-                let number = serde_json::from_slice::<serde_json::Value>(&record.value)
-                    .ok()
-                    .and_then(|v| {
+                let number =
+                    serde_json::from_slice::<serde_json::Value>(&record.value).ok().and_then(|v| {
                         v.get("block_number")
                             .or_else(|| v.get("block_slot"))
                             .and_then(serde_json::Value::as_u64)

@@ -249,13 +249,11 @@ impl Catalog {
     /// chain without one an EVM chain of unknown chain id (operator-added chains before
     /// families existed were all EVM).
     pub fn identity(&self, chain: &str) -> ChainIdentity {
-        self.identities.iter().find(|c| c.name == chain).cloned().unwrap_or_else(|| {
-            ChainIdentity {
-                name: chain.to_owned(),
-                family: ChainFamily::Evm,
-                chain_id: None,
-                genesis_hash: None,
-            }
+        self.identities.iter().find(|c| c.name == chain).cloned().unwrap_or_else(|| ChainIdentity {
+            name: chain.to_owned(),
+            family: ChainFamily::Evm,
+            chain_id: None,
+            genesis_hash: None,
         })
     }
 

@@ -9,9 +9,13 @@ use anyhow::{Context, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
 use sluice_api::chains::{ChainStatusBody, ChainStatusSource};
+use sluice_chains::identity::{self, Expected};
 use sluice_chains::sink::{ChainSink, Checkpoint, LogPositions, SinkError};
-use sluice_chains::{ChainConfig, ChainStatus, Finality, Ingester, StartBlock};
-use sluice_core::catalog::Catalog;
+use sluice_chains::solana::Commitment;
+use sluice_chains::{
+    ChainConfig, ChainStatus, Finality, Ingester, SolanaConfig, SolanaIngester, StartBlock,
+};
+use sluice_core::catalog::{Catalog, ChainFamily};
 use sluice_core::streams::StreamRecord;
 use sluice_runtime::{Runtime, RuntimeError};
 
@@ -37,6 +41,17 @@ pub struct ChainFileSettings {
     pub poll_interval_ms: Option<u64>,
     /// Token addresses worth one dollar (replaces the chain's default list).
     pub stablecoins: Option<Vec<String>>,
+    /// EVM: the chain id the node must report, instead of the catalog's (a test or private
+    /// chain).
+    pub chain_id: Option<u64>,
+    /// Solana: a slot, or `"latest"` (the default).
+    pub start_slot: Option<StartBlockSetting>,
+    /// Solana: `"finalized"` (the default) or `"confirmed"`.
+    pub commitment: Option<String>,
+    /// Solana: the genesis hash the node must report, instead of the catalog's.
+    pub genesis_hash: Option<String>,
+    /// Solana: slots per `getBlocks` call.
+    pub max_slot_range: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -62,8 +77,66 @@ impl ChainFileSettings {
             parallel_ranges: None,
             poll_interval_ms: None,
             stablecoins: None,
+            chain_id: None,
+            start_slot: None,
+            commitment: None,
+            genesis_hash: None,
+            max_slot_range: None,
         }
     }
+}
+
+/// A chain to ingest, by family, with what its node must report.
+#[derive(Debug)]
+pub enum ChainPlan {
+    Evm { config: ChainConfig, expected: Expected, verified: bool },
+    Solana { config: SolanaConfig, expected: Expected, verified: bool },
+}
+
+impl ChainPlan {
+    fn parts(&self) -> (&str, &str, &Expected) {
+        match self {
+            Self::Evm { config, expected, .. } => (&config.name, &config.rpc_url, expected),
+            Self::Solana { config, expected, .. } => (&config.name, &config.rpc_url, expected),
+        }
+    }
+
+    fn set_verified(&mut self) {
+        match self {
+            Self::Evm { verified, .. } | Self::Solana { verified, .. } => *verified = true,
+        }
+    }
+}
+
+/// How long the start-time identity check waits for a node.
+const IDENTITY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Asks every chain's node who it is (docs/chains.md, "Chain identity"). A node of another
+/// chain or family stops the start with one line naming the chain, the URL (redacted) and
+/// both values; a node that does not answer is checked again by its ingester before it reads
+/// anything.
+///
+/// # Errors
+/// A mismatch or a wrong family.
+pub async fn check_identities(plans: &mut [ChainPlan]) -> anyhow::Result<()> {
+    let checks = plans.iter().map(|plan| {
+        let (name, url, expected) = plan.parts();
+        identity::check(name, url, expected, IDENTITY_TIMEOUT)
+    });
+    let outcomes = futures_util::future::join_all(checks).await;
+    for (plan, outcome) in plans.iter_mut().zip(outcomes) {
+        match outcome {
+            Ok(found) => {
+                tracing::info!(chain = plan.parts().0, identity = %found, "chain node identified");
+                plan.set_verified();
+            }
+            Err(error) if error.is_transient() => {
+                tracing::warn!(%error, "chain node not reached; its ingester checks it before reading");
+            }
+            Err(error) => bail!("{error}"),
+        }
+    }
+    Ok(())
 }
 
 /// The file's chains with the `--chain name=url` flags applied: a flag naming a chain of the
@@ -88,18 +161,16 @@ pub fn merge(
     Ok(chains)
 }
 
-/// Checks the chains against the catalog and builds the ingester configurations.
+/// Checks the chains against the catalog and builds the ingester configurations: the
+/// chain's family in the catalog picks the ingester.
 ///
 /// # Errors
-/// A chain twice, a chain the catalog has no EVM stream of, a bad URL or setting.
-pub fn configs(
-    chains: &[ChainFileSettings],
-    catalog: &Catalog,
-) -> anyhow::Result<Vec<ChainConfig>> {
-    let mut out: Vec<ChainConfig> = Vec::new();
+/// A chain twice, a chain the catalog has no stream of for its family, a bad URL or setting.
+pub fn configs(chains: &[ChainFileSettings], catalog: &Catalog) -> anyhow::Result<Vec<ChainPlan>> {
+    let mut out: Vec<ChainPlan> = Vec::new();
     for chain in chains {
         let name = &chain.name;
-        if out.iter().any(|c| &c.name == name) {
+        if out.iter().any(|c| c.parts().0 == name) {
             bail!("chain {name} is configured twice");
         }
         if !(chain.rpc_url.starts_with("http://") || chain.rpc_url.starts_with("https://")) {
@@ -116,65 +187,153 @@ pub fn configs(
                 sluice_chains::rpc::redact_url(ws_url)
             );
         }
-        let entities: Vec<(String, bool)> = catalog
-            .entries()
-            .iter()
-            .filter(|e| {
-                &e.chain == name && sluice_chains::records::ENTITIES.contains(&e.entity.as_str())
-            })
-            .map(|e| (e.entity.clone(), e.zerolag))
-            .collect();
-        if entities.is_empty() {
-            bail!(
-                "chain {name}: the catalog has no EVM stream of it (add its entities to the \
-                 catalog file)"
-            );
-        }
-        let mut config = ChainConfig::new(name, &chain.rpc_url);
-        config.entities = entities;
-        config.ws_url.clone_from(&chain.ws_url);
-        config.start_block = match &chain.start_block {
-            None => StartBlock::Latest,
-            Some(StartBlockSetting::Number(n)) => StartBlock::Number(*n),
-            Some(StartBlockSetting::Text(text)) => {
-                text.parse().map_err(|reason: String| anyhow::anyhow!("chain {name}: {reason}"))?
+        let identity = catalog.identity(name);
+        match identity.family {
+            ChainFamily::Evm => {
+                let solana_only = [
+                    ("start_slot", chain.start_slot.is_some()),
+                    ("commitment", chain.commitment.is_some()),
+                    ("genesis_hash", chain.genesis_hash.is_some()),
+                    ("max_slot_range", chain.max_slot_range.is_some()),
+                ];
+                if let Some((setting, _)) = solana_only.iter().find(|(_, set)| *set) {
+                    bail!("chain {name} is an EVM chain: {setting} is a Solana setting");
+                }
+                let config = evm_config(chain, catalog)?;
+                let expected = Expected::Evm { chain_id: chain.chain_id.or(identity.chain_id) };
+                out.push(ChainPlan::Evm { config, expected, verified: false });
             }
-        };
-        config.finality = match chain.finality.as_deref() {
-            None | Some("depth") => Finality::Depth(
-                chain
-                    .confirmations
-                    .unwrap_or_else(|| sluice_chains::config::default_confirmations(name)),
+            ChainFamily::Solana => {
+                let evm_only = [
+                    ("start_block", chain.start_block.is_some()),
+                    ("confirmations", chain.confirmations.is_some()),
+                    ("finality", chain.finality.is_some()),
+                    ("chain_id", chain.chain_id.is_some()),
+                    ("max_block_range", chain.max_block_range.is_some()),
+                    ("parallel_ranges", chain.parallel_ranges.is_some()),
+                    ("stablecoins", chain.stablecoins.is_some()),
+                ];
+                if let Some((setting, _)) = evm_only.iter().find(|(_, set)| *set) {
+                    bail!("chain {name} is a Solana chain: {setting} is an EVM setting");
+                }
+                let config = solana_config(chain, catalog)?;
+                let expected = Expected::Solana {
+                    genesis_hash: chain.genesis_hash.clone().or(identity.genesis_hash),
+                };
+                out.push(ChainPlan::Solana { config, expected, verified: false });
+            }
+            ChainFamily::Hyperliquid => bail!(
+                "chain {name} is a Hyperliquid chain: it is read from a node's output files, \
+                 which Sluice has no ingester for yet (docs/chains.md)"
             ),
-            Some("finalized_tag") => Finality::Tag,
-            Some(other) => {
-                bail!("chain {name}: finality {other:?} is not \"depth\" or \"finalized_tag\"")
-            }
-        };
-        if let Some(rate) = chain.requests_per_second {
-            config.rpc.requests_per_second = f64::from(rate);
         }
-        if let Some(n) = chain.max_concurrency {
-            config.rpc.max_concurrency = n.max(1);
-        }
-        if let Some(n) = chain.max_batch {
-            config.rpc.max_batch = n.max(1);
-        }
-        if let Some(n) = chain.max_block_range {
-            config.max_block_range = n.max(1);
-        }
-        if let Some(n) = chain.parallel_ranges {
-            config.parallel_ranges = n.max(1);
-        }
-        if let Some(ms) = chain.poll_interval_ms {
-            config.poll_interval = Duration::from_millis(ms.max(1));
-        }
-        if let Some(stablecoins) = &chain.stablecoins {
-            config.stablecoins = stablecoins.iter().map(|s| s.to_ascii_lowercase()).collect();
-        }
-        out.push(config);
     }
     Ok(out)
+}
+
+fn start_setting(
+    name: &str,
+    setting: Option<&StartBlockSetting>,
+    what: &str,
+) -> anyhow::Result<StartBlock> {
+    Ok(match setting {
+        None => StartBlock::Latest,
+        Some(StartBlockSetting::Number(n)) => StartBlock::Number(*n),
+        Some(StartBlockSetting::Text(text)) if text == "latest" => StartBlock::Latest,
+        Some(StartBlockSetting::Text(text)) => {
+            bail!("chain {name}: {what} {text:?} is neither a number nor \"latest\"")
+        }
+    })
+}
+
+fn solana_config(chain: &ChainFileSettings, catalog: &Catalog) -> anyhow::Result<SolanaConfig> {
+    let name = &chain.name;
+    let entity = sluice_chains::solana::records::ENTITY;
+    if catalog.find(name, entity).is_none() {
+        bail!(
+            "chain {name}: the catalog has no {entity} stream of it (add it to the catalog file)"
+        );
+    }
+    let mut config = SolanaConfig::new(name, &chain.rpc_url);
+    config.ws_url.clone_from(&chain.ws_url);
+    config.start = start_setting(name, chain.start_slot.as_ref(), "start_slot")?;
+    if let Some(text) = &chain.commitment {
+        config.commitment = text
+            .parse::<Commitment>()
+            .map_err(|reason| anyhow::anyhow!("chain {name}: {reason}"))?;
+    }
+    if let Some(rate) = chain.requests_per_second {
+        config.rpc.requests_per_second = f64::from(rate);
+    }
+    if let Some(n) = chain.max_concurrency {
+        config.rpc.max_concurrency = n.max(1);
+    }
+    if let Some(n) = chain.max_batch {
+        config.rpc.max_batch = n.max(1);
+    }
+    if let Some(n) = chain.max_slot_range {
+        config.max_slot_range = n.clamp(1, 500_000);
+    }
+    if let Some(ms) = chain.poll_interval_ms {
+        config.poll_interval = Duration::from_millis(ms.max(1));
+    }
+    config.blocks_per_step = config.rpc.max_batch * config.rpc.max_concurrency;
+    Ok(config)
+}
+
+fn evm_config(chain: &ChainFileSettings, catalog: &Catalog) -> anyhow::Result<ChainConfig> {
+    let name = &chain.name;
+    let entities: Vec<(String, bool)> = catalog
+        .entries()
+        .iter()
+        .filter(|e| {
+            &e.chain == name && sluice_chains::records::ENTITIES.contains(&e.entity.as_str())
+        })
+        .map(|e| (e.entity.clone(), e.zerolag))
+        .collect();
+    if entities.is_empty() {
+        bail!(
+            "chain {name}: the catalog has no EVM stream of it (add its entities to the \
+             catalog file)"
+        );
+    }
+    let mut config = ChainConfig::new(name, &chain.rpc_url);
+    config.entities = entities;
+    config.ws_url.clone_from(&chain.ws_url);
+    config.start_block = start_setting(name, chain.start_block.as_ref(), "start_block")?;
+    config.finality = match chain.finality.as_deref() {
+        None | Some("depth") => Finality::Depth(
+            chain
+                .confirmations
+                .unwrap_or_else(|| sluice_chains::config::default_confirmations(name)),
+        ),
+        Some("finalized_tag") => Finality::Tag,
+        Some(other) => {
+            bail!("chain {name}: finality {other:?} is not \"depth\" or \"finalized_tag\"")
+        }
+    };
+    if let Some(rate) = chain.requests_per_second {
+        config.rpc.requests_per_second = f64::from(rate);
+    }
+    if let Some(n) = chain.max_concurrency {
+        config.rpc.max_concurrency = n.max(1);
+    }
+    if let Some(n) = chain.max_batch {
+        config.rpc.max_batch = n.max(1);
+    }
+    if let Some(n) = chain.max_block_range {
+        config.max_block_range = n.max(1);
+    }
+    if let Some(n) = chain.parallel_ranges {
+        config.parallel_ranges = n.max(1);
+    }
+    if let Some(ms) = chain.poll_interval_ms {
+        config.poll_interval = Duration::from_millis(ms.max(1));
+    }
+    if let Some(stablecoins) = &chain.stablecoins {
+        config.stablecoins = stablecoins.iter().map(|s| s.to_ascii_lowercase()).collect();
+    }
+    Ok(config)
 }
 
 /// Appends through [`Runtime::ingest`]; keeps positions in the runtime's stream log.
@@ -253,12 +412,15 @@ pub struct Started {
     pub status: Option<Arc<dyn ChainStatusSource>>,
 }
 
-/// Starts one ingester task per chain.
+/// Starts one ingester task per chain. A chain whose node was not reached by
+/// [`check_identities`] is checked by its task first: until the node answers, the status
+/// shows why; a node of another chain stops that chain's task for good (and says so in the
+/// status), never writing a record.
 ///
 /// # Errors
 /// An RPC client that cannot be built.
-pub fn start(configs: Vec<ChainConfig>, runtime: &Arc<Runtime>) -> anyhow::Result<Started> {
-    if configs.is_empty() {
+pub fn start(plans: Vec<ChainPlan>, runtime: &Arc<Runtime>) -> anyhow::Result<Started> {
+    if plans.is_empty() {
         return Ok(Started { tasks: Vec::new(), status: None });
     }
     let sink: Arc<dyn ChainSink> = Arc::new(RuntimeSink {
@@ -267,15 +429,59 @@ pub fn start(configs: Vec<ChainConfig>, runtime: &Arc<Runtime>) -> anyhow::Resul
     });
     let mut tasks = Vec::new();
     let mut statuses = Vec::new();
-    for config in configs {
-        let status = Ingester::status_for(&config);
-        let name = config.name.clone();
-        let ingester = Ingester::new(config, sink.clone(), status.clone())
-            .with_context(|| format!("chain {name}"))?;
-        statuses.push(status);
-        tasks.push(tokio::spawn(ingester.run()));
+    for plan in plans {
+        let (name, url, expected) = {
+            let (name, url, expected) = plan.parts();
+            (name.to_owned(), url.to_owned(), expected.clone())
+        };
+        let (status, run, verified): (_, futures_util::future::BoxFuture<'static, ()>, bool) =
+            match plan {
+                ChainPlan::Evm { config, verified, .. } => {
+                    let status = Ingester::status_for(&config);
+                    let ingester = Ingester::new(config, sink.clone(), status.clone())
+                        .with_context(|| format!("chain {name}"))?;
+                    (status, Box::pin(ingester.run()), verified)
+                }
+                ChainPlan::Solana { config, verified, .. } => {
+                    let status = SolanaIngester::status_for(&config);
+                    let ingester = SolanaIngester::new(config, sink.clone(), status.clone())
+                        .with_context(|| format!("chain {name}"))?;
+                    (status, Box::pin(ingester.run()), verified)
+                }
+            };
+        statuses.push(status.clone());
+        tasks.push(tokio::spawn(async move {
+            if !verified && !identified(&name, &url, &expected, &status).await {
+                return;
+            }
+            run.await;
+        }));
     }
     Ok(Started { tasks, status: Some(Arc::new(Statuses(statuses))) })
+}
+
+/// Checks the node's identity until it answers; false (and the reason in the status) when
+/// it is another chain's or family's node.
+async fn identified(name: &str, url: &str, expected: &Expected, status: &ChainStatus) -> bool {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        match identity::check(name, url, expected, IDENTITY_TIMEOUT).await {
+            Ok(_) => {
+                status.error(None);
+                return true;
+            }
+            Err(error) if error.is_transient() => {
+                status.error(Some(error.to_string()));
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+            Err(error) => {
+                tracing::error!(%error, "chain not ingested");
+                status.error(Some(error.to_string()));
+                return false;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -298,12 +504,14 @@ mod tests {
     #[test]
     fn chains_must_be_evm_streams_of_the_catalog() {
         let catalog = Catalog::default();
-        let configs = configs(&[ChainFileSettings::new("ethereum", "http://x")], &catalog).unwrap();
+        let plans = configs(&[ChainFileSettings::new("ethereum", "http://x")], &catalog).unwrap();
+        let ChainPlan::Evm { config, expected, .. } = &plans[0] else { panic!("an EVM chain") };
         // The default catalog has only ethereum's log and dex_trade streams.
-        let mut entities: Vec<&str> = configs[0].entities.iter().map(|(e, _)| e.as_str()).collect();
+        let mut entities: Vec<&str> = config.entities.iter().map(|(e, _)| e.as_str()).collect();
         entities.sort_unstable();
         assert_eq!(entities, vec!["dex_trade", "log"]);
-        assert_eq!(configs[0].finality, Finality::Depth(64));
+        assert_eq!(config.finality, Finality::Depth(64));
+        assert_eq!(expected, &Expected::Evm { chain_id: Some(1) });
         assert!(configs_err("hyperliquid", "http://x"));
         assert!(configs_err("mars", "http://x"));
         assert!(configs_err("base", "ws://x"));
@@ -314,11 +522,33 @@ mod tests {
         let mut chain = ChainFileSettings::new("base", "http://x");
         chain.ws_url = Some("wss://node.example/v2/0123456789abcdef0123".to_owned());
         let made = configs(std::slice::from_ref(&chain), &Catalog::default()).unwrap();
-        assert_eq!(made[0].ws_url.as_deref(), chain.ws_url.as_deref());
+        let ChainPlan::Evm { config, .. } = &made[0] else { panic!("an EVM chain") };
+        assert_eq!(config.ws_url.as_deref(), chain.ws_url.as_deref());
         chain.ws_url = Some("https://node.example/v2/0123456789abcdef0123".to_owned());
         let error = configs(&[chain], &Catalog::default()).unwrap_err().to_string();
         assert!(error.contains("must be ws:// or wss://"), "{error}");
         assert!(!error.contains("0123456789abcdef0123"), "the key is redacted: {error}");
+    }
+
+    #[test]
+    fn the_family_picks_the_ingester_and_overrides_replace_the_catalog_identity() {
+        let mut solana = ChainFileSettings::new("solana", "http://x");
+        solana.commitment = Some("confirmed".to_owned());
+        solana.start_slot = Some(StartBlockSetting::Number(5));
+        solana.genesis_hash = Some("local".to_owned());
+        let mut base = ChainFileSettings::new("base", "http://y");
+        base.chain_id = Some(31337);
+        let plans = configs(&[solana.clone(), base], &Catalog::default()).unwrap();
+        let ChainPlan::Solana { config, expected, .. } = &plans[0] else { panic!("Solana") };
+        assert_eq!(config.commitment, Commitment::Confirmed);
+        assert_eq!(config.start, StartBlock::Number(5));
+        assert_eq!(expected, &Expected::Solana { genesis_hash: Some("local".to_owned()) });
+        let ChainPlan::Evm { expected, .. } = &plans[1] else { panic!("EVM") };
+        assert_eq!(expected, &Expected::Evm { chain_id: Some(31337) });
+        // Another family's settings are refused, naming them.
+        solana.confirmations = Some(3);
+        let error = configs(&[solana], &Catalog::default()).unwrap_err().to_string();
+        assert!(error.contains("confirmations is an EVM setting"), "{error}");
     }
 
     fn configs_err(name: &str, url: &str) -> bool {
@@ -330,7 +560,8 @@ mod tests {
         let parsed: ChainFileSettings =
             toml::from_str("name = \"base\"\nrpc_url = \"http://x\"\nstart_block = 12\n").unwrap();
         assert_eq!(parsed.start_block, Some(StartBlockSetting::Number(12)));
-        let config = &configs(&[parsed], &Catalog::default()).unwrap()[0];
+        let plans = configs(&[parsed], &Catalog::default()).unwrap();
+        let ChainPlan::Evm { config, .. } = &plans[0] else { panic!("an EVM chain") };
         assert_eq!(config.start_block, StartBlock::Number(12));
         let parsed: ChainFileSettings =
             toml::from_str("name = \"base\"\nrpc_url = \"http://x\"\nstart_block = \"soon\"\n")

@@ -31,6 +31,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("catalog file {}", path.display()))?
         }
     };
+    // Chains first: a node of another chain (or family) stops the start before anything
+    // is created.
+    let mut chain_plans = crate::chains::configs(&settings.chains, &catalog)?;
+    crate::chains::check_identities(&mut chain_plans).await?;
     let store = open_store(&settings).await?;
     bootstrap(store.as_ref()).await?;
 
@@ -111,8 +115,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(resumed, "backfill jobs resumed");
     }
     background.push(tokio::spawn(snapshot_sets(store.clone())));
-    let chain_configs = crate::chains::configs(&settings.chains, &catalog)?;
-    let chains = crate::chains::start(chain_configs, &runtime)?;
+    let chains = crate::chains::start(chain_plans, &runtime)?;
     background.extend(chains.tasks);
     // The same store serves prices (one pool); loading the service (recent candles, latest
     // minutes) happens while the API serves.

@@ -230,12 +230,16 @@ pub struct Account<'a> {
 /// writable and read-only addresses. Writability as `jsonParsed` reports it: the header's
 /// flags, with reserved accounts and invoked programs demoted to read-only (unless the
 /// upgradeable loader is present), as the runtime does.
-pub fn accounts<'a>(message: &Message<'a>, loaded: Option<&LoadedAddresses<'a>>) -> Vec<Account<'a>> {
+pub fn accounts<'a>(
+    message: &Message<'a>,
+    loaded: Option<&LoadedAddresses<'a>>,
+) -> Vec<Account<'a>> {
     let header = message.header;
     let statics = message.account_keys.len();
     let signed = usize::from(header.num_required_signatures);
     let signed_writable = signed.saturating_sub(usize::from(header.num_readonly_signed_accounts));
-    let unsigned_writable_end = statics.saturating_sub(usize::from(header.num_readonly_unsigned_accounts));
+    let unsigned_writable_end =
+        statics.saturating_sub(usize::from(header.num_readonly_unsigned_accounts));
     let empty = LoadedAddresses::default();
     let loaded = loaded.unwrap_or(&empty);
     let mut all: Vec<Account<'a>> =

@@ -99,10 +99,9 @@ pub async fn blocks(
 
 fn classify(answer: Result<RawResult, NodeError>) -> Result<Fetched, ChainError> {
     match answer {
-        Ok(raw) if raw.get().trim() == "null" => Ok(Fetched::NotYet(NodeError {
-            code: 0,
-            message: "the node answered null".to_owned(),
-        })),
+        Ok(raw) if raw.get().trim() == "null" => {
+            Ok(Fetched::NotYet(NodeError { code: 0, message: "the node answered null".to_owned() }))
+        }
         Ok(raw) => Ok(Fetched::Block(raw)),
         Err(error) if is_skipped(&error) => Ok(Fetched::Skipped),
         Err(error) if matches!(error.code, -32004 | -32014) => Ok(Fetched::NotYet(error)),

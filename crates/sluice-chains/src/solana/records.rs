@@ -152,7 +152,8 @@ fn transaction(
         .signatures
         .first()
         .ok_or_else(|| malformed(slot, &format!("transaction {index} has no signature")))?;
-    let signers = usize::from(message.header.num_required_signatures).min(message.account_keys.len());
+    let signers =
+        usize::from(message.header.num_required_signatures).min(message.account_keys.len());
     let fee_payer = message
         .account_keys
         .first()

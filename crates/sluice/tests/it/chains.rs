@@ -15,9 +15,9 @@ use crate::process::{Server, data_dir_args, free_port, sluice};
 const ALICE: &str = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266";
 const BOB: &str = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8";
 
-struct Anvil {
+pub struct Anvil {
     child: Child,
-    url: String,
+    pub url: String,
     client: reqwest::Client,
 }
 
@@ -29,7 +29,7 @@ impl Drop for Anvil {
 }
 
 impl Anvil {
-    async fn start() -> Self {
+    pub async fn start() -> Self {
         let binary = std::env::var("SLUICE_TEST_ANVIL_BIN")
             .expect("SLUICE_TEST_ANVIL_BIN must name an anvil binary; run scripts/test");
         let port = free_port();
@@ -134,7 +134,7 @@ fn start(dir: &std::path::Path, port: u16, anvil: &str, start_block: &str, extra
         &config,
         format!(
             "[[chains]]\nname = \"base\"\nrpc_url = \"{anvil}\"\nstart_block = {start_block}\n\
-             confirmations = 2\nmax_block_range = 3\npoll_interval_ms = 20\n{extra}"
+             chain_id = 31337\nconfirmations = 2\nmax_block_range = 3\npoll_interval_ms = 20\n{extra}"
         ),
     )
     .unwrap();
