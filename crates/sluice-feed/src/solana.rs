@@ -52,6 +52,10 @@ impl SolanaFeed {
         }
     }
 
+    fn is_mint(&self, key: &str) -> bool {
+        self.well_known.iter().chain(&self.mints).any(|m| m.address == key)
+    }
+
     fn pick_mint(&self, rng: &mut StdRng) -> &Mint {
         if !self.well_known.is_empty() && rng.gen_bool(crate::evm::WELL_KNOWN_SHARE) {
             self.well_known.choose(rng).expect("non-empty")
@@ -184,7 +188,35 @@ impl SolanaFeed {
         if new_block {
             self.recent_block_hash = block_hash.clone();
         }
+        // Accounts as the ingester writes them: signers first, programs and mints read-only.
+        let read_only = [SYSTEM_PROGRAM, TOKEN_PROGRAM, COMPUTE_BUDGET, JUPITER];
+        let accounts: Vec<Value> = account_keys
+            .iter()
+            .enumerate()
+            .map(|(index, key)| {
+                let signer = index < signature_count;
+                let program = read_only.contains(&key.as_str());
+                let mint = !signer && self.is_mint(key);
+                json!({"pubkey": key, "signer": signer, "source": "transaction",
+                    "writable": signer || !(program || mint)})
+            })
+            .collect();
+        let index_of = |key: &str| account_keys.iter().position(|k| k == key).unwrap_or(0);
+        let instructions = vec![
+            json!({"program_id": COMPUTE_BUDGET, "accounts": [], "data": random_base58(rng, 9),
+                "stack_height": null}),
+            json!({"program_id": main_program,
+                "accounts": account_keys.iter().filter(|k| !read_only.contains(&k.as_str()))
+                    .cloned().collect::<Vec<_>>(),
+                "data": random_base58(rng, 12), "stack_height": null}),
+        ];
+        let fee = SIGNATURE_FEE * signature_count as u64 + priority_fee / 10;
+        let pre_lamports: Vec<u64> =
+            account_keys.iter().map(|_| rng.gen_range(1_000_000..50_000_000_000)).collect();
+        let mut post_lamports = pre_lamports.clone();
+        post_lamports[index_of(&signer)] -= fee;
         let mut record = Map::new();
+        record.insert("account_keys".into(), json!(accounts));
         record.insert("block_slot".into(), json!(block.number));
         record.insert("block_height".into(), json!(block_height));
         record.insert("block_timestamp".into(), json!(crate::block_timestamp(block.time_ms)));
@@ -192,12 +224,20 @@ impl SolanaFeed {
         record.insert("txn_id".into(), json!(signatures[0]));
         record.insert("txn_index".into(), json!(txn_index));
         record.insert("signatures".into(), json!(signatures));
-        record.insert("fee".into(), json!(SIGNATURE_FEE * signature_count + priority_fee / 10));
+        record.insert("fee".into(), json!(fee));
+        record.insert("success".into(), json!(!failed));
         record.insert("err".into(), err);
-        record.insert("account_keys".into(), json!(account_keys));
+        record.insert("compute_units_consumed".into(), json!(rng.gen_range(300..units_limit)));
+        record.insert("version".into(), json!("legacy"));
+        record.insert("parent_slot".into(), json!(block.number.saturating_sub(1)));
         record.insert("recent_block_hash".into(), json!(recent_block_hash));
         record.insert("signer".into(), json!(signer));
+        record.insert("signers".into(), json!(account_keys[..signature_count]));
+        record.insert("instructions".into(), json!(instructions));
+        record.insert("inner_instructions".into(), json!([]));
         record.insert("log_messages".into(), json!(log_messages));
+        record.insert("pre_balances".into(), json!(pre_lamports));
+        record.insert("post_balances".into(), json!(post_lamports));
         record.insert("pre_token_balances".into(), json!(pre_balances));
         record.insert("post_token_balances".into(), json!(post_balances));
         record

@@ -110,7 +110,9 @@ fn solana_transactions_use_base58_ids_and_balance_changes_add_up() {
         let id = record["txn_id"].as_str().unwrap();
         assert!((86..=88).contains(&id.len()), "{id}");
         assert_eq!(record["signatures"][0], record["txn_id"]);
-        assert_eq!(record["account_keys"][0], record["signer"]);
+        assert_eq!(record["account_keys"][0]["pubkey"], record["signer"]);
+        assert_eq!(record["signers"][0], record["signer"]);
+        assert_eq!(record["success"], record["err"].is_null());
         let total = |field: &str| -> u128 {
             record[field]
                 .as_array()
