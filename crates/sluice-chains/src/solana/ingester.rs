@@ -231,6 +231,9 @@ impl SolanaIngester {
                     StartBlock::Latest => committed + 1,
                 };
                 tracing::info!(%chain, first, "starting without a stored position");
+                // Stored at once: a crash before the first append must not make "latest"
+                // mean a later slot at the next start.
+                self.save(first.saturating_sub(1)).await?;
                 first
             }
         };
