@@ -104,7 +104,7 @@ struct State {
     /// The failed fixture block in `json` encoding (converted from `jsonParsed`).
     converted: String,
     /// `getBlock` calls answered with a block.
-    pub blocks_served: AtomicU64,
+    blocks_served: AtomicU64,
 }
 
 impl TestNode {

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use sluice_core::streams::StreamRecord;
 
+use super::SolanaConfig;
 use super::fetch::{self, Fetched};
 use super::records::{self, ENTITY};
-use super::{Commitment, SolanaConfig};
 use crate::ChainError;
 use crate::config::StartBlock;
 use crate::fetch::Header;
@@ -262,11 +262,6 @@ impl SolanaIngester {
             return Err(error.into());
         }
         Ok(())
-    }
-
-    /// The commitment this ingester writes at.
-    pub fn commitment(&self) -> Commitment {
-        self.config.commitment
     }
 }
 
