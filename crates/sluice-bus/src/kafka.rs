@@ -9,7 +9,10 @@
 //! are Kafka's committed offsets of the group of the same name (prefixed).
 //!
 //! - Appends go through one idempotent producer (`acks=all`); an append returns once the
-//!   brokers acknowledged every record.
+//!   brokers acknowledged every record. A producer that librdkafka declares dead (a fatal
+//!   error: the broker fenced its producer id, say, as a busy broker may) is replaced by a
+//!   new one, and the append is sent once more through it; appends are at least once, so a
+//!   record the dead producer did get through may be there twice.
 //! - Reads: [`readers`]. Watches: [`tails`]. Group offsets: [`groups`].
 //! - Clients: an admin client (group offsets too), a producer, a consumer for metadata and
 //!   watermarks, [`readers::LANES`] fetching consumers and one tail consumer for the chain
@@ -40,7 +43,7 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::clock::Clock;
 
@@ -75,7 +78,9 @@ struct Inner {
     settings: KafkaSettings,
     clock: Arc<dyn Clock>,
     admin: Arc<AdminClient<Context>>,
-    producer: FutureProducer<Context>,
+    /// The producer; replaced when librdkafka declares it dead ([`KafkaLog::producer`]).
+    producer: Mutex<Arc<FutureProducer<Context>>>,
+    producer_config: ClientConfig,
     /// Metadata, watermarks and time lookups.
     meta: Arc<BaseConsumer<Context>>,
     /// Bounds the blocking calls running at once.
@@ -107,7 +112,7 @@ impl KafkaLog {
         let admin = Arc::new(admin);
         let groups = GroupOffsets::start(admin.clone())
             .map_err(|error| BusError::Backend { source: Box::new(error), transient: true })?;
-        let producer: FutureProducer<Context> = base
+        let producer_config = base
             .clone()
             .set("enable.idempotence", "true")
             .set("acks", "all")
@@ -115,8 +120,9 @@ impl KafkaLog {
             .set("message.timeout.ms", DELIVERY_TIMEOUT_MS)
             .set("message.max.bytes", MAX_MESSAGE_BYTES)
             .set("queue.buffering.max.messages", "1000000")
-            .create_with_context(Context)
-            .map_err(backend)?;
+            .clone();
+        let producer: FutureProducer<Context> =
+            producer_config.create_with_context(Context).map_err(backend)?;
         let meta: BaseConsumer<Context> =
             consumer_config(&settings, None).create_with_context(Context).map_err(backend)?;
         let meta = Arc::new(meta);
@@ -177,7 +183,8 @@ impl KafkaLog {
                 settings,
                 clock,
                 admin,
-                producer,
+                producer: Mutex::new(Arc::new(producer)),
+                producer_config,
                 meta,
                 blocking,
                 topics: Mutex::new(HashMap::new()),
@@ -649,8 +656,50 @@ impl StreamLog for KafkaLog {
 }
 
 impl KafkaLog {
-    /// Appends records (as [`StreamLog::append`]) without taking them.
+    /// The producer appends go through now.
+    fn producer(&self) -> Arc<FutureProducer<Context>> {
+        self.inner.producer.lock().expect("producer mutex is never poisoned").clone()
+    }
+
+    /// Replaces `dead` (when it is still the producer) if librdkafka declared it dead;
+    /// answers whether a producer was dead.
+    fn replace_if_dead(&self, dead: &Arc<FutureProducer<Context>>) -> bool {
+        let Some(fatal) = dead.client().fatal_error() else { return false };
+        let mut current = self.inner.producer.lock().expect("producer mutex is never poisoned");
+        if Arc::ptr_eq(&current, dead) {
+            match self.inner.producer_config.create_with_context(Context) {
+                Ok(fresh) => {
+                    tracing::warn!(reason = ?fatal, "Kafka producer failed fatally; replaced by a new one");
+                    *current = Arc::new(fresh);
+                }
+                Err(error) => {
+                    tracing::error!(%error, reason = ?fatal, "Kafka producer failed fatally and a new one could not be made");
+                }
+            }
+        }
+        true
+    }
+
+    /// Appends records (as [`StreamLog::append`]) without taking them; once more through a
+    /// new producer when the producer died during the append.
     async fn append_slice(&self, topic: &str, records: &[NewRecord]) -> Result<Vec<Position>> {
+        let producer = self.producer();
+        match self.append_with(&producer, topic, records).await {
+            Err(error) if self.replace_if_dead(&producer) => {
+                tracing::debug!(%error, topic, "append failed on a dead producer; sent again");
+                let fresh = self.producer();
+                self.append_with(&fresh, topic, records).await
+            }
+            answer => answer,
+        }
+    }
+
+    async fn append_with(
+        &self,
+        producer: &FutureProducer<Context>,
+        topic: &str,
+        records: &[NewRecord],
+    ) -> Result<Vec<Position>> {
         let config = self.existing(topic).await?;
         let name = self.name(topic);
         let now_ms = self.inner.clock.now().timestamp_millis();
@@ -663,7 +712,7 @@ impl KafkaLog {
                 .payload(&record.value[..])
                 .timestamp(now_ms);
             loop {
-                match self.inner.producer.send_result(message) {
+                match producer.send_result(message) {
                     Ok(delivery) => {
                         pending.push(delivery);
                         break;
@@ -874,5 +923,44 @@ mod tests {
         ] {
             assert!(!is_end_of_partition(&problem), "{problem}");
         }
+    }
+
+    /// librdkafka declares a producer dead (fatal) when the broker fences its producer id; a
+    /// busy test broker did, and every later append failed until the process restarted.
+    /// `rd_kafka_test_fatal_error` is librdkafka's own way to make one for a test.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(unsafe_code)]
+    async fn an_append_after_the_producer_died_goes_through_a_new_producer() {
+        let url = std::env::var("SLUICE_TEST_KAFKA_URL")
+            .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
+        let mut settings = KafkaSettings::parse(&url).unwrap();
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        settings.topic_prefix = format!("fatal{nanos:x}.");
+        let clock: Arc<dyn Clock> = Arc::new(sluice_core::clock::SystemClock);
+        let log = KafkaLog::connect(settings, clock).await.unwrap();
+        let config = TopicConfig { partitions: 1, retention: Retention::default() };
+        log.create_topic("base.fatal", config).await.unwrap();
+        let one = NewRecord::new("k".to_owned(), "1".to_owned());
+        log.append("base.fatal", vec![one]).await.unwrap();
+        let dead = log.producer();
+        let reason = c"fenced by the test";
+        // SAFETY: the client pointer is live (`dead` holds the producer) and `reason` is a
+        // NUL-terminated string that outlives the call, which copies it.
+        let raised = unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                dead.client().native_ptr(),
+                rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_PRODUCER_FENCED,
+                reason.as_ptr(),
+            )
+        };
+        assert_eq!(raised, rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR);
+        assert!(dead.client().fatal_error().is_some());
+        let two = NewRecord::new("k".to_owned(), "2".to_owned());
+        log.append("base.fatal", vec![two]).await.unwrap();
+        assert!(!Arc::ptr_eq(&log.producer(), &dead), "the dead producer was kept");
+        let read = log.read("base.fatal", 0, 0, 10).await.unwrap();
+        let values: Vec<&[u8]> = read.iter().map(|record| &record.value[..]).collect();
+        assert_eq!(values, [&b"1"[..], &b"2"[..]]);
     }
 }
