@@ -252,8 +252,17 @@ impl Windows {
             return false;
         }
         let reach = HOLD_BATCHES * batch_size as u64;
+        // A run whose end another run holds has caught up: its pipelines read there now.
+        let caught_up = |end: u64| {
+            self.runs.iter().any(|run| {
+                run.segments.front().is_some_and(|first| first.from <= end) && end < run.end
+            })
+        };
         self.runs.iter().any(|run| {
-            run.end < from && from - run.end <= reach && run.pushed_at.elapsed() < HOLD_ACTIVE
+            run.end < from
+                && from - run.end <= reach
+                && run.pushed_at.elapsed() < HOLD_ACTIVE
+                && !caught_up(run.end)
         })
     }
 

@@ -61,6 +61,13 @@ fn no_one_holds_back_at_the_tail_for_a_run_too_far_behind_or_one_not_moving() {
 }
 
 #[test]
+fn a_run_that_reached_the_one_ahead_is_not_waited_for() {
+    // The run behind ends where the run ahead starts: its pipelines read in that one now.
+    let mut windows = two_runs(1_000, 970);
+    assert!(!windows.hold(1_000, BATCH));
+}
+
+#[test]
 fn holding_back_stops_when_the_budget_of_the_period_is_spent() {
     let mut windows = two_runs(1_000, 900);
     assert!(windows.hold(1_000, BATCH));
