@@ -109,6 +109,18 @@ async function apiGet(path) {
   return JSON.parse(text);
 }
 
+/** The points of `metric` of pipeline `configId` over the last hour, once they count `total`. */
+async function pointsOnceCounted(configId, metric, total) {
+  for (let i = 0; ; i++) {
+    const body = await apiGet(`/beam/${configId}/deploy/metrics?time_range=1h&metrics=${metric}`);
+    const points = body.metrics[0].points;
+    const counted = points.reduce((sum, p) => sum + p.value, 0);
+    if (counted >= total) return points;
+    assert.ok(i < 100, `${metric} counted ${counted} of ${total}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
 /** What each chart must show, by metric type: its title and an API value as drawn. */
 const CHARTS = {
   messages_received: { title: 'Records read per second', scale: (value, step) => value / step },
@@ -257,6 +269,7 @@ test('the console at work', { timeout: 300_000 }, async (t) => {
     await page.locator('#metric-charts figure.chart .uplot').nth(6).waitFor();
     assert.equal(await page.locator('#metric-charts figure.chart').count(), 7);
     const configId = decodeURIComponent(pipelineUrl.split('#/p/')[1]);
+    await pointsOnceCounted(configId, 'messages_received', 30);
     for (const range of ['1h', '1d', '1w']) {
       const drawn = await checkCharts(page, configId, range);
       const read = drawn.find((chart) => chart.metric === 'messages_received');
@@ -589,10 +602,12 @@ test('the console at work', { timeout: 300_000 }, async (t) => {
     const id = (name) => pipelines.find((p) => p.name === name).id;
     const pause = await fetch(`${base}/api/v1/beam/${id('picky')}/pause`, { method: 'POST', headers: { 'X-API-Key': ownerKey } });
     assert.equal(pause.status, 200, await pause.text());
-    // 120 records read in this minute: once it is over, it is the last complete one, and the
-    // list shows its rate.
-    const minute = Math.floor(Date.now() / 60e3) * 60e3;
+    // 120 more records read: once the (last) minute they were counted in is over, it is the
+    // last complete one, and the list shows its rate.
+    const before = (await pointsOnceCounted(id('usdc watch'), 'messages_received', 0)).reduce((sum, p) => sum + p.value, 0);
     await ingest(1000, 1120);
+    const counted = await pointsOnceCounted(id('usdc watch'), 'messages_received', before + 120);
+    const minute = Date.parse(counted.findLast((p) => p.value > 0).timestamp);
     const row = (name) => page.locator(`tr[data-pipeline="${id(name)}"]`);
     let shown = null;
     await page.goto(`${base}/#/`);
