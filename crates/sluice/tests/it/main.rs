@@ -13,3 +13,4 @@ mod kill_loop;
 mod postgres_runtime;
 mod process;
 mod serve;
+mod start;
