@@ -12,5 +12,6 @@ mod kafka_bus;
 mod kill_loop;
 mod postgres_runtime;
 mod process;
+mod readme;
 mod serve;
 mod start;
