@@ -13,5 +13,6 @@ mod kill_loop;
 mod postgres_runtime;
 mod process;
 mod readme;
+mod scripts;
 mod serve;
 mod start;
