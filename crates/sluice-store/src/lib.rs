@@ -233,8 +233,8 @@ async fn within_time(
     })
 }
 
-/// Why a connection failed, in a few words ("connection refused"); `None` when the error
-/// is not about the connection.
+/// Why a connection failed, in a few words ("connection refused"), or the error's own text
+/// when it is not one of the usual network failures (a name that does not resolve).
 pub(crate) fn io_reason(error: &std::io::Error) -> String {
     use std::io::ErrorKind::{
         ConnectionRefused, ConnectionReset, HostUnreachable, NetworkUnreachable, TimedOut,
