@@ -90,7 +90,7 @@ fn body_of(command: &str) -> serde_json::Value {
 
 #[test]
 fn the_put_example_keeps_every_transform_the_create_example_made() {
-    let created = body_of("CREATED=$(curl -s -X POST \"$BEAM\"");
+    let created = body_of("curl -s -X POST \"$BEAM\" -H");
     let replaced = body_of("curl -s -X PUT \"$BEAM/$ID\"");
     let transforms = |body: &serde_json::Value| -> Vec<(String, String)> {
         body["pipeline_config"]["transforms"]
