@@ -58,6 +58,8 @@ use crate::{
     Retention, StreamLog, TopicConfig, partition_for_key,
 };
 
+/// How long [`KafkaLog::connect`] waits for a TCP connection to a bootstrap server.
+const REACH_TIMEOUT: Duration = Duration::from_secs(4);
 /// How long a metadata, offset or admin request may take before it fails.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long an appended record may wait for the brokers before the append fails.
@@ -107,8 +109,13 @@ impl KafkaLog {
     /// [`BusError::Unreachable`] naming the URL when no broker answers in time; a client
     /// setting librdkafka refuses.
     pub async fn connect(settings: KafkaSettings, clock: Arc<dyn Clock>) -> Result<Self> {
+        Self::check_reachable(&settings, REACH_TIMEOUT).await?;
+        // Until a broker has answered, librdkafka's retries (dozens of lines a second for a
+        // broker that refuses) stay out of the log; the last one is kept for the error.
+        let context = Context::connecting();
         let base = client_config(&settings);
-        let admin: AdminClient<Context> = base.create_with_context(Context).map_err(backend)?;
+        let admin: AdminClient<Context> =
+            base.create_with_context(context.clone()).map_err(backend)?;
         let admin = Arc::new(admin);
         let groups = GroupOffsets::start(admin.clone())
             .map_err(|error| BusError::Backend { source: Box::new(error), transient: true })?;
@@ -122,27 +129,31 @@ impl KafkaLog {
             .set("queue.buffering.max.messages", "1000000")
             .clone();
         let producer: FutureProducer<Context> =
-            producer_config.create_with_context(Context).map_err(backend)?;
-        let meta: BaseConsumer<Context> =
-            consumer_config(&settings, None).create_with_context(Context).map_err(backend)?;
+            producer_config.create_with_context(context.clone()).map_err(backend)?;
+        let meta: BaseConsumer<Context> = consumer_config(&settings, None)
+            .create_with_context(context.clone())
+            .map_err(backend)?;
         let meta = Arc::new(meta);
         let blocking = Blocking::start()?;
         let probe = meta.clone();
         let reached =
             blocking.run(move || probe.fetch_metadata(None, Duration::from_secs(10))).await;
         if let Err(error) = reached {
-            return Err(BusError::Unreachable {
-                url: settings.redacted(),
-                reason: error.to_string(),
-            });
+            // The context stays quiet: the clients report more until they are dropped.
+            let reason = match context.last_word() {
+                Some(last) => format!("{error} (librdkafka: {last})"),
+                None => error.to_string(),
+            };
+            return Err(BusError::Unreachable { url: settings.redacted(), reason });
         }
+        context.connected();
         let lane_settings = settings.clone();
         let readers = Arc::new(Readers::new(Box::new(move || {
             consumer_config(&lane_settings, None)
                 .set("enable.partition.eof", "true")
                 .set("fetch.wait.max.ms", lane_settings.fetch_wait_ms.to_string())
                 .set("queued.max.messages.kbytes", "16384")
-                .create_with_context(Context)
+                .create_with_context(Context::default())
                 .map_err(backend)
         }))?);
         // Parks idle cursors (and closes old ones) until the log is dropped.
@@ -168,7 +179,7 @@ impl KafkaLog {
             let consumer = consumer_config(&tail_settings, None)
                 .set("fetch.wait.max.ms", tail_settings.fetch_wait_ms.to_string())
                 .set("queued.max.messages.kbytes", "1024")
-                .create_with_context(Context);
+                .create_with_context(Context::default());
             match consumer {
                 Ok(consumer) => Some(consumer),
                 Err(error) => {
@@ -194,6 +205,37 @@ impl KafkaLog {
                 tail_clients,
             }),
         })
+    }
+
+    /// Checks that a TCP connection to one of the bootstrap servers opens within `within`
+    /// (resolving their names on the way), without making a Kafka client: a broker that
+    /// refuses is an error at once, in one line, instead of librdkafka's retries.
+    ///
+    /// # Errors
+    /// [`BusError::Unreachable`] naming the URL and why the last server could not be reached.
+    pub async fn check_reachable(settings: &KafkaSettings, within: Duration) -> Result<()> {
+        let mut attempts = tokio::task::JoinSet::new();
+        for server in settings.bootstrap_servers.split(',').map(str::to_owned) {
+            attempts.spawn(async move {
+                match tokio::time::timeout(within, tokio::net::TcpStream::connect(&server)).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(error)) => Err(format!("{server}: {}", connect_reason(&error))),
+                    Err(_) => Err(format!("{server}: no answer within {} s", within.as_secs())),
+                }
+            });
+        }
+        let results: Vec<std::result::Result<(), String>> = attempts.join_all().await;
+        if results.iter().any(Result::is_ok) {
+            return Ok(());
+        }
+        let reasons: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        let reason = if reasons.len() == 1 {
+            // One server: its address is already in the URL.
+            reasons[0].split_once(": ").map_or(reasons[0].clone(), |(_, why)| why.to_owned())
+        } else {
+            reasons.join("; ")
+        };
+        Err(BusError::Unreachable { url: settings.redacted(), reason })
     }
 
     /// How many reader cursors are pooled: `(fetching, parked)`. Cursors unused for two
@@ -667,7 +709,7 @@ impl KafkaLog {
         let Some(fatal) = dead.client().fatal_error() else { return false };
         let mut current = self.inner.producer.lock().expect("producer mutex is never poisoned");
         if Arc::ptr_eq(&current, dead) {
-            match self.inner.producer_config.create_with_context(Context) {
+            match self.inner.producer_config.create_with_context(Context::default()) {
                 Ok(fresh) => {
                     tracing::warn!(reason = ?fatal, "Kafka producer failed fatally; replaced by a new one");
                     *current = Arc::new(fresh);
@@ -863,13 +905,59 @@ fn consumer_config(settings: &KafkaSettings, group: Option<&str>) -> ClientConfi
     config
 }
 
-/// Sends librdkafka's own log lines and errors to `tracing`.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct Context;
+/// Sends librdkafka's own log lines and errors to `tracing`. The clients [`KafkaLog::connect`]
+/// makes share one context that is quiet until a broker answered: their warnings go to
+/// `debug` meanwhile, and the last one is kept for the error if none ever does.
+#[derive(Clone, Default)]
+pub(crate) struct Context {
+    connecting: Option<Arc<Connecting>>,
+}
+
+#[derive(Default)]
+struct Connecting {
+    done: std::sync::atomic::AtomicBool,
+    last: Mutex<Option<String>>,
+}
+
+impl Context {
+    fn connecting() -> Self {
+        Self { connecting: Some(Arc::default()) }
+    }
+
+    /// Ends the quiet period: a broker answered.
+    fn connected(&self) {
+        if let Some(connecting) = &self.connecting {
+            connecting.done.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The last warning or error librdkafka reported while quiet.
+    fn last_word(&self) -> Option<String> {
+        self.connecting.as_ref()?.last.lock().expect("kafka context mutex").take()
+    }
+
+    /// Whether `message` was kept aside because no broker has answered yet.
+    fn kept_quiet(&self, message: impl FnOnce() -> String) -> bool {
+        let Some(connecting) = &self.connecting else { return false };
+        if connecting.done.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        let message = message();
+        tracing::debug!(target: "kafka", "{message}");
+        *connecting.last.lock().expect("kafka context mutex") = Some(message);
+        true
+    }
+}
 
 impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
         match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error
+            | RDKafkaLogLevel::Warning
+                if self.kept_quiet(|| message.to_owned()) => {}
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
@@ -882,9 +970,21 @@ impl ClientContext for Context {
     fn error(&self, error: KafkaError, reason: &str) {
         if is_end_of_partition(&error) {
             tracing::trace!(target: "kafka", %error, "{reason}");
-        } else {
+        } else if !self.kept_quiet(|| format!("{error}: {reason}")) {
             tracing::warn!(target: "kafka", %error, "{reason}");
         }
+    }
+}
+
+/// Why a TCP connection failed, in a few words ("connection refused").
+fn connect_reason(error: &std::io::Error) -> String {
+    use std::io::ErrorKind::{
+        ConnectionRefused, ConnectionReset, HostUnreachable, NetworkUnreachable, TimedOut,
+    };
+    match error.kind() {
+        kind @ (ConnectionRefused | ConnectionReset | HostUnreachable | NetworkUnreachable
+        | TimedOut) => kind.to_string(),
+        _ => error.to_string(),
     }
 }
 

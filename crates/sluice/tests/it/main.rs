@@ -12,4 +12,7 @@ mod kafka_bus;
 mod kill_loop;
 mod postgres_runtime;
 mod process;
+mod readme;
+mod scripts;
 mod serve;
+mod start;
