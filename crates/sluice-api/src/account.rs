@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
+use crate::params::Query;
 
 /// The features of the caller's organization.
 #[derive(Debug, Serialize, ToSchema)]
@@ -39,7 +40,8 @@ pub struct MeBody {
     ),
     security(("api_key" = []))
 )]
-pub async fn me(Caller(principal): Caller) -> Result<Json<MeBody>, ApiError> {
+pub async fn me(Caller(principal): Caller, query: Query) -> Result<Json<MeBody>, ApiError> {
+    query.expect_none()?;
     let OrgFlags { pipelines, custom_transforms } = principal.flags;
     Ok(Json(MeBody {
         user_id: principal.user_id,

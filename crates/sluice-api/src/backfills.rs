@@ -94,6 +94,24 @@ pub struct CreatedBackfill {
     pub workflow_id: String,
 }
 
+/// A backfill job as the API shows it: the stored job and SPEC's `time_created`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BackfillJobBody {
+    #[serde(flatten)]
+    pub job: BackfillJob,
+    /// When the job was created (SPEC's name; the same instant as `created_at`, which is
+    /// kept for the clients that read it).
+    #[schema(format = DateTime)]
+    pub time_created: String,
+}
+
+impl From<BackfillJob> for BackfillJobBody {
+    fn from(job: BackfillJob) -> Self {
+        let time_created = sluice_core::time::format(job.created_at);
+        Self { job, time_created }
+    }
+}
+
 /// `{"message": …}`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BackfillMessage {
@@ -167,9 +185,11 @@ async fn job_of(state: &AppState, caller: &Caller, job_id: &str) -> Result<Backf
 pub async fn create_backfill(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     body: JsonBody,
 ) -> Result<Json<CreatedBackfill>, ApiError> {
     caller.require_pipelines()?;
+    query.expect_none()?;
     let backfills = service(&state)?.clone();
     let body = body.object()?;
     let request = validate_backfill_body(&body, &|name| backfills.table_check(name))?;
@@ -195,7 +215,7 @@ pub async fn create_backfill(
 #[utoipa::path(
     get, path = "/api/v1/beam/backfills", tag = "backfills",
     responses(
-        (status = 200, description = "The organization's jobs", body = [BackfillJob]),
+        (status = 200, description = "The organization's jobs", body = [BackfillJobBody]),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
     ),
@@ -204,10 +224,13 @@ pub async fn create_backfill(
 pub async fn list_backfills(
     State(state): State<AppState>,
     caller: Caller,
-) -> Result<Json<Vec<BackfillJob>>, ApiError> {
+    query: Query,
+) -> Result<Json<Vec<BackfillJobBody>>, ApiError> {
     caller.require_pipelines()?;
+    query.expect_none()?;
     service(&state)?;
-    Ok(Json(state.store.list_backfills(&caller.0.org_id).await?))
+    let jobs = state.store.list_backfills(&caller.0.org_id).await?;
+    Ok(Json(jobs.into_iter().map(BackfillJobBody::from).collect()))
 }
 
 /// One backfill job of the caller's organization: its status and progress.
@@ -215,7 +238,7 @@ pub async fn list_backfills(
     get, path = "/api/v1/beam/backfills/{job_id}", tag = "backfills",
     params(("job_id" = String, Path, description = "Job id")),
     responses(
-        (status = 200, description = "The job", body = BackfillJob),
+        (status = 200, description = "The job", body = BackfillJobBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such job in the caller's organization", body = ErrorBody),
     ),
@@ -224,11 +247,14 @@ pub async fn list_backfills(
 pub async fn get_backfill(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
-) -> Result<Json<BackfillJob>, ApiError> {
+) -> Result<Json<BackfillJobBody>, ApiError> {
     caller.require_pipelines()?;
     service(&state)?;
-    Ok(Json(job_of(&state, &caller, path.get("job_id")).await?))
+    let job = job_of(&state, &caller, path.get("job_id")).await?;
+    query.expect_none()?;
+    Ok(Json(job.into()))
 }
 
 /// Cancel a job that is staging or transporting: it is `cancelled` at once and stops at the
@@ -247,10 +273,13 @@ pub async fn get_backfill(
 pub async fn cancel_backfill(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
 ) -> Result<Json<BackfillMessage>, ApiError> {
     caller.require_pipelines()?;
     let job_id = path.get("job_id").to_owned();
+    job_of(&state, &caller, &job_id).await?;
+    query.expect_none()?;
     match service(&state)?.cancel(&caller.0.org_id, &job_id).await? {
         Cancelled::Cancelled(_) => {
             Ok(Json(BackfillMessage { message: format!("Backfill job {job_id} cancelled") }))
@@ -275,8 +304,10 @@ pub async fn cancel_backfill(
 pub async fn list_tables(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
 ) -> Result<Json<Vec<TableBody>>, ApiError> {
     caller.require_pipelines()?;
+    query.expect_none()?;
     let time = |us: i64| chrono::DateTime::from_timestamp_micros(us).map(sluice_core::time::format);
     let tables = service(&state)?
         .tables()?
@@ -366,12 +397,14 @@ pub struct ImportBody {
 pub async fn import_rows(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<ImportBody>, ApiError> {
     if !caller.0.is_operator {
         return Err(ApiError::Forbidden("only operators import into the warehouse".to_owned()));
     }
+    query.expect_none()?;
     let body =
         body.map_err(|rejection| crate::body::read_error(&rejection, state.limits.max_body_bytes))?;
     let table = path.get("table").to_owned();

@@ -11,6 +11,7 @@ use utoipa::ToSchema;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
+use crate::params::Query;
 
 /// Status of the chain ingesters of this process.
 pub trait ChainStatusSource: Send + Sync + 'static {
@@ -68,7 +69,9 @@ pub struct ChainsBody {
 pub async fn list_chains(
     State(state): State<AppState>,
     Caller(principal): Caller,
+    query: Query,
 ) -> Result<Json<ChainsBody>, ApiError> {
+    query.expect_none()?;
     let mut items = state.chains.as_ref().map(|c| c.statuses()).unwrap_or_default();
     if !principal.is_operator {
         for item in &mut items {

@@ -235,9 +235,11 @@ fn parse_entries(
 pub async fn create_dataset(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     body: JsonBody,
 ) -> Result<Json<DatasetBody>, ApiError> {
     caller.require_pipelines()?;
+    query.expect_none()?;
     let body = body.object()?;
     let mut errors = Violations::default();
     let mut fields = Fields::new(&body, Loc::body());
@@ -285,8 +287,9 @@ pub async fn list_datasets(
     query: Query,
 ) -> Result<Json<Vec<DatasetBody>>, ApiError> {
     caller.require_pipelines()?;
-    let params = query.parse()?;
+    let mut params = query.parse()?;
     let names: Vec<String> = params.all("names").into_iter().map(str::to_owned).collect();
+    params.finish()?;
     let datasets = state.store.list_datasets(&caller.0.user_id, &names).await?;
     Ok(Json(datasets.iter().map(DatasetBody::from).collect()))
 }
@@ -307,10 +310,14 @@ pub async fn list_datasets(
 pub async fn delete_dataset(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
 ) -> Result<StatusCode, ApiError> {
     let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
+    // The dataset's 404 comes before the query's 422, as on every dataset route.
+    owned(&state, &caller, &dataset_id).await?;
+    query.expect_none()?;
     let owner = caller.0.user_id.clone();
     let dataset = services::delete_dataset(&state, owner, dataset_id).await?;
     tracing::info!(dataset_id = %dataset.id, entries = dataset.entry_count, "dataset deleted");
@@ -359,12 +366,14 @@ async fn change_entries(
 pub async fn add_entries_by_id(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CountBody>, ApiError> {
     let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
     let dataset = owned(&state, &caller, &dataset_id).await?;
+    query.expect_none()?;
     let (_, values) = read_entries(&state, body, false)?;
     change_entries(&state, dataset, values, EntriesOp::Add).await
 }
@@ -387,9 +396,11 @@ pub async fn add_entries_by_id(
 pub async fn add_entries_by_name(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CountBody>, ApiError> {
     caller.require_pipelines()?;
+    query.expect_none()?;
     let (name, values) = read_entries(&state, body, true)?;
     let name = name.unwrap_or_default();
     let dataset = state.store.dataset_by_name(&caller.0.user_id, &name).await?;
@@ -417,12 +428,14 @@ pub async fn add_entries_by_name(
 pub async fn delete_entries(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CountBody>, ApiError> {
     let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
     let dataset = owned(&state, &caller, &dataset_id).await?;
+    query.expect_none()?;
     let (_, values) = read_entries(&state, body, false)?;
     change_entries(&state, dataset, values, EntriesOp::Remove).await
 }

@@ -124,12 +124,14 @@ impl From<RuntimeError> for ApiError {
 pub async fn deploy(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
 ) -> Result<Json<DeployBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     // In the pipeline's turn: a transform edit's automatic redeploy must not undo this call.
     let mut lifecycle = state.lifecycle(&config_id).await?;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    query.expect_none()?;
     let deployed = lifecycle.deploy(&pipeline).await?;
     let sinks = deployed.sinks.into_iter().map(SinkConnection::from).collect();
     Ok(Json(DeployBody {
@@ -156,11 +158,13 @@ pub async fn deploy(
 pub async fn pause(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let mut lifecycle = state.lifecycle(&config_id).await?;
     caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    query.expect_none()?;
     let message = match lifecycle.pause().await? {
         Paused::Paused => format!("Pipeline {config_id} successfully paused"),
         Paused::AlreadyPaused => format!("Pipeline {config_id} is already paused"),
@@ -186,11 +190,13 @@ pub async fn pause(
 pub async fn teardown(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let mut lifecycle = state.lifecycle(&config_id).await?;
     caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    query.expect_none()?;
     let message = if lifecycle.teardown().await? {
         format!("Pipeline {config_id} successfully torn down")
     } else {
@@ -631,11 +637,13 @@ pub struct ReplayBody {
 pub async fn replay_dead_letters(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
 ) -> Result<Json<ReplayBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let mut lifecycle = state.lifecycle(&config_id).await?;
     caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    query.expect_none()?;
     let report = lifecycle
         .replay_dead_letters()
         .await?

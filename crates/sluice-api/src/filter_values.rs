@@ -253,12 +253,14 @@ pub async fn list_filter_values(
 pub async fn add_filter_values(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AddedBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let transform_uid = path.get("transform_uid").to_owned();
     check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Edit).await?;
+    query.expect_none()?;
     let values = read_values(&state, body, true)?;
     let given = values.len();
     let added = services::change_filter_values(
@@ -296,12 +298,14 @@ pub async fn add_filter_values(
 pub async fn replace_filter_values(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CountBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let transform_uid = path.get("transform_uid").to_owned();
     check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Edit).await?;
+    query.expect_none()?;
     let values = read_values(&state, body, false)?;
     let count = services::change_filter_values(
         &state,
@@ -338,12 +342,14 @@ pub async fn replace_filter_values(
 pub async fn remove_filter_values(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<RemovedBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let transform_uid = path.get("transform_uid").to_owned();
     check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Edit).await?;
+    query.expect_none()?;
     let values = read_values(&state, body, true)?;
     let given = values.len();
     let removed = services::change_filter_values(
@@ -418,11 +424,13 @@ pub async fn check_filter_value(
 pub async fn count_filter_values(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
 ) -> Result<Json<CountBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let transform_uid = path.get("transform_uid").to_owned();
     check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Read).await?;
+    query.expect_none()?;
     let count = state.store.filter_value_count(&config_id, &transform_uid).await?;
     Ok(Json(CountBody { count }))
 }

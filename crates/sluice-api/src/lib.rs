@@ -105,6 +105,8 @@ pub struct AppState {
     /// runtime knows its name).
     pub node_name: Arc<str>,
     openapi_json: axum::body::Bytes,
+    /// The query parameters each route declares in the document: any other is a 422.
+    query_names: Arc<params::QueryNames>,
 }
 
 impl AppState {
@@ -117,6 +119,7 @@ impl AppState {
         let openapi = openapi_for(&catalog);
         let openapi_json =
             serde_json::to_vec_pretty(&openapi).expect("the OpenAPI document serializes");
+        let query_names = Arc::new(params::QueryNames::from_openapi(&openapi));
         Self {
             store,
             catalog: Arc::new(catalog),
@@ -133,6 +136,7 @@ impl AppState {
             egress: None,
             backfills: None,
             openapi_json: openapi_json.into(),
+            query_names,
         }
     }
 

@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
+use crate::params::Query;
 
 /// One worker a node runs.
 #[derive(Debug, Serialize, ToSchema)]
@@ -55,10 +56,12 @@ pub struct NodesBody {
 pub async fn list_nodes(
     State(state): State<AppState>,
     Caller(principal): Caller,
+    query: Query,
 ) -> Result<Json<NodesBody>, ApiError> {
     if !principal.is_operator {
         return Err(ApiError::Forbidden("only operators see the cluster's nodes".to_owned()));
     }
+    query.expect_none()?;
     let runtime = state.runtime()?;
     let items = match runtime.nodes() {
         Some(nodes) => nodes

@@ -127,8 +127,32 @@ fn null_as_absent(schema: &mut Value) {
     }
 }
 
+/// Gives every operation a 422 answer: any of them refuses a query parameter it does not
+/// declare (`crate::params`).
+fn unknown_query_is_422(doc: &mut Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else { return };
+    for item in paths.values_mut() {
+        let Some(operations) = item.as_object_mut() else { continue };
+        for operation in operations.values_mut() {
+            let Some(responses) = operation.get_mut("responses").and_then(Value::as_object_mut)
+            else {
+                continue;
+            };
+            responses.entry("422").or_insert_with(|| {
+                json!({
+                    "description": "A query parameter this operation does not declare",
+                    "content": {"application/json": {"schema": {
+                        "$ref": "#/components/schemas/ValidationErrorBody"
+                    }}}
+                })
+            });
+        }
+    }
+}
+
 /// Applies every constraint to the serialized document `doc`.
 pub fn tighten(doc: &mut Value, catalog: &Catalog) {
+    unknown_query_is_422(doc);
     let mut chains: Vec<&str> = catalog.entries().iter().map(|e| e.chain.as_str()).collect();
     chains.sort_unstable();
     chains.dedup();
@@ -137,10 +161,12 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
     entities.dedup();
     let max_offset = i128::from(deployments::MAX_OFFSET);
 
-    // Reading a sink and the dead letters.
+    // Reading a sink, the dead letters and a backfill's managed destination: one reader
+    // (`PageQuery`), so one set of limits.
     for path in [
         "/api/v1/beam/{config_id}/sinks/{sink_uid}/records",
         "/api/v1/beam/{config_id}/dead-letters",
+        "/api/v1/beam/backfills/{job_id}/sinks/{sink_uid}/records",
     ] {
         param(doc, "get", path, "query", "offset", int(0, max_offset));
         let limit = int(1, deployments::MAX_RECORDS_PAGE.into());

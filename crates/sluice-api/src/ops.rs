@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 
 use crate::AppState;
 use crate::error::{ApiError, ErrorBody};
+use crate::params::Query;
 
 /// `{"status": "ok"}`.
 #[derive(Debug, Serialize, ToSchema)]
@@ -19,8 +20,9 @@ pub struct StatusBody {
 /// Liveness: the process serves HTTP.
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses((status = 200, description = "Alive", body = StatusBody)))]
-pub async fn healthz() -> Json<StatusBody> {
-    Json(StatusBody { status: "ok" })
+pub async fn healthz(query: Query) -> Result<Json<StatusBody>, ApiError> {
+    query.expect_none()?;
+    Ok(Json(StatusBody { status: "ok" }))
 }
 
 /// Readiness: the metadata store (and the set store, when apart) and the stream log answer.
@@ -29,7 +31,11 @@ pub async fn healthz() -> Json<StatusBody> {
         (status = 200, description = "Ready", body = StatusBody),
         (status = 503, description = "The store or the stream log does not answer, or this cluster node is cut off", body = ErrorBody),
     ))]
-pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, ApiError> {
+pub async fn readyz(
+    State(state): State<AppState>,
+    query: Query,
+) -> Result<Json<StatusBody>, ApiError> {
+    query.expect_none()?;
     if let Err(error) = state.store.ping().await {
         tracing::warn!(%error, "readiness check failed");
         let what = match error {
@@ -61,13 +67,18 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, A
 /// This document: OpenAPI 3.1, generated from the code.
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "operations",
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
-pub async fn openapi_json(State(state): State<AppState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], state.openapi_json.clone())
+pub async fn openapi_json(
+    State(state): State<AppState>,
+    query: Query,
+) -> Result<impl IntoResponse, ApiError> {
+    query.expect_none()?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], state.openapi_json.clone()))
 }
 
 /// Browsable API documentation, rendered from the OpenAPI document in the browser.
 #[utoipa::path(get, path = "/docs", tag = "operations",
     responses((status = 200, description = "An HTML page", content_type = "text/html")))]
-pub async fn docs_page() -> Html<&'static str> {
-    Html(include_str!("docs.html"))
+pub async fn docs_page(query: Query) -> Result<Html<&'static str>, ApiError> {
+    query.expect_none()?;
+    Ok(Html(include_str!("docs.html")))
 }

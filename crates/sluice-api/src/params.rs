@@ -6,8 +6,13 @@
 //! parses it with [`Query::parse`] once authentication and permission are decided, so a
 //! caller without the right key learns nothing from a malformed query. Percent-escapes are
 //! decoded strictly: one that does not decode to UTF-8 is a 422 (`string_unicode`), never
-//! a silent U+FFFD. Unknown query parameters are ignored (as FastAPI does); a repeated
-//! parameter takes its last value, except where a route documents a list.
+//! a silent U+FFFD. A query parameter the route does not declare in the OpenAPI document is a
+//! 422 (`extra_forbidden`) naming it: the names come from the document itself
+//! ([`QueryNames`]), so what it declares and what the server takes cannot drift apart. A
+//! repeated parameter takes its last value, except where a route documents a list.
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, MatchedPath};
 use axum::http::request::Parts;
@@ -90,15 +95,67 @@ impl PathParams {
     }
 }
 
-/// The raw query string of a request; see [`Query::parse`].
+/// The query parameters each operation of the OpenAPI document declares, by method and path
+/// template (`get /api/v1/beam/{config_id}/logs` → `limit`).
 #[derive(Debug, Clone, Default)]
-pub struct Query(Option<String>);
+pub struct QueryNames(HashMap<(String, String), Arc<[String]>>);
 
-impl<S: Send + Sync> FromRequestParts<S> for Query {
+impl QueryNames {
+    /// The declared query parameters of every operation of `doc` (an OpenAPI document).
+    pub fn from_openapi(doc: &serde_json::Value) -> Self {
+        let mut names = HashMap::new();
+        let paths = doc.get("paths").and_then(serde_json::Value::as_object);
+        for (path, item) in paths.into_iter().flatten() {
+            let Some(operations) = item.as_object() else { continue };
+            for (method, operation) in operations {
+                let declared: Vec<String> = operation
+                    .get("parameters")
+                    .and_then(serde_json::Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter(|param| param["in"] == "query")
+                    .filter_map(|param| param["name"].as_str().map(str::to_owned))
+                    .collect();
+                names.insert((method.clone(), path.clone()), Arc::from(declared));
+            }
+        }
+        Self(names)
+    }
+
+    /// The query parameters of `method path`; `None` for a route the document does not
+    /// describe.
+    fn of(&self, method: &axum::http::Method, path: &str) -> Option<Arc<[String]>> {
+        // axum answers HEAD with the GET handler.
+        let method = if method == axum::http::Method::HEAD {
+            "get".to_owned()
+        } else {
+            method.as_str().to_ascii_lowercase()
+        };
+        self.0.get(&(method, path.to_owned())).cloned()
+    }
+}
+
+/// The raw query string of a request and the parameters its route declares; see
+/// [`Query::parse`].
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    raw: Option<String>,
+    /// `None`: any name is taken (a route outside the OpenAPI document).
+    declared: Option<Arc<[String]>>,
+}
+
+impl FromRequestParts<AppState> for Query {
     type Rejection = std::convert::Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(Self(parts.uri.query().map(str::to_owned)))
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let declared = parts
+            .extensions
+            .get::<MatchedPath>()
+            .and_then(|matched| state.query_names.of(&parts.method, matched.as_str()));
+        Ok(Self { raw: parts.uri.query().map(str::to_owned), declared })
     }
 }
 
@@ -111,7 +168,7 @@ impl Query {
     pub fn parse(&self) -> Result<QueryParams, ApiError> {
         let mut pairs = Vec::new();
         let mut errors = Violations::default();
-        for pair in self.0.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        for pair in self.raw.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (raw_name, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
             let name = percent_decode(raw_name, true);
             let value = percent_decode(raw_value, true);
@@ -123,7 +180,18 @@ impl Query {
                 }
             }
         }
-        errors.finish(QueryParams { pairs, errors: Violations::default() }).map_err(Into::into)
+        let params =
+            QueryParams { pairs, errors: Violations::default(), declared: self.declared.clone() };
+        errors.finish(params).map_err(Into::into)
+    }
+
+    /// For a route that reads no query parameter: `Ok` unless the query names one (or does
+    /// not decode).
+    ///
+    /// # Errors
+    /// A 422 `extra_forbidden` at `["query", name]` for each parameter given.
+    pub fn expect_none(&self) -> Result<(), ApiError> {
+        self.parse()?.finish()
     }
 }
 
@@ -133,6 +201,7 @@ impl Query {
 pub struct QueryParams {
     pairs: Vec<(String, String)>,
     errors: Violations,
+    declared: Option<Arc<[String]>>,
 }
 
 impl QueryParams {
@@ -239,12 +308,46 @@ impl QueryParams {
         self.string(name, min_chars)
     }
 
-    /// `Ok` when every value read was valid.
+    /// `Ok` when every value read was valid and every parameter given is one the route
+    /// declares.
     ///
     /// # Errors
-    /// Every recorded violation, as one 422.
+    /// Every recorded violation, and an `extra_forbidden` at `["query", name]` for each
+    /// parameter the route does not declare, as one 422.
     pub fn finish(&mut self) -> Result<(), ApiError> {
+        if let Some(declared) = &self.declared {
+            let mut unknown: Vec<&str> = Vec::new();
+            for (name, _) in &self.pairs {
+                if !declared.iter().any(|known| known == name) && !unknown.contains(&name.as_str())
+                {
+                    unknown.push(name);
+                }
+            }
+            let msg = unknown_msg(declared);
+            for name in unknown {
+                self.errors.push(Violation::new(&Loc::query(name), "extra_forbidden", &msg));
+            }
+        }
         std::mem::take(&mut self.errors).finish(()).map_err(ApiError::Validation)
+    }
+}
+
+/// pydantic's message for a field it does not know, with the names the route does take.
+fn unknown_msg(declared: &[String]) -> String {
+    let quoted: Vec<String> = declared.iter().map(|name| format!("'{name}'")).collect();
+    match quoted.split_last() {
+        None => {
+            "Extra inputs are not permitted: this endpoint takes no query parameters".to_owned()
+        }
+        Some((last, [])) => {
+            format!(
+                "Extra inputs are not permitted: this endpoint's only query parameter is {last}"
+            )
+        }
+        Some((last, rest)) => format!(
+            "Extra inputs are not permitted: this endpoint's query parameters are {} and {last}",
+            rest.join(", ")
+        ),
     }
 }
 
@@ -274,6 +377,31 @@ mod tests {
         assert_eq!(percent_decode("%C3%A9", false).as_deref(), Some("é"));
         assert_eq!(percent_decode("100%", false).as_deref(), Some("100%"));
         assert_eq!(percent_decode("%FF%FE", true), None);
+    }
+
+    #[test]
+    fn the_unknown_parameter_message_names_what_the_route_takes() {
+        let declared = ["cursor".to_owned(), "count".to_owned()];
+        assert_eq!(
+            unknown_msg(&declared),
+            "Extra inputs are not permitted: this endpoint's query parameters are 'cursor' and 'count'"
+        );
+        assert!(unknown_msg(&declared[..1]).ends_with("only query parameter is 'cursor'"));
+        assert!(unknown_msg(&[]).ends_with("takes no query parameters"));
+    }
+
+    #[test]
+    fn declared_names_come_from_the_document_by_method_and_path() {
+        let doc = serde_json::json!({"paths": {"/a/{id}": {
+            "get": {"parameters": [{"name": "id", "in": "path"}, {"name": "limit", "in": "query"}]},
+            "delete": {}
+        }}});
+        let names = QueryNames::from_openapi(&doc);
+        let get = names.of(&axum::http::Method::GET, "/a/{id}").unwrap();
+        assert_eq!(&*get, ["limit".to_owned()]);
+        assert_eq!(&*names.of(&axum::http::Method::HEAD, "/a/{id}").unwrap(), &*get);
+        assert!(names.of(&axum::http::Method::DELETE, "/a/{id}").unwrap().is_empty());
+        assert!(names.of(&axum::http::Method::GET, "/b").is_none());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
-use crate::params::PathParams;
+use crate::params::{PathParams, Query};
 use crate::scripts::check_transform_list;
 use crate::services::{self, Redeploy};
 
@@ -50,9 +50,11 @@ fn transforms_loc() -> Loc {
 pub async fn create_pipeline(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     body: JsonBody,
 ) -> Result<Json<Pipeline>, ApiError> {
     caller.require_pipelines()?;
+    query.expect_none()?;
     let body = body.object()?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Create)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
@@ -86,8 +88,10 @@ pub async fn create_pipeline(
 pub async fn list_pipelines(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
 ) -> Result<Json<Vec<Pipeline>>, ApiError> {
     caller.require_pipelines()?;
+    query.expect_none()?;
     Ok(Json(state.store.list_readable_pipelines(&caller.0).await?))
 }
 
@@ -109,10 +113,12 @@ pub async fn list_pipelines(
 pub async fn get_pipeline(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
 ) -> Result<impl axum::response::IntoResponse, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let (pipeline, access) = caller.pipeline(&state, &config_id, Permission::Read).await?;
+    query.expect_none()?;
     let held = match access.highest() {
         Some(Permission::Manage) => "manage",
         Some(Permission::Edit) => "edit",
@@ -146,6 +152,7 @@ pub const ACCESS_HEADER: axum::http::HeaderName =
 pub async fn update_pipeline(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
     body: JsonBody,
 ) -> Result<Json<Pipeline>, ApiError> {
@@ -153,6 +160,7 @@ pub async fn update_pipeline(
     // A concurrent transform change must not be undone by this read-change-write.
     let lifecycle = state.lifecycle(&config_id).await?;
     let (previous, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    query.expect_none()?;
     let body = body.object()?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Update)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
@@ -180,11 +188,13 @@ pub async fn update_pipeline(
 pub async fn delete_pipeline(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let lifecycle = state.lifecycle(&config_id).await?;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
+    query.expect_none()?;
     // SPEC: deleting tears any deployment down first (workers, topics, offsets).
     services::delete_pipeline(&state, lifecycle, pipeline).await?;
     Ok(Json(MessageBody { message: format!("Pipeline {config_id} successfully deleted") }))

@@ -385,7 +385,8 @@ pub async fn price_history(
     query: Query,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<HistoryBody>, ApiError> {
-    let params = query.parse()?;
+    let mut params = query.parse()?;
+    params.finish()?;
     // An empty cursor asks for the first page, as no cursor does.
     let cursor = params.raw("cursor").filter(|c| !c.is_empty());
     let bytes =

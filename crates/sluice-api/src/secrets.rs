@@ -18,7 +18,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
-use crate::params::PathParams;
+use crate::params::{PathParams, Query};
 
 /// Longest secret value, in characters.
 pub const MAX_SECRET_CHARS: usize = 64 * 1024;
@@ -95,11 +95,13 @@ fn checked_name(path: &PathParams) -> Result<String, ApiError> {
 pub async fn put_secret(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
     body: JsonBody,
 ) -> Result<Json<SecretBody>, ApiError> {
     caller.require_pipelines()?;
     caller.require_secrets_admin()?;
+    query.expect_none()?;
     let name = checked_name(&path)?;
     let body = body.object()?;
     let mut errors = Violations::default();
@@ -135,8 +137,10 @@ pub async fn put_secret(
 pub async fn list_secrets(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
 ) -> Result<Json<Vec<SecretBody>>, ApiError> {
     caller.require_pipelines()?;
+    query.expect_none()?;
     let listed = secrets(&state)?.list(&caller.0.org_id).await?;
     Ok(Json(listed.into_iter().map(SecretBody::from).collect()))
 }
@@ -159,10 +163,12 @@ pub async fn list_secrets(
 pub async fn delete_secret(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
 ) -> Result<StatusCode, ApiError> {
     caller.require_pipelines()?;
     caller.require_secrets_admin()?;
+    query.expect_none()?;
     let name = checked_name(&path)?;
     if secrets(&state)?.delete(&caller.0.org_id, &name).await? {
         tracing::info!(secret = %name, org_id = %caller.0.org_id, "secret deleted");

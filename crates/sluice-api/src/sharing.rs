@@ -15,7 +15,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
-use crate::params::PathParams;
+use crate::params::{PathParams, Query};
 
 /// The owner and the grants of a pipeline.
 #[derive(Debug, Serialize, ToSchema)]
@@ -52,10 +52,12 @@ pub struct PermissionsRequest {
 pub async fn get_permissions(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
 ) -> Result<Json<PermissionsBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
+    query.expect_none()?;
     let grants = state.store.pipeline_grants(&config_id).await?;
     Ok(Json(PermissionsBody { owner: pipeline.owner_org_team_user_id, grants }))
 }
@@ -77,11 +79,13 @@ pub async fn get_permissions(
 pub async fn put_permissions(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
     body: JsonBody,
 ) -> Result<Json<PermissionsBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
+    query.expect_none()?;
     let body = body.object()?;
     // A list may be left out (it is then empty), but not sent as null.
     let nulls: Vec<Violation> = ["editors", "readers", "viewer_teams"]

@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
+use crate::params::Query;
 
 /// `{"sources": [...]}`.
 #[derive(Debug, Serialize, ToSchema)]
@@ -30,7 +31,9 @@ pub struct SourcesBody {
 pub async fn list_sources(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
 ) -> Result<Json<SourcesBody>, ApiError> {
     caller.require_pipelines()?;
+    query.expect_none()?;
     Ok(Json(SourcesBody { sources: state.catalog.entries().to_vec() }))
 }

@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
+use sluice_core::deployment::DeploymentState;
 use sluice_core::permission::Permission;
 
 use sluice_runtime::WorkerStatus;
@@ -71,10 +72,28 @@ pub struct WorkersHealth {
     pub workers: Vec<WorkerHealthItem>,
 }
 
+/// Where a pipeline is in its deployment lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DeploymentStatus {
+    /// Workers run (or are being restarted).
+    Deployed,
+    /// Workers are stopped; offsets, sinks and topics are kept.
+    Paused,
+    /// Never deployed, or torn down.
+    NotDeployed,
+}
+
 /// `{"workers_health": {...}}`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StatsBody {
     pub workers_health: WorkersHealth,
+    /// (ours) `deployed`, `paused` or `not_deployed`.
+    pub status: DeploymentStatus,
+    /// (ours) When the pipeline was deployed: kept through pauses, resumes and redeploys,
+    /// reset by a teardown; null when it is not deployed (ISO 8601 UTC).
+    #[schema(format = DateTime)]
+    pub deployed_at: Option<String>,
     /// Uids of sinks that use an organization secret changed or deleted since the workers
     /// started: they keep the old value until the pipeline is redeployed.
     pub stale_sinks: Vec<String>,
@@ -127,14 +146,27 @@ impl WorkersHealth {
 pub async fn deploy_stats(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
 ) -> Result<Json<StatsBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     caller.pipeline(&state, &config_id, Permission::Read).await?;
+    query.expect_none()?;
     let runtime = state.runtime()?;
+    let deployment = state.store.deployment(&config_id).await?;
     let statuses = runtime.worker_health(&config_id).await;
     let stale_sinks = runtime.stale_sinks(&config_id).await?;
-    Ok(Json(StatsBody { workers_health: WorkersHealth::from_statuses(statuses), stale_sinks }))
+    let status = match deployment.as_ref().map(|record| record.state) {
+        Some(DeploymentState::Deployed) => DeploymentStatus::Deployed,
+        Some(DeploymentState::Paused) => DeploymentStatus::Paused,
+        None => DeploymentStatus::NotDeployed,
+    };
+    Ok(Json(StatsBody {
+        workers_health: WorkersHealth::from_statuses(statuses),
+        status,
+        deployed_at: deployment.map(|record| sluice_core::time::format(record.deployed_at)),
+        stale_sinks,
+    }))
 }
 
 /// The seven metric types of SPEC "Deployment metrics", in response order.
@@ -475,8 +507,10 @@ fn aggregate(
 pub async fn prometheus(
     State(state): State<AppState>,
     headers: HeaderMap,
+    query: Query,
 ) -> Result<impl IntoResponse, ApiError> {
     let visible = metrics_scope(&state, &headers).await?;
+    query.expect_none()?;
     Ok((
         [(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)],
         exposition(&state, visible.as_ref()).await,

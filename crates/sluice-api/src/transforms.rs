@@ -26,7 +26,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
-use crate::params::PathParams;
+use crate::params::{PathParams, Query};
 use crate::scripts::{check_transform, check_transform_list};
 use crate::services::{self, Redeploy};
 use sluice_runtime::LifecycleGuard;
@@ -59,6 +59,7 @@ use sluice_runtime::LifecycleGuard;
 pub async fn patch_transform(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
     body: JsonBody,
 ) -> Result<Json<Transform>, ApiError> {
@@ -66,6 +67,7 @@ pub async fn patch_transform(
     let transform_uid = path.get("transform_uid").to_owned();
     let lifecycle = state.lifecycle(&config_id).await?;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    query.expect_none()?;
     let mut body = body.object()?;
     let Some(index) =
         pipeline.pipeline_config.transforms.iter().position(|t| t.uid() == transform_uid)
@@ -140,12 +142,14 @@ pub async fn patch_transform(
 pub async fn replace_transforms(
     State(state): State<AppState>,
     caller: Caller,
+    query: Query,
     path: PathParams,
     body: JsonBody,
 ) -> Result<Json<Vec<Transform>>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let lifecycle = state.lifecycle(&config_id).await?;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
+    query.expect_none()?;
     let items = body.array()?;
     if items.is_empty() {
         return Err(ApiError::Validation(vec![Violation::new(

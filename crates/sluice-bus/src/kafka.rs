@@ -9,7 +9,10 @@
 //! are Kafka's committed offsets of the group of the same name (prefixed).
 //!
 //! - Appends go through one idempotent producer (`acks=all`); an append returns once the
-//!   brokers acknowledged every record.
+//!   brokers acknowledged every record. A producer that librdkafka declares dead (a fatal
+//!   error: the broker fenced its producer id, say, as a busy broker may) is replaced by a
+//!   new one, and the append is sent once more through it; appends are at least once, so a
+//!   record the dead producer did get through may be there twice.
 //! - Reads: [`readers`]. Watches: [`tails`]. Group offsets: [`groups`].
 //! - Clients: an admin client (group offsets too), a producer, a consumer for metadata and
 //!   watermarks, [`readers::LANES`] fetching consumers and one tail consumer for the chain
@@ -40,7 +43,7 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::clock::Clock;
 
@@ -55,6 +58,8 @@ use crate::{
     Retention, StreamLog, TopicConfig, partition_for_key,
 };
 
+/// How long [`KafkaLog::connect`] waits for a TCP connection to a bootstrap server.
+const REACH_TIMEOUT: Duration = Duration::from_secs(4);
 /// How long a metadata, offset or admin request may take before it fails.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long an appended record may wait for the brokers before the append fails.
@@ -75,7 +80,9 @@ struct Inner {
     settings: KafkaSettings,
     clock: Arc<dyn Clock>,
     admin: Arc<AdminClient<Context>>,
-    producer: FutureProducer<Context>,
+    /// The producer; replaced when librdkafka declares it dead ([`KafkaLog::producer`]).
+    producer: Mutex<Arc<FutureProducer<Context>>>,
+    producer_config: ClientConfig,
     /// Metadata, watermarks and time lookups.
     meta: Arc<BaseConsumer<Context>>,
     /// Bounds the blocking calls running at once.
@@ -102,12 +109,17 @@ impl KafkaLog {
     /// [`BusError::Unreachable`] naming the URL when no broker answers in time; a client
     /// setting librdkafka refuses.
     pub async fn connect(settings: KafkaSettings, clock: Arc<dyn Clock>) -> Result<Self> {
+        Self::check_reachable(&settings, REACH_TIMEOUT).await?;
+        // Until a broker has answered, librdkafka's retries (dozens of lines a second for a
+        // broker that refuses) stay out of the log; the last one is kept for the error.
+        let context = Context::connecting();
         let base = client_config(&settings);
-        let admin: AdminClient<Context> = base.create_with_context(Context).map_err(backend)?;
+        let admin: AdminClient<Context> =
+            base.create_with_context(context.clone()).map_err(backend)?;
         let admin = Arc::new(admin);
         let groups = GroupOffsets::start(admin.clone())
             .map_err(|error| BusError::Backend { source: Box::new(error), transient: true })?;
-        let producer: FutureProducer<Context> = base
+        let producer_config = base
             .clone()
             .set("enable.idempotence", "true")
             .set("acks", "all")
@@ -115,28 +127,33 @@ impl KafkaLog {
             .set("message.timeout.ms", DELIVERY_TIMEOUT_MS)
             .set("message.max.bytes", MAX_MESSAGE_BYTES)
             .set("queue.buffering.max.messages", "1000000")
-            .create_with_context(Context)
+            .clone();
+        let producer: FutureProducer<Context> =
+            producer_config.create_with_context(context.clone()).map_err(backend)?;
+        let meta: BaseConsumer<Context> = consumer_config(&settings, None)
+            .create_with_context(context.clone())
             .map_err(backend)?;
-        let meta: BaseConsumer<Context> =
-            consumer_config(&settings, None).create_with_context(Context).map_err(backend)?;
         let meta = Arc::new(meta);
         let blocking = Blocking::start()?;
         let probe = meta.clone();
         let reached =
             blocking.run(move || probe.fetch_metadata(None, Duration::from_secs(10))).await;
         if let Err(error) = reached {
-            return Err(BusError::Unreachable {
-                url: settings.redacted(),
-                reason: error.to_string(),
-            });
+            // The context stays quiet: the clients report more until they are dropped.
+            let reason = match context.last_word() {
+                Some(last) => format!("{error} (librdkafka: {last})"),
+                None => error.to_string(),
+            };
+            return Err(BusError::Unreachable { url: settings.redacted(), reason });
         }
+        context.connected();
         let lane_settings = settings.clone();
         let readers = Arc::new(Readers::new(Box::new(move || {
             consumer_config(&lane_settings, None)
                 .set("enable.partition.eof", "true")
                 .set("fetch.wait.max.ms", lane_settings.fetch_wait_ms.to_string())
                 .set("queued.max.messages.kbytes", "16384")
-                .create_with_context(Context)
+                .create_with_context(Context::default())
                 .map_err(backend)
         }))?);
         // Parks idle cursors (and closes old ones) until the log is dropped.
@@ -162,7 +179,7 @@ impl KafkaLog {
             let consumer = consumer_config(&tail_settings, None)
                 .set("fetch.wait.max.ms", tail_settings.fetch_wait_ms.to_string())
                 .set("queued.max.messages.kbytes", "1024")
-                .create_with_context(Context);
+                .create_with_context(Context::default());
             match consumer {
                 Ok(consumer) => Some(consumer),
                 Err(error) => {
@@ -177,7 +194,8 @@ impl KafkaLog {
                 settings,
                 clock,
                 admin,
-                producer,
+                producer: Mutex::new(Arc::new(producer)),
+                producer_config,
                 meta,
                 blocking,
                 topics: Mutex::new(HashMap::new()),
@@ -187,6 +205,37 @@ impl KafkaLog {
                 tail_clients,
             }),
         })
+    }
+
+    /// Checks that a TCP connection to one of the bootstrap servers opens within `within`
+    /// (resolving their names on the way), without making a Kafka client: a broker that
+    /// refuses is an error at once, in one line, instead of librdkafka's retries.
+    ///
+    /// # Errors
+    /// [`BusError::Unreachable`] naming the URL and why the last server could not be reached.
+    pub async fn check_reachable(settings: &KafkaSettings, within: Duration) -> Result<()> {
+        let mut attempts = tokio::task::JoinSet::new();
+        for server in settings.bootstrap_servers.split(',').map(str::to_owned) {
+            attempts.spawn(async move {
+                match tokio::time::timeout(within, tokio::net::TcpStream::connect(&server)).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(error)) => Err(format!("{server}: {}", connect_reason(&error))),
+                    Err(_) => Err(format!("{server}: no answer within {} s", within.as_secs())),
+                }
+            });
+        }
+        let results: Vec<std::result::Result<(), String>> = attempts.join_all().await;
+        if results.iter().any(Result::is_ok) {
+            return Ok(());
+        }
+        let reasons: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        let reason = if reasons.len() == 1 {
+            // One server: its address is already in the URL.
+            reasons[0].split_once(": ").map_or(reasons[0].clone(), |(_, why)| why.to_owned())
+        } else {
+            reasons.join("; ")
+        };
+        Err(BusError::Unreachable { url: settings.redacted(), reason })
     }
 
     /// How many reader cursors are pooled: `(fetching, parked)`. Cursors unused for two
@@ -649,8 +698,50 @@ impl StreamLog for KafkaLog {
 }
 
 impl KafkaLog {
-    /// Appends records (as [`StreamLog::append`]) without taking them.
+    /// The producer appends go through now.
+    fn producer(&self) -> Arc<FutureProducer<Context>> {
+        self.inner.producer.lock().expect("producer mutex is never poisoned").clone()
+    }
+
+    /// Replaces `dead` (when it is still the producer) if librdkafka declared it dead;
+    /// answers whether a producer was dead.
+    fn replace_if_dead(&self, dead: &Arc<FutureProducer<Context>>) -> bool {
+        let Some(fatal) = dead.client().fatal_error() else { return false };
+        let mut current = self.inner.producer.lock().expect("producer mutex is never poisoned");
+        if Arc::ptr_eq(&current, dead) {
+            match self.inner.producer_config.create_with_context(Context::default()) {
+                Ok(fresh) => {
+                    tracing::warn!(reason = ?fatal, "Kafka producer failed fatally; replaced by a new one");
+                    *current = Arc::new(fresh);
+                }
+                Err(error) => {
+                    tracing::error!(%error, reason = ?fatal, "Kafka producer failed fatally and a new one could not be made");
+                }
+            }
+        }
+        true
+    }
+
+    /// Appends records (as [`StreamLog::append`]) without taking them; once more through a
+    /// new producer when the producer died during the append.
     async fn append_slice(&self, topic: &str, records: &[NewRecord]) -> Result<Vec<Position>> {
+        let producer = self.producer();
+        match self.append_with(&producer, topic, records).await {
+            Err(error) if self.replace_if_dead(&producer) => {
+                tracing::debug!(%error, topic, "append failed on a dead producer; sent again");
+                let fresh = self.producer();
+                self.append_with(&fresh, topic, records).await
+            }
+            answer => answer,
+        }
+    }
+
+    async fn append_with(
+        &self,
+        producer: &FutureProducer<Context>,
+        topic: &str,
+        records: &[NewRecord],
+    ) -> Result<Vec<Position>> {
         let config = self.existing(topic).await?;
         let name = self.name(topic);
         let now_ms = self.inner.clock.now().timestamp_millis();
@@ -663,7 +754,7 @@ impl KafkaLog {
                 .payload(&record.value[..])
                 .timestamp(now_ms);
             loop {
-                match self.inner.producer.send_result(message) {
+                match producer.send_result(message) {
                     Ok(delivery) => {
                         pending.push(delivery);
                         break;
@@ -814,13 +905,59 @@ fn consumer_config(settings: &KafkaSettings, group: Option<&str>) -> ClientConfi
     config
 }
 
-/// Sends librdkafka's own log lines and errors to `tracing`.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct Context;
+/// Sends librdkafka's own log lines and errors to `tracing`. The clients [`KafkaLog::connect`]
+/// makes share one context that is quiet until a broker answered: their warnings go to
+/// `debug` meanwhile, and the last one is kept for the error if none ever does.
+#[derive(Clone, Default)]
+pub(crate) struct Context {
+    connecting: Option<Arc<Connecting>>,
+}
+
+#[derive(Default)]
+struct Connecting {
+    done: std::sync::atomic::AtomicBool,
+    last: Mutex<Option<String>>,
+}
+
+impl Context {
+    fn connecting() -> Self {
+        Self { connecting: Some(Arc::default()) }
+    }
+
+    /// Ends the quiet period: a broker answered.
+    fn connected(&self) {
+        if let Some(connecting) = &self.connecting {
+            connecting.done.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The last warning or error librdkafka reported while quiet.
+    fn last_word(&self) -> Option<String> {
+        self.connecting.as_ref()?.last.lock().expect("kafka context mutex").take()
+    }
+
+    /// Whether `message` was kept aside because no broker has answered yet.
+    fn kept_quiet(&self, message: impl FnOnce() -> String) -> bool {
+        let Some(connecting) = &self.connecting else { return false };
+        if connecting.done.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        let message = message();
+        tracing::debug!(target: "kafka", "{message}");
+        *connecting.last.lock().expect("kafka context mutex") = Some(message);
+        true
+    }
+}
 
 impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
         match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error
+            | RDKafkaLogLevel::Warning
+                if self.kept_quiet(|| message.to_owned()) => {}
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
@@ -833,9 +970,21 @@ impl ClientContext for Context {
     fn error(&self, error: KafkaError, reason: &str) {
         if is_end_of_partition(&error) {
             tracing::trace!(target: "kafka", %error, "{reason}");
-        } else {
+        } else if !self.kept_quiet(|| format!("{error}: {reason}")) {
             tracing::warn!(target: "kafka", %error, "{reason}");
         }
+    }
+}
+
+/// Why a TCP connection failed, in a few words ("connection refused").
+fn connect_reason(error: &std::io::Error) -> String {
+    use std::io::ErrorKind::{
+        ConnectionRefused, ConnectionReset, HostUnreachable, NetworkUnreachable, TimedOut,
+    };
+    match error.kind() {
+        kind @ (ConnectionRefused | ConnectionReset | HostUnreachable | NetworkUnreachable
+        | TimedOut) => kind.to_string(),
+        _ => error.to_string(),
     }
 }
 
@@ -874,5 +1023,44 @@ mod tests {
         ] {
             assert!(!is_end_of_partition(&problem), "{problem}");
         }
+    }
+
+    /// librdkafka declares a producer dead (fatal) when the broker fences its producer id; a
+    /// busy test broker did, and every later append failed until the process restarted.
+    /// `rd_kafka_test_fatal_error` is librdkafka's own way to make one for a test.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(unsafe_code)]
+    async fn an_append_after_the_producer_died_goes_through_a_new_producer() {
+        let url = std::env::var("SLUICE_TEST_KAFKA_URL")
+            .expect("SLUICE_TEST_KAFKA_URL must name a Kafka-API broker; run scripts/test");
+        let mut settings = KafkaSettings::parse(&url).unwrap();
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        settings.topic_prefix = format!("fatal{nanos:x}.");
+        let clock: Arc<dyn Clock> = Arc::new(sluice_core::clock::SystemClock);
+        let log = KafkaLog::connect(settings, clock).await.unwrap();
+        let config = TopicConfig { partitions: 1, retention: Retention::default() };
+        log.create_topic("base.fatal", config).await.unwrap();
+        let one = NewRecord::new("k".to_owned(), "1".to_owned());
+        log.append("base.fatal", vec![one]).await.unwrap();
+        let dead = log.producer();
+        let reason = c"fenced by the test";
+        // SAFETY: the client pointer is live (`dead` holds the producer) and `reason` is a
+        // NUL-terminated string that outlives the call, which copies it.
+        let raised = unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                dead.client().native_ptr(),
+                rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_PRODUCER_FENCED,
+                reason.as_ptr(),
+            )
+        };
+        assert_eq!(raised, rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR);
+        assert!(dead.client().fatal_error().is_some());
+        let two = NewRecord::new("k".to_owned(), "2".to_owned());
+        log.append("base.fatal", vec![two]).await.unwrap();
+        assert!(!Arc::ptr_eq(&log.producer(), &dead), "the dead producer was kept");
+        let read = log.read("base.fatal", 0, 0, 10).await.unwrap();
+        let values: Vec<&[u8]> = read.iter().map(|record| &record.value[..]).collect();
+        assert_eq!(values, [&b"1"[..], &b"2"[..]]);
     }
 }

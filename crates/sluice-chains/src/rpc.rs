@@ -483,27 +483,10 @@ impl WithoutUrl for reqwest::Error {
 
 /// A URL with what may be a secret hidden: the password, the query string, and path
 /// segments of 16 characters or more (providers put API keys there:
-/// `https://base-mainnet.g.alchemy.com/v2/<key>`).
+/// `https://base-mainnet.g.alchemy.com/v2/<key>`). Text that does not parse is shown the
+/// same way, so an error can say what was typed.
 pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else { return "<unparseable url>".to_owned() };
-    let (scheme, rest) = url.split_at(scheme_end + 3);
-    let rest = rest.split(['?', '#']).next().unwrap_or("");
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let authority = match authority.rsplit_once('@') {
-        Some((credentials, host)) => {
-            let user = credentials.split(':').next().unwrap_or("");
-            format!("{user}:***@{host}")
-        }
-        None => authority.to_owned(),
-    };
-    let path: Vec<&str> =
-        path.split('/').map(|segment| if segment.len() >= 16 { "***" } else { segment }).collect();
-    let query = if url.contains('?') { "?***" } else { "" };
-    if path.iter().all(|s| s.is_empty()) {
-        format!("{scheme}{authority}{query}")
-    } else {
-        format!("{scheme}{authority}/{}{query}", path.join("/"))
-    }
+    sluice_core::redaction::redact_url(url)
 }
 
 #[cfg(test)]
@@ -522,6 +505,7 @@ mod tests {
         );
         assert_eq!(redact_url("https://node.example/?apikey=secret"), "https://node.example?***");
         assert_eq!(redact_url("http://127.0.0.1:8545"), "http://127.0.0.1:8545");
+        assert_eq!(redact_url("not-a-url"), "not-a-url");
     }
 
     #[test]

@@ -98,7 +98,8 @@ impl BackfillStatus {
     }
 }
 
-/// A backfill job as stored and as the API shows it (every SPEC field, and ours).
+/// A backfill job as stored, with every SPEC field but `time_created` (the API adds it from
+/// `created_at`, so jobs stored before it existed need no migration) and ours.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct BackfillJob {
     pub job_id: String,

@@ -21,6 +21,7 @@ pub mod json;
 pub mod permission;
 pub mod pipeline;
 pub mod prices;
+pub mod redaction;
 pub mod secret;
 pub mod streams;
 pub mod time;

@@ -11,11 +11,17 @@
 //! - **Behind, together.** A worker whose position is in no run (a paused pipeline resumed,
 //!   a pipeline deployed while the others drain a backlog, one slower than the rest) starts
 //!   a run of its own there; pipelines behind at the same place share it, and it joins the
-//!   tail's run when it gets there. Runs never wait for anyone: a partition keeps at most
-//!   [`MAX_RUNS`] runs and [`WINDOW_BATCHES`] batches, dropping the batches least recently
-//!   read, so a paused, slow or failing pipeline never holds the others back. Offsets,
-//!   commits and every lifecycle semantic stay per pipeline: the windows only change where
-//!   a worker's records come from.
+//!   tail's run when it gets there. While several workers read a stream, one read brings
+//!   [`SHARED_READ_BATCHES`] batches, and a worker behind the front of its run takes up to
+//!   several batches a round from the window, so the workers of a run close up behind its
+//!   front. A run draining a backlog holds back for a moment while another run a little
+//!   behind it is catching up ([`Windows::hold`]), so the two become one; holding is
+//!   bounded ([`HOLD_BUDGET`] in any [`HOLD_PERIOD`]) and only for a run that is moving, so
+//!   a paused, slow or failing pipeline never holds the others back for long, and at the
+//!   tail no one waits. A partition keeps at most [`MAX_RUNS`] runs and [`WINDOW_BATCHES`]
+//!   batches, dropping the batches least recently read. Offsets, commits and every
+//!   lifecycle semantic stay per pipeline: the windows only change where a worker's
+//!   records come from.
 //! - **Quiet streams cost no polling.** A worker with nothing to read waits for the window
 //!   of one of its partitions to grow. One follower task per stream waits for the log's
 //!   append watch (and, as a safety net, `idle_wait`) and reads the partitions that have
@@ -38,7 +44,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_bus::{BusError, Record, StreamLog};
 use sluice_filter::SetFilter;
@@ -51,12 +57,13 @@ mod groups;
 pub(crate) use groups::Membership;
 use groups::{Evaluation, FilterGroup};
 
-/// Batches a partition's window keeps (the newest is kept whatever its size): enough for
-/// pipelines a few batches apart to share reads — draining a backlog, a hundred pipelines
-/// on two cores drift several batches apart, and with 4 a tenth of their reads fell out of
-/// the window (BENCHMARKS.md §19) — few enough that a node reading many streams holds a
-/// bounded amount (16,000 records a partition at the default batch size).
-const WINDOW_BATCHES: usize = 8;
+/// Batches a partition's window keeps (the newest read is kept whatever its size): three
+/// shared reads ([`SHARED_READ_BATCHES`]), enough for pipelines a few batches apart to share
+/// reads — draining a backlog, a hundred pipelines on two cores drift several batches apart,
+/// and with 4 a tenth of their reads fell out of the window (BENCHMARKS.md §19) — few enough
+/// that a node reading many streams holds a bounded amount (24,000 records a partition at the
+/// default batch size, and at most [`WINDOW_BYTES`]).
+const WINDOW_BATCHES: usize = 3 * SHARED_READ_BATCHES;
 
 /// Most bytes of records a partition's window keeps (the newest batch is kept whatever its
 /// size): 128 MiB for a busy stream's 8 partitions.
@@ -64,6 +71,24 @@ const WINDOW_BYTES: usize = 16 << 20;
 
 /// Runs a partition keeps: the tail's, and a few for the pipelines behind it.
 const MAX_RUNS: usize = 4;
+
+/// How far (in batches) a run behind may be for the run ahead of it to hold back, so that
+/// the one behind catches up and the two read as one ([`Windows::hold`]).
+const HOLD_BATCHES: u64 = 32;
+
+/// A run that received no batch for this long is not catching up (it is paused, slow or
+/// failing): no one holds back for it.
+const HOLD_ACTIVE: Duration = Duration::from_millis(20);
+
+/// The longest a partition's readers hold back in any [`HOLD_PERIOD`]: a run behind that is
+/// slow for its own reasons (a slow sink) costs the others at most a fifth of their time.
+const HOLD_BUDGET: Duration = Duration::from_secs(1);
+const HOLD_PERIOD: Duration = Duration::from_secs(5);
+
+/// Batches one read from the log brings while several workers read the stream: each worker
+/// then takes a segment's worth in one step ([`ROUND_BATCHES`] in the worker), so a hundred
+/// workers cost a hundred steps per four batches, not per batch.
+const SHARED_READ_BATCHES: usize = 4;
 
 /// The shared readers of this node, by stream.
 pub(crate) struct SharedReaders {
@@ -145,6 +170,9 @@ struct Windows {
     bytes: usize,
     /// Counts reads, to find the run least recently read.
     reads: u64,
+    /// Time spent holding back since `held_since` ([`HOLD_BUDGET`]).
+    held: Duration,
+    held_since: Option<Instant>,
 }
 
 /// Contiguous batches, oldest first.
@@ -154,21 +182,28 @@ struct Run {
     end: u64,
     /// The read count when this run was last read.
     used: u64,
+    /// When this run last received a batch (or was made).
+    pushed_at: Instant,
+    /// Its last read brought all it asked for: the run is draining a backlog.
+    full: bool,
 }
 
 impl Windows {
-    /// The records from `from` on (up to `max`), when a run holds `from`.
-    fn slice(&mut self, from: u64, max: usize) -> Option<(Arc<Segment>, Range<usize>)> {
+    /// The records from `from` on (up to `max`), when a run holds `from`; and whether more
+    /// may follow them at once (the run holds more, or its last read was full).
+    fn slice(&mut self, from: u64, max: usize) -> Option<(Arc<Segment>, Range<usize>, bool)> {
         self.reads += 1;
         let reads = self.reads;
         let run = self.runs.iter_mut().find(|run| {
             run.segments.front().is_some_and(|first| first.from <= from) && from < run.end
         })?;
         run.used = reads;
-        let segment = run.segments.iter().find(|segment| from < segment.to)?;
+        let at = run.segments.iter().position(|segment| from < segment.to)?;
+        let segment = &run.segments[at];
         let start = segment.records.partition_point(|record| record.offset < from);
         let end = segment.records.len().min(start.saturating_add(max));
-        (start < end).then(|| (segment.clone(), start..end))
+        let more = end < segment.records.len() || at + 1 < run.segments.len() || run.full;
+        (start < end).then(|| (segment.clone(), start..end, more))
     }
 
     /// The run whose next read starts at `from`, made when there is none (the least recently
@@ -181,13 +216,54 @@ impl Windows {
             let stalest = self.stalest().expect("MAX_RUNS is above zero");
             self.drop_run(stalest);
         }
-        self.runs.push(Run { segments: VecDeque::new(), end: from, used: self.reads });
+        let pushed_at = Instant::now();
+        self.runs.push(Run {
+            segments: VecDeque::new(),
+            end: from,
+            used: self.reads,
+            pushed_at,
+            full: false,
+        });
         self.runs.len() - 1
     }
 
     /// The end of the run furthest on: where the stream's tail was last read.
     fn tail(&self) -> Option<u64> {
         self.runs.iter().map(|run| run.end).max()
+    }
+
+    /// Whether a read of the log at `from` should wait: `from` ends a run that is draining a
+    /// backlog (its last read was full), and another run, up to [`HOLD_BATCHES`] behind, is
+    /// catching up (it received a batch in the last [`HOLD_ACTIVE`]), and this partition has
+    /// held back less than [`HOLD_BUDGET`] in this [`HOLD_PERIOD`]. Holding back lets the
+    /// run behind (pipelines resumed or deployed a moment later) reach this one, after which
+    /// they read each batch once; a tail that is not behind never waits.
+    fn hold(&mut self, from: u64, batch_size: usize) -> bool {
+        let draining = self.runs.iter().any(|run| run.end == from && run.full);
+        if !draining {
+            return false;
+        }
+        let since = *self.held_since.get_or_insert_with(Instant::now);
+        if since.elapsed() > HOLD_PERIOD {
+            self.held_since = Some(Instant::now());
+            self.held = Duration::ZERO;
+        }
+        if self.held >= HOLD_BUDGET {
+            return false;
+        }
+        let reach = HOLD_BATCHES * batch_size as u64;
+        // A run whose end another run holds has caught up: its pipelines read there now.
+        let caught_up = |end: u64| {
+            self.runs.iter().any(|run| {
+                run.segments.front().is_some_and(|first| first.from <= end) && end < run.end
+            })
+        };
+        self.runs.iter().any(|run| {
+            run.end < from
+                && from - run.end <= reach
+                && run.pushed_at.elapsed() < HOLD_ACTIVE
+                && !caught_up(run.end)
+        })
     }
 
     fn stalest(&self) -> Option<usize> {
@@ -203,25 +279,30 @@ impl Windows {
     }
 
     /// Adds a batch read at the end of run `index`, then drops the oldest batches of the
-    /// least recently read runs while the partition holds more than its share.
+    /// least recently read runs while the partition holds more than its share (never the
+    /// batch just read). A run whose batches all went stays, empty, as a mark of where its
+    /// pipelines read next.
     fn push(&mut self, index: usize, segment: Arc<Segment>, max_records: usize) {
         self.records += segment.records.len();
         self.bytes += segment.bytes;
+        let newest = segment.to;
         let run = &mut self.runs[index];
-        run.end = segment.to;
+        run.end = newest;
         run.used = self.reads;
+        run.pushed_at = Instant::now();
+        run.full = segment.full;
         run.segments.push_back(segment);
         while self.records > max_records || self.bytes > WINDOW_BYTES {
-            let Some(stalest) = self.stalest() else { break };
-            if self.runs.len() == 1 && self.runs[stalest].segments.len() <= 1 {
-                break;
-            }
+            let stalest = (0..self.runs.len())
+                .filter(|&at| {
+                    let run = &self.runs[at];
+                    run.segments.len() > usize::from(run.end == newest)
+                })
+                .min_by_key(|&at| self.runs[at].used);
+            let Some(stalest) = stalest else { break };
             if let Some(oldest) = self.runs[stalest].segments.pop_front() {
                 self.records -= oldest.records.len();
                 self.bytes -= oldest.bytes;
-            }
-            if self.runs[stalest].segments.is_empty() {
-                self.drop_run(stalest);
             }
         }
     }
@@ -235,6 +316,8 @@ pub(crate) struct Segment {
     to: u64,
     records: Vec<Record>,
     bytes: usize,
+    /// The read brought all it asked for: the log may hold more right after it.
+    full: bool,
     /// The oldest append time of the records (they are skipped past the pause hold).
     oldest_ms: i64,
     /// Evaluations of filter groups over the records, by group id.
@@ -242,11 +325,12 @@ pub(crate) struct Segment {
 }
 
 impl Segment {
-    fn new(from: u64, records: Vec<Record>) -> Self {
+    fn new(from: u64, records: Vec<Record>, asked: usize) -> Self {
         let to = records.last().map_or(from, |record| record.offset + 1);
         let bytes = records.iter().map(|record| record.key.len() + record.value.len()).sum();
         let oldest_ms = records.iter().map(|record| record.timestamp_ms).min().unwrap_or(i64::MAX);
-        Self { from, to, records, bytes, oldest_ms, evaluations: Mutex::default() }
+        let full = records.len() >= asked;
+        Self { from, to, records, bytes, full, oldest_ms, evaluations: Mutex::default() }
     }
 
     /// The group's evaluation of this segment, made by the first worker to ask.
@@ -268,6 +352,9 @@ pub(crate) struct Chunk {
     /// The window's batch count when this was read: a worker that found nothing waits
     /// until it moves.
     pushes: u64,
+    /// More records may follow at once: a read right after this one is not (as far as the
+    /// window knows) at the stream's tail.
+    more: bool,
     kind: ChunkKind,
 }
 
@@ -287,6 +374,11 @@ impl Chunk {
     /// The window's batch count when this was read.
     pub(crate) fn pushes(&self) -> u64 {
         self.pushes
+    }
+
+    /// Whether more records may follow these at once (else the stream's tail is near).
+    pub(crate) fn more(&self) -> bool {
+        self.more
     }
 
     /// At most the oldest append time of the records (cheap: a shared segment's, which
@@ -350,8 +442,8 @@ impl SharedStream {
     }
 
     /// Up to `max` records of `partition` from offset `from`: from the window when `from` is
-    /// inside it; read from the log once for everyone when `from` is at (or past) the
-    /// window's end; read on this worker's own when `from` is before the window.
+    /// inside it; else, when `fresh`, read from the log once for everyone (after holding
+    /// back a moment for a run catching up, [`Windows::hold`]); else nothing.
     ///
     /// # Errors
     /// A log failure.
@@ -360,31 +452,51 @@ impl SharedStream {
         partition: u32,
         from: u64,
         max: usize,
+        fresh: bool,
     ) -> Result<Chunk, BusError> {
         let part = self.partition(partition);
         let mut windows = part.windows.lock().await;
-        let pushes = part.pushes.load(Ordering::Acquire);
-        if let Some((segment, range)) = windows.slice(from, max) {
-            return Ok(Chunk { pushes, kind: ChunkKind::Shared { segment, range } });
-        }
+        let mut held: Option<Instant> = None;
+        let pushes = loop {
+            let pushes = part.pushes.load(Ordering::Acquire);
+            if let Some((segment, range, more)) = windows.slice(from, max) {
+                return Ok(Chunk { pushes, more, kind: ChunkKind::Shared { segment, range } });
+            }
+            if !fresh {
+                return Ok(Chunk { pushes, more: false, kind: ChunkKind::Own(Vec::new()) });
+            }
+            if let Some(started) = held.take() {
+                windows.held += started.elapsed();
+            }
+            if !windows.hold(from, self.batch_size) {
+                break pushes;
+            }
+            drop(windows);
+            held = Some(Instant::now());
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            windows = part.windows.lock().await;
+        };
         // At the end of a run (the tail, or where others behind are), or the first here:
-        // one read for every worker at this position, under the lock.
-        let records = self.log.read(&self.topic, partition, from, self.batch_size).await?;
+        // one read for every worker at this position, under the lock. A lone reader needs
+        // no batch but the newest, and reads one at a time: keeping more would only hold
+        // memory (and make every batch land in fresh pages).
+        let shared = self.workers.load(Ordering::Relaxed) > 1;
+        let asked = if shared { SHARED_READ_BATCHES * self.batch_size } else { self.batch_size };
+        let records = self.log.read(&self.topic, partition, from, asked).await?;
         // Nothing yet: the run is marked here all the same, for the follower to read at.
         let run = windows.run_at(from);
         if records.is_empty() {
-            return Ok(Chunk { pushes, kind: ChunkKind::Own(Vec::new()) });
+            return Ok(Chunk { pushes, more: false, kind: ChunkKind::Own(Vec::new()) });
         }
-        let segment = Arc::new(Segment::new(from, records));
-        // A lone reader needs no batch but the newest: keeping more would only hold memory
-        // (and make every batch land in fresh pages).
-        let batches = if self.workers.load(Ordering::Relaxed) > 1 { WINDOW_BATCHES } else { 1 };
+        let segment = Arc::new(Segment::new(from, records, asked));
+        let batches = if shared { WINDOW_BATCHES } else { 1 };
         windows.push(run, segment.clone(), batches * self.batch_size);
         let pushes = part.pushes.fetch_add(1, Ordering::AcqRel) + 1;
         drop(windows);
         self.arrived.send_modify(|count| *count += 1);
         let range = 0..segment.records.len().min(max);
-        Ok(Chunk { pushes, kind: ChunkKind::Shared { segment, range } })
+        let more = range.end < segment.records.len() || segment.full;
+        Ok(Chunk { pushes, more, kind: ChunkKind::Shared { segment, range } })
     }
 
     /// Counts a worker as reading this stream until the guard drops (windows keep several
@@ -443,7 +555,7 @@ impl SharedStream {
             .collect();
         for (partition, part) in waited {
             let Some(end) = part.windows.lock().await.tail() else { continue };
-            if let Err(error) = self.read(partition, end, self.batch_size).await {
+            if let Err(error) = self.read(partition, end, self.batch_size, true).await {
                 tracing::debug!(%error, topic = %self.topic, partition, "shared reader: read failed; the workers retry");
             }
         }
@@ -513,3 +625,6 @@ async fn follow(
         stream.read_for_waiting().await;
     }
 }
+
+#[cfg(test)]
+mod tests;

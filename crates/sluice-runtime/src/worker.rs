@@ -1,7 +1,8 @@
 //! One worker: reads its share of the source partitions in batches, runs the plan, delivers
 //! to the sink and commits the source offsets after the sink acknowledged.
 //!
-//! A batch is one round over the worker's partitions (up to `batch_size` records of each).
+//! A batch is one round over the worker's partitions (up to `batch_size` records of each;
+//! several batches' worth when a shared set filter passes few of them, [`ROUND_BATCHES`]).
 //! Its sink records and its source offsets are written in one step of the log
 //! ([`StreamLog::append_and_commit`]): on the embedded log that is one durable transaction,
 //! so a crash leaves both or neither, and a round costs one disk flush. The next round is
@@ -76,9 +77,22 @@ impl Round {
     }
 }
 
+/// Most batches of input a set-filter worker takes from a partition in one round, while
+/// fewer than a batch of records pass its filter: a pipeline whose filter passes a few
+/// records in a thousand then settles (delivers, commits) once per several batches, not
+/// once per batch.
+const ROUND_BATCHES: usize = 8;
+
 impl Reader {
-    /// Up to `batch_size` records of each of `partitions`, from `next`.
-    async fn round(&self, partitions: &[u32], next: &HashMap<u32, u64>) -> Round {
+    /// Up to `batch_size` records of each of `partitions`, from `next`; with `membership`
+    /// (the plan starts with the stream's shared set filter), up to [`ROUND_BATCHES`]
+    /// batches while fewer than `batch_size` records pass it and more follow at once.
+    async fn round(
+        &self,
+        partitions: &[u32],
+        next: &HashMap<u32, u64>,
+        membership: Option<&Membership>,
+    ) -> Round {
         let mut round = Round {
             wakes: self.stream.wakes(),
             chunks: Vec::with_capacity(partitions.len()),
@@ -86,18 +100,42 @@ impl Reader {
             seen: Vec::new(),
             errors: Vec::new(),
         };
+        let most = if membership.is_some() { ROUND_BATCHES } else { 1 } * self.batch_size;
         for &partition in partitions {
-            let from = next[&partition];
-            match self.stream.read(partition, from, self.batch_size).await {
-                Ok(chunk) => {
-                    let Some(last) = chunk.records().last().map(|r| r.offset) else {
+            let mut from = next[&partition];
+            let (mut taken, mut passed) = (0, 0);
+            while taken < most && passed < self.batch_size {
+                let max = if taken == 0 { self.batch_size } else { most - taken };
+                // After the first, only what the window holds: a worker at the front of its
+                // run reads one shared batch a round, and the workers behind it catch up.
+                let chunk = match self.stream.read(partition, from, max, taken == 0).await {
+                    Ok(chunk) => chunk,
+                    // Later reads of the round are left for the next one.
+                    Err(error) if taken == 0 => {
+                        round.errors.push((partition, error.to_string()));
+                        break;
+                    }
+                    Err(_) => break,
+                };
+                let Some(last) = chunk.records().last().map(|r| r.offset) else {
+                    if taken == 0 {
                         round.seen.push((partition, chunk.pushes()));
-                        continue;
-                    };
-                    round.offsets.push((partition, last + 1));
-                    round.chunks.push((partition, chunk));
+                    }
+                    break;
+                };
+                taken += chunk.records().len();
+                from = last + 1;
+                let more = chunk.more();
+                if let Some(membership) = membership {
+                    passed += chunk.passing(membership).len();
                 }
-                Err(error) => round.errors.push((partition, error.to_string())),
+                round.chunks.push((partition, chunk));
+                if membership.is_none() || !more {
+                    break;
+                }
+            }
+            if taken > 0 {
+                round.offsets.push((partition, from));
             }
         }
         round
@@ -149,12 +187,13 @@ impl Worker {
         let mut ahead: Option<ReadAhead> = None;
         while !self.stopping() {
             // One batch per round: up to `batch_size` records of each of this worker's
-            // partitions, delivered and committed together.
+            // partitions (or several batches' worth, see `Reader::round`), delivered and
+            // committed together.
             let round = match ahead.take() {
                 Some(mut reading) => {
                     (&mut reading.0).await.unwrap_or_else(|error| Round::failed(error.to_string()))
                 }
-                None => reader.round(&partitions, &next).await,
+                None => reader.round(&partitions, &next, membership.as_deref()).await,
             };
             for (partition, error) in &round.errors {
                 tracing::warn!(%error, %source, partition, "source read failed");
@@ -182,10 +221,11 @@ impl Worker {
             after.extend(round.offsets.iter().copied());
             let reading = reader.clone();
             let read_partitions = partitions.clone();
+            let read_membership = membership.clone();
             ahead = Some(ReadAhead(tokio::spawn(async move {
-                reading.round(&read_partitions, &after).await
+                reading.round(&read_partitions, &after, read_membership.as_deref()).await
             })));
-            let batch = Batch { chunks: &round.chunks, membership: membership.as_ref() };
+            let batch = Batch { chunks: &round.chunks, membership: membership.as_deref() };
             let settled =
                 self.process(&plan, batch, &mut engines, &group, &side, &round.offsets).await;
             let Some(committed) = settled else {
@@ -493,11 +533,11 @@ struct Batch<'a> {
 fn join(
     stream: &SharedStream,
     plan: &BoundPlan,
-    current: Option<Membership>,
-) -> Option<Membership> {
+    current: Option<Arc<Membership>>,
+) -> Option<Arc<Membership>> {
     let (filter, set) = plan.first_set_filter()?;
     match current {
         Some(current) if current.is_for(filter, set) => Some(current),
-        _ => Some(stream.join(filter, set)),
+        _ => Some(Arc::new(stream.join(filter, set))),
     }
 }

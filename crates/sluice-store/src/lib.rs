@@ -44,6 +44,9 @@ mod store;
 pub mod testing;
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_core::redaction::redact_password;
 
 pub use backfills::BackfillStore;
 pub use datasets::{DatasetStore, EntriesChange, EntryPage};
@@ -78,6 +81,13 @@ pub enum StoreError {
         "unsupported URL '{0}': use sqlite://<path> or postgres://… for the store, redis://… for sets"
     )]
     UnsupportedUrl(String),
+    /// A URL of a supported kind that does not parse (the URL shown without its password).
+    #[error("invalid URL '{url}': {reason}")]
+    InvalidUrl { url: String, reason: String },
+    /// A database or Redis that did not accept a connection (the URL shown without its
+    /// password): an external fault; trying again once it is up helps.
+    #[error("cannot connect to {url}: {reason}")]
+    Unreachable { url: String, reason: String },
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -145,7 +155,7 @@ pub async fn open_with_sets(url: &str, sets: Option<&str>) -> Result<Arc<dyn Met
         Some(sets) if sets.starts_with("redis://") => {
             Some(Arc::new(RedisSets::connect(sets).await?))
         }
-        Some(sets) => return Err(StoreError::UnsupportedUrl(sets.to_owned())),
+        Some(sets) => return Err(StoreError::UnsupportedUrl(redact_password(sets))),
     };
     // The same steps for either backend's concrete store.
     macro_rules! finish {
@@ -175,6 +185,63 @@ pub async fn open_with_sets(url: &str, sets: Option<&str>) -> Result<Arc<dyn Met
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         finish!(PgStore::open(url).await?)
     } else {
-        Err(StoreError::UnsupportedUrl(url.to_owned()))
+        Err(StoreError::UnsupportedUrl(redact_password(url)))
+    }
+}
+
+/// Checks, creating and changing nothing, that the database `url` names and the set store
+/// `sets` names accept a connection within `within` each: PostgreSQL and Redis get one
+/// connection, closed again; a SQLite file has nothing to reach. `serve` runs this before
+/// it creates anything, so a server that is down is one line at once rather than a pool
+/// that retries for half a minute.
+///
+/// # Errors
+/// [`StoreError::Unreachable`] or [`StoreError::InvalidUrl`] naming the URL (without its
+/// password) and why; [`StoreError::UnsupportedUrl`] for another kind of URL.
+pub async fn check_reachable(url: &str, sets: Option<&str>, within: Duration) -> Result<()> {
+    let database = async {
+        if url.starts_with("sqlite:") {
+            Ok(())
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            within_time(url, within, PgStore::check_reachable(url)).await
+        } else {
+            Err(StoreError::UnsupportedUrl(redact_password(url)))
+        }
+    };
+    let sets = async {
+        match sets {
+            None => Ok(()),
+            Some(sets) if sets.starts_with("redis://") => {
+                within_time(sets, within, RedisSets::check_reachable(sets)).await
+            }
+            Some(sets) => Err(StoreError::UnsupportedUrl(redact_password(sets))),
+        }
+    };
+    tokio::try_join!(database, sets).map(drop)
+}
+
+async fn within_time(
+    url: &str,
+    within: Duration,
+    check: impl std::future::Future<Output = Result<()>>,
+) -> Result<()> {
+    tokio::time::timeout(within, check).await.unwrap_or_else(|_| {
+        Err(StoreError::Unreachable {
+            url: redact_password(url),
+            reason: format!("no answer within {} s", within.as_secs()),
+        })
+    })
+}
+
+/// Why a connection failed, in a few words ("connection refused"), or the error's own text
+/// when it is not one of the usual network failures (a name that does not resolve).
+pub(crate) fn io_reason(error: &std::io::Error) -> String {
+    use std::io::ErrorKind::{
+        ConnectionRefused, ConnectionReset, HostUnreachable, NetworkUnreachable, TimedOut,
+    };
+    match error.kind() {
+        kind @ (ConnectionRefused | ConnectionReset | HostUnreachable | NetworkUnreachable
+        | TimedOut) => kind.to_string(),
+        _ => error.to_string(),
     }
 }

@@ -28,6 +28,30 @@ impl PgStore {
         Self::open_with(PgConnectOptions::from_str(url)?).await
     }
 
+    /// Opens one connection to the database at `url` and closes it, migrating nothing.
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidUrl`](crate::StoreError::InvalidUrl) or
+    /// [`StoreError::Unreachable`](crate::StoreError::Unreachable), saying why.
+    pub async fn check_reachable(url: &str) -> crate::Result<()> {
+        use sqlx::Connection as _;
+        let shown = || sluice_core::redaction::redact_password(url);
+        let options = PgConnectOptions::from_str(url).map_err(|error| {
+            crate::StoreError::InvalidUrl { url: shown(), reason: error.to_string() }
+        })?;
+        let connection = sqlx::PgConnection::connect_with(&options).await.map_err(|error| {
+            let reason = match &error {
+                sqlx::Error::Io(io) => crate::io_reason(io),
+                sqlx::Error::Database(database) => database.message().to_owned(),
+                other => other.to_string(),
+            };
+            crate::StoreError::Unreachable { url: shown(), reason }
+        })?;
+        // The answer is in; a failed goodbye changes nothing.
+        let _ = connection.close().await;
+        Ok(())
+    }
+
     /// Like [`PgStore::open`] with explicit options (tests use a private `search_path`).
     ///
     /// # Errors

@@ -222,6 +222,31 @@ struct SetKeys {
 }
 
 impl RedisSets {
+    /// Opens one connection to the Redis `url` names, sends `PING` and closes it.
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidUrl`](crate::StoreError::InvalidUrl) or
+    /// [`StoreError::Unreachable`](crate::StoreError::Unreachable), saying why.
+    pub async fn check_reachable(url: &str) -> Result<()> {
+        let shown = || sluice_core::redaction::redact_password(url);
+        let (bare, _) = split_prefix(url);
+        let client = Client::open(bare.as_str()).map_err(|error| {
+            crate::StoreError::InvalidUrl { url: shown(), reason: error.to_string() }
+        })?;
+        let unreachable = |error: redis::RedisError| {
+            let reason = if error.is_connection_refusal() {
+                "connection refused".to_owned()
+            } else {
+                error.to_string()
+            };
+            crate::StoreError::Unreachable { url: shown(), reason }
+        };
+        let mut connection =
+            client.get_multiplexed_async_connection().await.map_err(unreachable)?;
+        redis::cmd("PING").query_async::<String>(&mut connection).await.map_err(unreachable)?;
+        Ok(())
+    }
+
     /// Connects to the Redis `url` names (`redis://[user:password@]host:port[/db]`, or
     /// `rediss://` for TLS when built with it), keys under the `prefix=` query parameter
     /// (default `sluice`).

@@ -16,10 +16,14 @@ pub enum AdminCommand {
     /// Create an API key, creating whatever of org, team and user is missing. Prints only the
     /// key on stdout.
     CreateKey {
+        /// The user's organization, by name (created when missing, with every feature on).
         #[arg(long)]
         org: String,
+        /// The user's team in that organization, by name (created when missing).
         #[arg(long)]
         team: String,
+        /// The user, by name within the team (created when missing; the same name in another
+        /// team is another user).
         #[arg(long)]
         user: String,
         /// Make the user an operator (service-wide endpoints such as stream ingest).
@@ -33,12 +37,14 @@ pub enum AdminCommand {
     },
     /// Revoke an API key; requests with it get 401 from then on.
     RevokeKey {
+        /// The key to revoke (`slk_…`).
         key: String,
         #[command(flatten)]
         store: StoreArgs,
     },
     /// Turn an organization's features on or off.
     SetOrgFlags {
+        /// The organization, by name.
         #[arg(long)]
         org: String,
         /// The pipeline service (every pipeline endpoint and the source catalog).

@@ -44,6 +44,7 @@ pub struct BenchArgs {
     /// API key to send (X-API-Key).
     #[arg(long, env = "SLUICE_API_KEY")]
     api_key: String,
+    /// What each request does.
     #[arg(long, value_enum, default_value = "get")]
     op: Operation,
     /// Requests per second (open loop); 0 sends as fast as `--concurrency` allows.

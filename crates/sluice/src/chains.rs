@@ -101,6 +101,12 @@ impl ChainPlan {
         }
     }
 
+    /// The chain's name and JSON-RPC URL.
+    pub fn name_and_url(&self) -> (&str, &str) {
+        let (name, url, _) = self.parts();
+        (name, url)
+    }
+
     fn set_verified(&mut self) {
         match self {
             Self::Evm { verified, .. } | Self::Solana { verified, .. } => *verified = true,
@@ -109,7 +115,7 @@ impl ChainPlan {
 }
 
 /// How long the start-time identity check waits for a node.
-const IDENTITY_TIMEOUT: Duration = Duration::from_secs(5);
+const IDENTITY_TIMEOUT: Duration = crate::preflight::REACH_WITHIN;
 
 /// Asks every chain's node who it is (docs/chains.md, "Chain identity"). A node of another
 /// chain or family stops the start with one line naming the chain, the URL (redacted) and

@@ -7,6 +7,7 @@ mod bench;
 mod chains;
 mod feed;
 mod logging;
+mod preflight;
 mod serve;
 mod settings;
 mod warehouse;
@@ -52,7 +53,18 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// to run a script batch at once, while a node's thread count stays bounded.
 const MAX_BLOCKING_THREADS: usize = 24;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // One line: what was tried and why it failed, each cause after a colon.
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     owner_only_files();
     logging::init();
@@ -82,4 +94,61 @@ fn main() -> anyhow::Result<()> {
 fn owner_only_files() {
     #[cfg(unix)]
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::Cli;
+
+    /// Every subcommand, depth first, with its path of names.
+    fn commands() -> Vec<(String, clap::Command)> {
+        fn walk(path: String, command: &clap::Command, out: &mut Vec<(String, clap::Command)>) {
+            out.push((path.clone(), command.clone()));
+            for sub in command.get_subcommands() {
+                walk(format!("{path} {}", sub.get_name()), sub, out);
+            }
+        }
+        let mut out = Vec::new();
+        walk("sluice".to_owned(), &Cli::command(), &mut out);
+        out
+    }
+
+    #[test]
+    fn every_option_of_every_command_says_what_it_is_for() {
+        let mut missing = Vec::new();
+        for (path, command) in commands() {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "options without help text: {missing:?}");
+    }
+
+    #[test]
+    fn every_doc_the_help_names_is_in_the_repository() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut named = Vec::new();
+        for (path, mut command) in commands() {
+            let help = command.render_long_help().to_string();
+            for (at, _) in help.match_indices("docs/") {
+                let doc: String = help[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || "/._-".contains(*c))
+                    .collect();
+                let doc = doc.trim_end_matches('.').to_owned();
+                named.push((path.clone(), doc));
+            }
+        }
+        assert!(!named.is_empty(), "the help names docs (docs/operations.md at least)");
+        let missing: Vec<_> = named.iter().filter(|(_, doc)| !root.join(doc).is_file()).collect();
+        assert!(missing.is_empty(), "help names docs that do not exist: {missing:?}");
+    }
 }

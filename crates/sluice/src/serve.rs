@@ -22,28 +22,19 @@ const BOOTSTRAP_USER: &str = "admin";
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args)?;
-    let catalog = match &settings.catalog_file {
-        None => Catalog::default(),
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading catalog file {}", path.display()))?;
-            Catalog::from_file_text(&text)
-                .with_context(|| format!("catalog file {}", path.display()))?
-        }
-    };
-    // Chains first: a node of another chain (or family) stops the start before anything
-    // is created.
-    let mut chain_plans = crate::chains::configs(&settings.chains, &catalog)?;
-    crate::chains::check_identities(&mut chain_plans).await?;
-    let store = open_store(&settings).await?;
-    bootstrap(store.as_ref()).await?;
-
+    // Nothing is created before every check passed, and the first operator's key is made
+    // last, just before serving: a start that fails leaves the next one a first start.
+    let crate::preflight::Checked { catalog, chains: chain_configs, listener, metrics_listener } =
+        crate::preflight::check(&settings).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     settings.prepare_data_dir()?;
+    // The stream log before the store: connecting to Kafka creates nothing, so a broker that
+    // does not answer stops the start before a database is made.
+    let log = open_log(&settings, &clock).await?;
+    let store = open_store(&settings).await?;
     // Large filter-value sets are snapshotted beside the store, so they are ready soon after
     // a restart (the deployments started below read them first).
     store.keep_set_snapshots(settings.data_dir.join("sets"));
-    let log = open_log(&settings, &clock).await?;
     let secrets = sluice_store::Secrets::new(store.clone(), settings.secrets_keyring()?);
     let resealed = secrets.reseal().await.context("resealing secrets with the current key")?;
     if resealed > 0 {
@@ -115,7 +106,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(resumed, "backfill jobs resumed");
     }
     background.push(tokio::spawn(snapshot_sets(store.clone())));
-    let chains = crate::chains::start(chain_plans, &runtime)?;
+    let chains = crate::chains::start(chain_configs, &runtime)?;
     background.extend(chains.tasks);
     // The same store serves prices (one pool); loading the service (recent candles, latest
     // minutes) happens while the API serves.
@@ -137,6 +128,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let dataset_listener = runtime.follow_datasets(datasets.clone());
 
     let snapshot_store = store.clone();
+    let bootstrap_store = store.clone();
     let state = AppState::new(
         store,
         catalog,
@@ -160,10 +152,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(token) => state.with_metrics_token(token.as_str()),
         None => state,
     };
-    if let Some(address) = settings.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .with_context(|| format!("binding the metrics address {address}"))?;
+    if let Some(listener) = metrics_listener {
         tracing::info!(address = %listener.local_addr()?, "serving /metrics without a key");
         let app = sluice_api::metrics_app(state.clone());
         background.push(tokio::spawn(async move {
@@ -172,9 +161,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             }
         }));
     }
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("binding {}", settings.listen))?;
+    bootstrap(bootstrap_store.as_ref(), &settings).await?;
     tracing::info!(address = %listener.local_addr()?, database = %redact(&settings.database_url), "sluice is serving");
     let service =
         axum::ServiceExt::<axum::extract::Request>::into_make_service(sluice_api::app(state));
@@ -454,9 +441,17 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn MetadataS
     }
 }
 
-/// On first start with an empty store: create the operator and print its key, once.
-async fn bootstrap(store: &dyn MetadataStore) -> anyhow::Result<()> {
+/// On first start with an empty store: create the operator and print its key, once. Any
+/// later start says how to make another key, for whoever lost that one (or whose first
+/// start printed it and then failed).
+async fn bootstrap(store: &dyn MetadataStore, settings: &Settings) -> anyhow::Result<()> {
     if store.has_users().await? {
+        tracing::info!(
+            "the operator's API key was printed at this store's first start; to make another: \
+             sluice admin create-key --org {BOOTSTRAP_ORG} --team {BOOTSTRAP_TEAM} \
+             --user {BOOTSTRAP_USER} --operator {}",
+            settings.store_args()
+        );
         return Ok(());
     }
     let identity =
@@ -484,16 +479,7 @@ async fn bootstrap(store: &dyn MetadataStore) -> anyhow::Result<()> {
 
 /// Hides a password in a database URL before it is logged.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let credentials = &url[scheme_end + 3..at];
-            match credentials.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
+    sluice_core::redaction::redact_password(url)
 }
 
 async fn shutdown_signal() {

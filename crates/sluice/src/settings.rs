@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
+use sluice_core::redaction::redact_password;
 
 /// Options shared by every command that opens the store.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -33,7 +34,8 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8080].
     #[arg(long, env = "SLUICE_LISTEN", value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
-    /// TOML file that extends or replaces the source catalog (see docs/catalog.md).
+    /// TOML file that extends or replaces the source catalog (format: docs/operations.md,
+    /// "Source catalog").
     #[arg(long, env = "SLUICE_CATALOG_FILE", value_name = "FILE")]
     pub catalog_file: Option<PathBuf>,
     /// Run gentle generated feeds into every chain stream of the catalog (for trying Sluice
@@ -252,8 +254,13 @@ impl Settings {
             && !url.starts_with("redis://")
         {
             bail!(
-                "sets must be a redis:// URL (redis://[user:password@]host:port[/db][?prefix=P])"
+                "sets '{}' must be a redis:// URL (redis://[user:password@]host:port[/db][?prefix=P])",
+                redact_password(url)
             );
+        }
+        let warehouse_url = args.warehouse_url.clone().or(file.warehouse_url);
+        if let Some(url) = &warehouse_url {
+            check_warehouse_url(url)?;
         }
         let bus = resolve_bus(
             args.bus_url.clone().or(file.bus),
@@ -288,7 +295,7 @@ impl Settings {
                 .unwrap_or_default(),
             egress_bind_addr: args.egress_bind_addr.or(file.egress_bind_addr),
             warehouse_flush_secs,
-            warehouse_url: args.warehouse_url.clone().or(file.warehouse_url),
+            warehouse_url,
             backfill_chunk_rows,
             node_name,
             node_timeout_secs,
@@ -302,6 +309,16 @@ impl Settings {
         matches!(self.bus, Bus::Kafka(_))
             && (self.database_url.starts_with("postgres://")
                 || self.database_url.starts_with("postgresql://"))
+    }
+
+    /// The flags that name this store to the admin commands: `--data-dir` for the default
+    /// SQLite file, `--database-url` (password hidden) otherwise.
+    pub fn store_args(&self) -> String {
+        if self.database_url == default_database_url(&self.data_dir) {
+            format!("--data-dir {}", self.data_dir.display())
+        } else {
+            format!("--database-url {}", redact_password(&self.database_url))
+        }
     }
 
     /// This node's name: the configured one, or `<hostname>:<port>`.
@@ -412,6 +429,27 @@ fn tighten(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An object-storage warehouse is `s3://bucket[/prefix]` (the `AWS_*` variables say where and
+/// as whom); anything else is an error showing what was given.
+fn check_warehouse_url(url: &str) -> anyhow::Result<()> {
+    let bucket = url
+        .strip_prefix("s3://")
+        .or_else(|| url.strip_prefix("s3a://"))
+        .map(|rest| rest.split('/').next().unwrap_or(""));
+    let valid = bucket.is_some_and(|bucket| {
+        !bucket.is_empty()
+            && bucket.bytes().all(|b| b.is_ascii_alphanumeric() || b".-_".contains(&b))
+    }) && reqwest::Url::parse(url).is_ok();
+    if !valid {
+        bail!(
+            "warehouse_url '{}' must be s3://bucket[/prefix] (endpoint, region and credentials \
+             come from the AWS_* environment variables)",
+            redact_password(url)
+        );
+    }
+    Ok(())
+}
+
 fn default_database_url(data_dir: &Path) -> String {
     format!("sqlite://{}", data_dir.join("sluice.db").display())
 }
@@ -480,6 +518,28 @@ mod tests {
         assert_eq!(settings.database_url, "sqlite:///from/file/sluice.db");
         assert_eq!(settings.max_body_bytes, 10);
         assert_eq!(settings.max_filter_values_body_bytes, 20);
+    }
+
+    #[test]
+    fn bad_set_store_and_warehouse_urls_show_what_was_given_without_the_password() {
+        let mut args = ServeArgs {
+            sets_url: Some("rediss-typo://u:pw@h:1".to_owned()),
+            ..ServeArgs::default()
+        };
+        let error = format!("{:#}", Settings::resolve(&args).unwrap_err());
+        assert!(error.contains("'rediss-typo://u:***@h:1'"), "{error}");
+        assert!(!error.contains("pw@"), "{error}");
+        args.sets_url = None;
+        for bad in ["not-a-url", "s3:/bucket", "s3://", "http://bucket/x"] {
+            args.warehouse_url = Some(bad.to_owned());
+            let error = format!("{:#}", Settings::resolve(&args).unwrap_err());
+            assert!(error.contains(&format!("warehouse_url '{bad}' must be s3://")), "{error}");
+        }
+        args.warehouse_url = Some("s3://k:secret@bucket/p".to_owned());
+        let error = format!("{:#}", Settings::resolve(&args).unwrap_err());
+        assert!(error.contains("'s3://k:***@bucket/p'"), "{error}");
+        args.warehouse_url = Some("s3://bucket/prefix".to_owned());
+        assert!(Settings::resolve(&args).is_ok());
     }
 
     #[test]

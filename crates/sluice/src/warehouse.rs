@@ -34,6 +34,7 @@ pub struct ImportArgs {
     /// offline on the data directory.
     #[arg(long)]
     url: Option<String>,
+    /// The operator key to send to that server (X-API-Key).
     #[arg(long, env = "SLUICE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// Offline: the warehouse in object storage (as `serve --warehouse-url`).

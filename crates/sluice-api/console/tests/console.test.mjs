@@ -101,7 +101,107 @@ async function ingest(from, to) {
 
 let pipelineUrl = null;
 
-test('the console at work', { timeout: 120_000 }, async (t) => {
+/** `GET /api/v1<path>` as the owner. */
+async function apiGet(path) {
+  const response = await fetch(`${base}/api/v1${path}`, { headers: { 'X-API-Key': ownerKey } });
+  const text = await response.text();
+  assert.equal(response.status, 200, text);
+  return JSON.parse(text);
+}
+
+/** The points of `metric` of pipeline `configId` over the last hour, once they count `total`. */
+async function pointsOnceCounted(configId, metric, total) {
+  for (let i = 0; ; i++) {
+    const body = await apiGet(`/beam/${configId}/deploy/metrics?time_range=1h&metrics=${metric}`);
+    const points = body.metrics[0].points;
+    const counted = points.reduce((sum, p) => sum + p.value, 0);
+    if (counted >= total) return points;
+    assert.ok(i < 100, `${metric} counted ${counted} of ${total}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** What each chart must show, by metric type: its title and an API value as drawn. */
+const CHARTS = {
+  messages_received: { title: 'Records read per second', scale: (value, step) => value / step },
+  messages_sent: { title: 'Records delivered per second', scale: (value, step) => value / step },
+  total_latency: { title: 'Ingest-to-sink latency, mean (ms)', scale: (value) => value },
+  processing_latency: { title: 'Processing latency, mean (ms)', scale: (value) => value },
+  processor_error: { title: 'Transform errors per second', scale: (value, step) => value / step },
+  output_error: { title: 'Sink errors per second', scale: (value, step) => value / step },
+  data_age: { title: 'Data age (s)', scale: (value) => value / 1000 },
+};
+const STEP = { '1h': 60, '1d': 900, '1w': 3600 };
+
+/** What the charts on `page` drew: per metric its caption, points, x scale and painted pixels. */
+const drawnCharts = (page) => page.evaluate(() => [...document.querySelectorAll('#metric-charts figure.chart')].map((figure) => {
+  const plot = figure.plot;
+  const [xs, ys] = [plot.data[0], plot.data[1]];
+  // A point is painted when a pixel of the 5×5 box around it, within the plotting area (a
+  // zero sits on its bottom edge), is not transparent.
+  const box = plot.bbox;
+  const clamp = (v, lo, hi) => Math.min(Math.max(v, lo), hi);
+  const painted = xs.map((x, i) => {
+    const cx = Math.round(plot.valToPos(x, 'x', true));
+    const cy = Math.round(plot.valToPos(ys[i], 'y', true));
+    if (!Number.isFinite(cx) || !Number.isFinite(cy)) return false;
+    const left = clamp(cx - 2, box.left, box.left + box.width - 5);
+    const top = clamp(cy - 2, box.top, box.top + box.height - 5);
+    const pixels = plot.ctx.getImageData(left, top, 5, 5).data;
+    for (let alpha = 3; alpha < pixels.length; alpha += 4) if (pixels[alpha] > 0) return true;
+    return false;
+  });
+  return {
+    metric: figure.dataset.metric, caption: figure.querySelector('figcaption').textContent,
+    xs: [...xs], ys: [...ys], min: plot.scales.x.min, max: plot.scales.x.max, painted,
+  };
+}));
+
+/**
+ * Draws `range` on the pipeline page and checks every chart against the metrics API: the
+ * title, each drawn point equal to the API's point of the same time (scaled as the title
+ * says), every point of the deployment drawn and painted, and the time axis starting at the
+ * deployment. Redrawn until both agree (a minute may turn between the page's read and ours).
+ */
+async function checkCharts(page, configId, range) {
+  const step = STEP[range];
+  let problem = 'never compared';
+  for (let attempt = 0; attempt < 20; attempt++) {
+    await page.getByRole('button', { name: range, exact: true }).click();
+    await page.locator(`button[data-range="${range}"][aria-pressed="true"]`).waitFor();
+    await page.locator('#metric-charts figure.chart .uplot').nth(6).waitFor();
+    const drawn = await drawnCharts(page);
+    const api = await apiGet(`/beam/${configId}/deploy/metrics?time_range=${range}`);
+    const { deployed_at: deployedAt } = await apiGet(`/beam/${configId}/deploy/stats`);
+    const deployed = Math.floor(Date.parse(deployedAt) / 1000 / step) * step;
+    problem = null;
+    assert.equal(drawn.length, 7);
+    for (const chart of drawn) {
+      const want = CHARTS[chart.metric];
+      assert.ok(chart.caption.startsWith(want.title), `${chart.metric}: caption "${chart.caption}"`);
+      assert.equal(chart.min, deployed, `${chart.metric} (${range}): the axis starts at the deployment`);
+      const series = api.metrics.find((m) => m.metric_type === chart.metric);
+      const byTime = new Map(series.points.map((p) => [Date.parse(p.timestamp) / 1000, p.value]));
+      const expected = [...byTime].filter(([t]) => t >= deployed && t + step / 2 <= chart.max);
+      if (chart.xs.length !== expected.length) problem = `${chart.metric}: ${chart.xs.length} points drawn, the API has ${expected.length}`;
+      chart.xs.forEach((x, i) => {
+        const value = byTime.get(x - step / 2);
+        if (value === undefined) problem = `${chart.metric}: drawn at ${x}, no such API point`;
+        else if (Math.abs(chart.ys[i] - want.scale(value, step)) > 1e-9 * Math.max(1, Math.abs(chart.ys[i]))) {
+          problem = `${chart.metric}: drawn ${chart.ys[i]} at ${x}, the API says ${value} (${want.scale(value, step)} as drawn)`;
+        }
+        assert.ok(chart.painted[i], `${chart.metric} (${range}): the point at ${x} is painted`);
+        assert.ok(x > chart.min && x < chart.max, `${chart.metric} (${range}): the point at ${x} is inside the axis`);
+      });
+    }
+    if (!problem) return drawn;
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  assert.fail(`the charts never matched the metrics API: ${problem}`);
+}
+
+// The list's rate check waits for a minute to end (up to 60 s).
+test('the console at work', { timeout: 300_000 }, async (t) => {
   const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
   const page = await context.newPage();
   const problems = [];
@@ -165,15 +265,23 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     await ingest(25, 30);
     await page.locator('#tail li', { hasText: '"n":29' }).waitFor({ timeout: 30_000 });
     await shot(page, '05-resumed');
-    // The seven metrics as charts, over each range.
+    // The seven metrics as charts, over each range, drawing what the metrics API says.
     await page.locator('#metric-charts figure.chart .uplot').nth(6).waitFor();
     assert.equal(await page.locator('#metric-charts figure.chart').count(), 7);
-    const read = page.locator('figure.chart[data-metric="messages_received"]');
-    assert.equal(await read.locator('figcaption').textContent(), 'Records read per second');
-    for (const range of ['1d', '1w']) {
-      await page.getByRole('button', { name: range, exact: true }).click();
-      await page.locator(`button[data-range="${range}"][aria-pressed="true"]`).waitFor();
-      await page.locator('#metric-charts figure.chart .uplot').nth(6).waitFor();
+    const configId = decodeURIComponent(pipelineUrl.split('#/p/')[1]);
+    await pointsOnceCounted(configId, 'messages_received', 30);
+    for (const range of ['1h', '1d', '1w']) {
+      const drawn = await checkCharts(page, configId, range);
+      const read = drawn.find((chart) => chart.metric === 'messages_received');
+      const total = read.ys.reduce((sum, y) => sum + y, 0) * STEP[range];
+      assert.ok(Math.abs(total - 30) < 1e-6, `${range}: the 30 records read, as rates per second × ${STEP[range]} s, add up to ${total}`);
+      // Latencies exist only where batches were delivered: within the hour it was deployed
+      // in, a deployment has one latency point at 1w, which must be drawn all the same
+      // (checkCharts checks that every point is painted).
+      const latency = drawn.find((chart) => chart.metric === 'total_latency');
+      if (range === '1w' && latency.min + 3600 > Date.now() / 1000) {
+        assert.equal(latency.xs.length, 1, '1w: one latency point');
+      }
     }
     await page.locator('#metric-charts').scrollIntoViewIfNeeded();
     await shot(page, '05b-metrics');
@@ -327,6 +435,19 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
       await new Promise((r) => setTimeout(r, 200));
     }
     assert.match(await page.locator('table[aria-label="Dead letters"]').textContent(), /no fives/);
+    // The error gets the room: the widest column, its text whole; the long record key is cut.
+    const room = await page.locator('table[aria-label="Dead letters"]').evaluate((table) => {
+      const cells = [...table.querySelector('tbody tr').cells];
+      const error = cells[3];
+      return {
+        table: table.getBoundingClientRect().width,
+        widths: cells.map((cell) => cell.getBoundingClientRect().width),
+        clipped: error.scrollWidth > error.clientWidth,
+      };
+    });
+    assert.equal(Math.max(...room.widths), room.widths[3], `the error is the widest column: ${room.widths}`);
+    assert.ok(room.widths[3] >= 0.4 * room.table, `the error has ${room.widths[3]} of ${room.table} px`);
+    assert.equal(room.clipped, false, 'the error text is whole');
     await page.getByRole('button', { name: 'Refresh logs' }).click();
     await page.locator('#script-logs li', { hasText: 'seen 105' }).waitFor();
     await shot(page, '07-dead-letters-and-logs');
@@ -474,6 +595,42 @@ test('the console at work', { timeout: 120_000 }, async (t) => {
     assert.ok(overflow <= 0, `the page is ${overflow}px wider than the screen`);
     await shot(small, '09-phone');
     await phone.close();
+  });
+
+  await t.test("the pipeline list shows each pipeline's state and its current rate", async () => {
+    const pipelines = await apiGet('/beam');
+    const id = (name) => pipelines.find((p) => p.name === name).id;
+    const pause = await fetch(`${base}/api/v1/beam/${id('picky')}/pause`, { method: 'POST', headers: { 'X-API-Key': ownerKey } });
+    assert.equal(pause.status, 200, await pause.text());
+    // 120 more records read: once the (last) minute they were counted in is over, it is the
+    // last complete one, and the list shows its rate.
+    const before = (await pointsOnceCounted(id('usdc watch'), 'messages_received', 0)).reduce((sum, p) => sum + p.value, 0);
+    await ingest(1000, 1120);
+    const counted = await pointsOnceCounted(id('usdc watch'), 'messages_received', before + 120);
+    const minute = Date.parse(counted.findLast((p) => p.value > 0).timestamp);
+    const row = (name) => page.locator(`tr[data-pipeline="${id(name)}"]`);
+    let shown = null;
+    await page.goto(`${base}/#/`);
+    for (let i = 0; ; i++) {
+      // A reload reads every pipeline's state and rate again.
+      await page.reload();
+      await page.getByRole('heading', { name: 'Pipelines' }).waitFor();
+      await row('usdc watch').locator('td.rate[data-minute], td.rate:text("—")').waitFor();
+      shown = await row('usdc watch').locator('td.rate').getAttribute('data-minute');
+      if (shown && Date.parse(shown) >= minute) break;
+      assert.ok(i < 80, `the minute of the ingest never became the last complete one (shown: ${shown})`);
+      await new Promise((r) => setTimeout(r, 1000));
+    }
+    assert.equal(await row('usdc watch').locator('td.state').textContent(), 'running · 1/1 workers healthy');
+    assert.equal(await row('picky').locator('td.state').textContent(), 'paused');
+    assert.equal(await row('watched wallets').locator('td.state').textContent(), 'not deployed');
+    assert.equal(await row('picky').locator('td.rate').textContent(), '—');
+    const series = (await apiGet(`/beam/${id('usdc watch')}/deploy/metrics?time_range=1h&metrics=messages_received`)).metrics[0];
+    const count = series.points.find((p) => p.timestamp === shown).value;
+    assert.ok(count >= 1, `records read in the minute from ${shown}: ${count}`);
+    const rate = Number.parseFloat(await row('usdc watch').locator('td.rate').textContent());
+    assert.ok(Math.abs(rate - count / 60) <= 0.005 * (count / 60), `shown ${rate}/s; the API counts ${count} in that minute`);
+    await shot(page, '09b-pipeline-list');
   });
 
   await t.test('sign out forgets the key', async () => {

@@ -64,20 +64,20 @@ async fn postgres_store() -> Arc<dyn MetadataStore> {
     Arc::new(sluice_store::PgStore::open_with(options).await.unwrap())
 }
 
-struct Stack {
+pub(crate) struct Stack {
     _dir: tempfile::TempDir,
-    store: Arc<dyn MetadataStore>,
+    pub(crate) store: Arc<dyn MetadataStore>,
     staging: Arc<dyn Storage>,
     log: Arc<dyn StreamLog>,
     archiver: Archiver,
-    state: AppState,
-    operator: String,
-    owner: String,
+    pub(crate) state: AppState,
+    pub(crate) operator: String,
+    pub(crate) owner: String,
     stranger: String,
 }
 
 impl Stack {
-    async fn new(chunk_rows: usize) -> Self {
+    pub(crate) async fn new(chunk_rows: usize) -> Self {
         Self::on(Backend::Embedded, chunk_rows).await
     }
 
@@ -147,7 +147,7 @@ impl Stack {
         Self { _dir: dir, store, staging, log, archiver, state, operator, owner, stranger }
     }
 
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: Method,
         path: &str,
@@ -168,7 +168,7 @@ impl Stack {
     }
 
     /// Ingests transfers `numbers` and archives them into the warehouse.
-    async fn history(&self, numbers: std::ops::Range<u64>) {
+    pub(crate) async fn history(&self, numbers: std::ops::Range<u64>) {
         let ndjson: String = numbers.map(|n| transfer(n).to_string() + "\n").collect();
         let request = Request::builder()
             .method(Method::POST)
@@ -181,7 +181,7 @@ impl Stack {
         self.archiver.drain().await.unwrap();
     }
 
-    async fn create(&self, body: Value) -> String {
+    pub(crate) async fn create(&self, body: Value) -> String {
         let (status, created) =
             self.call(Method::POST, "/api/v1/beam/backfills", &self.owner, Some(body)).await;
         assert_eq!(status, StatusCode::OK, "{created}");
@@ -191,7 +191,7 @@ impl Stack {
         job_id
     }
 
-    async fn job(&self, job_id: &str) -> Value {
+    pub(crate) async fn job(&self, job_id: &str) -> Value {
         let (status, job) = self
             .call(Method::GET, &format!("/api/v1/beam/backfills/{job_id}"), &self.owner, None)
             .await;
@@ -200,7 +200,7 @@ impl Stack {
     }
 
     /// Polls the job until its status is `status` (a generous deadline fails the test).
-    async fn until(&self, job_id: &str, status: &str) -> Value {
+    pub(crate) async fn until(&self, job_id: &str, status: &str) -> Value {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let job = self.job(job_id).await;
@@ -241,7 +241,7 @@ impl Stack {
     }
 }
 
-fn body(start: u64, end: u64, destinations: Value) -> Value {
+pub(crate) fn body(start: u64, end: u64, destinations: Value) -> Value {
     json!({
         "job_name": "usdc in march",
         "table": "base.assets.erc20_token_transfers",

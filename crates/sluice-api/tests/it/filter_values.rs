@@ -217,8 +217,11 @@ async fn query_parameters_are_checked_with_their_location(redis: bool) {
 
     let (status, page) = h.get(&format!("{path}?count=10000&cursor=0"), &ann).await;
     assert_eq!((status, page["values"].as_array().unwrap().len()), (OK, 3));
-    let (status, page) = h.get(&format!("{path}?count=1&unknown=1"), &ann).await;
-    assert_eq!(status, OK, "unknown query parameters are ignored");
+    let (status, answer) = h.get(&format!("{path}?count=1&unknown=1"), &ann).await;
+    assert_eq!(status, UNPROCESSABLE, "an unknown query parameter is refused");
+    assert_eq!(violations(&answer), [(json!(["query", "unknown"]), "extra_forbidden".to_owned())]);
+    let (status, page) = h.get(&format!("{path}?count=1"), &ann).await;
+    assert_eq!(status, OK);
     assert_eq!(page["values"].as_array().unwrap().len(), 1);
     assert_eq!(page["total_count"], 3);
     let (status, page) = h.get(&format!("{path}?cursor=999999"), &ann).await;

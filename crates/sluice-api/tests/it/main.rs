@@ -20,6 +20,7 @@ mod prices;
 mod scripts;
 mod services;
 mod sink_outage;
+mod spec;
 mod stats;
 mod tenancy;
 mod transforms;

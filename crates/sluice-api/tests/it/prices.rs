@@ -24,7 +24,7 @@ const USDC: &str = "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913";
 const WETH: &str = "0x4200000000000000000000000000000000000006";
 const AERO: &str = "0x940181a94a35a4569e4529a3cdfb74e38fd98631";
 
-struct Stack {
+pub(crate) struct Stack {
     _dir: tempfile::TempDir,
     clock: Arc<ManualClock>,
     log: Arc<EmbeddedLog>,
@@ -64,7 +64,7 @@ async fn key_for(store: &dyn MetadataStore, user: &str, operator: bool) -> Strin
 }
 
 impl Stack {
-    async fn new() -> Self {
+    pub(crate) async fn new() -> Self {
         Self::with_page(PriceSettings::default().history_page_points).await
     }
 
@@ -139,7 +139,7 @@ impl Stack {
         self.settle(&format!("{chain}.{entity}")).await;
     }
 
-    async fn ingest(&self, records: &[Value]) {
+    pub(crate) async fn ingest(&self, records: &[Value]) {
         self.ingest_to("base", "dex_trade", records).await;
     }
 
@@ -161,14 +161,14 @@ impl Stack {
         }
     }
 
-    async fn latest(&self, tokens: &[(&str, &str)], query: &str) -> (StatusCode, Value) {
+    pub(crate) async fn latest(&self, tokens: &[(&str, &str)], query: &str) -> (StatusCode, Value) {
         let body: Vec<Value> =
             tokens.iter().map(|(c, t)| json!({"chain": c, "token_address": t})).collect();
         let path = format!("/api/v1/developer/prices{query}");
         self.call(&path, Some(&self.user), Body::from(Value::from(body).to_string())).await
     }
 
-    async fn history(&self, body: Value, cursor: Option<&str>) -> (StatusCode, Value) {
+    pub(crate) async fn history(&self, body: Value, cursor: Option<&str>) -> (StatusCode, Value) {
         let path = match cursor {
             None => "/api/v1/developer/prices/history".to_owned(),
             Some(cursor) => format!("/api/v1/developer/prices/history?cursor={cursor}"),
@@ -213,7 +213,7 @@ fn points(item: &Value) -> Vec<(String, [f64; 5])> {
         .collect()
 }
 
-fn history_body(tokens: &[&str], granularity: &str, from: i64, to: i64) -> Value {
+pub(crate) fn history_body(tokens: &[&str], granularity: &str, from: i64, to: i64) -> Value {
     let addresses: Vec<Value> =
         tokens.iter().map(|t| json!({"chain": "base", "token_address": t})).collect();
     json!({
@@ -226,7 +226,7 @@ fn history_body(tokens: &[&str], granularity: &str, from: i64, to: i64) -> Value
 
 /// A Base DEX trade of `token` at `noon() + second`: `amount` tokens for `usd` dollars.
 /// `n` makes the transaction hash; the log index is 1.
-fn trade(token: &str, second: i64, amount: &str, usd: &str, n: u64) -> Value {
+pub(crate) fn trade(token: &str, second: i64, amount: &str, usd: &str, n: u64) -> Value {
     json!({
         "chain": "base",
         "token_address": token,

@@ -693,3 +693,45 @@ async fn failed_sink_writes_are_output_errors_and_the_held_batch_is_sent_once() 
     let samples = parse_prometheus(&text);
     assert_eq!(samples[&format!("sluice_pipeline_output_errors_total{{config_id=\"{id}\"}}")], 3.0);
 }
+
+#[tokio::test]
+async fn stats_say_whether_a_pipeline_is_deployed_paused_or_not_and_since_when() {
+    let h = crate::harness::Harness::new().await;
+    let ann = h.user("acme", "data", "ann").await;
+    let id =
+        h.create(&ann, crate::harness::pipeline_body("p")).await["id"].as_str().unwrap().to_owned();
+    let stats = || async {
+        let (status, body) = h.get(&format!("/api/v1/beam/{id}/deploy/stats"), &ann).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        (body["status"].clone(), body["deployed_at"].clone())
+    };
+    let post = |action: &'static str| {
+        let path = format!("/api/v1/beam/{id}/{action}");
+        let h = &h;
+        let ann = &ann;
+        async move {
+            let (status, body) = h.call(Method::POST, &path, Some(&ann.key), None).await;
+            assert_eq!(status, StatusCode::OK, "{action}: {body}");
+        }
+    };
+    assert_eq!(stats().await, (json!("not_deployed"), Value::Null));
+    let now = || sluice_core::clock::Clock::now(h.clock.as_ref());
+    let first = sluice_core::time::format(now());
+    post("deploy").await;
+    assert_eq!(stats().await, (json!("deployed"), json!(first)));
+    // Pauses, resumes and redeploys keep the time of the deployment.
+    h.clock.advance(chrono::Duration::minutes(3));
+    post("pause").await;
+    assert_eq!(stats().await, (json!("paused"), json!(first)));
+    h.clock.advance(chrono::Duration::minutes(3));
+    post("deploy").await;
+    post("deploy").await;
+    assert_eq!(stats().await, (json!("deployed"), json!(first)));
+    // A teardown ends it; the next deploy is a new deployment.
+    post("teardown").await;
+    assert_eq!(stats().await, (json!("not_deployed"), Value::Null));
+    h.clock.advance(chrono::Duration::minutes(3));
+    let second = sluice_core::time::format(now());
+    post("deploy").await;
+    assert_eq!(stats().await, (json!("deployed"), json!(second)));
+}

@@ -423,17 +423,36 @@ fn valid_kafka_topic(topic: &str) -> bool {
         && topic.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-/// Checks that `text` is an absolute URL with one of `schemes` and a host.
+/// Checks that `text` is an absolute URL with one of `schemes` and a host. The message
+/// shows what was given, with what may be a key hidden (webhook URLs carry tokens in the
+/// path or the query).
 fn check_url(text: &str, schemes: &[&str]) -> Result<(), String> {
     let scheme_list = one_of(schemes);
+    let shown = crate::redaction::redact_url(text);
     let Ok(url) = url::Url::parse(text) else {
-        return Err(format!("'{text}' is not a valid URL"));
+        return Err(format!("'{shown}' is not a valid URL"));
     };
     if !schemes.contains(&url.scheme()) {
-        return Err(format!("the URL scheme must be {scheme_list}"));
+        return Err(format!("the URL scheme must be {scheme_list}, not '{shown}'"));
     }
     if url.host_str().is_none_or(str::is_empty) {
-        return Err("the URL needs a host".to_owned());
+        return Err(format!("the URL needs a host: '{shown}'"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_url;
+
+    #[test]
+    fn url_errors_show_what_was_given_without_its_keys() {
+        let error = check_url("hooks.example/v1/0123456789abcdef0123", &["http", "https"]);
+        assert_eq!(error.unwrap_err(), "'hooks.example/v1/***' is not a valid URL");
+        let error = check_url("ftp://u:pw@hooks.example/x?token=abc", &["http", "https"]);
+        let error = error.unwrap_err();
+        assert!(error.contains("'ftp://u:***@hooks.example/x?***'"), "{error}");
+        assert!(!error.contains("pw") && !error.contains("abc"), "{error}");
+        assert!(check_url("https://hooks.example/x", &["http", "https"]).is_ok());
+    }
 }

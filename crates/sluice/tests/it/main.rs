@@ -12,5 +12,8 @@ mod kafka_bus;
 mod kill_loop;
 mod postgres_runtime;
 mod process;
+mod readme;
+mod scripts;
 mod serve;
 mod solana;
+mod start;

@@ -89,9 +89,15 @@ impl Server {
         }
     }
 
-    /// Every stdout line printed so far.
+    /// Every stdout line printed so far. The server prints the first operator's key just
+    /// before it serves, so the reading thread may still hold it when `/readyz` answers: lines
+    /// are taken until none came for 200 ms.
     pub fn printed(&self) -> Vec<String> {
-        self.stdout.try_iter().collect()
+        let mut lines = Vec::new();
+        while let Ok(line) = self.stdout.recv_timeout(Duration::from_millis(200)) {
+            lines.push(line);
+        }
+        lines
     }
 
     /// Sends SIGTERM and waits for the exit; true when it exited successfully.

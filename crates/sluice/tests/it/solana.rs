@@ -416,18 +416,10 @@ async fn wait_last_error(client: &reqwest::Client, base: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_unreachable_node_shows_its_error_at_once() {
-    let dir = tempfile::tempdir().unwrap();
+async fn a_node_that_goes_down_shows_its_error_at_once() {
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
-    // Down from the start.
-    let dead = format!("http://127.0.0.1:{}", free_port());
-    let server =
-        Server::start(serve_command(dir.path(), port, &solana_table(&dead, "1", "")), port);
-    assert!(wait_last_error(&client, &base).await.contains(&dead));
-    drop(server);
-
     // Down while ingesting: the step is still retrying when the status shows why.
     let chain = Chain::Generated { first_slot: 10, last_slot: 1_000_000, initial: 20, slot_ms: 10 };
     let genesis = "LocalGenesis1111111111111111111111111111111";
