@@ -274,6 +274,14 @@ async fn a_set_filter_pipeline_on_one_signer_gets_exactly_its_transactions() {
     delivered.sort();
     assert_eq!(delivered, expected, "exactly the signer's transactions");
     assert!(records.iter().all(|r| r["value"]["signer"] == SIGNERS[1]));
+
+    // Slots show in /metrics as EVM blocks do.
+    let response =
+        client.get(format!("{base}/metrics")).header("x-api-key", KEY).send().await.unwrap();
+    let metrics = response.text().await.unwrap();
+    assert!(metrics.contains("sluice_chain_ingested_block{chain=\"solana\"}"), "{metrics}");
+    assert!(metrics.contains("sluice_chain_lag_blocks{chain=\"solana\"}"), "{metrics}");
+    assert!(status["lag_seconds"].is_u64(), "{status}");
 }
 
 /// Waits until the ingester has read the node's slot once.
