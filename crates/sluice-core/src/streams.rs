@@ -608,10 +608,19 @@ impl RecordWriter {
     /// [`RecordError::UnknownEntity`], and for entities whose records are wrapped in an
     /// envelope (their fields are not all at the top level).
     pub fn new(entity: &str) -> Result<Self, InvalidRecord> {
+        Self::with_capacity(entity, 640)
+    }
+
+    /// [`RecordWriter::new`] with room for a record of about `bytes` (large records grow
+    /// their text once, not by doubling).
+    ///
+    /// # Errors
+    /// As [`RecordWriter::new`].
+    pub fn with_capacity(entity: &str, bytes: usize) -> Result<Self, InvalidRecord> {
         let schema = entity_schema(entity)
             .filter(|schema| schema.envelope.is_none())
             .ok_or_else(|| RecordError::UnknownEntity { entity: entity.into() })?;
-        let mut text = Vec::with_capacity(640);
+        let mut text = Vec::with_capacity(bytes);
         text.push(b'{');
         Ok(Self {
             schema,

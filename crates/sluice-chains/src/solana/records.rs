@@ -159,7 +159,10 @@ fn transaction(
         .first()
         .ok_or_else(|| malformed(slot, &format!("transaction {index} has no accounts")))?;
 
-    let mut w = RecordWriter::new(ENTITY).map_err(|error| malformed(slot, &error))?;
+    // About the record's size: the metadata's text, each account as an object, the rest.
+    let estimate = entry.meta.map_or(0, |raw| raw.get().len()) + accounts.len() * 96 + 1024;
+    let mut w =
+        RecordWriter::with_capacity(ENTITY, estimate).map_err(|error| malformed(slot, &error))?;
     let account_list: Vec<AccountOut<'_>> = accounts
         .iter()
         .map(|a| AccountOut {
