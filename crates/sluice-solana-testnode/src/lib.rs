@@ -307,6 +307,15 @@ impl State {
         self.head().saturating_sub(FINALIZED_LAG)
     }
 
+    /// The newest slot with the commitment a call's config names (`finalized` by default).
+    fn at_commitment(&self, config: &Value) -> u64 {
+        match config["commitment"].as_str() {
+            Some("processed") => self.head(),
+            Some("confirmed") => self.head().saturating_sub(1),
+            _ => self.committed(),
+        }
+    }
+
     fn first_slot(&self) -> u64 {
         match &self.chain {
             Chain::Fixtures => 0,
@@ -386,15 +395,7 @@ impl State {
         let params = call.get("params").cloned().unwrap_or(Value::Null);
         let result = match call.get("method").and_then(Value::as_str).unwrap_or("") {
             "getGenesisHash" => Ok(json!(self.genesis_hash).to_string()),
-            "getSlot" => {
-                let commitment = params[0]["commitment"].as_str().unwrap_or("finalized");
-                let slot = match commitment {
-                    "processed" => self.head(),
-                    "confirmed" => self.head().saturating_sub(1),
-                    _ => self.committed(),
-                };
-                Ok(slot.to_string())
-            }
+            "getSlot" => Ok(self.at_commitment(&params[0]).to_string()),
             "getBlocks" => self.blocks(&params),
             "getBlock" => self.block(&params),
             _ => Err((-32601, "Method not found".to_owned())),
@@ -410,7 +411,7 @@ impl State {
 
     fn blocks(&self, params: &Value) -> Result<String, (i64, String)> {
         let start = params[0].as_u64().ok_or((-32602, "Invalid params".to_owned()))?;
-        let committed = self.committed();
+        let committed = self.at_commitment(&params[2]);
         let end = params[1].as_u64().unwrap_or(committed).min(committed);
         if end.saturating_sub(start) > 500_000 {
             return Err((-32602, "Slot range too large; max 500000".to_owned()));
@@ -431,7 +432,7 @@ impl State {
         if params[1]["encoding"] != "json" || params[1]["maxSupportedTransactionVersion"] != 0 {
             return Err((-32602, "this test node serves encoding json, version 0".to_owned()));
         }
-        if slot > self.committed() {
+        if slot > self.at_commitment(&params[1]) {
             return Err((-32004, format!("Block not available for slot {slot}")));
         }
         if !self.produced(slot) {

@@ -441,3 +441,24 @@ async fn a_node_that_goes_down_shows_its_error_at_once() {
     let error = wait_last_error(&client, &base).await;
     assert!(error.contains(&url) && error.contains("connection failed"), "{error}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn confirmed_commitment_reads_past_the_finalized_slot() {
+    let chain = Chain::Generated { first_slot: 100, last_slot: 10_000, initial: 40, slot_ms: 0 };
+    let genesis = "LocalGenesis1111111111111111111111111111111";
+    let node = TestNode::start(chain, genesis, Faults::default());
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let extra = format!("genesis_hash = \"{genesis}\"\ncommitment = \"confirmed\"\n");
+    let dir = tempfile::tempdir().unwrap();
+    let _server = Server::start(
+        serve_command(dir.path(), port, &solana_table(&node.url, "100", &extra)),
+        port,
+    );
+    // The test node's head is 140, its confirmed slot 139 and its finalized slot 136.
+    assert_eq!(node.finalized_slot(), 136);
+    let status = wait_ingested(&client, &base, 139).await;
+    assert_eq!(status["finalized"], 139, "the slot with the chosen commitment: {status}");
+    assert_eq!(status["head"], 140, "{status}");
+}
