@@ -46,6 +46,8 @@ enum Command {
 
 /// mimalloc rather than the system allocator: the pipeline hot path allocates a buffer per
 /// record read, and glibc's malloc cost about 20 % of a worker's time (BENCHMARKS.md §2).
+/// Built without transparent huge pages (the workspace's `no_thp` feature, BENCHMARKS.md
+/// §20).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
