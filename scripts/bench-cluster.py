@@ -509,8 +509,8 @@ def failover_many(args):
                         mine = [item for item in body["items"] if item["name"] == survivor.name]
                         if mine and "all listed" not in detected and len(mine[0]["workers"]) >= len(pipelines):
                             detected["all listed"] = time.time() - killed
-                except OSError:
-                    pass
+                except (OSError, KeyError, TypeError) as error:
+                    detected.setdefault("errors", []).append(repr(error))
                 time.sleep(0.1)
 
         watcher = threading.Thread(target=watch, daemon=True)
@@ -535,6 +535,9 @@ def failover_many(args):
                 time.sleep(0.2)
         all_back = max(back.values()) if not pending else None
         moved = [back[i] for i in on_victim if i in back]
+        until = time.time() + 5
+        while not ("gone" in detected and "all listed" in detected) and time.time() < until:
+            time.sleep(0.1)
         watching.set()
         watcher.join()
         if pending:
@@ -549,6 +552,9 @@ def failover_many(args):
                      min(moved) if moved else 0, max(moved) if moved else 0, percentile(moved, 50) or 0,
                      victim.name, "%.1f" % detected["gone"] if "gone" in detected else "?", len(pipelines),
                      "%.1f" % detected["all listed"] if "all listed" in detected else "?"), flush=True)
+        if detected.get("errors"):
+            print("GET /api/v1/nodes failed %d times (first: %s)" % (len(detected["errors"]), detected["errors"][0]),
+                  flush=True)
         figures["failover s"] = all_back
 
         # The feed goes on; then the survivor's threads, RSS and CPU with all N.
