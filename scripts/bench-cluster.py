@@ -476,9 +476,9 @@ def failover_many(args):
             print("before the kill: %s %d threads, %.0f MiB RSS" % (node.name, threads, rss), flush=True)
 
         # The checked pipelines: half of them among the killed node's, half among the other's.
-        half = args.checked // 2
-        chosen = on_victim[:args.checked - min(half, len(on_survivor))] + on_survivor[:half]
-        chosen = chosen[:args.checked]
+        # (When one side has fewer, the other makes up the count: --checked N checks them all.)
+        take_victim = min(len(on_victim), args.checked - min(args.checked // 2, len(on_survivor)))
+        chosen = on_victim[:take_victim] + on_survivor[:args.checked - take_victim]
         checked = [(i, pipelines[i]) for i in chosen]
         feed = Feed(nodes, checked, args.feed_rate, args.matching)
         feed.start()
