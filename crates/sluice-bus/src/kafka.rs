@@ -9,9 +9,9 @@
 //! are Kafka's committed offsets of the group of the same name (prefixed).
 //!
 //! - Appends go through one idempotent producer (`acks=all`); an append returns once the
-//!   brokers acknowledged every record. A producer that librdkafka declares dead (a fatal
-//!   error: the broker fenced its producer id, say, as a busy broker may) is replaced by a
-//!   new one, and the append is sent once more through it; appends are at least once, so a
+//!   brokers acknowledged every record. A producer that is dead (librdkafka declared a
+//!   fatal error, or the broker fenced its producer id or epoch, as a busy tansu did) is
+//!   replaced by a new one, and the append is sent once more through it; appends are at least once, so a
 //!   record the dead producer did get through may be there twice.
 //! - Reads: [`readers`]. Watches: [`tails`]. Group offsets: [`groups`].
 //! - Clients: an admin client (group offsets too), a producer, a consumer for metadata and
@@ -703,19 +703,24 @@ impl KafkaLog {
         self.inner.producer.lock().expect("producer mutex is never poisoned").clone()
     }
 
-    /// Replaces `dead` (when it is still the producer) if librdkafka declared it dead;
-    /// answers whether a producer was dead.
-    fn replace_if_dead(&self, dead: &Arc<FutureProducer<Context>>) -> bool {
-        let Some(fatal) = dead.client().fatal_error() else { return false };
+    /// Replaces `dead` (when it is still the producer) if it is dead: librdkafka declared a
+    /// fatal error, or the broker fenced it (`fenced`: it answers every later produce with
+    /// the same error, though librdkafka does not call an idempotent producer's fencing
+    /// fatal). Answers whether it was dead.
+    fn replace_if_dead(&self, dead: &Arc<FutureProducer<Context>>, fenced: bool) -> bool {
+        let fatal = dead.client().fatal_error();
+        if fatal.is_none() && !fenced {
+            return false;
+        }
         let mut current = self.inner.producer.lock().expect("producer mutex is never poisoned");
         if Arc::ptr_eq(&current, dead) {
             match self.inner.producer_config.create_with_context(Context::default()) {
                 Ok(fresh) => {
-                    tracing::warn!(reason = ?fatal, "Kafka producer failed fatally; replaced by a new one");
+                    tracing::warn!(reason = ?fatal, fenced, "Kafka producer failed fatally; replaced by a new one");
                     *current = Arc::new(fresh);
                 }
                 Err(error) => {
-                    tracing::error!(%error, reason = ?fatal, "Kafka producer failed fatally and a new one could not be made");
+                    tracing::error!(%error, reason = ?fatal, fenced, "Kafka producer failed fatally and a new one could not be made");
                 }
             }
         }
@@ -726,21 +731,24 @@ impl KafkaLog {
     /// new producer when the producer died during the append.
     async fn append_slice(&self, topic: &str, records: &[NewRecord]) -> Result<Vec<Position>> {
         let producer = self.producer();
-        match self.append_with(&producer, topic, records).await {
-            Err(error) if self.replace_if_dead(&producer) => {
+        let mut fenced = false;
+        match self.append_with(&producer, topic, records, &mut fenced).await {
+            Err(error) if self.replace_if_dead(&producer, fenced) => {
                 tracing::debug!(%error, topic, "append failed on a dead producer; sent again");
                 let fresh = self.producer();
-                self.append_with(&fresh, topic, records).await
+                self.append_with(&fresh, topic, records, &mut fenced).await
             }
             answer => answer,
         }
     }
 
+    /// Appends through `producer`; sets `fenced` when the broker said it fenced it.
     async fn append_with(
         &self,
         producer: &FutureProducer<Context>,
         topic: &str,
         records: &[NewRecord],
+        fenced: &mut bool,
     ) -> Result<Vec<Position>> {
         let config = self.existing(topic).await?;
         let name = self.name(topic);
@@ -763,7 +771,10 @@ impl KafkaLog {
                         message = back;
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
-                    Err((error, _)) => return Err(self.produce_error(topic, error)),
+                    Err((error, _)) => {
+                        *fenced = is_fenced(&error);
+                        return Err(self.produce_error(topic, error));
+                    }
                 }
             }
         }
@@ -782,6 +793,7 @@ impl KafkaLog {
             }
         }
         if let Some(error) = failed {
+            *fenced = is_fenced(&error);
             return Err(self.produce_error(topic, error));
         }
         let mut ends: BTreeMap<u32, u64> = BTreeMap::new();
@@ -804,6 +816,19 @@ impl KafkaLog {
         }
         backend(error)
     }
+}
+
+/// Whether a produce failed because the broker no longer accepts the producer's id or epoch.
+fn is_fenced(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::UnknownProducerId
+                | RDKafkaErrorCode::Fenced
+        )
+    )
 }
 
 /// Runs blocking librdkafka calls off the async threads, on [`BLOCKING_THREADS`] threads of
@@ -1022,6 +1047,16 @@ mod tests {
             KafkaError::MessageConsumption(RDKafkaErrorCode::UnknownTopicOrPartition),
         ] {
             assert!(!is_end_of_partition(&problem), "{problem}");
+        }
+    }
+
+    #[test]
+    fn a_fenced_producer_id_or_epoch_is_a_dead_producer() {
+        for fenced in [RDKafkaErrorCode::ProducerFenced, RDKafkaErrorCode::InvalidProducerEpoch] {
+            assert!(is_fenced(&KafkaError::MessageProduction(fenced)), "{fenced:?}");
+        }
+        for other in [RDKafkaErrorCode::QueueFull, RDKafkaErrorCode::MessageTimedOut] {
+            assert!(!is_fenced(&KafkaError::MessageProduction(other)), "{other:?}");
         }
     }
 

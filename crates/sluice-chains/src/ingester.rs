@@ -130,34 +130,8 @@ impl Ingester {
         let _heads = self.config.ws_url.clone().map(|ws_url| {
             AbortOnDrop(tokio::spawn(crate::heads::follow(chain.clone(), ws_url, wake.clone())))
         });
-        let mut failures = 0u32;
-        loop {
-            match self.step().await {
-                Ok(progressed) => {
-                    if failures > 0 {
-                        self.status.error(None);
-                    }
-                    failures = 0;
-                    if !progressed {
-                        tokio::select! {
-                            () = tokio::time::sleep(self.config.poll_interval) => {}
-                            () = wake.notified() => {}
-                        }
-                    }
-                }
-                Err(error) => {
-                    failures = failures.saturating_add(1);
-                    tracing::warn!(%chain, %error, failures, "chain ingester step failed; retrying");
-                    self.status.error(Some(error.to_string()));
-                    let delay = self
-                        .config
-                        .poll_interval
-                        .saturating_mul(1 << failures.min(5))
-                        .min(MAX_ERROR_BACKOFF);
-                    tokio::time::sleep(delay).await;
-                }
-            }
-        }
+        let (status, poll) = (self.status.clone(), self.config.poll_interval);
+        run_rounds(&mut self, &chain, &status, poll, &wake).await;
     }
 
     /// One round: start (or resume) if needed, read the next range, finalize what is final.
@@ -580,8 +554,56 @@ fn collect<'a>(blocks: impl Iterator<Item = &'a BlockRecords>, entity: &str) -> 
         .collect()
 }
 
-/// Stops a task when dropped (the heads follower ends with its ingester).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// An ingester's rounds, as [`run_rounds`] drives them.
+pub(crate) trait Rounds {
+    /// One round; true when it moved (so the next starts without waiting).
+    async fn step(&mut self) -> Result<bool, ChainError>;
+}
+
+impl Rounds for Ingester {
+    async fn step(&mut self) -> Result<bool, ChainError> {
+        Ingester::step(self).await
+    }
+}
+
+/// Runs `ingester`'s rounds until the task is dropped: after a round that did not move it
+/// waits `poll` (or until `wake`); a failed round is logged, shown in `status` and tried
+/// again after a backoff doubling from `poll` up to [`MAX_ERROR_BACKOFF`].
+pub(crate) async fn run_rounds(
+    ingester: &mut impl Rounds,
+    chain: &str,
+    status: &ChainStatus,
+    poll: Duration,
+    wake: &tokio::sync::Notify,
+) {
+    let mut failures = 0u32;
+    loop {
+        match ingester.step().await {
+            Ok(progressed) => {
+                if failures > 0 {
+                    status.error(None);
+                }
+                failures = 0;
+                if !progressed {
+                    tokio::select! {
+                        () = tokio::time::sleep(poll) => {}
+                        () = wake.notified() => {}
+                    }
+                }
+            }
+            Err(error) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!(%chain, %error, failures, "chain ingester step failed; retrying");
+                status.error(Some(error.to_string()));
+                let delay = poll.saturating_mul(1 << failures.min(5)).min(MAX_ERROR_BACKOFF);
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// Stops a task when dropped (a heads or slots follower ends with its ingester).
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

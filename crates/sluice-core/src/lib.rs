@@ -8,6 +8,7 @@
 //! then [`catalog`] and [`permission`].
 
 pub mod backfill;
+pub mod base58;
 pub mod catalog;
 pub mod clock;
 pub mod datasets;

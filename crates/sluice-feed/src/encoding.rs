@@ -4,7 +4,6 @@ use rand::Rng;
 use rand::rngs::StdRng;
 
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
-const BASE58_ALPHABET: &[u8; 58] = b"123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz";
 
 /// `0x` + lowercase hex of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
@@ -36,25 +35,7 @@ pub(crate) fn random_hash(rng: &mut StdRng) -> String {
 
 /// Bitcoin-alphabet base58, as Solana writes keys, hashes and signatures.
 pub(crate) fn base58(bytes: &[u8]) -> String {
-    let zeros = bytes.iter().take_while(|&&b| b == 0).count();
-    // Little-endian base-58 digits of the big-endian number `bytes`.
-    let mut digits: Vec<u8> = Vec::with_capacity(bytes.len() * 138 / 100 + 1);
-    for &byte in &bytes[zeros..] {
-        let mut carry = u32::from(byte);
-        for digit in &mut digits {
-            carry += u32::from(*digit) << 8;
-            *digit = (carry % 58) as u8;
-            carry /= 58;
-        }
-        while carry > 0 {
-            digits.push((carry % 58) as u8);
-            carry /= 58;
-        }
-    }
-    let mut text = String::with_capacity(zeros + digits.len());
-    text.extend(std::iter::repeat_n('1', zeros));
-    text.extend(digits.iter().rev().map(|&d| char::from(BASE58_ALPHABET[usize::from(d)])));
-    text
+    sluice_core::base58::encode(bytes)
 }
 
 /// Base58 of `n` random bytes (32 for a Solana key or hash, 64 for a signature).

@@ -217,27 +217,9 @@ fn bytes(seed: u64, len: usize) -> Vec<u8> {
     out
 }
 
-/// Bitcoin's base58 alphabet, as Solana writes keys and signatures.
+/// Bitcoin-alphabet base58, as Solana writes keys and signatures.
 pub fn base58(input: &[u8]) -> String {
-    const ALPHABET: &[u8; 58] = b"123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz";
-    let mut digits: Vec<u8> = Vec::new();
-    for &byte in input {
-        let mut carry = u32::from(byte);
-        for digit in &mut digits {
-            carry += u32::from(*digit) << 8;
-            *digit = (carry % 58) as u8;
-            carry /= 58;
-        }
-        while carry > 0 {
-            digits.push((carry % 58) as u8);
-            carry /= 58;
-        }
-    }
-    let zeros = input.iter().take_while(|b| **b == 0).count();
-    std::iter::repeat_n(b'1', zeros)
-        .chain(digits.iter().rev().map(|d| ALPHABET[usize::from(*d)]))
-        .map(char::from)
-        .collect()
+    sluice_core::base58::encode(input)
 }
 
 /// The `json` encoding of a `jsonParsed` block (see the fixtures' README for what is lost).
@@ -530,15 +512,4 @@ fn generated_block(slot: u64, first_slot: u64) -> Value {
         "previousBlockhash": blockhash(parent),
         "transactions": transactions,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn base58_matches_known_values() {
-        assert_eq!(base58(&[0; 32]), "11111111111111111111111111111111");
-        assert_eq!(base58(b"hello world"), "StV1DL6CwTryKyV");
-    }
 }

@@ -11,7 +11,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sluice_core::streams::StreamRecord;
 
@@ -21,12 +20,10 @@ use super::records::{self, ENTITY};
 use crate::ChainError;
 use crate::config::StartBlock;
 use crate::fetch::Header;
+use crate::ingester::{AbortOnDrop, Rounds, run_rounds};
 use crate::rpc::RpcClient;
 use crate::sink::{ChainSink, Checkpoint};
 use crate::status::ChainStatus;
-
-/// Longest wait between attempts after errors.
-const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(30);
 
 /// One Solana chain's ingester.
 pub struct SolanaIngester {
@@ -98,34 +95,8 @@ impl SolanaIngester {
                 wake.clone(),
             )))
         });
-        let mut failures = 0u32;
-        loop {
-            match self.step().await {
-                Ok(progressed) => {
-                    if failures > 0 {
-                        self.status.error(None);
-                    }
-                    failures = 0;
-                    if !progressed {
-                        tokio::select! {
-                            () = tokio::time::sleep(self.config.poll_interval) => {}
-                            () = wake.notified() => {}
-                        }
-                    }
-                }
-                Err(error) => {
-                    failures = failures.saturating_add(1);
-                    tracing::warn!(%chain, %error, failures, "solana ingester step failed; retrying");
-                    self.status.error(Some(error.to_string()));
-                    let delay = self
-                        .config
-                        .poll_interval
-                        .saturating_mul(1 << failures.min(5))
-                        .min(MAX_ERROR_BACKOFF);
-                    tokio::time::sleep(delay).await;
-                }
-            }
-        }
+        let (status, poll) = (self.status.clone(), self.config.poll_interval);
+        run_rounds(&mut self, &chain, &status, poll, &wake).await;
     }
 
     /// One round: start (or resume) if needed, list the next produced slots, read up to
@@ -265,11 +236,8 @@ impl SolanaIngester {
     }
 }
 
-/// Stops a task when dropped (the slot follower ends with its ingester).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+impl Rounds for SolanaIngester {
+    async fn step(&mut self) -> Result<bool, ChainError> {
+        SolanaIngester::step(self).await
     }
 }
