@@ -104,8 +104,9 @@ impl Reader {
         for &partition in partitions {
             let mut from = next[&partition];
             let (mut taken, mut passed) = (0, 0);
+            // A batch at a time, so that what passes stays under two batches a partition.
             while taken < most && passed < self.batch_size {
-                let max = if taken == 0 { self.batch_size } else { most - taken };
+                let max = self.batch_size.min(most - taken);
                 // After the first, only what the window holds: a worker at the front of its
                 // run reads one shared batch a round, and the workers behind it catch up.
                 let chunk = match self.stream.read(partition, from, max, taken == 0).await {
