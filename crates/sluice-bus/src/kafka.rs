@@ -727,74 +727,41 @@ impl KafkaLog {
         true
     }
 
-    /// Appends records (as [`StreamLog::append`]) without taking them; once more through a
-    /// new producer when the producer died during the append.
+    /// Appends records (as [`StreamLog::append`]) without taking them. When the producer
+    /// died during the append, the records it did not get through are sent once more through
+    /// a new one (all of them if one got through after one that failed in the same
+    /// partition, so that a partition's order holds).
     async fn append_slice(&self, topic: &str, records: &[NewRecord]) -> Result<Vec<Position>> {
-        let producer = self.producer();
-        let mut fenced = false;
-        match self.append_with(&producer, topic, records, &mut fenced).await {
-            Err(error) if self.replace_if_dead(&producer, fenced) => {
-                tracing::debug!(%error, topic, "append failed on a dead producer; sent again");
-                let fresh = self.producer();
-                self.append_with(&fresh, topic, records, &mut fenced).await
-            }
-            answer => answer,
-        }
-    }
-
-    /// Appends through `producer`; sets `fenced` when the broker said it fenced it.
-    async fn append_with(
-        &self,
-        producer: &FutureProducer<Context>,
-        topic: &str,
-        records: &[NewRecord],
-        fenced: &mut bool,
-    ) -> Result<Vec<Position>> {
         let config = self.existing(topic).await?;
         let name = self.name(topic);
-        let now_ms = self.inner.clock.now().timestamp_millis();
-        let mut pending = Vec::with_capacity(records.len());
-        for record in records {
-            let partition = partition_for_key(&record.key, config.partitions);
-            let mut message = FutureRecord::to(&name)
-                .partition(partition as i32)
-                .key(&record.key[..])
-                .payload(&record.value[..])
-                .timestamp(now_ms);
-            loop {
-                match producer.send_result(message) {
-                    Ok(delivery) => {
-                        pending.push(delivery);
-                        break;
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                        message = back;
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
-                    Err((error, _)) => {
-                        *fenced = is_fenced(&error);
-                        return Err(self.produce_error(topic, error));
-                    }
-                }
+        let partition_of = |record: &NewRecord| partition_for_key(&record.key, config.partitions);
+        let producer = self.producer();
+        let all: Vec<usize> = (0..records.len()).collect();
+        let mut sent = self.send(&producer, &name, records, &all, &partition_of).await?;
+        let failed: Vec<usize> = (0..records.len()).filter(|&at| sent[at].is_err()).collect();
+        let fenced = failed.iter().any(|&at| sent[at].as_ref().is_err_and(is_fenced));
+        if !failed.is_empty() && self.replace_if_dead(&producer, fenced) {
+            let mut failed_seen: HashMap<u32, bool> = HashMap::new();
+            let in_order = records.iter().zip(&sent).all(|(record, result)| {
+                let seen = failed_seen.entry(partition_of(record)).or_default();
+                *seen |= result.is_err();
+                result.is_err() || !*seen
+            });
+            let again = if in_order { failed } else { all };
+            tracing::debug!(
+                topic,
+                records = again.len(),
+                "append failed on a dead producer; sent again"
+            );
+            let fresh = self.producer();
+            let resent = self.send(&fresh, &name, records, &again, &partition_of).await?;
+            for (at, result) in again.into_iter().zip(resent) {
+                sent[at] = result;
             }
         }
-        let mut positions = Vec::with_capacity(pending.len());
-        let mut failed = None;
-        for delivery in pending {
-            match delivery.await {
-                Ok(Ok(delivered)) => positions.push(Position {
-                    partition: u32::try_from(delivered.partition).unwrap_or(0),
-                    offset: u64::try_from(delivered.offset).unwrap_or(0),
-                }),
-                Ok(Err((error, _))) => {
-                    failed.get_or_insert(error);
-                }
-                Err(_) => return Err(BusError::Closed),
-            }
-        }
-        if let Some(error) = failed {
-            *fenced = is_fenced(&error);
-            return Err(self.produce_error(topic, error));
+        let mut positions = Vec::with_capacity(records.len());
+        for result in sent {
+            positions.push(result.map_err(|error| self.produce_error(topic, error))?);
         }
         let mut ends: BTreeMap<u32, u64> = BTreeMap::new();
         for position in &positions {
@@ -806,6 +773,68 @@ impl KafkaLog {
         }
         self.inner.tails.wake(&name);
         Ok(positions)
+    }
+
+    /// Sends `records[at]` for each of `which` through `producer` to the Kafka topic `name`:
+    /// each one's position, or why it failed (a record not sent after a refusal fails with
+    /// that refusal).
+    async fn send(
+        &self,
+        producer: &FutureProducer<Context>,
+        name: &str,
+        records: &[NewRecord],
+        which: &[usize],
+        partition_of: &impl Fn(&NewRecord) -> u32,
+    ) -> Result<Vec<std::result::Result<Position, KafkaError>>> {
+        let now_ms = self.inner.clock.now().timestamp_millis();
+        let mut pending = Vec::with_capacity(which.len());
+        let mut refused: Option<KafkaError> = None;
+        for &at in which {
+            let record = &records[at];
+            if refused.is_some() {
+                pending.push(None);
+                continue;
+            }
+            let mut message = FutureRecord::to(name)
+                .partition(partition_of(record) as i32)
+                .key(&record.key[..])
+                .payload(&record.value[..])
+                .timestamp(now_ms);
+            loop {
+                match producer.send_result(message) {
+                    Ok(delivery) => {
+                        pending.push(Some(delivery));
+                        break;
+                    }
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        message = back;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    Err((error, _)) => {
+                        refused = Some(error);
+                        pending.push(None);
+                        break;
+                    }
+                }
+            }
+        }
+        let mut results = Vec::with_capacity(pending.len());
+        for delivery in pending {
+            let Some(delivery) = delivery else {
+                let error = refused.clone().expect("a record not sent follows a refusal");
+                results.push(Err(error));
+                continue;
+            };
+            results.push(match delivery.await {
+                Ok(Ok(delivered)) => Ok(Position {
+                    partition: u32::try_from(delivered.partition).unwrap_or(0),
+                    offset: u64::try_from(delivered.offset).unwrap_or(0),
+                }),
+                Ok(Err((error, _))) => Err(error),
+                Err(_) => return Err(BusError::Closed),
+            });
+        }
+        Ok(results)
     }
 
     /// A failed produce; a topic deleted behind this process is forgotten.
