@@ -11,8 +11,8 @@
 //! - Appends go through one idempotent producer (`acks=all`); an append returns once the
 //!   brokers acknowledged every record. A producer that is dead (librdkafka declared a
 //!   fatal error, or the broker fenced its producer id or epoch, as a busy tansu did) is
-//!   replaced by a new one, and the append is sent once more through it; appends are at least once, so a
-//!   record the dead producer did get through may be there twice.
+//!   replaced by a new one, and the records it did not get through are sent through that
+//!   (`append_slice`).
 //! - Reads: [`readers`]. Watches: [`tails`]. Group offsets: [`groups`].
 //! - Clients: an admin client (group offsets too), a producer, a consumer for metadata and
 //!   watermarks, [`readers::LANES`] fetching consumers and one tail consumer for the chain
