@@ -11,8 +11,8 @@
 //! - Appends go through one idempotent producer (`acks=all`); an append returns once the
 //!   brokers acknowledged every record. A producer that is dead (librdkafka declared a
 //!   fatal error, or the broker fenced its producer id or epoch, as a busy tansu did) is
-//!   replaced by a new one, and the records it did not get through are sent through that
-//!   (`append_slice`).
+//!   replaced by a new one ([`producer`]), and the records it did not get through are sent
+//!   through that (`append_slice`).
 //! - Reads: [`readers`]. Watches: [`tails`]. Group offsets: [`groups`].
 //! - Clients: an admin client (group offsets too), a producer, a consumer for metadata and
 //!   watermarks, [`readers::LANES`] fetching consumers and one tail consumer for the chain
@@ -25,10 +25,12 @@
 //! - Retention is the topics' `retention.ms` / `retention.bytes`, applied by the brokers;
 //!   [`StreamLog::enforce_retention`] has nothing to do.
 //!
-//! This file (about 880 lines) is the `StreamLog` implementation and its clients' setup;
-//! what grew on its own (readers, tails, group offsets, settings) is in the submodules.
+//! This file (about 950 lines besides its tests) is the `StreamLog` implementation and its
+//! clients' setup; what grew on its own (readers, tails, group offsets, settings, the
+//! producer) is in the submodules.
 
 mod groups;
+mod producer;
 mod readers;
 mod settings;
 mod tails;
@@ -43,13 +45,13 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::clock::Clock;
 
 pub use settings::KafkaSettings;
 
 use self::groups::GroupOffsets;
+use self::producer::{Producer, is_fenced, send};
 use self::readers::Readers;
 use self::tails::Tails;
 use crate::topics::check_name;
@@ -80,9 +82,8 @@ struct Inner {
     settings: KafkaSettings,
     clock: Arc<dyn Clock>,
     admin: Arc<AdminClient<Context>>,
-    /// The producer; replaced when librdkafka declares it dead ([`KafkaLog::producer`]).
-    producer: Mutex<Arc<FutureProducer<Context>>>,
-    producer_config: ClientConfig,
+    /// The producer, replaced when it dies ([`producer`]).
+    producer: Producer,
     /// Metadata, watermarks and time lookups.
     meta: Arc<BaseConsumer<Context>>,
     /// Bounds the blocking calls running at once.
@@ -128,8 +129,7 @@ impl KafkaLog {
             .set("message.max.bytes", MAX_MESSAGE_BYTES)
             .set("queue.buffering.max.messages", "1000000")
             .clone();
-        let producer: FutureProducer<Context> =
-            producer_config.create_with_context(context.clone()).map_err(backend)?;
+        let producer = Producer::new(producer_config, &context)?;
         let meta: BaseConsumer<Context> = consumer_config(&settings, None)
             .create_with_context(context.clone())
             .map_err(backend)?;
@@ -194,8 +194,7 @@ impl KafkaLog {
                 settings,
                 clock,
                 admin,
-                producer: Mutex::new(Arc::new(producer)),
-                producer_config,
+                producer,
                 meta,
                 blocking,
                 topics: Mutex::new(HashMap::new()),
@@ -698,35 +697,6 @@ impl StreamLog for KafkaLog {
 }
 
 impl KafkaLog {
-    /// The producer appends go through now.
-    fn producer(&self) -> Arc<FutureProducer<Context>> {
-        self.inner.producer.lock().expect("producer mutex is never poisoned").clone()
-    }
-
-    /// Replaces `dead` (when it is still the producer) if it is dead: librdkafka declared a
-    /// fatal error, or the broker fenced it (`fenced`: it answers every later produce with
-    /// the same error, though librdkafka does not call an idempotent producer's fencing
-    /// fatal). Answers whether it was dead.
-    fn replace_if_dead(&self, dead: &Arc<FutureProducer<Context>>, fenced: bool) -> bool {
-        let fatal = dead.client().fatal_error();
-        if fatal.is_none() && !fenced {
-            return false;
-        }
-        let mut current = self.inner.producer.lock().expect("producer mutex is never poisoned");
-        if Arc::ptr_eq(&current, dead) {
-            match self.inner.producer_config.create_with_context(Context::default()) {
-                Ok(fresh) => {
-                    tracing::warn!(reason = ?fatal, fenced, "Kafka producer failed fatally; replaced by a new one");
-                    *current = Arc::new(fresh);
-                }
-                Err(error) => {
-                    tracing::error!(%error, reason = ?fatal, fenced, "Kafka producer failed fatally and a new one could not be made");
-                }
-            }
-        }
-        true
-    }
-
     /// Appends records (as [`StreamLog::append`]) without taking them. When the producer
     /// died during the append, the records it did not get through are sent once more through
     /// a new one (all of them if one got through after one that failed in the same
@@ -735,12 +705,13 @@ impl KafkaLog {
         let config = self.existing(topic).await?;
         let name = self.name(topic);
         let partition_of = |record: &NewRecord| partition_for_key(&record.key, config.partitions);
-        let producer = self.producer();
+        let now_ms = self.inner.clock.now().timestamp_millis();
+        let producer = self.inner.producer.current();
         let all: Vec<usize> = (0..records.len()).collect();
-        let mut sent = self.send(&producer, &name, records, &all, &partition_of).await?;
+        let mut sent = send(&producer, &name, records, &all, &partition_of, now_ms).await?;
         let failed: Vec<usize> = (0..records.len()).filter(|&at| sent[at].is_err()).collect();
         let fenced = failed.iter().any(|&at| sent[at].as_ref().is_err_and(is_fenced));
-        if !failed.is_empty() && self.replace_if_dead(&producer, fenced) {
+        if !failed.is_empty() && self.inner.producer.replace_if_dead(&producer, fenced) {
             let mut failed_seen: HashMap<u32, bool> = HashMap::new();
             let in_order = records.iter().zip(&sent).all(|(record, result)| {
                 let seen = failed_seen.entry(partition_of(record)).or_default();
@@ -753,8 +724,8 @@ impl KafkaLog {
                 records = again.len(),
                 "append failed on a dead producer; sent again"
             );
-            let fresh = self.producer();
-            let resent = self.send(&fresh, &name, records, &again, &partition_of).await?;
+            let fresh = self.inner.producer.current();
+            let resent = send(&fresh, &name, records, &again, &partition_of, now_ms).await?;
             for (at, result) in again.into_iter().zip(resent) {
                 sent[at] = result;
             }
@@ -775,68 +746,6 @@ impl KafkaLog {
         Ok(positions)
     }
 
-    /// Sends `records[at]` for each of `which` through `producer` to the Kafka topic `name`:
-    /// each one's position, or why it failed (a record not sent after a refusal fails with
-    /// that refusal).
-    async fn send(
-        &self,
-        producer: &FutureProducer<Context>,
-        name: &str,
-        records: &[NewRecord],
-        which: &[usize],
-        partition_of: &impl Fn(&NewRecord) -> u32,
-    ) -> Result<Vec<std::result::Result<Position, KafkaError>>> {
-        let now_ms = self.inner.clock.now().timestamp_millis();
-        let mut pending = Vec::with_capacity(which.len());
-        let mut refused: Option<KafkaError> = None;
-        for &at in which {
-            let record = &records[at];
-            if refused.is_some() {
-                pending.push(None);
-                continue;
-            }
-            let mut message = FutureRecord::to(name)
-                .partition(partition_of(record) as i32)
-                .key(&record.key[..])
-                .payload(&record.value[..])
-                .timestamp(now_ms);
-            loop {
-                match producer.send_result(message) {
-                    Ok(delivery) => {
-                        pending.push(Some(delivery));
-                        break;
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                        message = back;
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
-                    Err((error, _)) => {
-                        refused = Some(error);
-                        pending.push(None);
-                        break;
-                    }
-                }
-            }
-        }
-        let mut results = Vec::with_capacity(pending.len());
-        for delivery in pending {
-            let Some(delivery) = delivery else {
-                let error = refused.clone().expect("a record not sent follows a refusal");
-                results.push(Err(error));
-                continue;
-            };
-            results.push(match delivery.await {
-                Ok(Ok(delivered)) => Ok(Position {
-                    partition: u32::try_from(delivered.partition).unwrap_or(0),
-                    offset: u64::try_from(delivered.offset).unwrap_or(0),
-                }),
-                Ok(Err((error, _))) => Err(error),
-                Err(_) => return Err(BusError::Closed),
-            });
-        }
-        Ok(results)
-    }
-
     /// A failed produce; a topic deleted behind this process is forgotten.
     fn produce_error(&self, topic: &str, error: KafkaError) -> BusError {
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::UnknownTopicOrPartition) {
@@ -845,19 +754,6 @@ impl KafkaLog {
         }
         backend(error)
     }
-}
-
-/// Whether a produce failed because the broker no longer accepts the producer's id or epoch.
-fn is_fenced(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::ProducerFenced
-                | RDKafkaErrorCode::InvalidProducerEpoch
-                | RDKafkaErrorCode::UnknownProducerId
-                | RDKafkaErrorCode::Fenced
-        )
-    )
 }
 
 /// Runs blocking librdkafka calls off the async threads, on [`BLOCKING_THREADS`] threads of
@@ -1059,6 +955,8 @@ impl ConsumerContext for Context {}
 
 #[cfg(test)]
 mod tests {
+    use rdkafka::producer::Producer as _;
+
     use super::*;
 
     #[test]
@@ -1107,7 +1005,7 @@ mod tests {
         log.create_topic("base.fatal", config).await.unwrap();
         let one = NewRecord::new("k".to_owned(), "1".to_owned());
         log.append("base.fatal", vec![one]).await.unwrap();
-        let dead = log.producer();
+        let dead = log.inner.producer.current();
         let reason = c"fenced by the test";
         // SAFETY: the client pointer is live (`dead` holds the producer) and `reason` is a
         // NUL-terminated string that outlives the call, which copies it.
@@ -1122,7 +1020,7 @@ mod tests {
         assert!(dead.client().fatal_error().is_some());
         let two = NewRecord::new("k".to_owned(), "2".to_owned());
         log.append("base.fatal", vec![two]).await.unwrap();
-        assert!(!Arc::ptr_eq(&log.producer(), &dead), "the dead producer was kept");
+        assert!(!Arc::ptr_eq(&log.inner.producer.current(), &dead), "the dead producer was kept");
         let read = log.read("base.fatal", 0, 0, 10).await.unwrap();
         let values: Vec<&[u8]> = read.iter().map(|record| &record.value[..]).collect();
         assert_eq!(values, [&b"1"[..], &b"2"[..]]);
