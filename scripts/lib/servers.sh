@@ -16,6 +16,8 @@
 #   SLUICE_TEST_SNS_URL        moto (SNS, SQS, S3); SLUICE_TEST_S3_URL the same server;
 #   SLUICE_TEST_MOTO_PYTHON    its Python, with boto3
 #   SLUICE_TEST_ANVIL_BIN      anvil (each chain test starts its own on a free port)
+#   SLUICE_TEST_MYSQL_URL      a private MariaDB (root, no password; tests make their own
+#                              databases); SLUICE_TEST_MYSQL_BIN the mariadb client
 
 # Servers started here (other than PostgreSQL), stopped by stop_test_servers.
 server_pids=()
@@ -309,6 +311,34 @@ ensure_test_anvil() {
     export SLUICE_TEST_ANVIL_BIN="$anvil_bin"
 }
 
+# A private MariaDB (the `mysql` sink's tests): a data dir in $tmp, root without a password
+# over TCP, durability relaxed like the test PostgreSQL's, LOAD DATA LOCAL allowed (the
+# sink benchmark's peer).
+start_test_mysql() {
+    section "mariadb"
+    local mariadbd=/usr/sbin/mariadbd
+    [[ -x "$mariadbd" ]] || { install_missing mariadb-install-db mariadb-server; }
+    [[ -x "$mariadbd" ]] || mariadbd="$(command -v mariadbd)"
+    [[ -x "$mariadbd" ]] || die "mariadbd not found even after installing mariadb-server"
+    "$mariadbd" --version
+    local dir="$tmp/mariadb" user mysql_port
+    user="$(id -un)"
+    mkdir -p "$dir"
+    mariadb-install-db --no-defaults --datadir="$dir/data" --auth-root-authentication-method=normal \
+        --skip-test-db --user="$user" >"$tmp/mariadb-install.log" 2>&1 ||
+        { tail -n 30 "$tmp/mariadb-install.log" >&2; die "mariadb-install-db failed"; }
+    mysql_port="$(free_port)"
+    "$mariadbd" --no-defaults --datadir="$dir/data" --socket="$dir/mariadb.sock" --port="$mysql_port" \
+        --bind-address=127.0.0.1 --user="$user" --skip-log-bin --skip-name-resolve \
+        --innodb-flush-log-at-trx-commit=2 --innodb-buffer-pool-size=128M --local-infile=1 \
+        --max-connections=300 >"$tmp/mariadb.log" 2>&1 &
+    server_pids+=($!)
+    wait_for_port "$mysql_port" 60 || { tail -n 50 "$tmp/mariadb.log" >&2; die "mariadbd did not start"; }
+    export SLUICE_TEST_MYSQL_URL="mysql://root@127.0.0.1:$mysql_port"
+    export SLUICE_TEST_MYSQL_BIN="$(command -v mariadb)"
+    echo "MariaDB running: $SLUICE_TEST_MYSQL_URL"
+}
+
 # Every server above, as scripts/test starts them.
 start_test_servers() {
     start_test_postgres
@@ -316,6 +346,7 @@ start_test_servers() {
     start_test_nats
     start_test_redis
     start_test_moto
+    start_test_mysql
     ensure_test_anvil
 }
 

@@ -82,8 +82,17 @@ impl From<RuntimeError> for ApiError {
     fn from(error: RuntimeError) -> Self {
         match error {
             RuntimeError::Plan(plan) => {
+                // A sink's problem with one of its fields is reported at that field.
+                let loc = sluice_core::validation::Loc::body().at("pipeline_config");
+                let loc = match &plan {
+                    sluice_runtime::PlanError::Sink(sink) => match sink.field() {
+                        Some(field) => loc.at("sinks").at(0).at(field),
+                        None => loc,
+                    },
+                    _ => loc,
+                };
                 ApiError::Validation(vec![sluice_core::validation::Violation::new(
-                    &sluice_core::validation::Loc::body().at("pipeline_config"),
+                    &loc,
                     "not_deployable",
                     plan.to_string(),
                 )])

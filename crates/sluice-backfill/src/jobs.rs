@@ -484,8 +484,10 @@ impl Backfills {
                 }
             }
         }
+        let entity = tables::table(&self.catalog, &job.table).map_or("", |table| table.entity);
         let context = SinkContext {
             pipeline_id: &job.job_id,
+            entity,
             secrets: &resolved,
             static_egress: job.static_egress_ip,
             egress: self.sink_env.egress,

@@ -10,6 +10,7 @@ pub mod validate;
 pub use sink::{
     ExternalKafkaSinkConfig, ManagedSinkConfig, NatsSinkConfig, SnsSinkConfig, WebhookCompression,
     WebhookSinkConfig,
+    sql::{SqlColumns, SqlSinkConfig, SqlWriteMode},
 };
 
 use chrono::{DateTime, Utc};
@@ -160,6 +161,12 @@ pub enum SinkConfig {
     /// `sns`: an SNS-compatible notification topic.
     #[serde(rename = "sns")]
     Sns(SnsSinkConfig),
+    /// `postgres`: a table of the user's PostgreSQL, written exactly once.
+    #[serde(rename = "postgres")]
+    Postgres(SqlSinkConfig),
+    /// `mysql`: a table of the user's MySQL or MariaDB, written exactly once.
+    #[serde(rename = "mysql")]
+    Mysql(SqlSinkConfig),
 }
 
 impl SinkConfig {
@@ -171,6 +178,7 @@ impl SinkConfig {
             Self::ExternalKafka(sink) => &sink.uid,
             Self::Nats(sink) => &sink.uid,
             Self::Sns(sink) => &sink.uid,
+            Self::Postgres(sink) | Self::Mysql(sink) => &sink.uid,
         }
     }
 
@@ -182,6 +190,7 @@ impl SinkConfig {
             Self::ExternalKafka(sink) => &sink.name,
             Self::Nats(sink) => &sink.name,
             Self::Sns(sink) => &sink.name,
+            Self::Postgres(sink) | Self::Mysql(sink) => &sink.name,
         }
     }
 
@@ -193,6 +202,8 @@ impl SinkConfig {
             Self::ExternalKafka(_) => "external_kafka",
             Self::Nats(_) => "nats",
             Self::Sns(_) => "sns",
+            Self::Postgres(_) => "postgres",
+            Self::Mysql(_) => "mysql",
         }
     }
 
@@ -214,6 +225,9 @@ impl SinkConfig {
                 ("secret_access_key_secret", Some(&sink.secret_access_key_secret)),
                 ("session_token_secret", sink.session_token_secret.as_ref()),
             ],
+            Self::Postgres(sink) | Self::Mysql(sink) => {
+                vec![("connection", Some(&sink.connection))]
+            }
         };
         fields.into_iter().filter_map(|(field, name)| Some((field, name?.as_str()))).collect()
     }

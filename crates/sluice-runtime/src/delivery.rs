@@ -135,10 +135,11 @@ pub(crate) async fn replay(
         Err(BusError::UnknownTopic(_)) => return Ok(Replayed::default()),
         Err(error) => return Err(error.into()),
     };
-    let mut report = Replayed {
-        next_offset: dead_letter_cursor(log, pipeline_id).await?,
-        ..Replayed::default()
-    };
+    // A sink that keeps its own positions (a SQL sink) may be past the log's cursor.
+    let cursor = dead_letter_cursor(log, pipeline_id).await?;
+    let own = sink.resume(&group, &dead_topic).await?;
+    let next_offset = own.iter().find(|(p, _)| *p == 0).map_or(cursor, |r| r.1.clamp(cursor, end));
+    let mut report = Replayed { next_offset, ..Replayed::default() };
     let mut engines = Engines::default();
     while report.next_offset < end {
         let want =

@@ -158,6 +158,11 @@ impl LifecycleGuard {
         debug_assert_eq!(pipeline.id, self.owner.pipeline_id, "a guard deploys its own pipeline");
         let node = self.node.clone();
         let (plan, uses) = node.compile(pipeline).await?;
+        // A sink that cannot work as configured (its database unreachable, a table it
+        // cannot write) is refused here, before anything changes.
+        for sink in &plan.sinks {
+            sink.prepare().await.map_err(crate::PlanError::Sink)?;
+        }
         self.exclude_others().await?;
         let now = node.clock.now();
         let existing = node.store.deployment(&pipeline.id).await?;

@@ -144,6 +144,7 @@ impl Node {
         }
         let context = sinks::SinkContext {
             pipeline_id: &pipeline.id,
+            entity: &pipeline.pipeline_config.source.entity,
             secrets: &resolved,
             static_egress: pipeline.static_egress_ip,
             egress: self.sink_env.egress,

@@ -10,8 +10,11 @@
 pub mod external;
 pub mod external_kafka;
 pub mod managed;
+pub mod mysql;
 pub mod nats;
+pub mod postgres;
 pub mod sns;
+pub mod sql;
 pub mod webhook;
 
 use std::net::IpAddr;
@@ -114,6 +117,25 @@ pub trait Sink: Send + Sync + std::fmt::Debug {
     /// How a consumer reaches this sink of pipeline `pipeline_id`.
     fn connection(&self, pipeline_id: &str) -> SinkConnection;
 
+    /// Makes sure the sink can take records (connects, creates its table); a deploy calls it
+    /// before anything changes, so a sink that cannot work is a 422 there.
+    ///
+    /// # Errors
+    /// [`SinkBuildError`] saying what is wrong.
+    async fn prepare(&self) -> Result<(), SinkBuildError> {
+        Ok(())
+    }
+
+    /// The `(partition, next offset)` positions of `group` on `source` that the sink itself
+    /// committed (beside its records, in the user's database), which may be ahead of the
+    /// log's; a worker starts from the later of the two. Empty for sinks that keep none.
+    ///
+    /// # Errors
+    /// [`SinkError`] when the positions cannot be read now.
+    async fn resume(&self, _group: &str, _source: &str) -> Result<Vec<(u32, u64)>, SinkError> {
+        Ok(Vec::new())
+    }
+
     /// Releases the sink's connections and clients: its deployment stopped running it.
     async fn close(&self) {}
 }
@@ -125,6 +147,8 @@ pub const NO_EGRESS: &str = "static_egress_ip needs the server's outbound addres
 #[derive(Debug, Clone, Copy)]
 pub struct SinkContext<'a> {
     pub pipeline_id: &'a str,
+    /// The entity of the records (a `postgres` or `mysql` sink's columns follow its schema).
+    pub entity: &'a str,
     /// The values of the organization secrets the sinks name.
     pub secrets: &'a ResolvedSecrets,
     /// The pipeline asks for `static_egress_ip`.
@@ -146,6 +170,19 @@ pub enum SinkBuildError {
     /// A client could not be made from the configuration.
     #[error("sink {uid}: {reason}")]
     Client { uid: String, reason: String },
+    /// The system the sink writes cannot be used as configured (checked at deploy).
+    #[error("sink {uid}: {reason}")]
+    Unreachable { uid: String, field: &'static str, reason: String },
+}
+
+impl SinkBuildError {
+    /// The sink's field the error is about, when it is about one.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            Self::MissingSecret { field, .. } | Self::Unreachable { field, .. } => Some(field),
+            Self::Egress { .. } | Self::Client { .. } => None,
+        }
+    }
 }
 
 /// The running sink of `config`. Connecting happens at the first delivery.
@@ -156,6 +193,9 @@ pub fn build(
     config: &SinkConfig,
     context: SinkContext<'_>,
 ) -> Result<Arc<dyn Sink>, SinkBuildError> {
+    if let Some(sink) = sql::build(config, context)? {
+        return Ok(sink);
+    }
     match transport(config, context)? {
         None => Ok(Arc::new(ManagedSink::new(context.pipeline_id, config.clone()))),
         Some(transport) => Ok(Arc::new(ExternalSink::new(config.clone(), transport))),
@@ -202,6 +242,9 @@ pub fn transport(
     };
     let transport: Arc<dyn Transport> = match config {
         SinkConfig::Kafka(_) => return Ok(None),
+        SinkConfig::Postgres(_) | SinkConfig::Mysql(_) => {
+            return Ok(sql::build(config, context)?.map(|sink| sink as Arc<dyn Transport>));
+        }
         SinkConfig::Webhook(webhook) => {
             let hash_key = secret("hash_key", webhook.hash_key.as_ref())?;
             Arc::new(

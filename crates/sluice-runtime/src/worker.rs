@@ -171,7 +171,10 @@ impl Worker {
         let source = plan.plan.source.clone();
         let group = topics::deployment_group(&plan.plan.pipeline_id);
         let side = SideTopics::new(&plan.plan.pipeline_id);
-        let Some(mut next) = self.start_offsets(&source, &group).await else { return };
+        let sink = plan.plan.sinks.first().cloned();
+        let Some(mut next) = self.start_offsets(&source, &group, sink.as_deref()).await else {
+            return;
+        };
         let reader =
             Reader { stream: self.readers.stream(&source), batch_size: self.settings.batch_size };
         let _attached = reader.stream.attach();
@@ -249,8 +252,16 @@ impl Worker {
         *self.stop.borrow()
     }
 
-    /// This worker's partitions and where to read each (committed at deploy).
-    async fn start_offsets(&self, source: &str, group: &str) -> Option<HashMap<u32, u64>> {
+    /// This worker's partitions and where to read each (committed at deploy), or where the
+    /// sink's own positions say, when they are ahead ([`Sink::resume`]; never past the end).
+    ///
+    /// [`Sink::resume`]: crate::sinks::Sink::resume
+    async fn start_offsets(
+        &self,
+        source: &str,
+        group: &str,
+        sink: Option<&dyn crate::sinks::Sink>,
+    ) -> Option<HashMap<u32, u64>> {
         let mut backoff = self.settings.initial_backoff;
         loop {
             let found = async {
@@ -260,23 +271,33 @@ impl Worker {
                 Ok::<_, sluice_bus::BusError>((topic, committed, ends))
             }
             .await;
-            match found {
-                Ok((Some(topic), committed, ends)) => {
+            let resumed = match (&found, sink) {
+                (Ok((Some(_), ..)), Some(sink)) => sink.resume(group, source).await,
+                _ => Ok(Vec::new()),
+            };
+            match (found, resumed) {
+                (Ok((Some(topic), committed, ends)), Ok(resumed)) => {
                     return Some(
                         (0..topic.partitions)
                             .filter(|p| *p as usize % self.workers == self.index)
                             .map(|p| {
-                                let at = committed.get(&p).copied().unwrap_or(ends[p as usize].end);
-                                (p, at)
+                                let end = ends[p as usize].end;
+                                let at = committed.get(&p).copied().unwrap_or(end);
+                                let sink_at = resumed.iter().find(|(q, _)| *q == p).map(|r| r.1);
+                                (p, sink_at.filter(|s| *s > at && *s <= end).unwrap_or(at))
                             })
                             .collect(),
                     );
                 }
-                Ok((None, ..)) => {
+                (Ok((None, ..)), _) => {
                     tracing::error!(%source, "source topic does not exist; worker stops");
                     return None;
                 }
-                Err(error) => tracing::warn!(%error, %source, "cannot read source offsets"),
+                (Err(error), _) => tracing::warn!(%error, %source, "cannot read source offsets"),
+                (_, Err(error)) => {
+                    self.health.sink_failed(self.clock.now(), error.to_string());
+                    tracing::warn!(%error, %source, "cannot read the sink's own positions");
+                }
             }
             if !self.pause_for(backoff).await {
                 return None;

@@ -5,6 +5,8 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+pub mod sql;
+
 use crate::validation::{Fields, Loc, Violation, Violations, one_of};
 
 /// Longest URL a sink accepts.

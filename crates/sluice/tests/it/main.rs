@@ -16,4 +16,5 @@ mod readme;
 mod scripts;
 mod serve;
 mod solana;
+mod sql_sinks;
 mod start;

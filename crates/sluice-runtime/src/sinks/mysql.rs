@@ -1,0 +1,420 @@
+//! The `mysql` sink's database steps (MySQL and MariaDB, InnoDB): rows by multi-row
+//! `INSERT` (`… ON DUPLICATE KEY UPDATE` in `upsert` mode), reorg deletes and the position,
+//! in one transaction ([`super::sql`] has the exactly-once rule).
+//!
+//! The rows travel as SQL text over the text protocol, escaped here, in statements of up
+//! to [`STATEMENT_BYTES`]: a prepared statement per batch would cost a round trip more and
+//! a placeholder per value (at most 65,535 of them).
+
+use std::fmt::Write as _;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_core::pipeline::{SqlSinkConfig, SqlWriteMode};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::{Connection as _, Executor as _, Row as _};
+
+use super::sql::{
+    BlockHash, Cell, ColumnType, Fault, Layout, OFFSETS_TABLE, SqlBackend, SqlError, Write,
+    Written, already_applied, describe_url,
+};
+
+const MAX_CONNECTIONS: u32 = 8;
+/// Largest INSERT statement sent (MySQL's `max_allowed_packet` is 16 MiB or more by default
+/// on MariaDB 10.11 and MySQL 8).
+const STATEMENT_BYTES: usize = 4 << 20;
+/// Longest key a row can have (the key column is `VARCHAR(255)`, indexable in `upsert` mode).
+const MAX_KEY_CHARS: usize = 255;
+
+#[derive(Debug)]
+pub struct MySqlBackend {
+    pool: MySqlPool,
+    /// The URL's database, used when the sink names no `schema`.
+    database: Option<String>,
+    shown: Value,
+}
+
+impl MySqlBackend {
+    /// A backend for the database at `url`; connects lazily.
+    ///
+    /// # Errors
+    /// The URL is not a MySQL one (the message does not repeat it).
+    pub fn new(url: &str, config: &SqlSinkConfig) -> Result<Self, String> {
+        if !(url.starts_with("mysql://") || url.starts_with("mariadb://")) {
+            return Err("the connection secret must hold a mysql:// URL".to_owned());
+        }
+        let url = url.replacen("mariadb://", "mysql://", 1);
+        let options = MySqlConnectOptions::from_str(&url)
+            .map_err(|_| "the connection secret does not hold a valid mysql:// URL".to_owned())?
+            .charset("utf8mb4");
+        let database = url::Url::parse(&url)
+            .ok()
+            .map(|u| u.path().trim_start_matches('/').to_owned())
+            .filter(|d| !d.is_empty());
+        if config.schema.is_none() && database.is_none() {
+            return Err("name the database in the URL (mysql://host/db) or in schema".to_owned());
+        }
+        let pool = MySqlPoolOptions::new()
+            // The rows travel as literals escaped with backslashes.
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute(
+                        "SET SESSION sql_mode = REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')",
+                    )
+                    .await
+                    .map(|_| ())
+                })
+            })
+            .max_connections(MAX_CONNECTIONS)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options);
+        Ok(Self { pool, database, shown: describe_url(&url, "mysql") })
+    }
+
+    fn schema<'a>(&'a self, layout: &'a Layout) -> &'a str {
+        layout.schema.as_deref().or(self.database.as_deref()).unwrap_or_default()
+    }
+
+    fn qualified(&self, layout: &Layout, table: &str) -> String {
+        format!("{}.{}", quote(self.schema(layout)), quote(table))
+    }
+}
+
+fn quote(name: &str) -> String {
+    format!("`{}`", name.replace('`', "``"))
+}
+
+fn type_name(ty: ColumnType) -> &'static str {
+    match ty {
+        ColumnType::Key => "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+        ColumnType::Text => "MEDIUMTEXT CHARACTER SET utf8mb4",
+        ColumnType::BigInt => "BIGINT",
+        ColumnType::Double => "DOUBLE",
+        ColumnType::Bool => "BOOLEAN",
+        ColumnType::Numeric => "VARCHAR(100) CHARACTER SET ascii",
+        ColumnType::Timestamp => "DATETIME(6)",
+        ColumnType::Json => "JSON",
+    }
+}
+
+/// Classifies a driver error by SQLSTATE class.
+fn classify(error: &sqlx::Error) -> SqlError {
+    let fault = match error {
+        sqlx::Error::Database(db) => match db.code().as_deref().and_then(|code| code.get(..2)) {
+            Some("22" | "23" | "HY") if is_data_error(db.message()) => Fault::Data,
+            Some("22" | "23") => Fault::Data,
+            Some("42" | "28" | "3D") => Fault::Config,
+            _ => Fault::Unavailable,
+        },
+        sqlx::Error::Configuration(_) => Fault::Config,
+        _ => Fault::Unavailable,
+    };
+    SqlError { message: format!("MySQL: {error}"), fault }
+}
+
+/// MySQL reports some value errors with the general state `HY000`.
+fn is_data_error(message: &str) -> bool {
+    ["Incorrect", "Out of range", "Data too long", "Invalid JSON"]
+        .iter()
+        .any(|m| message.contains(m))
+}
+
+/// `text` as a quoted MySQL string literal.
+fn literal(out: &mut String, text: &str) {
+    out.push('\'');
+    for c in text.chars() {
+        match c {
+            '\'' => out.push_str("''"),
+            '\\' => out.push_str("\\\\"),
+            '\0' => out.push_str("\\0"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\u{1a}' => out.push_str("\\Z"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+}
+
+fn value(out: &mut String, cell: &Cell) {
+    match cell {
+        Cell::Null => out.push_str("NULL"),
+        Cell::Int(n) => {
+            let _ = write!(out, "{n}");
+        }
+        Cell::Float(f) => {
+            let _ = write!(out, "{f:?}");
+        }
+        Cell::Bool(b) => out.push_str(if *b { "TRUE" } else { "FALSE" }),
+        Cell::Text(text) | Cell::Json(text) => literal(out, text),
+        Cell::Time(at) => {
+            let _ = write!(out, "'{}'", at.format("%Y-%m-%d %H:%M:%S%.6f"));
+        }
+    }
+}
+
+impl MySqlBackend {
+    async fn table_columns(&self, layout: &Layout, table: &str) -> Result<Vec<String>, SqlError> {
+        sqlx::query_scalar::<_, String>(
+            "SELECT CAST(column_name AS CHAR) FROM information_schema.columns WHERE table_schema = ? AND table_name = ?",
+        )
+        .bind(self.schema(layout))
+        .bind(table)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| classify(&e))
+    }
+
+    async fn create(&self, layout: &Layout) -> Result<(), SqlError> {
+        let run = |sql: String| async move {
+            (&self.pool).execute(sql.as_str()).await.map(|_| ()).map_err(|e| classify(&e))
+        };
+        if self.table_columns(layout, &layout.table).await?.is_empty() {
+            let mut columns: Vec<String> = layout
+                .columns
+                .iter()
+                .map(|c| format!("{} {}", quote(&c.name), type_name(c.ty)))
+                .collect();
+            columns[0].push_str(" NOT NULL");
+            if layout.mode == SqlWriteMode::Upsert {
+                columns.push("PRIMARY KEY (`key`)".to_owned());
+            }
+            run(format!(
+                "CREATE TABLE IF NOT EXISTS {} ({}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+                self.qualified(layout, &layout.table),
+                columns.join(", ")
+            ))
+            .await?;
+        }
+        if self.table_columns(layout, OFFSETS_TABLE).await?.is_empty() {
+            run(format!(
+                "CREATE TABLE IF NOT EXISTS {} (consumer VARCHAR(255) CHARACTER SET ascii NOT NULL, \
+                 source VARCHAR(255) CHARACTER SET ascii NOT NULL, part INT NOT NULL, \
+                 next_offset BIGINT NOT NULL, updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+                 PRIMARY KEY (consumer, source, part)) ENGINE=InnoDB",
+                self.qualified(layout, OFFSETS_TABLE)
+            ))
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn check(&self, layout: &Layout) -> Result<(), SqlError> {
+        let schema = self.schema(layout);
+        let found = self.table_columns(layout, &layout.table).await?;
+        if found.is_empty() {
+            return Err(SqlError::config(format!(
+                "table {schema}.{} does not exist (or the user cannot see it)",
+                layout.table
+            )));
+        }
+        let missing: Vec<&str> = layout
+            .column_names()
+            .filter(|c| !found.iter().any(|f| f.eq_ignore_ascii_case(c)))
+            .collect();
+        if !missing.is_empty() {
+            return Err(SqlError::config(format!(
+                "table {schema}.{} has no column {}",
+                layout.table,
+                missing.join(", ")
+            )));
+        }
+        if self.table_columns(layout, OFFSETS_TABLE).await?.is_empty() {
+            return Err(SqlError::config(format!(
+                "table {schema}.{OFFSETS_TABLE} does not exist (create_table is false)"
+            )));
+        }
+        // Privileges: a read of the offsets table under a lock, as each batch does.
+        let mut conn = self.pool.acquire().await.map_err(|e| classify(&e))?;
+        let mut tx = conn.begin().await.map_err(|e| classify(&e))?;
+        let probe = format!(
+            "SELECT part FROM {} WHERE consumer = '' FOR UPDATE",
+            self.qualified(layout, OFFSETS_TABLE)
+        );
+        (&mut *tx).execute(probe.as_str()).await.map_err(|e| classify(&e))?;
+        tx.rollback().await.map_err(|e| classify(&e))?;
+        Ok(())
+    }
+
+    /// The INSERT statements of `rows`, each under [`STATEMENT_BYTES`].
+    fn inserts(
+        &self,
+        layout: &Layout,
+        rows: &[(String, Vec<Cell>)],
+    ) -> Result<Vec<String>, SqlError> {
+        let columns: Vec<String> = layout.column_names().map(quote).collect();
+        let head = format!(
+            "INSERT INTO {} ({}) VALUES ",
+            self.qualified(layout, &layout.table),
+            columns.join(", ")
+        );
+        let tail = if layout.mode == SqlWriteMode::Upsert {
+            let updates: Vec<String> =
+                columns.iter().skip(1).map(|c| format!("{c} = VALUES({c})")).collect();
+            if updates.is_empty() {
+                " ON DUPLICATE KEY UPDATE `key` = `key`".to_owned()
+            } else {
+                format!(" ON DUPLICATE KEY UPDATE {}", updates.join(", "))
+            }
+        } else {
+            String::new()
+        };
+        let mut statements = Vec::new();
+        let mut sql = head.clone();
+        let mut in_statement = 0;
+        for (key, cells) in rows {
+            if key.chars().count() > MAX_KEY_CHARS {
+                return Err(SqlError {
+                    message: format!("record key longer than {MAX_KEY_CHARS} characters"),
+                    fault: Fault::Data,
+                });
+            }
+            if in_statement > 0 {
+                sql.push(',');
+            }
+            sql.push('(');
+            for (index, cell) in cells.iter().enumerate() {
+                if index > 0 {
+                    sql.push(',');
+                }
+                value(&mut sql, cell);
+            }
+            sql.push(')');
+            in_statement += 1;
+            if sql.len() >= STATEMENT_BYTES {
+                sql.push_str(&tail);
+                statements.push(std::mem::replace(&mut sql, head.clone()));
+                in_statement = 0;
+            }
+        }
+        if in_statement > 0 {
+            sql.push_str(&tail);
+            statements.push(sql);
+        }
+        Ok(statements)
+    }
+}
+
+#[async_trait::async_trait]
+impl SqlBackend for MySqlBackend {
+    async fn prepare(&self, layout: &Layout, create: bool) -> Result<(), SqlError> {
+        if create {
+            self.create(layout).await?;
+        }
+        self.check(layout).await
+    }
+
+    async fn positions(
+        &self,
+        layout: &Layout,
+        consumer: &str,
+        source: &str,
+    ) -> Result<Vec<(u32, u64)>, SqlError> {
+        let sql = format!(
+            "SELECT part, next_offset FROM {} WHERE consumer = ? AND source = ?",
+            self.qualified(layout, OFFSETS_TABLE)
+        );
+        let rows = sqlx::query(&sql)
+            .bind(consumer)
+            .bind(source)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| classify(&e))?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let part: i32 = row.get(0);
+                let next: i64 = row.get(1);
+                (u32::try_from(part).unwrap_or_default(), u64::try_from(next).unwrap_or_default())
+            })
+            .collect())
+    }
+
+    async fn write(&self, layout: &Layout, write: Write<'_>) -> Result<Written, SqlError> {
+        let fail = |e: sqlx::Error| classify(&e);
+        let statements = self.inserts(layout, write.rows)?;
+        let position = write.position;
+        let offsets = self.qualified(layout, OFFSETS_TABLE);
+        let mut text = String::new();
+        literal(&mut text, position.consumer);
+        let consumer = std::mem::take(&mut text);
+        literal(&mut text, position.source);
+        let source = text;
+        let parts: Vec<String> = position.offsets.iter().map(|(p, _)| p.to_string()).collect();
+        let mut conn = self.pool.acquire().await.map_err(fail)?;
+        let mut tx = conn.begin().await.map_err(fail)?;
+        let select = format!(
+            "SELECT part, next_offset FROM {offsets} WHERE consumer = {consumer} AND source = {source} AND part IN ({}) FOR UPDATE",
+            if parts.is_empty() { "-1".to_owned() } else { parts.join(",") }
+        );
+        let stored = (&mut *tx).fetch_all(select.as_str()).await.map_err(fail)?;
+        let stored: Vec<(u32, u64)> = stored
+            .iter()
+            .map(|row| (row.get::<i32, _>(0) as u32, row.get::<i64, _>(1) as u64))
+            .collect();
+        if already_applied(&stored, position.offsets) {
+            return Ok(Written::AlreadyApplied);
+        }
+        for statement in &statements {
+            (&mut *tx).execute(statement.as_str()).await.map_err(fail)?;
+        }
+        if !write.orphaned.is_empty() {
+            let table = self.qualified(layout, &layout.table);
+            let by = match &layout.block_hash {
+                Some(BlockHash::Column(column)) => quote(column),
+                Some(BlockHash::InJson(column)) => {
+                    format!("JSON_UNQUOTE(JSON_EXTRACT({}, '$.block_hash'))", quote(column))
+                }
+                None => String::new(),
+            };
+            if !by.is_empty() {
+                let mut hashes = String::new();
+                for (index, hash) in write.orphaned.iter().enumerate() {
+                    if index > 0 {
+                        hashes.push(',');
+                    }
+                    literal(&mut hashes, hash);
+                }
+                let delete = format!("DELETE FROM {table} WHERE {by} IN ({hashes})");
+                (&mut *tx).execute(delete.as_str()).await.map_err(fail)?;
+            }
+        }
+        if !position.offsets.is_empty() {
+            let values: Vec<String> = position
+                .offsets
+                .iter()
+                .map(|(part, next)| format!("({consumer},{source},{part},{next})"))
+                .collect();
+            let upsert = format!(
+                "INSERT INTO {offsets} (consumer, source, part, next_offset) VALUES {} \
+                 ON DUPLICATE KEY UPDATE next_offset = VALUES(next_offset), updated_at = CURRENT_TIMESTAMP(6)",
+                values.join(",")
+            );
+            (&mut *tx).execute(upsert.as_str()).await.map_err(fail)?;
+        }
+        tx.commit().await.map_err(fail)?;
+        Ok(Written::Applied)
+    }
+
+    fn connection(&self) -> Value {
+        self.shown.clone()
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_escape_quotes_backslashes_and_control_characters() {
+        let mut out = String::new();
+        literal(&mut out, "it's a \\ \n\0 test");
+        assert_eq!(out, "'it''s a \\\\ \\n\\0 test'");
+    }
+}

@@ -1,0 +1,405 @@
+//! The `postgres` sink's database steps: rows by `COPY` (into a staging table first in
+//! `upsert` mode), reorg deletes and the position, in one transaction
+//! ([`super::sql`] has the exactly-once rule).
+
+use std::fmt::Write as _;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_core::pipeline::{SqlSinkConfig, SqlWriteMode};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection as _, Row as _};
+
+use super::sql::{
+    BlockHash, Cell, ColumnType, Fault, Layout, OFFSETS_TABLE, SqlBackend, SqlError, Write,
+    Written, already_applied, describe_url,
+};
+
+/// Connections a sink keeps: one per worker of the largest pod size.
+const MAX_CONNECTIONS: u32 = 8;
+/// Rows sent to `COPY` per message.
+const COPY_CHUNK_BYTES: usize = 1 << 20;
+
+#[derive(Debug)]
+pub struct PgBackend {
+    pool: PgPool,
+    shown: Value,
+}
+
+impl PgBackend {
+    /// A backend for the database at `url`; connects lazily.
+    ///
+    /// # Errors
+    /// The URL is not a PostgreSQL one (the message does not repeat it).
+    pub fn new(url: &str, _config: &SqlSinkConfig) -> Result<Self, String> {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err("the connection secret must hold a postgres:// URL".to_owned());
+        }
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|_| "the connection secret does not hold a valid postgres:// URL".to_owned())?
+            .application_name("sluice-sink");
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options);
+        Ok(Self { pool, shown: describe_url(url, "postgresql") })
+    }
+}
+
+/// `"name"`, with quotes doubled (names are checked identifiers already).
+fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn qualified(layout: &Layout, table: &str) -> String {
+    format!("{}.{}", quote(layout.schema.as_deref().unwrap_or("public")), quote(table))
+}
+
+fn type_name(ty: ColumnType) -> &'static str {
+    match ty {
+        ColumnType::Key | ColumnType::Text => "text",
+        ColumnType::BigInt => "bigint",
+        ColumnType::Double => "double precision",
+        ColumnType::Bool => "boolean",
+        ColumnType::Numeric => "numeric",
+        ColumnType::Timestamp => "timestamptz",
+        ColumnType::Json => "jsonb",
+    }
+}
+
+/// Classifies a driver error by SQLSTATE class.
+pub(super) fn classify(error: &sqlx::Error) -> SqlError {
+    let fault = match error {
+        sqlx::Error::Database(db) => match db.code().as_deref().and_then(|code| code.get(..2)) {
+            Some("22" | "23") => Fault::Data,
+            Some("42" | "28" | "3D" | "3F" | "0A") => Fault::Config,
+            _ => Fault::Unavailable,
+        },
+        sqlx::Error::Configuration(_) => Fault::Config,
+        _ => Fault::Unavailable,
+    };
+    SqlError { message: format!("PostgreSQL: {error}"), fault }
+}
+
+/// `value` in COPY's text format.
+fn copy_text(out: &mut String, cell: &Cell) {
+    let escaped = |out: &mut String, text: &str| {
+        for c in text.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\t' => out.push_str("\\t"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                c => out.push(c),
+            }
+        }
+    };
+    match cell {
+        Cell::Null => out.push_str("\\N"),
+        Cell::Int(n) => {
+            let _ = write!(out, "{n}");
+        }
+        Cell::Float(f) => {
+            let _ = write!(out, "{f:?}");
+        }
+        Cell::Bool(b) => out.push(if *b { 't' } else { 'f' }),
+        Cell::Text(text) | Cell::Json(text) => escaped(out, text),
+        Cell::Time(at) => {
+            let _ = write!(out, "{}", at.format("%Y-%m-%d %H:%M:%S%.6f+00"));
+        }
+    }
+}
+
+impl PgBackend {
+    async fn create(&self, layout: &Layout) -> Result<(), sqlx::Error> {
+        let schema = layout.schema.as_deref().unwrap_or("public");
+        let exists = |name: String| {
+            sqlx::query_scalar::<_, bool>("SELECT to_regclass($1) IS NOT NULL").bind(name)
+        };
+        let has_schema: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+                .bind(schema)
+                .fetch_one(&self.pool)
+                .await?;
+        if !has_schema {
+            sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {}", quote(schema)))
+                .execute(&self.pool)
+                .await?;
+        }
+        let table = qualified(layout, &layout.table);
+        if !exists(table.clone()).fetch_one(&self.pool).await? {
+            let mut columns: Vec<String> = layout
+                .columns
+                .iter()
+                .map(|c| format!("{} {}", quote(&c.name), type_name(c.ty)))
+                .collect();
+            columns[0].push_str(" NOT NULL");
+            if layout.mode == SqlWriteMode::Upsert {
+                columns.push(format!("PRIMARY KEY ({})", quote("key")));
+            }
+            let sql = format!("CREATE TABLE IF NOT EXISTS {table} ({})", columns.join(", "));
+            sqlx::query(&sql).execute(&self.pool).await?;
+        }
+        let offsets = qualified(layout, OFFSETS_TABLE);
+        if !exists(offsets.clone()).fetch_one(&self.pool).await? {
+            let sql = format!(
+                "CREATE TABLE IF NOT EXISTS {offsets} (consumer text NOT NULL, source text NOT NULL, \
+                 part integer NOT NULL, next_offset bigint NOT NULL, \
+                 updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer, source, part))"
+            );
+            sqlx::query(&sql).execute(&self.pool).await?;
+        }
+        Ok(())
+    }
+
+    /// What the sink needs of the tables: every column, and the privileges.
+    async fn check(&self, layout: &Layout) -> Result<(), SqlError> {
+        let schema = layout.schema.as_deref().unwrap_or("public");
+        let table = qualified(layout, &layout.table);
+        let found: Vec<String> = sqlx::query_scalar(
+            "SELECT column_name::text FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2",
+        )
+        .bind(schema)
+        .bind(&layout.table)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| classify(&e))?;
+        if found.is_empty() {
+            return Err(SqlError::config(format!(
+                "table {schema}.{} does not exist (create_table is false)",
+                layout.table
+            )));
+        }
+        let missing: Vec<&str> =
+            layout.column_names().filter(|c| !found.iter().any(|f| f == c)).collect();
+        if !missing.is_empty() {
+            return Err(SqlError::config(format!(
+                "table {schema}.{} has no column {}",
+                layout.table,
+                missing.join(", ")
+            )));
+        }
+        let mut needs = vec![(table.clone(), "INSERT")];
+        if layout.mode == SqlWriteMode::Upsert {
+            needs.push((table.clone(), "UPDATE"));
+        }
+        if layout.block_hash.is_some() {
+            needs.push((table, "DELETE"));
+        }
+        let offsets = qualified(layout, OFFSETS_TABLE);
+        for privilege in ["SELECT", "INSERT", "UPDATE"] {
+            needs.push((offsets.clone(), privilege));
+        }
+        for (table, privilege) in needs {
+            let granted: bool = sqlx::query_scalar("SELECT has_table_privilege($1, $2)")
+                .bind(&table)
+                .bind(privilege)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| classify(&e))?;
+            if !granted {
+                return Err(SqlError::config(format!(
+                    "the database user lacks {privilege} on {table} (docs/sinks.md lists the grants)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows in COPY's text format, in chunks.
+    fn copy_data(rows: &[(String, Vec<Cell>)]) -> Vec<String> {
+        let mut chunks = Vec::new();
+        let mut out = String::with_capacity(COPY_CHUNK_BYTES + 4096);
+        for (_, cells) in rows {
+            for (index, cell) in cells.iter().enumerate() {
+                if index > 0 {
+                    out.push('\t');
+                }
+                copy_text(&mut out, cell);
+            }
+            out.push('\n');
+            if out.len() >= COPY_CHUNK_BYTES {
+                chunks.push(std::mem::replace(
+                    &mut out,
+                    String::with_capacity(COPY_CHUNK_BYTES + 4096),
+                ));
+            }
+        }
+        if !out.is_empty() {
+            chunks.push(out);
+        }
+        chunks
+    }
+}
+
+#[async_trait::async_trait]
+impl SqlBackend for PgBackend {
+    async fn prepare(&self, layout: &Layout, create: bool) -> Result<(), SqlError> {
+        if create {
+            self.create(layout).await.map_err(|e| classify(&e))?;
+        }
+        self.check(layout).await
+    }
+
+    async fn positions(
+        &self,
+        layout: &Layout,
+        consumer: &str,
+        source: &str,
+    ) -> Result<Vec<(u32, u64)>, SqlError> {
+        let sql = format!(
+            "SELECT part, next_offset FROM {} WHERE consumer = $1 AND source = $2",
+            qualified(layout, OFFSETS_TABLE)
+        );
+        let rows = sqlx::query(&sql)
+            .bind(consumer)
+            .bind(source)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| classify(&e))?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let part: i32 = row.get(0);
+                let next: i64 = row.get(1);
+                (u32::try_from(part).unwrap_or_default(), u64::try_from(next).unwrap_or_default())
+            })
+            .collect())
+    }
+
+    async fn write(&self, layout: &Layout, write: Write<'_>) -> Result<Written, SqlError> {
+        let fail = |e: sqlx::Error| classify(&e);
+        let mut conn = self.pool.acquire().await.map_err(fail)?;
+        let mut tx = conn.begin().await.map_err(fail)?;
+        let offsets = qualified(layout, OFFSETS_TABLE);
+        let position = write.position;
+        let parts: Vec<i32> = position.offsets.iter().map(|(p, _)| *p as i32).collect();
+        let nexts: Vec<i64> = position.offsets.iter().map(|(_, n)| *n as i64).collect();
+        let stored = sqlx::query(&format!(
+            "SELECT part, next_offset FROM {offsets} WHERE consumer = $1 AND source = $2 AND part = ANY($3) FOR UPDATE"
+        ))
+        .bind(position.consumer)
+        .bind(position.source)
+        .bind(&parts)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(fail)?;
+        let stored: Vec<(u32, u64)> = stored
+            .iter()
+            .map(|row| (row.get::<i32, _>(0) as u32, row.get::<i64, _>(1) as u64))
+            .collect();
+        if already_applied(&stored, position.offsets) {
+            return Ok(Written::AlreadyApplied);
+        }
+        let table = qualified(layout, &layout.table);
+        let columns: Vec<String> = layout.column_names().map(quote).collect();
+        let columns = columns.join(", ");
+        if !write.rows.is_empty() {
+            let upsert = layout.mode == SqlWriteMode::Upsert;
+            let target = if upsert {
+                // Rows of one key: the last one wins (ON CONFLICT cannot touch a row twice).
+                let stage = quote(&format!("sluice_stage_{}", layout.table));
+                // No "already exists, skipping" notice for every batch.
+                sqlx::query("SET LOCAL client_min_messages = warning")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(fail)?;
+                sqlx::query(&format!(
+                    "CREATE TEMP TABLE IF NOT EXISTS {stage} ON COMMIT DELETE ROWS AS SELECT {columns} FROM {table} WITH NO DATA"
+                ))
+                .execute(&mut *tx)
+                .await
+                .map_err(fail)?;
+                stage
+            } else {
+                table.clone()
+            };
+            let mut copy = tx
+                .copy_in_raw(&format!("COPY {target} ({columns}) FROM STDIN"))
+                .await
+                .map_err(fail)?;
+            for chunk in Self::copy_data(write.rows) {
+                copy.send(chunk.into_bytes()).await.map_err(fail)?;
+            }
+            copy.finish().await.map_err(fail)?;
+            if upsert {
+                let updates: Vec<String> = layout
+                    .column_names()
+                    .skip(1)
+                    .map(|c| format!("{0} = EXCLUDED.{0}", quote(c)))
+                    .collect();
+                let action = if updates.is_empty() {
+                    "DO NOTHING".to_owned()
+                } else {
+                    format!("DO UPDATE SET {}", updates.join(", "))
+                };
+                sqlx::query(&format!(
+                    "INSERT INTO {table} ({columns}) SELECT DISTINCT ON (\"key\") {columns} FROM {target} \
+                     ORDER BY \"key\", ctid DESC ON CONFLICT (\"key\") {action}"
+                ))
+                .execute(&mut *tx)
+                .await
+                .map_err(fail)?;
+            }
+        }
+        if !write.orphaned.is_empty() {
+            let by = match &layout.block_hash {
+                Some(BlockHash::Column(column)) => quote(column),
+                Some(BlockHash::InJson(column)) => format!("({} ->> 'block_hash')", quote(column)),
+                None => String::new(),
+            };
+            if !by.is_empty() {
+                sqlx::query(&format!("DELETE FROM {table} WHERE {by} = ANY($1)"))
+                    .bind(write.orphaned)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(fail)?;
+            }
+        }
+        sqlx::query(&format!(
+            "INSERT INTO {offsets} (consumer, source, part, next_offset, updated_at) \
+             SELECT $1, $2, p, n, now() FROM unnest($3::int[], $4::bigint[]) AS t(p, n) \
+             ON CONFLICT (consumer, source, part) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()"
+        ))
+        .bind(position.consumer)
+        .bind(position.source)
+        .bind(&parts)
+        .bind(&nexts)
+        .execute(&mut *tx)
+        .await
+        .map_err(fail)?;
+        tx.commit().await.map_err(fail)?;
+        Ok(Written::Applied)
+    }
+
+    fn connection(&self) -> Value {
+        self.shown.clone()
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_text_escapes_what_copy_reads_specially() {
+        let mut out = String::new();
+        for cell in [
+            Cell::Text("a\tb\\c\nd".to_owned()),
+            Cell::Null,
+            Cell::Int(-3),
+            Cell::Bool(true),
+            Cell::Float(0.5),
+        ] {
+            copy_text(&mut out, &cell);
+            out.push('|');
+        }
+        assert_eq!(out, "a\\tb\\\\c\\nd|\\N|-3|t|0.5|");
+    }
+}

@@ -1,0 +1,437 @@
+//! The `postgres` and `mysql` sinks: rows in a table of the user's own database, written
+//! exactly once (docs/sinks.md "PostgreSQL and MySQL").
+//!
+//! **Exactly once.** Each batch is one transaction of the user's database: its rows, the
+//! deletes of its reorg markers, and the position the batch brings the pipeline to —
+//! `(consumer group, source topic, partition) → next offset` in `sluice_sink_offsets`, beside
+//! the table. Only after that commit are the source offsets committed in the stream log. A
+//! crash between the two leaves the database ahead of the log; at the next start the worker
+//! reads the database's position ([`Sink::resume`]) and reads on from there, so the batch
+//! is not written twice. A batch sent again whose position the database already holds (a
+//! commit whose answer was lost) is skipped inside its transaction. Backfill chunks use the
+//! same table, keyed by the chunk's id.
+//!
+//! What differs between the databases is a [`SqlBackend`]: [`super::postgres`] and
+//! [`super::mysql`].
+
+pub mod layout;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use sluice_bus::{NewRecord, StreamLog};
+use sluice_core::pipeline::{SinkConfig, SqlSinkConfig};
+use tokio::sync::OnceCell;
+
+use super::external::{Batch, Sent, Transport, TransportError};
+use super::{Settle, Sink, SinkBuildError, SinkConnection, SinkError};
+use crate::delivery::{Delivery, SideTopics};
+pub use layout::{BlockHash, Cell, ColumnType, Converted, Layout};
+
+/// The table of positions, in the sink's schema (database).
+pub const OFFSETS_TABLE: &str = "sluice_sink_offsets";
+
+/// Whose fault a database error is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The database is down, busy or the connection broke: a retry may pass.
+    Unavailable,
+    /// The rows themselves were refused (a value out of a column's range, a constraint of
+    /// the user's): they are dead-lettered.
+    Data,
+    /// The table, a column or a privilege is missing, or the URL is wrong: the user must act.
+    Config,
+}
+
+/// A failed database step.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct SqlError {
+    pub message: String,
+    pub fault: Fault,
+}
+
+impl SqlError {
+    pub fn config(message: impl Into<String>) -> Self {
+        Self { message: message.into(), fault: Fault::Config }
+    }
+}
+
+/// Where a write brings its consumer: `(partition, next offset)` of `source` for `consumer`.
+#[derive(Debug, Clone, Copy)]
+pub struct Position<'a> {
+    pub consumer: &'a str,
+    pub source: &'a str,
+    pub offsets: &'a [(u32, u64)],
+}
+
+/// One transaction of a sink.
+#[derive(Debug, Clone, Copy)]
+pub struct Write<'a> {
+    pub rows: &'a [(String, Vec<Cell>)],
+    /// Block hashes whose rows are deleted (after the rows are written).
+    pub orphaned: &'a [String],
+    pub position: Position<'a>,
+}
+
+/// What a write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    Applied,
+    /// The database already held the position: the rows were there, nothing was written.
+    AlreadyApplied,
+}
+
+/// One database's way of doing the sink's steps.
+#[async_trait::async_trait]
+pub trait SqlBackend: Send + Sync + std::fmt::Debug {
+    /// Connects, creates the table and the offsets table when missing (`create`), and checks
+    /// that both have the columns and privileges the sink needs.
+    ///
+    /// # Errors
+    /// [`SqlError`].
+    async fn prepare(&self, layout: &Layout, create: bool) -> Result<(), SqlError>;
+
+    /// The positions `consumer` committed on `source`.
+    ///
+    /// # Errors
+    /// [`SqlError`].
+    async fn positions(
+        &self,
+        layout: &Layout,
+        consumer: &str,
+        source: &str,
+    ) -> Result<Vec<(u32, u64)>, SqlError>;
+
+    /// Writes one batch in one transaction, unless the database holds its position already
+    /// (every partition at or past it).
+    ///
+    /// # Errors
+    /// [`SqlError`]; nothing was written.
+    async fn write(&self, layout: &Layout, write: Write<'_>) -> Result<Written, SqlError>;
+
+    /// Where the rows go, for the deploy response (never a credential).
+    fn connection(&self) -> Value;
+
+    async fn close(&self);
+}
+
+/// Whether `stored` (the database's positions) covers every partition of `batch`.
+pub fn already_applied(stored: &[(u32, u64)], batch: &[(u32, u64)]) -> bool {
+    !batch.is_empty()
+        && batch
+            .iter()
+            .all(|(partition, next)| stored.iter().any(|(p, at)| p == partition && at >= next))
+}
+
+/// The parts of a database URL a deploy response may show: no user, no password.
+pub fn describe_url(url: &str, database: &'static str) -> Value {
+    match url::Url::parse(url) {
+        Ok(parsed) => json!({
+            "database": database,
+            "host": parsed.host_str().unwrap_or_default(),
+            "port": parsed.port(),
+            "dbname": parsed.path().trim_start_matches('/'),
+        }),
+        Err(_) => json!({"database": database}),
+    }
+}
+
+/// The sink of `config` when it is a `postgres` or `mysql` one (`None` otherwise). Connecting
+/// happens at [`Sink::prepare`] or the first delivery.
+///
+/// # Errors
+/// [`SinkBuildError`]: the secret is missing, its URL is not one of the database's, or
+/// `static_egress_ip` is asked for.
+pub fn build(
+    config: &SinkConfig,
+    context: super::SinkContext<'_>,
+) -> Result<Option<Arc<SqlSink>>, SinkBuildError> {
+    let (sql, mysql) = match config {
+        SinkConfig::Postgres(sql) => (sql, false),
+        SinkConfig::Mysql(sql) => (sql, true),
+        _ => return Ok(None),
+    };
+    let uid = config.uid().to_owned();
+    if context.static_egress {
+        let reason = format!(
+            "static_egress_ip applies to webhook and sns sinks; a '{}' sink cannot send from a fixed address",
+            config.type_name()
+        );
+        return Err(SinkBuildError::Egress { uid, reason });
+    }
+    let Some(secret) = context.secrets.get(&sql.connection) else {
+        return Err(SinkBuildError::MissingSecret {
+            uid,
+            field: "connection",
+            name: sql.connection.clone(),
+        });
+    };
+    let url = secret.value.expose();
+    let unusable = |reason: String| SinkBuildError::Unreachable {
+        uid: uid.clone(),
+        field: "connection",
+        reason,
+    };
+    let backend: Arc<dyn SqlBackend> = if mysql {
+        Arc::new(super::mysql::MySqlBackend::new(url, sql).map_err(unusable)?)
+    } else {
+        Arc::new(super::postgres::PgBackend::new(url, sql).map_err(unusable)?)
+    };
+    Ok(Some(Arc::new(SqlSink::new(config.clone(), sql, context.entity, backend))))
+}
+
+/// A `postgres` or `mysql` sink of one deployment (or a backfill's destination).
+#[derive(Debug)]
+pub struct SqlSink {
+    config: SinkConfig,
+    layout: Layout,
+    create: bool,
+    backend: Arc<dyn SqlBackend>,
+    prepared: OnceCell<()>,
+    /// Block hashes reorg markers voided since the sink started: rows of those blocks that
+    /// arrive later (from a partition read behind the marker's) are not written.
+    orphaned: Mutex<HashSet<String>>,
+}
+
+impl SqlSink {
+    pub fn new(
+        config: SinkConfig,
+        sql: &SqlSinkConfig,
+        entity: &str,
+        backend: Arc<dyn SqlBackend>,
+    ) -> Self {
+        Self {
+            layout: Layout::new(sql, entity),
+            create: sql.create_table,
+            config,
+            backend,
+            prepared: OnceCell::new(),
+            orphaned: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn uid(&self) -> &str {
+        self.config.uid()
+    }
+
+    fn sink_error(&self, error: SqlError) -> SinkError {
+        SinkError {
+            uid: self.uid().to_owned(),
+            retryable: error.fault != Fault::Config,
+            retry_after: None,
+            source: Box::new(error),
+        }
+    }
+
+    async fn ready(&self) -> Result<(), SqlError> {
+        self.prepared
+            .get_or_try_init(|| self.backend.prepare(&self.layout, self.create))
+            .await
+            .map(|_| ())
+    }
+
+    /// The rows of `records`, the block hashes their markers void, and the records that
+    /// cannot be rows (by index, with the reason).
+    fn rows(
+        &self,
+        records: &[NewRecord],
+    ) -> (Vec<(String, Vec<Cell>)>, Vec<String>, Vec<(usize, String)>) {
+        let (mut rows, mut orphaned, mut refused) =
+            (Vec::with_capacity(records.len()), Vec::new(), Vec::new());
+        let mut hashes: Vec<Option<String>> = Vec::with_capacity(records.len());
+        for (index, record) in records.iter().enumerate() {
+            match self.layout.convert(&record.key, &record.value) {
+                Ok(Converted::Row { key, cells }) => {
+                    hashes.push(self.row_block_hash(&cells));
+                    rows.push((key, cells));
+                }
+                Ok(Converted::Orphaned(hash)) => orphaned.push(hash),
+                Err(reason) => refused.push((index, reason)),
+            }
+        }
+        let mut known = self.orphaned.lock().expect("orphaned set lock is never poisoned");
+        known.extend(orphaned.iter().cloned());
+        if !known.is_empty() {
+            let mut hashes = hashes.into_iter();
+            rows.retain(|_| hashes.next().flatten().is_none_or(|hash| !known.contains(&hash)));
+        }
+        (rows, orphaned, refused)
+    }
+
+    fn row_block_hash(&self, cells: &[Cell]) -> Option<String> {
+        let Some(BlockHash::Column(name)) = &self.layout.block_hash else { return None };
+        let index = self.layout.columns.iter().position(|c| &c.name == name)?;
+        match &cells[index] {
+            Cell::Text(hash) => Some(hash.clone()),
+            _ => None,
+        }
+    }
+
+    /// The dead letter of a record the sink could not write (the same shape as the other
+    /// external sinks').
+    fn dead_letter(&self, record: &NewRecord, reason: &str, delivery: &Delivery) -> NewRecord {
+        let body = serde_json::from_slice::<Value>(&record.value)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&record.value).into_owned()));
+        let value = json!({
+            "sink_uid": self.uid(),
+            "error": reason,
+            "attempts": 1,
+            "failed_at": sluice_core::time::format(delivery.made_at),
+            "record": body,
+        });
+        NewRecord::new(
+            record.key.clone(),
+            serde_json::to_vec(&value).expect("a dead letter serializes"),
+        )
+    }
+}
+
+#[async_trait::async_trait]
+impl Sink for SqlSink {
+    fn config(&self) -> &SinkConfig {
+        &self.config
+    }
+
+    fn managed_topic(&self) -> Option<&str> {
+        None
+    }
+
+    async fn deliver(
+        &self,
+        log: &Arc<dyn StreamLog>,
+        delivery: &Delivery,
+        side: &SideTopics,
+        settle: Settle<'_>,
+    ) -> Result<(), SinkError> {
+        self.ready().await.map_err(|error| self.sink_error(error))?;
+        let (rows, orphaned, refused) = self.rows(&delivery.out);
+        let position =
+            Position { consumer: settle.group, source: settle.source, offsets: settle.offsets };
+        let mut dead: Vec<NewRecord> = refused
+            .iter()
+            .filter_map(|(index, reason)| {
+                Some(self.dead_letter(delivery.out.get(*index)?, reason, delivery))
+            })
+            .collect();
+        if !rows.is_empty() || !orphaned.is_empty() {
+            let write = Write { rows: &rows, orphaned: &orphaned, position };
+            match self.backend.write(&self.layout, write).await {
+                Ok(_) => {}
+                Err(error) if error.fault == Fault::Data => {
+                    // The database refuses the batch's values: its rows are dead letters, and
+                    // the position moves on with no rows.
+                    tracing::warn!(sink_uid = self.uid(), rows = rows.len(), %error, "database refused the batch; its records are dead-lettered");
+                    dead = delivery
+                        .out
+                        .iter()
+                        .map(|record| self.dead_letter(record, &error.message, delivery))
+                        .collect();
+                    let empty = Write { rows: &[], orphaned: &[], position };
+                    self.backend
+                        .write(&self.layout, empty)
+                        .await
+                        .map_err(|error| self.sink_error(error))?;
+                }
+                Err(error) => return Err(self.sink_error(error)),
+            }
+        }
+        // Dead letters and script logs go first, without the offsets: the rows are committed
+        // by then only when the database holds the position too (a crash after it skips
+        // the batch, so its dead letters must already be in the log).
+        dead.extend(delivery.dead.iter().cloned());
+        if !dead.is_empty() || !delivery.logs.is_empty() {
+            let appends: [(&str, &[NewRecord]); 2] =
+                [(&side.dead_letters, &dead), (&side.logs, &delivery.logs)];
+            log.append_and_commit(&appends, settle.group, settle.source, &[])
+                .await
+                .map_err(|error| SinkError::settling(self.uid(), error))?;
+        }
+        log.commit(settle.group, settle.source, settle.offsets)
+            .await
+            .map_err(|error| SinkError::settling(self.uid(), error))
+    }
+
+    fn connection(&self, _pipeline_id: &str) -> SinkConnection {
+        let mut connection = self.backend.connection();
+        if let Value::Object(map) = &mut connection {
+            map.insert("schema".to_owned(), json!(self.layout.schema));
+            map.insert("table".to_owned(), json!(self.layout.table));
+            map.insert("mode".to_owned(), json!(self.layout.mode));
+            map.insert("columns".to_owned(), json!(self.layout.column_names().collect::<Vec<_>>()));
+            map.insert("offsets_table".to_owned(), json!(OFFSETS_TABLE));
+        }
+        SinkConnection {
+            uid: self.uid().to_owned(),
+            name: self.config.name().to_owned(),
+            sink_type: self.config.type_name(),
+            topic: String::new(),
+            records_url: String::new(),
+            connection,
+            consumer_snippets: json!({}),
+        }
+    }
+
+    async fn prepare(&self) -> Result<(), SinkBuildError> {
+        self.ready().await.map_err(|error| SinkBuildError::Unreachable {
+            uid: self.uid().to_owned(),
+            field: "connection",
+            reason: error.message,
+        })
+    }
+
+    async fn resume(&self, group: &str, source: &str) -> Result<Vec<(u32, u64)>, SinkError> {
+        self.ready().await.map_err(|error| self.sink_error(error))?;
+        self.backend
+            .positions(&self.layout, group, source)
+            .await
+            .map_err(|error| self.sink_error(error))
+    }
+
+    async fn close(&self) {
+        self.backend.close().await;
+    }
+}
+
+/// A SQL sink as a backfill destination: each chunk is one transaction, its id the position
+/// (so a chunk delivered again after a restart is skipped).
+#[async_trait::async_trait]
+impl Transport for SqlSink {
+    async fn send(&self, batch: Batch<'_>) -> Result<Sent, TransportError> {
+        let failed = |error: SqlError| match error.fault {
+            Fault::Unavailable => TransportError::retryable(error.message),
+            Fault::Data | Fault::Config => TransportError::rejected(error.message),
+        };
+        self.ready().await.map_err(failed)?;
+        let (rows, orphaned, refused) = self.rows(batch.records);
+        let source = format!("backfill:{}", self.layout.table);
+        let position = Position { consumer: batch.id, source: &source, offsets: &[(0, 1)] };
+        self.backend
+            .write(&self.layout, Write { rows: &rows, orphaned: &orphaned, position })
+            .await
+            .map_err(failed)?;
+        Ok(Sent { rejected: refused })
+    }
+
+    fn connection(&self) -> Value {
+        Sink::connection(self, "").connection
+    }
+
+    async fn close(&self) {
+        self.backend.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::already_applied;
+
+    #[test]
+    fn a_batch_is_applied_only_when_every_partition_is_at_or_past_it() {
+        assert!(already_applied(&[(0, 10), (1, 5)], &[(0, 10), (1, 4)]));
+        assert!(!already_applied(&[(0, 10)], &[(0, 10), (1, 4)]));
+        assert!(!already_applied(&[(0, 9)], &[(0, 10)]));
+        assert!(!already_applied(&[(0, 9)], &[]));
+    }
+}

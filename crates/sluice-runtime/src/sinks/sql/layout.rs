@@ -1,0 +1,432 @@
+//! A SQL sink's table layout and the rows it makes of records (docs/sinks.md "Table
+//! layout"): the record key, then typed columns (from the stream's schema with `columns:
+//! "auto"`, or the user's mapping), then what else the record carries as JSON.
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, TimeZone, Utc};
+use serde_json::{Map, Value};
+use sluice_core::pipeline::{SqlColumns, SqlSinkConfig, SqlWriteMode};
+use sluice_core::streams::{self, EntitySchema, TimeUnit};
+
+/// The SQL type of a column, spelled by each database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnType {
+    /// The record key (the primary key in `upsert` mode).
+    Key,
+    BigInt,
+    Double,
+    Bool,
+    Text,
+    /// An exact decimal (`numeric` in PostgreSQL; text in MySQL, whose DECIMAL cannot hold a
+    /// uint256).
+    Numeric,
+    Timestamp,
+    Json,
+}
+
+/// Where a column's value comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    Key,
+    /// A field of the record (a dotted path reads nested objects).
+    Field(Vec<String>),
+    /// The entity's event time.
+    Time,
+    /// The fields the layout has no column for, as one object (`None` when there are none).
+    Extra,
+    /// The whole record.
+    Record,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub name: String,
+    pub ty: ColumnType,
+    source: Source,
+}
+
+/// One value of a row, already checked against its column's type.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cell {
+    Null,
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    /// Text, a key, or a decimal number's digits.
+    Text(String),
+    Time(DateTime<Utc>),
+    /// A JSON document, serialized.
+    Json(String),
+}
+
+/// The table a sink writes and how records become its rows.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub schema: Option<String>,
+    pub table: String,
+    pub mode: SqlWriteMode,
+    pub columns: Vec<Column>,
+    entity: String,
+    time_unit: TimeUnit,
+    envelope: Option<&'static str>,
+    /// Top-level names of the fields that have a column of their own.
+    covered: HashSet<String>,
+    /// The column holding a record's block hash, which reorg markers delete by.
+    pub block_hash: Option<BlockHash>,
+}
+
+/// How a reorg marker finds the rows of its block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlockHash {
+    /// A column of its own.
+    Column(String),
+    /// The `block_hash` field inside this JSON column.
+    InJson(String),
+}
+
+/// What a record is for the sink.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Converted {
+    Row {
+        key: String,
+        cells: Vec<Cell>,
+    },
+    /// A reorg marker: the rows of this block hash are void.
+    Orphaned(String),
+}
+
+fn column_type(description: &str) -> ColumnType {
+    let starts = |prefix: &str| description.starts_with(prefix);
+    if starts("string, RFC 3339") || starts("integer, Unix milliseconds") {
+        ColumnType::Timestamp
+    } else if starts("integer") {
+        ColumnType::BigInt
+    } else if starts("number") {
+        ColumnType::Double
+    } else if starts("boolean") {
+        ColumnType::Bool
+    } else if starts("string, decimal") {
+        ColumnType::Numeric
+    } else if starts("object") || starts("array") {
+        ColumnType::Json
+    } else {
+        ColumnType::Text
+    }
+}
+
+fn column(name: &str, ty: ColumnType, source: Source) -> Column {
+    Column { name: name.to_owned(), ty, source }
+}
+
+impl Layout {
+    /// The layout of `config`'s table for records of `entity`.
+    pub fn new(config: &SqlSinkConfig, entity: &str) -> Self {
+        let schema = streams::entity_schema(entity);
+        let mut columns = vec![column("key", ColumnType::Key, Source::Key)];
+        let mut covered = HashSet::new();
+        match (&config.columns, schema) {
+            (SqlColumns::Auto, Some(schema)) => {
+                for (field, description) in schema.fields {
+                    covered.insert((*field).to_owned());
+                    let source = Source::Field(vec![(*field).to_owned()]);
+                    columns.push(column(field, column_type(description), source));
+                }
+                columns.push(column("extra", ColumnType::Json, Source::Extra));
+            }
+            (SqlColumns::Auto, None) => {
+                columns.push(column("time", ColumnType::Timestamp, Source::Time));
+                columns.push(column("record", ColumnType::Json, Source::Record));
+            }
+            (SqlColumns::Mapped(mapped), schema) => {
+                for (field, name) in mapped {
+                    let path: Vec<String> = field.split('.').map(str::to_owned).collect();
+                    let ty = schema
+                        .and_then(|schema| schema.fields.iter().find(|(f, _)| *f == field.as_str()))
+                        .map_or(ColumnType::Json, |(_, description)| column_type(description));
+                    covered.insert(path[0].clone());
+                    columns.push(column(name, ty, Source::Field(path)));
+                }
+            }
+        }
+        let block_hash = columns
+            .iter()
+            .find(|c| c.source == Source::Field(vec!["block_hash".to_owned()]))
+            .map(|c| BlockHash::Column(c.name.clone()))
+            .or_else(|| {
+                columns
+                    .iter()
+                    .find(|c| c.source == Source::Record)
+                    .map(|c| BlockHash::InJson(c.name.clone()))
+            });
+        Self {
+            schema: config.schema.clone(),
+            table: config.table.clone(),
+            mode: config.mode,
+            columns,
+            entity: entity.to_owned(),
+            time_unit: schema.map_or(TimeUnit::Seconds, |s: &EntitySchema| s.time_unit),
+            envelope: schema.and_then(|s| s.envelope),
+            covered,
+            block_hash,
+        }
+    }
+
+    /// The names of the columns, in order.
+    pub fn column_names(&self) -> impl Iterator<Item = &str> {
+        self.columns.iter().map(|c| c.name.as_str())
+    }
+
+    /// What `value` (a record with stream key `key`) becomes.
+    ///
+    /// # Errors
+    /// Why the record cannot be a row (a value its column's type cannot hold); the record is
+    /// dead-lettered with it.
+    pub fn convert(&self, key: &[u8], value: &[u8]) -> Result<Converted, String> {
+        let key = std::str::from_utf8(key).map_err(|_| "the record key is not UTF-8")?.to_owned();
+        let record: Value =
+            serde_json::from_slice(value).map_err(|e| format!("the record is not JSON: {e}"))?;
+        if let Some(hash) = reorg_marker(&record).filter(|_| self.block_hash.is_some()) {
+            return Ok(Converted::Orphaned(hash));
+        }
+        let top = record.as_object();
+        let fields = match (self.envelope, top) {
+            (Some(envelope), Some(top)) => {
+                top.get(envelope).and_then(Value::as_object).or(Some(top))
+            }
+            (_, top) => top,
+        };
+        let needs_object = self.columns.iter().any(|c| matches!(c.source, Source::Field(_)));
+        if needs_object && fields.is_none() {
+            return Err("the record is not a JSON object".to_owned());
+        }
+        let mut cells = Vec::with_capacity(self.columns.len());
+        for column in &self.columns {
+            let cell = match &column.source {
+                Source::Key => Cell::Text(key.clone()),
+                Source::Field(path) => {
+                    let found = fields.and_then(|fields| lookup(fields, path));
+                    self.cell(column, found.unwrap_or(&Value::Null))?
+                }
+                Source::Time => top
+                    .and_then(|top| streams::event_time(&self.entity, top))
+                    .map_or(Cell::Null, Cell::Time),
+                Source::Extra => self.extra(top, fields),
+                Source::Record => Cell::Json(json_text(&record)?),
+            };
+            cells.push(cell);
+        }
+        Ok(Converted::Row { key, cells })
+    }
+
+    /// The fields without a column of their own, as one object (NULL when there are none).
+    fn extra(&self, top: Option<&Map<String, Value>>, fields: Option<&Map<String, Value>>) -> Cell {
+        let mut extra = Map::new();
+        if let Some(fields) = fields {
+            for (name, value) in fields {
+                if !self.covered.contains(name) {
+                    extra.insert(name.clone(), value.clone());
+                }
+            }
+        }
+        // Beside an envelope: the record's other top-level fields.
+        if let (Some(envelope), Some(top)) = (self.envelope, top) {
+            if top.get(envelope).is_some_and(Value::is_object) {
+                for (name, value) in top {
+                    if name != envelope {
+                        extra.insert(name.clone(), value.clone());
+                    }
+                }
+            }
+        }
+        if extra.is_empty() {
+            return Cell::Null;
+        }
+        json_text(&Value::Object(extra)).map_or(Cell::Null, Cell::Json)
+    }
+
+    fn cell(&self, column: &Column, value: &Value) -> Result<Cell, String> {
+        let wrong = |what: &str| {
+            Err(format!("field for column '{}' is {}, expected {what}", column.name, kind(value)))
+        };
+        if value.is_null() {
+            return Ok(Cell::Null);
+        }
+        match column.ty {
+            ColumnType::Key | ColumnType::Text => match value {
+                Value::String(text) => plain_text(text, &column.name).map(Cell::Text),
+                other => json_text(other).map(Cell::Text),
+            },
+            ColumnType::BigInt => match value {
+                Value::Number(n) if n.is_i64() => Ok(Cell::Int(n.as_i64().unwrap_or_default())),
+                Value::String(text) => match text.parse::<i64>() {
+                    Ok(n) => Ok(Cell::Int(n)),
+                    Err(_) => wrong("an integer"),
+                },
+                _ => wrong("an integer"),
+            },
+            ColumnType::Double => match value {
+                Value::Number(n) => Ok(Cell::Float(n.as_f64().unwrap_or_default())),
+                Value::String(text) => match text.parse::<f64>() {
+                    Ok(n) if n.is_finite() => Ok(Cell::Float(n)),
+                    _ => wrong("a number"),
+                },
+                _ => wrong("a number"),
+            },
+            ColumnType::Bool => match value {
+                Value::Bool(b) => Ok(Cell::Bool(*b)),
+                _ => wrong("a boolean"),
+            },
+            ColumnType::Numeric => {
+                let text = match value {
+                    Value::String(text) => text.clone(),
+                    Value::Number(n) => n.to_string(),
+                    _ => return wrong("a decimal number"),
+                };
+                if is_decimal(&text) { Ok(Cell::Text(text)) } else { wrong("a decimal number") }
+            }
+            ColumnType::Timestamp => match streams_time(value, self.time_unit) {
+                Some(at) => Ok(Cell::Time(at)),
+                None => wrong("an RFC 3339 time or a Unix time"),
+            },
+            ColumnType::Json => json_text(value).map(Cell::Json),
+        }
+    }
+}
+
+/// The block hash of a reorg marker (docs/chains.md "Reorg marker").
+fn reorg_marker(record: &Value) -> Option<String> {
+    if record.get("reorg") != Some(&Value::Bool(true)) {
+        return None;
+    }
+    record.get("block_hash")?.as_str().map(str::to_owned)
+}
+
+fn lookup<'v>(fields: &'v Map<String, Value>, path: &[String]) -> Option<&'v Value> {
+    let (first, rest) = path.split_first()?;
+    rest.iter().try_fold(fields.get(first)?, |value, part| value.get(part))
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn streams_time(value: &Value, unit: TimeUnit) -> Option<DateTime<Utc>> {
+    match value {
+        Value::String(text) => DateTime::parse_from_rfc3339(text).ok().map(|at| at.to_utc()),
+        Value::Number(n) => {
+            let n = n.as_i64()?;
+            match unit {
+                TimeUnit::Seconds => Utc.timestamp_opt(n, 0).single(),
+                TimeUnit::Millis => Utc.timestamp_millis_opt(n).single(),
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Text no database refuses: without NUL (neither PostgreSQL's text nor its jsonb holds one).
+fn plain_text(text: &str, column: &str) -> Result<String, String> {
+    if text.contains('\0') {
+        return Err(format!("field for column '{column}' holds a NUL character"));
+    }
+    Ok(text.to_owned())
+}
+
+fn json_text(value: &Value) -> Result<String, String> {
+    let text = serde_json::to_string(value).map_err(|e| e.to_string())?;
+    if text.contains("\\u0000") {
+        return Err("the record holds a NUL character (\\u0000), which jsonb cannot".to_owned());
+    }
+    Ok(text)
+}
+
+/// `[-]digits[.digits][e[±]digits]`.
+fn is_decimal(text: &str) -> bool {
+    let body = text.strip_prefix('-').unwrap_or(text);
+    let (mantissa, exponent) = match body.split_once(['e', 'E']) {
+        Some((m, e)) => (m, Some(e.strip_prefix(['+', '-']).unwrap_or(e))),
+        None => (body, None),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, "0"));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    digits(whole) && digits(fraction) && exponent.is_none_or(digits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use sluice_core::pipeline::SqlColumns;
+
+    fn config(columns: SqlColumns) -> SqlSinkConfig {
+        SqlSinkConfig {
+            name: "out".to_owned(),
+            connection: "DB".to_owned(),
+            schema: None,
+            table: "transfers".to_owned(),
+            mode: SqlWriteMode::Insert,
+            create_table: true,
+            columns,
+            uid: "sk-1".to_owned(),
+        }
+    }
+
+    #[test]
+    fn auto_columns_type_the_schema_fields_and_keep_extras_as_json() {
+        let layout = Layout::new(&config(SqlColumns::Auto), "erc20_token_transfer");
+        let names: Vec<&str> = layout.column_names().collect();
+        assert_eq!(names[0], "key");
+        assert_eq!(*names.last().unwrap(), "extra");
+        let ty = |name: &str| layout.columns.iter().find(|c| c.name == name).unwrap().ty;
+        assert_eq!(ty("block_number"), ColumnType::BigInt);
+        assert_eq!(ty("block_timestamp"), ColumnType::Timestamp);
+        assert_eq!(ty("raw_amount_str"), ColumnType::Numeric);
+        assert_eq!(ty("amount"), ColumnType::Double);
+        assert_eq!(ty("token_address"), ColumnType::Text);
+        let record = json!({"block_number": 7, "block_timestamp": "2026-11-21T12:00:00Z",
+            "raw_amount_str": "1000000", "seen_by": "sluice"});
+        let Converted::Row { key, cells } =
+            layout.convert(b"0xab:1", record.to_string().as_bytes()).unwrap()
+        else {
+            panic!("a row")
+        };
+        assert_eq!(key, "0xab:1");
+        let cell = |name: &str| &cells[names.iter().position(|n| *n == name).unwrap()];
+        assert_eq!(cell("block_number"), &Cell::Int(7));
+        assert_eq!(cell("raw_amount_str"), &Cell::Text("1000000".to_owned()));
+        assert_eq!(cell("token_name"), &Cell::Null);
+        assert_eq!(cell("extra"), &Cell::Json(r#"{"seen_by":"sluice"}"#.to_owned()));
+        let bad = json!({"block_number": "seven"});
+        let error = layout.convert(b"k", bad.to_string().as_bytes()).unwrap_err();
+        assert!(error.contains("block_number"), "{error}");
+    }
+
+    #[test]
+    fn reorg_markers_name_their_block_and_unknown_entities_keep_the_record() {
+        let layout = Layout::new(&config(SqlColumns::Auto), "log");
+        let marker = json!({"reorg": true, "block_hash": "0xdead", "block_number": 3});
+        let converted = layout.convert(b"k", marker.to_string().as_bytes()).unwrap();
+        assert_eq!(converted, Converted::Orphaned("0xdead".to_owned()));
+        let layout = Layout::new(&config(SqlColumns::Auto), "not_an_entity");
+        assert_eq!(layout.column_names().collect::<Vec<_>>(), ["key", "time", "record"]);
+        assert_eq!(layout.block_hash, Some(BlockHash::InJson("record".to_owned())));
+    }
+
+    #[test]
+    fn decimals_are_checked_before_the_database_sees_them() {
+        for good in ["0", "-12.5", "1e18", "3.0E-2"] {
+            assert!(is_decimal(good), "{good}");
+        }
+        for bad in ["", "1.", ".5", "0x10", "1e", "NaN", "1 2"] {
+            assert!(!is_decimal(bad), "{bad}");
+        }
+    }
+}
