@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice_core::pipeline::{SqlSinkConfig, SqlWriteMode};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection as _, Executor as _, Row as _};
 
 use super::sql::{
@@ -21,6 +21,8 @@ use super::sql::{
 };
 
 const MAX_CONNECTIONS: u32 = 8;
+/// How long a deploy waits for the database to answer.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest INSERT statement sent (MySQL's `max_allowed_packet` is 16 MiB or more by default
 /// on MariaDB 10.11 and MySQL 8).
 const STATEMENT_BYTES: usize = 4 << 20;
@@ -30,6 +32,9 @@ const MAX_KEY_CHARS: usize = 255;
 #[derive(Debug)]
 pub struct MySqlBackend {
     pool: MySqlPool,
+    /// For the deploy's first connection, which fails at once (the pool would retry until
+    /// its acquire timeout).
+    options: MySqlConnectOptions,
     /// The URL's database, used when the sink names no `schema`.
     database: Option<String>,
     shown: Value,
@@ -62,15 +67,18 @@ impl MySqlBackend {
                     conn.execute(
                         "SET SESSION sql_mode = REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')",
                     )
-                    .await
-                    .map(|_| ())
+                    .await?;
+                    // No gap locks: two workers' first positions would deadlock on them.
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await
+                        .map(|_| ())
                 })
             })
             .max_connections(MAX_CONNECTIONS)
             .min_connections(0)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options);
-        Ok(Self { pool, database, shown: describe_url(&url, "mysql") })
+            .connect_lazy_with(options.clone());
+        Ok(Self { pool, options, database, shown: describe_url(&url, "mysql") })
     }
 
     fn schema<'a>(&'a self, layout: &'a Layout) -> &'a str {
@@ -300,6 +308,18 @@ impl MySqlBackend {
 #[async_trait::async_trait]
 impl SqlBackend for MySqlBackend {
     async fn prepare(&self, layout: &Layout, create: bool) -> Result<(), SqlError> {
+        let probe =
+            tokio::time::timeout(CONNECT_TIMEOUT, MySqlConnection::connect_with(&self.options));
+        match probe.await {
+            Ok(Ok(conn)) => drop(conn.close().await),
+            Ok(Err(error)) => return Err(classify(&error)),
+            Err(_) => {
+                return Err(SqlError {
+                    message: "MySQL: connecting timed out".to_owned(),
+                    fault: Fault::Unavailable,
+                });
+            }
+        }
         if create {
             self.create(layout).await?;
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice_core::pipeline::{SqlSinkConfig, SqlWriteMode};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection as _, Row as _};
 
 use super::sql::{
@@ -18,12 +18,17 @@ use super::sql::{
 
 /// Connections a sink keeps: one per worker of the largest pod size.
 const MAX_CONNECTIONS: u32 = 8;
+/// How long a deploy waits for the database to answer.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Rows sent to `COPY` per message.
 const COPY_CHUNK_BYTES: usize = 1 << 20;
 
 #[derive(Debug)]
 pub struct PgBackend {
     pool: PgPool,
+    /// For the deploy's first connection, which fails at once (the pool would retry until
+    /// its acquire timeout).
+    options: PgConnectOptions,
     shown: Value,
 }
 
@@ -43,8 +48,8 @@ impl PgBackend {
             .max_connections(MAX_CONNECTIONS)
             .min_connections(0)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options);
-        Ok(Self { pool, shown: describe_url(url, "postgresql") })
+            .connect_lazy_with(options.clone());
+        Ok(Self { pool, options, shown: describe_url(url, "postgresql") })
     }
 }
 
@@ -237,6 +242,18 @@ impl PgBackend {
 #[async_trait::async_trait]
 impl SqlBackend for PgBackend {
     async fn prepare(&self, layout: &Layout, create: bool) -> Result<(), SqlError> {
+        let probe =
+            tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&self.options));
+        match probe.await {
+            Ok(Ok(conn)) => drop(conn.close().await),
+            Ok(Err(error)) => return Err(classify(&error)),
+            Err(_) => {
+                return Err(SqlError {
+                    message: "PostgreSQL: connecting timed out".to_owned(),
+                    fault: Fault::Unavailable,
+                });
+            }
+        }
         if create {
             self.create(layout).await.map_err(|e| classify(&e))?;
         }

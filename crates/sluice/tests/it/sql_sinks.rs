@@ -87,7 +87,7 @@ impl UserDb {
         use sqlx::Row as _;
         let sql = match self.kind {
             Kind::Postgres => format!("SELECT \"key\" FROM {table}"),
-            Kind::Mysql => format!("SELECT `key` FROM {table}"),
+            Kind::Mysql => format!("SELECT CAST(`key` AS CHAR) FROM {table}"),
         };
         let keys: Vec<String> = match (&self.pg, &self.my) {
             (Some(pg), _) => {
@@ -230,7 +230,7 @@ async fn exact_rows_and_a_reorg(kind: Kind) {
              token_name, extra::text FROM transfers ORDER BY \"key\""
         }
         Kind::Mysql => {
-            "SELECT `key`, CAST(block_number AS CHAR), block_hash, token_symbol, raw_amount_str, \
+            "SELECT CAST(`key` AS CHAR), CAST(block_number AS CHAR), block_hash, token_symbol, raw_amount_str, \
              DATE_FORMAT(block_timestamp, '%Y-%m-%dT%H:%i:%s'), CAST(amount AS CHAR), token_name, \
              CAST(extra AS CHAR) FROM transfers ORDER BY `key`"
         }
@@ -352,6 +352,8 @@ async fn a_missing_secret_or_a_database_that_cannot_be_reached_is_a_422_at_the_c
 struct Outage {
     port: u16,
     up: Arc<AtomicBool>,
+    /// Connections forwarded now.
+    open: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Outage {
@@ -359,11 +361,12 @@ impl Outage {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let up = Arc::new(AtomicBool::new(true));
-        let flag = up.clone();
+        let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (flag, count) = (up.clone(), open.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((mut inbound, _)) = listener.accept().await else { return };
-                let flag = flag.clone();
+                let (flag, count) = (flag.clone(), count.clone());
                 tokio::spawn(async move {
                     if !flag.load(Ordering::SeqCst) {
                         return;
@@ -373,6 +376,7 @@ impl Outage {
                     else {
                         return;
                     };
+                    count.fetch_add(1, Ordering::SeqCst);
                     let copy = tokio::io::copy_bidirectional(&mut inbound, &mut outbound);
                     let watch = async {
                         while flag.load(Ordering::SeqCst) {
@@ -380,14 +384,19 @@ impl Outage {
                         }
                     };
                     tokio::select! { _ = copy => {}, () = watch => {} }
+                    count.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         });
-        Self { port, up }
+        Self { port, up, open }
     }
 
-    fn set(&self, up: bool) {
+    /// Up or down; down returns once every forwarded connection is cut.
+    async fn set(&self, up: bool) {
         self.up.store(up, Ordering::SeqCst);
+        while !up && self.open.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }
 
@@ -408,7 +417,7 @@ async fn outage_is_held_then_delivered(kind: Kind) {
     let first: Vec<Value> = (0..10).map(|n| transfer(n, HASH_B)).collect();
     push(&client, &base, &first, false).await;
     db.wait_rows("held", 10).await;
-    outage.set(false);
+    outage.set(false).await;
     let second: Vec<Value> = (10..20).map(|n| transfer(n, HASH_B)).collect();
     push(&client, &base, &second, false).await;
     // The worker says it is held on its sink, and nothing more reached the table.
@@ -423,7 +432,7 @@ async fn outage_is_held_then_delivered(kind: Kind) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(db.keys("held").await.unwrap().len(), 10);
-    outage.set(true);
+    outage.set(true).await;
     let keys = db.wait_rows("held", 20).await;
     assert!(keys.values().all(|n| *n == 1), "{keys:?}");
     assert!(server.terminate());
@@ -613,4 +622,72 @@ async fn a_backfill_into_postgres_lands_the_window_in_the_pipelines_table() {
         .await;
     assert_eq!(chunks, vec![vec![Some("3".to_owned())]]);
     assert!(server.terminate());
+}
+
+/// The crash window itself, made on purpose: the database holds rows and positions the
+/// stream log never heard of (a sink that committed, then died before the log's commit).
+/// The deploy that resumes must start from the database's positions, not write them again.
+async fn resumes_from_the_databases_positions(kind: Kind) {
+    let db = UserDb::new(kind, "sql_resume").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let server = start(dir.path(), port);
+    let (base, client) = (server.base.clone(), client());
+    put_secret(&client, &base, "DB", &db.url).await;
+    let sink = json!({"name": "rows", "connection": "DB", "table": "resumed"});
+    let (id, status, deployed) =
+        deploy(&client, &base, pipeline(&db, sink, false, json!([]), "S")).await;
+    assert_eq!(status, 200, "{deployed}");
+    let (status, paused) =
+        send(&client, Method::POST, &format!("{base}/api/v1/beam/{id}/pause"), None).await;
+    assert_eq!(status, 200, "{paused}");
+    // A fresh stream: every partition starts at offset 0, so each record's offset is the
+    // count of the records of its partition before it.
+    let records: Vec<Value> = (0..40).map(|n| transfer(n, HASH_B)).collect();
+    push(&client, &base, &records, false).await;
+    let mut by_partition: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for n in 0..40 {
+        let partition = sluice_bus::partition_for_key(key_of(n).as_bytes(), 8);
+        by_partition.entry(partition).or_default().push(n);
+    }
+    // The even partitions' records "were written" by a sink that died before the log's
+    // commit: rows marked MANUAL, positions at their partitions' ends.
+    let (mut statements, mut manual) = (Vec::new(), BTreeSet::new());
+    for (partition, numbers) in by_partition.iter().filter(|(p, _)| *p % 2 == 0) {
+        for n in numbers {
+            manual.insert(key_of(*n));
+            statements.push(format!(
+                "INSERT INTO resumed ({}, token_symbol) VALUES ('{}', 'MANUAL')",
+                if kind == Kind::Postgres { "\"key\"" } else { "`key`" },
+                key_of(*n)
+            ));
+        }
+        statements.push(format!(
+            "INSERT INTO sluice_sink_offsets (consumer, source, part, next_offset) \
+             VALUES ('deploy.{id}', 'base.erc20_token_transfer', {partition}, {})",
+            numbers.len()
+        ));
+    }
+    assert!(!manual.is_empty() && manual.len() < 40, "both kinds of partition: {by_partition:?}");
+    for statement in &statements {
+        db.texts(statement).await;
+    }
+    let (status, deployed) =
+        send(&client, Method::POST, &format!("{base}/api/v1/beam/{id}/deploy"), None).await;
+    assert_eq!(status, 200, "{deployed}");
+    let keys = db.wait_rows("resumed", 40).await;
+    assert!(keys.values().all(|n| *n == 1), "written twice: {keys:?}");
+    let symbols = db.texts("SELECT token_symbol FROM resumed WHERE token_symbol = 'MANUAL'").await;
+    assert_eq!(symbols.len(), manual.len(), "the even partitions were not written again");
+    assert!(server.terminate());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_sink_resumes_from_the_position_its_transaction_committed() {
+    resumes_from_the_databases_positions(Kind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_sink_resumes_from_the_position_its_transaction_committed() {
+    resumes_from_the_databases_positions(Kind::Mysql).await;
 }
