@@ -16,7 +16,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOpti
 use sqlx::{Connection as _, Executor as _, Row as _};
 
 use super::sql::{
-    BlockHash, Cell, ColumnType, Fault, Layout, OFFSETS_TABLE, SqlBackend, SqlError, Write,
+    BlockHash, Cell, ColumnType, Fault, Layout, OFFSETS_TABLE, Row, SqlBackend, SqlError, Write,
     Written, already_applied, describe_url,
 };
 
@@ -247,11 +247,7 @@ impl MySqlBackend {
     }
 
     /// The INSERT statements of `rows`, each under [`STATEMENT_BYTES`].
-    fn inserts(
-        &self,
-        layout: &Layout,
-        rows: &[(String, Vec<Cell>)],
-    ) -> Result<Vec<String>, SqlError> {
+    fn inserts(&self, layout: &Layout, rows: &[Row]) -> Result<Vec<String>, SqlError> {
         let columns: Vec<String> = layout.column_names().map(quote).collect();
         let head = format!(
             "INSERT INTO {} ({}) VALUES ",

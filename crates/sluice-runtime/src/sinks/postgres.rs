@@ -12,7 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection as _, Row as _};
 
 use super::sql::{
-    BlockHash, Cell, ColumnType, Fault, Layout, OFFSETS_TABLE, SqlBackend, SqlError, Write,
+    BlockHash, Cell, ColumnType, Fault, Layout, OFFSETS_TABLE, Row, SqlBackend, SqlError, Write,
     Written, already_applied, describe_url,
 };
 
@@ -214,7 +214,7 @@ impl PgBackend {
     }
 
     /// The rows in COPY's text format, in chunks.
-    fn copy_data(rows: &[(String, Vec<Cell>)]) -> Vec<String> {
+    fn copy_data(rows: &[Row]) -> Vec<String> {
         let mut chunks = Vec::new();
         let mut out = String::with_capacity(COPY_CHUNK_BYTES + 4096);
         for (_, cells) in rows {

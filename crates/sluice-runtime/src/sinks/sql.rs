@@ -58,6 +58,18 @@ impl SqlError {
     }
 }
 
+/// A row: the record key and the cells, in the layout's column order.
+pub type Row = (String, Vec<Cell>);
+
+/// A batch's records as the sink writes them.
+struct Rows {
+    rows: Vec<Row>,
+    /// Block hashes the batch's reorg markers void.
+    orphaned: Vec<String>,
+    /// Records that cannot be rows, by index in the batch, with the reason.
+    refused: Vec<(usize, String)>,
+}
+
 /// Where a write brings its consumer: `(partition, next offset)` of `source` for `consumer`.
 #[derive(Debug, Clone, Copy)]
 pub struct Position<'a> {
@@ -69,7 +81,7 @@ pub struct Position<'a> {
 /// One transaction of a sink.
 #[derive(Debug, Clone, Copy)]
 pub struct Write<'a> {
-    pub rows: &'a [(String, Vec<Cell>)],
+    pub rows: &'a [Row],
     /// Block hashes whose rows are deleted (after the rows are written).
     pub orphaned: &'a [String],
     pub position: Position<'a>,
@@ -233,11 +245,8 @@ impl SqlSink {
     }
 
     /// The rows of `records`, the block hashes their markers void, and the records that
-    /// cannot be rows (by index, with the reason).
-    fn rows(
-        &self,
-        records: &[NewRecord],
-    ) -> (Vec<(String, Vec<Cell>)>, Vec<String>, Vec<(usize, String)>) {
+    /// cannot be rows.
+    fn rows(&self, records: &[NewRecord]) -> Rows {
         let (mut rows, mut orphaned, mut refused) =
             (Vec::with_capacity(records.len()), Vec::new(), Vec::new());
         let mut hashes: Vec<Option<String>> = Vec::with_capacity(records.len());
@@ -257,7 +266,7 @@ impl SqlSink {
             let mut hashes = hashes.into_iter();
             rows.retain(|_| hashes.next().flatten().is_none_or(|hash| !known.contains(&hash)));
         }
-        (rows, orphaned, refused)
+        Rows { rows, orphaned, refused }
     }
 
     fn row_block_hash(&self, cells: &[Cell]) -> Option<String> {
@@ -306,7 +315,7 @@ impl Sink for SqlSink {
         settle: Settle<'_>,
     ) -> Result<(), SinkError> {
         self.ready().await.map_err(|error| self.sink_error(error))?;
-        let (rows, orphaned, refused) = self.rows(&delivery.out);
+        let Rows { rows, orphaned, refused } = self.rows(&delivery.out);
         let position =
             Position { consumer: settle.group, source: settle.source, offsets: settle.offsets };
         let mut dead: Vec<NewRecord> = refused
@@ -404,7 +413,7 @@ impl Transport for SqlSink {
             Fault::Data | Fault::Config => TransportError::rejected(error.message),
         };
         self.ready().await.map_err(failed)?;
-        let (rows, orphaned, refused) = self.rows(batch.records);
+        let Rows { rows, orphaned, refused } = self.rows(batch.records);
         let source = format!("backfill:{}", self.layout.table);
         let position = Position { consumer: batch.id, source: &source, offsets: &[(0, 1)] };
         self.backend
