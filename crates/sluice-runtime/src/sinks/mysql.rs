@@ -234,14 +234,34 @@ impl MySqlBackend {
                 "table {schema}.{OFFSETS_TABLE} does not exist (create_table is false)"
             )));
         }
-        // Privileges: a read of the offsets table under a lock, as each batch does.
+        // Privileges: each statement a batch runs, on no rows, in a transaction rolled back
+        // (MySQL checks a statement's privileges whatever rows it touches).
+        let (table, offsets) =
+            (self.qualified(layout, &layout.table), self.qualified(layout, OFFSETS_TABLE));
+        let mut probes = vec![
+            format!("SELECT part FROM {offsets} WHERE consumer = '' FOR UPDATE"),
+            format!(
+                "INSERT INTO {offsets} (consumer, source, part, next_offset) SELECT '', '', 0, 0 \
+                 FROM DUAL WHERE 1 = 0 ON DUPLICATE KEY UPDATE next_offset = VALUES(next_offset)"
+            ),
+        ];
+        let upsert = if layout.mode == SqlWriteMode::Upsert {
+            " ON DUPLICATE KEY UPDATE `key` = VALUES(`key`)"
+        } else {
+            ""
+        };
+        probes.push(format!("INSERT INTO {table} (`key`) SELECT '' FROM DUAL WHERE 1 = 0{upsert}"));
+        if layout.block_hash.is_some() {
+            probes.push(format!("DELETE FROM {table} WHERE 1 = 0"));
+        }
         let mut conn = self.pool.acquire().await.map_err(|e| classify(&e))?;
         let mut tx = conn.begin().await.map_err(|e| classify(&e))?;
-        let probe = format!(
-            "SELECT part FROM {} WHERE consumer = '' FOR UPDATE",
-            self.qualified(layout, OFFSETS_TABLE)
-        );
-        (&mut *tx).execute(probe.as_str()).await.map_err(|e| classify(&e))?;
+        for probe in &probes {
+            (&mut *tx)
+                .execute(probe.as_str())
+                .await
+                .map_err(|e| SqlError::config(classify(&e).message))?;
+        }
         tx.rollback().await.map_err(|e| classify(&e))?;
         Ok(())
     }

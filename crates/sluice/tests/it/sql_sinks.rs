@@ -691,3 +691,57 @@ async fn postgres_sink_resumes_from_the_position_its_transaction_committed() {
 async fn mysql_sink_resumes_from_the_position_its_transaction_committed() {
     resumes_from_the_databases_positions(Kind::Mysql).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_user_without_the_privileges_is_a_422_saying_which() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let server = start(dir.path(), port);
+    let (base, client) = (server.base.clone(), client());
+    for kind in [Kind::Postgres, Kind::Mysql] {
+        let db = UserDb::new(kind, "sql_grants").await;
+        // The owner's deploy makes the tables.
+        put_secret(&client, &base, "OWNER", &db.url).await;
+        let sink = json!({"name": "rows", "connection": "OWNER", "table": "granted"});
+        let (_, status, deployed) =
+            deploy(&client, &base, pipeline(&db, sink, false, json!([]), "S")).await;
+        assert_eq!(status, 200, "{deployed}");
+        // A user who may only read them.
+        let reader = format!("reader_{}", std::process::id());
+        let reader_url = match kind {
+            Kind::Postgres => {
+                for sql in [
+                    format!("DROP ROLE IF EXISTS {reader}"),
+                    format!("CREATE ROLE {reader} LOGIN"),
+                    format!("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {reader}"),
+                ] {
+                    db.texts(&sql).await;
+                }
+                db.url.replacen("postgres@", &format!("{reader}@"), 1)
+            }
+            Kind::Mysql => {
+                let database = db.url.rsplit_once('/').unwrap().1.to_owned();
+                for sql in [
+                    format!("DROP USER IF EXISTS '{reader}'@'%'"),
+                    format!("CREATE USER '{reader}'@'%'"),
+                    format!("GRANT SELECT ON {database}.* TO '{reader}'@'%'"),
+                ] {
+                    db.texts(&sql).await;
+                }
+                db.url.replacen("root@", &format!("{reader}@"), 1)
+            }
+        };
+        put_secret(&client, &base, "READER", &reader_url).await;
+        let sink = json!({"name": "rows", "connection": "READER", "table": "granted"});
+        let (_, status, error) =
+            deploy(&client, &base, pipeline(&db, sink, false, json!([]), "S")).await;
+        assert_eq!(status, 422, "{kind:?}: {error}");
+        let msg = error["detail"][0]["msg"].as_str().unwrap().to_owned();
+        let says = match kind {
+            Kind::Postgres => msg.contains("lacks INSERT") || msg.contains("lacks UPDATE"),
+            Kind::Mysql => msg.contains("denied"),
+        };
+        assert!(says, "{kind:?}: {msg}");
+    }
+    assert!(server.terminate());
+}
