@@ -30,14 +30,15 @@ struct UserDb {
 
 impl UserDb {
     async fn new(kind: Kind, name: &str) -> Self {
-        let name = format!("{name}_{}", std::process::id());
         match kind {
             Kind::Postgres => {
-                let url = crate::process::fresh_postgres_database(&name).await;
+                // Named `<name>_<pid>` there.
+                let url = crate::process::fresh_postgres_database(name).await;
                 let pg = Some(sqlx::PgPool::connect(&url).await.unwrap());
                 Self { kind, url, pg, my: None }
             }
             Kind::Mysql => {
+                let name = format!("{name}_{}", std::process::id());
                 let server = std::env::var("SLUICE_TEST_MYSQL_URL").expect(
                     "SLUICE_TEST_MYSQL_URL must name a MySQL/MariaDB server; run scripts/test",
                 );
