@@ -8,8 +8,8 @@ pub mod sink;
 pub mod validate;
 
 pub use sink::{
-    ExternalKafkaSinkConfig, ManagedSinkConfig, NatsSinkConfig, SnsSinkConfig, WebhookCompression,
-    WebhookSinkConfig,
+    ExternalKafkaSinkConfig, ManagedSinkConfig, NatsSinkConfig, ObjectStorageSinkConfig,
+    RabbitMqSinkConfig, SnsSinkConfig, WebhookCompression, WebhookSinkConfig,
 };
 
 use chrono::{DateTime, Utc};
@@ -160,6 +160,12 @@ pub enum SinkConfig {
     /// `sns`: an SNS-compatible notification topic.
     #[serde(rename = "sns")]
     Sns(SnsSinkConfig),
+    /// `object_storage`: files of records in an S3-compatible bucket.
+    #[serde(rename = "object_storage")]
+    ObjectStorage(ObjectStorageSinkConfig),
+    /// `rabbitmq`: an exchange of the user's AMQP 0.9.1 broker.
+    #[serde(rename = "rabbitmq")]
+    RabbitMq(RabbitMqSinkConfig),
 }
 
 impl SinkConfig {
@@ -171,6 +177,8 @@ impl SinkConfig {
             Self::ExternalKafka(sink) => &sink.uid,
             Self::Nats(sink) => &sink.uid,
             Self::Sns(sink) => &sink.uid,
+            Self::ObjectStorage(sink) => &sink.uid,
+            Self::RabbitMq(sink) => &sink.uid,
         }
     }
 
@@ -182,6 +190,8 @@ impl SinkConfig {
             Self::ExternalKafka(sink) => &sink.name,
             Self::Nats(sink) => &sink.name,
             Self::Sns(sink) => &sink.name,
+            Self::ObjectStorage(sink) => &sink.name,
+            Self::RabbitMq(sink) => &sink.name,
         }
     }
 
@@ -193,6 +203,8 @@ impl SinkConfig {
             Self::ExternalKafka(_) => "external_kafka",
             Self::Nats(_) => "nats",
             Self::Sns(_) => "sns",
+            Self::ObjectStorage(_) => "object_storage",
+            Self::RabbitMq(_) => "rabbitmq",
         }
     }
 
@@ -214,6 +226,12 @@ impl SinkConfig {
                 ("secret_access_key_secret", Some(&sink.secret_access_key_secret)),
                 ("session_token_secret", sink.session_token_secret.as_ref()),
             ],
+            Self::ObjectStorage(sink) => vec![
+                ("access_key_id_secret", Some(&sink.access_key_id_secret)),
+                ("secret_access_key_secret", Some(&sink.secret_access_key_secret)),
+                ("session_token_secret", sink.session_token_secret.as_ref()),
+            ],
+            Self::RabbitMq(sink) => vec![("password_secret", sink.password_secret.as_ref())],
         };
         fields.into_iter().filter_map(|(field, name)| Some((field, name?.as_str()))).collect()
     }

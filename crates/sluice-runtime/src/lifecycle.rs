@@ -158,6 +158,9 @@ impl LifecycleGuard {
         debug_assert_eq!(pipeline.id, self.owner.pipeline_id, "a guard deploys its own pipeline");
         let node = self.node.clone();
         let (plan, uses) = node.compile(pipeline).await?;
+        for sink in &plan.sinks {
+            sink.check_connection().await.map_err(crate::PlanError::from)?;
+        }
         self.exclude_others().await?;
         let now = node.clock.now();
         let existing = node.store.deployment(&pipeline.id).await?;

@@ -11,6 +11,8 @@ pub mod external;
 pub mod external_kafka;
 pub mod managed;
 pub mod nats;
+pub mod object_storage;
+pub mod rabbitmq;
 pub mod sns;
 pub mod webhook;
 
@@ -19,7 +21,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use sluice_bus::StreamLog;
-use sluice_core::pipeline::SinkConfig;
+use sluice_core::pipeline::{DeliveryGuarantee, ObjectStorageSinkConfig, SinkConfig};
 use sluice_core::secret::{ResolvedSecrets, SecretValue};
 
 use crate::delivery::{Delivery, SideTopics};
@@ -27,6 +29,8 @@ pub use external::{ExternalSink, Transport};
 pub use external_kafka::ExternalKafkaTransport;
 pub use managed::ManagedSink;
 pub use nats::NatsTransport;
+pub use object_storage::{ObjectStorageSink, ObjectStorageTransport};
+pub use rabbitmq::RabbitMqTransport;
 pub use sns::SnsTransport;
 pub use webhook::WebhookTransport;
 
@@ -114,6 +118,20 @@ pub trait Sink: Send + Sync + std::fmt::Debug {
     /// How a consumer reaches this sink of pipeline `pipeline_id`.
     fn connection(&self, pipeline_id: &str) -> SinkConnection;
 
+    /// Whether the sink needs [`Delivery::origins`]: it cuts its output at source positions.
+    fn wants_origins(&self) -> bool {
+        false
+    }
+
+    /// Whether the system the sink writes to answers with its settings (checked when a
+    /// pipeline is deployed: a failure is a 422).
+    ///
+    /// # Errors
+    /// [`SinkBuildError::Client`] saying why not.
+    async fn check_connection(&self) -> Result<(), SinkBuildError> {
+        Ok(())
+    }
+
     /// Releases the sink's connections and clients: its deployment stopped running it.
     async fn close(&self) {}
 }
@@ -131,6 +149,10 @@ pub struct SinkContext<'a> {
     pub static_egress: bool,
     /// The operator's outbound address (`--egress-bind-addr`), if configured.
     pub egress: Option<IpAddr>,
+    /// `(chain, entity)` of the records: a pipeline's source, a backfill's table.
+    pub stream: (&'a str, &'a str),
+    /// The pipeline's guarantee (backfills: `at_least_once`).
+    pub guarantee: DeliveryGuarantee,
 }
 
 /// Why a sink cannot be built.
@@ -156,6 +178,11 @@ pub fn build(
     config: &SinkConfig,
     context: SinkContext<'_>,
 ) -> Result<Arc<dyn Sink>, SinkBuildError> {
+    if let SinkConfig::ObjectStorage(objects) = config {
+        let state = object_storage::shared_state(context.pipeline_id, config.uid());
+        let target = object_target(objects, context)?;
+        return Ok(Arc::new(ObjectStorageSink::new(config.clone(), target, state)));
+    }
     match transport(config, context)? {
         None => Ok(Arc::new(ManagedSink::new(context.pipeline_id, config.clone()))),
         Some(transport) => Ok(Arc::new(ExternalSink::new(config.clone(), transport))),
@@ -172,14 +199,7 @@ pub fn transport(
     context: SinkContext<'_>,
 ) -> Result<Option<Arc<dyn Transport>>, SinkBuildError> {
     let uid = config.uid();
-    let secret = |field: &'static str,
-                  name: Option<&String>|
-     -> Result<Option<SecretValue>, SinkBuildError> {
-        let Some(name) = name else { return Ok(None) };
-        context.secrets.get(name).map(|found| Some(found.value.clone())).ok_or_else(|| {
-            SinkBuildError::MissingSecret { uid: uid.to_owned(), field, name: name.clone() }
-        })
-    };
+    let secret = |field: &'static str, name: Option<&String>| resolve(context, uid, field, name);
     let client = |reason: String| SinkBuildError::Client { uid: uid.to_owned(), reason };
     let egress = match (context.static_egress && config.is_external(), context.egress) {
         (false, _) => None,
@@ -258,6 +278,55 @@ pub fn transport(
                     .map_err(|error| client(error.to_string()))?,
             )
         }
+        SinkConfig::ObjectStorage(objects) => {
+            Arc::new(ObjectStorageTransport::new(object_target(objects, context)?))
+        }
+        SinkConfig::RabbitMq(rabbit) => {
+            let password = secret("password_secret", rabbit.password_secret.as_ref())?;
+            Arc::new(RabbitMqTransport::new(rabbit, password).map_err(client)?)
+        }
     };
     Ok(Some(transport))
+}
+
+/// The value of the secret `name` a sink's `field` names (`None` when it names none).
+fn resolve(
+    context: SinkContext<'_>,
+    uid: &str,
+    field: &'static str,
+    name: Option<&String>,
+) -> Result<Option<SecretValue>, SinkBuildError> {
+    let Some(name) = name else { return Ok(None) };
+    context.secrets.get(name).map(|found| Some(found.value.clone())).ok_or_else(|| {
+        SinkBuildError::MissingSecret { uid: uid.to_owned(), field, name: name.clone() }
+    })
+}
+
+/// The bucket and layout of an `object_storage` sink.
+fn object_target(
+    config: &ObjectStorageSinkConfig,
+    context: SinkContext<'_>,
+) -> Result<object_storage::Target, SinkBuildError> {
+    let uid = config.uid.as_str();
+    let secret = |field: &'static str, name: Option<&String>| {
+        resolve(context, uid, field, name).map(|value| value.map(|v| v.expose().to_owned()))
+    };
+    let credentials = object_storage::Credentials {
+        access_key_id: secret("access_key_id_secret", Some(&config.access_key_id_secret))?
+            .unwrap_or_default(),
+        secret_access_key: secret(
+            "secret_access_key_secret",
+            Some(&config.secret_access_key_secret),
+        )?
+        .unwrap_or_default(),
+        session_token: secret("session_token_secret", config.session_token_secret.as_ref())?,
+    };
+    object_storage::Target::new(
+        config,
+        credentials,
+        context.stream,
+        context.pipeline_id,
+        context.guarantee,
+    )
+    .map_err(|reason| SinkBuildError::Client { uid: uid.to_owned(), reason })
 }

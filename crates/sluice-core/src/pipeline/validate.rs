@@ -17,7 +17,8 @@ pub const SERVER_MANAGED_FIELDS: [&str; 5] =
     ["id", "owner_org_team_user_id", "organization_id", "created_at", "updated_at"];
 
 /// Sink types this build can deliver to.
-pub const SINK_TYPES: [&str; 5] = ["kafka", "webhook", "external_kafka", "nats", "sns"];
+pub const SINK_TYPES: [&str; 7] =
+    ["kafka", "webhook", "external_kafka", "nats", "sns", "object_storage", "rabbitmq"];
 
 /// Longest sink name; the managed topic name adds a prefix, and Kafka caps names at 249.
 pub const MAX_SINK_NAME_LEN: usize = 180;
@@ -352,6 +353,10 @@ impl SinkConfig {
             }
             Some("nats") => Some(Self::Nats(sink.nats(name, uid_text))),
             Some("sns") => Some(Self::Sns(sink.sns(name, uid_text))),
+            Some("object_storage") => {
+                Some(Self::ObjectStorage(sink.object_storage(name, uid_text)))
+            }
+            Some("rabbitmq") => Some(Self::RabbitMq(sink.rabbitmq(name, uid_text))),
             // Unknown type (reported above): its other fields are not checked.
             _ => {
                 let all: Vec<&str> = sink.fields.keys();
