@@ -196,10 +196,10 @@ mod tests {
         file.push(layout.row(b"k", br#"{"n":1}"#, 0), origin(41), now);
         file.push(layout.row(b"k2", br#"{"n":2}"#, 0), origin(45), now);
         assert_eq!(file.through, 46);
-        // 1_795_000_000_041 ms is 2026-11-19.
+        // 1_795_000_000_041 ms is 2026-11-18T11:06:40.041Z.
         assert_eq!(
             file.key(&layout, "pl-1", 3),
-            "lake/base/erc20_token_transfer/2026-11-19/pl-1-3-00000000000000000040.parquet"
+            "lake/base/erc20_token_transfer/2026-11-18/pl-1-3-00000000000000000040.parquet"
         );
         file.reset(46);
         assert_eq!((file.start, file.through, file.rows.len()), (46, 46, 0));
