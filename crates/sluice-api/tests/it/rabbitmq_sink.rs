@@ -166,3 +166,33 @@ async fn a_bad_sink_is_a_422_at_its_field_and_a_missing_exchange_or_login_one_at
         assert!(!msg.contains("not-the-password"), "{msg}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_without_its_routing_field_is_dead_lettered_and_the_rest_published() {
+    let (mut admin, exchange, queue) = exchange_and_queue("#").await;
+    let stack = stack().await;
+    let mut sink = sink(&format!("amqp://{}/", broker()), &exchange);
+    sink["routing_key_field"] = json!("memo");
+    let mut body = Stack::pipeline("at_least_once", sink);
+    // Records with an odd `n` get a memo; the others have none to route by.
+    body["pipeline_config"]["transforms"] = json!([{"type": "v8",
+        "script": "function transform(r) { if (r.n % 2 == 1) { r.memo = 'm' + r.n; } return r; }"}]);
+    let (id, _) = stack.deployed_body(body).await;
+    stack.ingest(1..=6).await;
+    settle(stack.log.as_ref(), &id).await;
+    let got = take(&mut admin, &queue, 3).await;
+    assert_eq!(numbers(&got), vec![1, 3, 5]);
+    assert!(got.iter().all(|m| {
+        let n = serde_json::from_slice::<Value>(&m.body).unwrap()["n"].as_u64().unwrap();
+        m.routing_key == format!("m{n}")
+    }));
+    let path = format!("/api/v1/beam/{id}/dead-letters?offset=0&limit=100");
+    let (status, letters) = stack.call(Method::GET, &path, &stack.owner, None).await;
+    assert_eq!(status, StatusCode::OK, "{letters}");
+    let letters = letters["dead_letters"].as_array().unwrap();
+    let mut dead: Vec<u64> = letters.iter().map(|l| l["record"]["n"].as_u64().unwrap()).collect();
+    dead.sort_unstable();
+    assert_eq!(dead, vec![2, 4, 6], "{letters:?}");
+    assert!(letters.iter().all(|l| l["sink_uid"] == "sk-amqp"
+        && l["error"].as_str().unwrap().contains("no 'memo' to route by")));
+}
