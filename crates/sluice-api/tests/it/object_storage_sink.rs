@@ -258,3 +258,53 @@ async fn a_bad_sink_is_a_422_at_its_field_and_a_bucket_that_does_not_answer_one_
         assert!(!msg.contains(KEY_VALUE), "{msg}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redeploy_to_another_sink_writes_the_files_still_open() {
+    let (storage, bucket, endpoint) = bucket().await;
+    let stack = stack_with_secrets().await;
+    let mut open = sink(&bucket, &endpoint, "jsonl_gzip", 1000);
+    open["max_seconds"] = json!(3600);
+    let (id, _) = stack.deployed("at_least_once", open).await;
+    stack.ingest(1..=10).await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let counters = stack.runtime.counters(&id).await.unwrap();
+    while sluice_runtime::Counters::get(&counters.sent) < 5 {
+        assert!(tokio::time::Instant::now() < deadline, "the sink never took the records");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(objects(&storage, "lake/v1").await.is_empty(), "the files are still open");
+    let receiver = crate::external_sinks::Receiver::start().await;
+    let hook = json!({"type": "webhook", "uid": "sk-hook", "name": "hook", "url": receiver.url()});
+    let mut body = Stack::pipeline("at_least_once", hook);
+    let filter = &mut body["pipeline_config"]["transforms"][0];
+    filter.as_object_mut().unwrap().remove("set_values");
+    let (status, updated) =
+        stack.call(Method::PUT, &format!("/api/v1/beam/{id}"), &stack.owner, Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{updated}");
+    let (status, deployed) = stack
+        .call(Method::POST, &format!("/api/v1/beam/{id}/deploy"), &stack.owner, Some(json!({})))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{deployed}");
+    stack.ingest(11..=14).await;
+    assert_eq!(crate::external_sinks::distinct(&receiver.wait_for(2).await), vec![11, 13]);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut numbers: Vec<u64> = objects(&storage, "lake/v1")
+            .await
+            .values()
+            .flat_map(|text| {
+                String::from_utf8_lossy(text)
+                    .lines()
+                    .map(|line| serde_json::from_str::<Value>(line).unwrap()["n"].as_u64().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        numbers.sort_unstable();
+        if numbers == crate::external_sinks::odd(1..=10) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "open files not written: {numbers:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

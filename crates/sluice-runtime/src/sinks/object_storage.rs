@@ -19,7 +19,8 @@
 //! Under `best_effort` the failed file is dropped with its records and its offsets move on.
 //!
 //! The sink's open files outlive a configuration swap (a redeploy at a batch boundary hands
-//! them to the new sink: [`shared_state`]); stopping the deployment writes them.
+//! them to the new sink: [`shared_state`]); stopping the deployment writes them, and so does
+//! a swap to another sink (the state's `Drop`).
 
 pub mod files;
 
@@ -187,6 +188,32 @@ pub struct SharedState {
 impl std::fmt::Debug for SharedState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedState").finish_non_exhaustive()
+    }
+}
+
+impl Drop for SharedState {
+    /// No sink of this pipeline's sink is left (a redeploy swapped it for another sink): the
+    /// files still open are written now. Their offsets are not committed here: the worker
+    /// has read past them, and the next sink's commits cover them.
+    fn drop(&mut self) {
+        let files: Vec<_> =
+            self.files.get_mut().map(std::mem::take).unwrap_or_default().into_iter().collect();
+        let target = self.target.get_mut().ok().and_then(Option::take);
+        let (Some(target), Ok(runtime)) = (target, tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        runtime.spawn(async move {
+            for ((_, _, partition), slot) in files {
+                let file = slot.lock().await;
+                if file.rows.is_empty() {
+                    continue;
+                }
+                let key = file.key(&target.layout, &target.owner, partition);
+                if let Err(error) = target.write(&key, &file.rows).await {
+                    tracing::warn!(%error, key, "an object storage file of a replaced sink was not written");
+                }
+            }
+        });
     }
 }
 
