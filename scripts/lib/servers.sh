@@ -15,6 +15,8 @@
 #   SLUICE_TEST_REDIS_URL      a private Redis
 #   SLUICE_TEST_SNS_URL        moto (SNS, SQS, S3); SLUICE_TEST_S3_URL the same server;
 #   SLUICE_TEST_MOTO_PYTHON    its Python, with boto3
+#   SLUICE_TEST_RABBITMQ_URL   the machine's RabbitMQ (guest login); tests make their own
+#                              uniquely named exchanges and queues
 #   SLUICE_TEST_ANVIL_BIN      anvil (each chain test starts its own on a free port)
 #   SLUICE_TEST_MYSQL_URL      a private MariaDB (root, no password; tests make their own
 #                              databases); SLUICE_TEST_MYSQL_BIN the mariadb client
@@ -340,6 +342,17 @@ start_test_mysql() {
 }
 
 # Every server above, as scripts/test starts them.
+# The machine's RabbitMQ (127.0.0.1:5672, guest/guest), or SLUICE_TEST_RABBITMQ_URL when
+# it is set already: SLUICE_TEST_RABBITMQ_URL. Each test declares its own exchange and queue.
+use_test_rabbitmq() {
+    section "rabbitmq"
+    export SLUICE_TEST_RABBITMQ_URL="${SLUICE_TEST_RABBITMQ_URL:-amqp://127.0.0.1:5672/}"
+    local address="${SLUICE_TEST_RABBITMQ_URL#amqp://}"
+    address="${address%%/*}"
+    wait_for_port "${address##*:}" 30 || die "RabbitMQ does not listen at $address (start rabbitmq-server)"
+    echo "RabbitMQ: $SLUICE_TEST_RABBITMQ_URL"
+}
+
 start_test_servers() {
     start_test_postgres
     start_test_kafka
@@ -347,6 +360,7 @@ start_test_servers() {
     start_test_redis
     start_test_moto
     start_test_mysql
+    use_test_rabbitmq
     ensure_test_anvil
 }
 

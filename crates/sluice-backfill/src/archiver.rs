@@ -15,11 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_bus::StreamLog;
-use sluice_core::streams::{event_time, time_value};
+
 use tokio::sync::watch;
 
+use sluice_columnar::block_time;
+
 use crate::tables::Table;
-use crate::warehouse::fields::{self, Scalar};
 use crate::warehouse::{Compacted, Row, Warehouse, WarehouseError};
 
 /// The consumer group the archiver commits its offsets to (informational).
@@ -55,28 +56,6 @@ pub enum ArchiverError {
     Bus(#[from] sluice_bus::BusError),
     #[error("the warehouse append task ended abnormally: {0}")]
     Task(String),
-}
-
-/// The block time of a record of `entity`: its time field read alone when it is a top-level
-/// field of a flat record (the common case), else the whole record parsed ([`event_time`]
-/// knows every shape). The error says what is wrong with the record.
-fn block_time(entity: &str, record: &str) -> Result<chrono::DateTime<chrono::Utc>, &'static str> {
-    if let Some(schema) =
-        sluice_core::streams::entity_schema(entity).filter(|s| s.envelope.is_none())
-    {
-        let value = match fields::fields(record, &[schema.time_field]).pop().flatten() {
-            Some(Scalar::Text(text)) => Some(serde_json::Value::String(text.into_owned())),
-            Some(Scalar::Int(n)) => Some(serde_json::Value::from(n)),
-            _ => None,
-        };
-        if let Some(time) = value.and_then(|v| time_value(entity, &v)) {
-            return Ok(time);
-        }
-    }
-    let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(record) else {
-        return Err("that is not a JSON object");
-    };
-    event_time(entity, &map).ok_or("without a block time")
 }
 
 /// The text of a stream record's bytes (always UTF-8: ingest parses them as JSON), checked
@@ -244,32 +223,5 @@ impl Archiver {
                 tracing::debug!(%error, "archiver group commit failed (informational only)");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_block_time_is_read_as_the_full_parse_reads_it() {
-        let entity = "erc20_token_transfer";
-        for record in [
-            r#"{"a": {"deep": [1]}, "block_timestamp": "2026-03-01T10:00:00.5+02:00"}"#,
-            r#"{"block_timestamp": "2026-03-01 08:00:00.5", "x": 1}"#,
-            r#"{"block_timestamp": "2026-03-01T08:00:00.5Z"}"#,
-        ] {
-            let map: serde_json::Map<String, serde_json::Value> =
-                serde_json::from_str(record).unwrap();
-            let expected = event_time(entity, &map).unwrap();
-            assert_eq!(block_time(entity, record), Ok(expected), "{record}");
-            assert_eq!(expected.timestamp_micros(), 1_772_352_000_500_000);
-        }
-        assert_eq!(block_time(entity, "[1]"), Err("that is not a JSON object"));
-        assert_eq!(block_time(entity, r#"{"block_number": 1}"#), Err("without a block time"));
-        assert_eq!(
-            block_time(entity, r#"{"block_timestamp": "yesterday"}"#),
-            Err("without a block time")
-        );
     }
 }

@@ -474,6 +474,8 @@ impl Backfills {
     }
 
     async fn destinations(&self, job: &BackfillJob) -> Result<Vec<Destination>, BackfillError> {
+        let table = tables::table(&self.catalog, &job.table)
+            .ok_or_else(|| BackfillError::Destination(format!("no table {}", job.table)))?;
         let mut resolved = ResolvedSecrets::new();
         if let Some(secrets) = &self.sink_env.secrets {
             for sink in &job.destinations {
@@ -484,13 +486,13 @@ impl Backfills {
                 }
             }
         }
-        let entity = tables::table(&self.catalog, &job.table).map_or("", |table| table.entity);
         let context = SinkContext {
             pipeline_id: &job.job_id,
-            entity,
             secrets: &resolved,
             static_egress: job.static_egress_ip,
             egress: self.sink_env.egress,
+            stream: (&table.chain, table.entity),
+            guarantee: sluice_core::pipeline::DeliveryGuarantee::AtLeastOnce,
         };
         job.destinations
             .iter()

@@ -10,9 +10,11 @@ pub mod import;
 pub mod jobs;
 pub mod staging;
 pub mod storage;
-pub mod tables;
 pub mod transform;
 pub mod warehouse;
+
+/// The tables of the warehouse: their typed columns (shared with the object-storage sink).
+pub use sluice_columnar::tables;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -15,31 +15,25 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use arrow_array::builder::{
-    Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
-};
 use arrow_array::{
     Array, ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
 };
-use parquet::arrow::ArrowWriter;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::file::metadata::RowGroupMetaData;
-use parquet::file::properties::WriterProperties;
 use parquet::file::statistics::Statistics;
 use serde::{Deserialize, Serialize};
 
 use crate::storage::{LocalStorage, ObjectReader, Storage};
 
 mod compaction;
-pub(crate) mod fields;
 use crate::tables::{ColumnKind, KEY_COLUMN, RECORD_COLUMN, TIME_COLUMN, Table};
 pub use compaction::{
     COMPACT_MIN_FILES, COMPACTED_FILE_ROWS, Compacted, RETIRE_AFTER_US, Retired, SMALL_FILE_ROWS,
 };
+pub(crate) use sluice_columnar::encode_file;
+pub use sluice_columnar::{ROW_GROUP_ROWS, Row};
 
-/// Rows per row group: the unit a window skips or reads.
-pub const ROW_GROUP_ROWS: usize = 65_536;
 const MANIFEST: &str = "_manifest.json";
 
 /// What can go wrong with the warehouse.
@@ -127,15 +121,6 @@ impl Manifest {
         let max = self.files.iter().map(|f| f.max_time_us).max()?;
         Some((min, max))
     }
-}
-
-/// One row to archive: a stream record with its key and block time.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Row {
-    pub key: String,
-    pub time_us: i64,
-    /// The record's JSON text, as the stream carried it.
-    pub record: String,
 }
 
 /// What a scan reads.
@@ -505,104 +490,6 @@ fn day_of(time_us: i64) -> String {
 fn version_of(file: &str) -> Option<u64> {
     let name = file.rsplit('/').next()?;
     name.strip_prefix("part-")?.split('-').next()?.parse().ok()
-}
-
-/// `rows` (sorted by time) as the bytes of one parquet file.
-fn encode_file(table: &Table, rows: &[Row]) -> Result<Vec<u8>, parquet::errors::ParquetError> {
-    let mut props = WriterProperties::builder()
-        .set_max_row_group_size(ROW_GROUP_ROWS)
-        .set_compression(parquet::basic::Compression::SNAPPY);
-    // The key and the record are unique per row: a dictionary of them never pays, and
-    // min/max statistics of them help no query (scans prune by time).
-    for unique in [KEY_COLUMN, RECORD_COLUMN] {
-        let column = parquet::schema::types::ColumnPath::from(unique);
-        props = props
-            .set_column_dictionary_enabled(column.clone(), false)
-            .set_column_statistics_enabled(
-                column,
-                parquet::file::properties::EnabledStatistics::None,
-            );
-    }
-    let props = props.build();
-    // About a fifth of the records' JSON, from the measured 590 → 105 bytes a row: room for
-    // the file from the start rather than doubling into it.
-    let estimate = rows.iter().map(|r| r.record.len()).sum::<usize>() / 5;
-    let mut writer =
-        ArrowWriter::try_new(Vec::with_capacity(estimate), table.schema.clone(), Some(props))?;
-    for slice in rows.chunks(ROW_GROUP_ROWS) {
-        let batch = batch_of(table, slice)?;
-        writer.write(&batch)?;
-    }
-    writer.into_inner()
-}
-
-/// The arrow batch of `rows`: every column from the record's JSON.
-fn batch_of(table: &Table, rows: &[Row]) -> Result<RecordBatch, arrow_schema::ArrowError> {
-    // The record's own fields (not the time, key and record columns, which come from the row).
-    let wanted: Vec<&str> = table
-        .columns
-        .iter()
-        .filter(|(name, kind)| {
-            *kind != ColumnKind::Time && *name != KEY_COLUMN && *name != RECORD_COLUMN
-        })
-        .map(|(name, _)| *name)
-        .collect();
-    // One buffer for every row's fields, `wanted.len()` slots a row.
-    let width = wanted.len();
-    let mut parsed: Vec<Option<fields::Scalar<'_>>> = vec![None; rows.len() * width];
-    if width > 0 {
-        for (row, found) in rows.iter().zip(parsed.chunks_exact_mut(width)) {
-            fields::fields_into(&row.record, &wanted, found);
-        }
-    }
-    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(table.columns.len());
-    for (name, kind) in &table.columns {
-        let field = wanted.iter().position(|w| w == name);
-        let parsed = &parsed;
-        let values =
-            || (0..rows.len()).map(move |row| field.and_then(|i| parsed[row * width + i].as_ref()));
-        let array: ArrayRef = match (*name, kind) {
-            (KEY_COLUMN, _) => strings(rows.iter().map(|r| Some(r.key.as_str()))),
-            (RECORD_COLUMN, _) => strings(rows.iter().map(|r| Some(r.record.as_str()))),
-            (_, ColumnKind::Time) => {
-                let mut builder = TimestampMicrosecondBuilder::with_capacity(rows.len());
-                for row in rows {
-                    builder.append_value(row.time_us);
-                }
-                Arc::new(builder.finish().with_timezone("UTC"))
-            }
-            (_, ColumnKind::Int) => {
-                let mut builder = Int64Builder::with_capacity(rows.len());
-                for value in values() {
-                    builder.append_option(value.and_then(fields::Scalar::as_i64));
-                }
-                Arc::new(builder.finish())
-            }
-            (_, ColumnKind::Float) => {
-                let mut builder = Float64Builder::with_capacity(rows.len());
-                for value in values() {
-                    builder.append_option(value.and_then(fields::Scalar::as_f64));
-                }
-                Arc::new(builder.finish())
-            }
-            (_, ColumnKind::Text) => strings(values().map(|v| v.and_then(fields::Scalar::as_text))),
-        };
-        arrays.push(array);
-    }
-    RecordBatch::try_new(table.schema.clone(), arrays)
-}
-
-/// A string column of `values`, its buffer sized exactly first: a column of records is
-/// hundreds of megabytes, which growing by doubling would copy and fault in twice over.
-fn strings<S: AsRef<str>>(values: impl Iterator<Item = Option<S>> + Clone) -> ArrayRef {
-    let (count, bytes) = values.clone().fold((0, 0), |(count, bytes), value| {
-        (count + 1, bytes + value.map_or(0, |v| v.as_ref().len()))
-    });
-    let mut builder = StringBuilder::with_capacity(count, bytes);
-    for value in values {
-        builder.append_option(value);
-    }
-    Arc::new(builder.finish())
 }
 
 #[cfg(test)]

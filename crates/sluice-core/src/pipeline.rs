@@ -8,8 +8,8 @@ pub mod sink;
 pub mod validate;
 
 pub use sink::{
-    ExternalKafkaSinkConfig, ManagedSinkConfig, NatsSinkConfig, SnsSinkConfig, WebhookCompression,
-    WebhookSinkConfig,
+    ExternalKafkaSinkConfig, ManagedSinkConfig, NatsSinkConfig, ObjectStorageSinkConfig,
+    RabbitMqSinkConfig, SnsSinkConfig, WebhookCompression, WebhookSinkConfig,
     sql::{SqlColumns, SqlSinkConfig, SqlWriteMode},
 };
 
@@ -167,6 +167,12 @@ pub enum SinkConfig {
     /// `mysql`: a table of the user's MySQL or MariaDB, written exactly once.
     #[serde(rename = "mysql")]
     Mysql(SqlSinkConfig),
+    /// `object_storage`: files of records in an S3-compatible bucket.
+    #[serde(rename = "object_storage")]
+    ObjectStorage(ObjectStorageSinkConfig),
+    /// `rabbitmq`: an exchange of the user's AMQP 0.9.1 broker.
+    #[serde(rename = "rabbitmq")]
+    RabbitMq(RabbitMqSinkConfig),
 }
 
 impl SinkConfig {
@@ -179,6 +185,8 @@ impl SinkConfig {
             Self::Nats(sink) => &sink.uid,
             Self::Sns(sink) => &sink.uid,
             Self::Postgres(sink) | Self::Mysql(sink) => &sink.uid,
+            Self::ObjectStorage(sink) => &sink.uid,
+            Self::RabbitMq(sink) => &sink.uid,
         }
     }
 
@@ -191,6 +199,8 @@ impl SinkConfig {
             Self::Nats(sink) => &sink.name,
             Self::Sns(sink) => &sink.name,
             Self::Postgres(sink) | Self::Mysql(sink) => &sink.name,
+            Self::ObjectStorage(sink) => &sink.name,
+            Self::RabbitMq(sink) => &sink.name,
         }
     }
 
@@ -204,6 +214,8 @@ impl SinkConfig {
             Self::Sns(_) => "sns",
             Self::Postgres(_) => "postgres",
             Self::Mysql(_) => "mysql",
+            Self::ObjectStorage(_) => "object_storage",
+            Self::RabbitMq(_) => "rabbitmq",
         }
     }
 
@@ -228,6 +240,12 @@ impl SinkConfig {
             Self::Postgres(sink) | Self::Mysql(sink) => {
                 vec![("connection", Some(&sink.connection))]
             }
+            Self::ObjectStorage(sink) => vec![
+                ("access_key_id_secret", Some(&sink.access_key_id_secret)),
+                ("secret_access_key_secret", Some(&sink.secret_access_key_secret)),
+                ("session_token_secret", sink.session_token_secret.as_ref()),
+            ],
+            Self::RabbitMq(sink) => vec![("password_secret", sink.password_secret.as_ref())],
         };
         fields.into_iter().filter_map(|(field, name)| Some((field, name?.as_str()))).collect()
     }

@@ -127,10 +127,11 @@ async fn main() -> Result<(), BoxError> {
     )]);
     let context = SinkContext {
         pipeline_id: "bench",
-        entity: ENTITY,
         secrets: &secrets,
         static_egress: false,
         egress: None,
+        stream: ("base", ENTITY),
+        guarantee: sluice_core::pipeline::DeliveryGuarantee::AtLeastOnce,
     };
     let sink = sinks::build(&config, context)?;
     sink.prepare().await?;
@@ -172,6 +173,7 @@ async fn main() -> Result<(), BoxError> {
             dead: Vec::new(),
             logs: Vec::new(),
             made_at: clock.now(),
+            origins: Vec::new(),
         };
         // Eight partitions, as a size-S worker reads them.
         let offsets: Vec<(u32, u64)> =

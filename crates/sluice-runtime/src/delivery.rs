@@ -41,13 +41,37 @@ pub struct Delivery {
     pub logs: Vec<NewRecord>,
     /// When the batch was processed (stamps the dead letters).
     pub made_at: chrono::DateTime<chrono::Utc>,
+    /// Where each record of `out` came from, for a sink that asks
+    /// ([`Sink::wants_origins`](crate::sinks::Sink::wants_origins)); empty otherwise.
+    pub origins: Vec<Origin>,
+}
+
+/// Where a record came from: its source partition and offset, and when it was appended
+/// there (Unix milliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    pub partition: u32,
+    pub offset: u64,
+    pub timestamp_ms: i64,
 }
 
 impl Delivery {
     /// The records `outcome` produced, and the log lines the scripts of `engines` wrote while
-    /// producing them; `now` stamps the dead letters.
-    pub fn of(outcome: Outcome, engines: &Engines, now: chrono::DateTime<chrono::Utc>) -> Self {
+    /// producing them; `now` stamps the dead letters. `positions` (by input index, empty
+    /// when not tracked) give each record's origin.
+    pub fn of(
+        outcome: Outcome,
+        engines: &Engines,
+        now: chrono::DateTime<chrono::Utc>,
+        positions: &[Origin],
+    ) -> Self {
+        let origins = if positions.is_empty() {
+            Vec::new()
+        } else {
+            outcome.out.iter().filter_map(|item| positions.get(item.origin).copied()).collect()
+        };
         Self {
+            origins,
             out: outcome.out.into_iter().map(|item| NewRecord::new(item.key, item.value)).collect(),
             dead: outcome.failed.into_iter().map(|failed| dead_letter(failed, now)).collect(),
             logs: engines.take_logs().iter().map(log_record).collect(),
@@ -166,7 +190,7 @@ pub(crate) async fn replay(
         report.replayed += run as u64;
         // Up to the first letter not run yet; all read when every one was run.
         let next = offsets.get(run).copied().unwrap_or(read_to);
-        let delivery = Delivery::of(outcome, &engines, clock.now());
+        let delivery = Delivery::of(outcome, &engines, clock.now(), &[]);
         // The replay group's offset on the dead-letter topic is the replay cursor.
         let settle = sinks::Settle { group: &group, source: &dead_topic, offsets: &[(0, next)] };
         sink.deliver(log, &delivery, &side, settle).await?;

@@ -162,6 +162,7 @@ impl LifecycleGuard {
         // cannot write) is refused here, before anything changes.
         for sink in &plan.sinks {
             sink.prepare().await.map_err(crate::PlanError::Sink)?;
+            sink.check_connection().await.map_err(crate::PlanError::from)?;
         }
         self.exclude_others().await?;
         let now = node.clock.now();

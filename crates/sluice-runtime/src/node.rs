@@ -144,10 +144,14 @@ impl Node {
         }
         let context = sinks::SinkContext {
             pipeline_id: &pipeline.id,
-            entity: &pipeline.pipeline_config.source.entity,
             secrets: &resolved,
             static_egress: pipeline.static_egress_ip,
             egress: self.sink_env.egress,
+            stream: (
+                &pipeline.pipeline_config.source.chain,
+                &pipeline.pipeline_config.source.entity,
+            ),
+            guarantee: pipeline.delivery_guarantee,
         };
         Ok((Plan::compile(pipeline, context)?, uses))
     }

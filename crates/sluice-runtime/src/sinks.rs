@@ -12,7 +12,9 @@ pub mod external_kafka;
 pub mod managed;
 pub mod mysql;
 pub mod nats;
+pub mod object_storage;
 pub mod postgres;
+pub mod rabbitmq;
 pub mod sns;
 pub mod sql;
 pub mod webhook;
@@ -22,7 +24,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use sluice_bus::StreamLog;
-use sluice_core::pipeline::SinkConfig;
+use sluice_core::pipeline::{DeliveryGuarantee, ObjectStorageSinkConfig, SinkConfig};
 use sluice_core::secret::{ResolvedSecrets, SecretValue};
 
 use crate::delivery::{Delivery, SideTopics};
@@ -30,6 +32,8 @@ pub use external::{ExternalSink, Transport};
 pub use external_kafka::ExternalKafkaTransport;
 pub use managed::ManagedSink;
 pub use nats::NatsTransport;
+pub use object_storage::{ObjectStorageSink, ObjectStorageTransport};
+pub use rabbitmq::RabbitMqTransport;
 pub use sns::SnsTransport;
 pub use webhook::WebhookTransport;
 
@@ -136,6 +140,20 @@ pub trait Sink: Send + Sync + std::fmt::Debug {
         Ok(Vec::new())
     }
 
+    /// Whether the sink needs [`Delivery::origins`]: it cuts its output at source positions.
+    fn wants_origins(&self) -> bool {
+        false
+    }
+
+    /// Whether the system the sink writes to answers with its settings (checked when a
+    /// pipeline is deployed: a failure is a 422).
+    ///
+    /// # Errors
+    /// [`SinkBuildError::Client`] saying why not.
+    async fn check_connection(&self) -> Result<(), SinkBuildError> {
+        Ok(())
+    }
+
     /// Releases the sink's connections and clients: its deployment stopped running it.
     async fn close(&self) {}
 }
@@ -147,14 +165,17 @@ pub const NO_EGRESS: &str = "static_egress_ip needs the server's outbound addres
 #[derive(Debug, Clone, Copy)]
 pub struct SinkContext<'a> {
     pub pipeline_id: &'a str,
-    /// The entity of the records (a `postgres` or `mysql` sink's columns follow its schema).
-    pub entity: &'a str,
     /// The values of the organization secrets the sinks name.
     pub secrets: &'a ResolvedSecrets,
     /// The pipeline asks for `static_egress_ip`.
     pub static_egress: bool,
     /// The operator's outbound address (`--egress-bind-addr`), if configured.
     pub egress: Option<IpAddr>,
+    /// `(chain, entity)` of the records: a pipeline's source, a backfill's table (a
+    /// `postgres` or `mysql` sink's columns follow the entity's schema).
+    pub stream: (&'a str, &'a str),
+    /// The pipeline's guarantee (backfills: `at_least_once`).
+    pub guarantee: DeliveryGuarantee,
 }
 
 /// Why a sink cannot be built.
@@ -196,6 +217,11 @@ pub fn build(
     if let Some(sink) = sql::build(config, context)? {
         return Ok(sink);
     }
+    if let SinkConfig::ObjectStorage(objects) = config {
+        let state = object_storage::shared_state(context.pipeline_id, config.uid());
+        let target = object_target(objects, context)?;
+        return Ok(Arc::new(ObjectStorageSink::new(config.clone(), target, state)));
+    }
     match transport(config, context)? {
         None => Ok(Arc::new(ManagedSink::new(context.pipeline_id, config.clone()))),
         Some(transport) => Ok(Arc::new(ExternalSink::new(config.clone(), transport))),
@@ -212,14 +238,7 @@ pub fn transport(
     context: SinkContext<'_>,
 ) -> Result<Option<Arc<dyn Transport>>, SinkBuildError> {
     let uid = config.uid();
-    let secret = |field: &'static str,
-                  name: Option<&String>|
-     -> Result<Option<SecretValue>, SinkBuildError> {
-        let Some(name) = name else { return Ok(None) };
-        context.secrets.get(name).map(|found| Some(found.value.clone())).ok_or_else(|| {
-            SinkBuildError::MissingSecret { uid: uid.to_owned(), field, name: name.clone() }
-        })
-    };
+    let secret = |field: &'static str, name: Option<&String>| resolve(context, uid, field, name);
     let client = |reason: String| SinkBuildError::Client { uid: uid.to_owned(), reason };
     let egress = match (context.static_egress && config.is_external(), context.egress) {
         (false, _) => None,
@@ -301,6 +320,55 @@ pub fn transport(
                     .map_err(|error| client(error.to_string()))?,
             )
         }
+        SinkConfig::ObjectStorage(objects) => {
+            Arc::new(ObjectStorageTransport::new(object_target(objects, context)?))
+        }
+        SinkConfig::RabbitMq(rabbit) => {
+            let password = secret("password_secret", rabbit.password_secret.as_ref())?;
+            Arc::new(RabbitMqTransport::new(rabbit, password).map_err(client)?)
+        }
     };
     Ok(Some(transport))
+}
+
+/// The value of the secret `name` a sink's `field` names (`None` when it names none).
+fn resolve(
+    context: SinkContext<'_>,
+    uid: &str,
+    field: &'static str,
+    name: Option<&String>,
+) -> Result<Option<SecretValue>, SinkBuildError> {
+    let Some(name) = name else { return Ok(None) };
+    context.secrets.get(name).map(|found| Some(found.value.clone())).ok_or_else(|| {
+        SinkBuildError::MissingSecret { uid: uid.to_owned(), field, name: name.clone() }
+    })
+}
+
+/// The bucket and layout of an `object_storage` sink.
+fn object_target(
+    config: &ObjectStorageSinkConfig,
+    context: SinkContext<'_>,
+) -> Result<object_storage::Target, SinkBuildError> {
+    let uid = config.uid.as_str();
+    let secret = |field: &'static str, name: Option<&String>| {
+        resolve(context, uid, field, name).map(|value| value.map(|v| v.expose().to_owned()))
+    };
+    let credentials = object_storage::Credentials {
+        access_key_id: secret("access_key_id_secret", Some(&config.access_key_id_secret))?
+            .unwrap_or_default(),
+        secret_access_key: secret(
+            "secret_access_key_secret",
+            Some(&config.secret_access_key_secret),
+        )?
+        .unwrap_or_default(),
+        session_token: secret("session_token_secret", config.session_token_secret.as_ref())?,
+    };
+    object_storage::Target::new(
+        config,
+        credentials,
+        context.stream,
+        context.pipeline_id,
+        context.guarantee,
+    )
+    .map_err(|reason| SinkBuildError::Client { uid: uid.to_owned(), reason })
 }

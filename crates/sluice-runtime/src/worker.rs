@@ -26,7 +26,7 @@ use sluice_core::pipeline::DeliveryGuarantee;
 use tokio::sync::watch;
 
 use crate::RuntimeSettings;
-use crate::delivery::{Delivery, SideTopics};
+use crate::delivery::{Delivery, Origin, SideTopics};
 use crate::deployment::Counters;
 use crate::health::WorkerHealth;
 use crate::metrics::{BatchMetrics, PipelineMetrics};
@@ -334,8 +334,10 @@ impl Worker {
         // Records move on as shared `Bytes`: nothing is copied. Only script stages can leave
         // records for the next batch, so only then are the records' positions kept, to
         // commit up to the first one left.
-        let track_positions = plan.plan.has_scripts();
-        let mut positions: Vec<(u32, u64)> = Vec::new();
+        // A sink that cuts its output at source positions gets every record's.
+        let wants_origins = plan.plan.sinks.first().is_some_and(|sink| sink.wants_origins());
+        let track_positions = plan.plan.has_scripts() || wants_origins;
+        let mut positions: Vec<Origin> = Vec::new();
         let mut items: Vec<Item> = Vec::new();
         for (_, chunk) in batch.chunks {
             let records = chunk.records();
@@ -362,7 +364,11 @@ impl Worker {
                     return;
                 }
                 if track_positions {
-                    positions.push((record.partition, record.offset));
+                    positions.push(Origin {
+                        partition: record.partition,
+                        offset: record.offset,
+                        timestamp_ms: record.timestamp_ms,
+                    });
                 }
                 let origin = items.len();
                 items.push(Item { key: record.key.clone(), value: record.value.clone(), origin });
@@ -412,8 +418,8 @@ impl Worker {
                         .get(deferred..)
                         .unwrap_or_default()
                         .iter()
-                        .find(|(p, _)| *p == partition);
-                    (partition, first_left.map_or(end, |&(_, offset)| offset))
+                        .find(|origin| origin.partition == partition);
+                    (partition, first_left.map_or(end, |origin| origin.offset))
                 })
                 .collect(),
         };
@@ -446,7 +452,8 @@ impl Worker {
                 "script runtime ran out of memory; killed and restarted".to_owned(),
             );
         }
-        let delivery = Delivery::of(outcome, engines, self.clock.now());
+        let origins = if wants_origins { positions.as_slice() } else { &[] };
+        let delivery = Delivery::of(outcome, engines, self.clock.now(), origins);
         let out = &delivery.out;
         // What was read and processed counts now; what is delivered counts when it is.
         self.metrics.record(std::mem::take(&mut metrics));

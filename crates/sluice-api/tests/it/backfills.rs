@@ -564,3 +564,61 @@ async fn transforms_filter_and_reshape_every_row_before_delivery() {
     assert_eq!(status, StatusCode::FORBIDDEN, "{error}");
     assert!(error["detail"].as_str().unwrap().contains("custom_transforms"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_object_storage_destination_gets_each_chunk_as_files_named_by_the_job_and_chunk() {
+    let stack = Stack::new(4).await;
+    stack.history(0..40).await;
+    let admin = stack.store.ensure_identity("acme", "data", "ada", false).await.unwrap();
+    stack.store.set_org_admin(&admin.user.id, true).await.unwrap();
+    let admin = sluice_api::auth::issue_key(stack.store.as_ref(), &admin.user.id, None)
+        .await
+        .unwrap()
+        .unwrap();
+    for name in ["S3_ID", "S3_KEY"] {
+        let path = format!("/api/v1/beam/secrets/{name}");
+        let (status, body) =
+            stack.call(Method::PUT, &path, &admin, Some(json!({"value": "test"}))).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let bucket = tokio::task::spawn_blocking(|| sluice_backfill::storage::testing::new_bucket(""))
+        .await
+        .unwrap();
+    let name =
+        bucket.location("").trim_start_matches("s3://").split('/').next().unwrap().to_owned();
+    let destinations = json!([{"type": "object_storage", "uid": "sk-s3", "name": "lake",
+        "bucket": name, "endpoint": std::env::var("SLUICE_TEST_S3_URL").unwrap(),
+        "prefix": "history", "format": "jsonl_gzip",
+        "access_key_id_secret": "S3_ID", "secret_access_key_secret": "S3_KEY"}]);
+    let job_id = stack.create(body(10, 30, destinations)).await;
+    let job = stack.until(&job_id, "completed").await;
+    let chunks = job["num_chunks"].as_u64().unwrap();
+    let objects = tokio::task::spawn_blocking(move || {
+        let keys = bucket.list("history").unwrap();
+        keys.into_iter()
+            .map(|key| (key.clone(), bucket.get(&key).unwrap().unwrap()))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let mut numbers = Vec::new();
+    let mut names = BTreeSet::new();
+    for (key, bytes) in objects {
+        use std::io::Read as _;
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(&bytes[..]).read_to_string(&mut text).unwrap();
+        numbers.extend(
+            text.lines()
+                .map(|line| serde_json::from_str::<Value>(line).unwrap()["n"].as_u64().unwrap()),
+        );
+        names.insert(key);
+    }
+    let expected: BTreeSet<String> = (0..chunks)
+        .map(|chunk| {
+            format!("history/base/erc20_token_transfer/2026-03-01/{job_id}-{chunk}-0.jsonl.gz")
+        })
+        .collect();
+    assert_eq!(names, expected);
+    numbers.sort_unstable();
+    assert_eq!(numbers, (11..30).step_by(2).collect::<Vec<u64>>());
+}

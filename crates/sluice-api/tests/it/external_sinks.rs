@@ -23,7 +23,9 @@ use sluice_store::secrets::{Keyring, SecretsKey};
 use sluice_store::{MetadataStore, Secrets, SqliteStore};
 use tower::ServiceExt;
 
-use crate::pipeline_stack::{OTHER, SOURCE, USDC, key_for, settings, settle, transfer};
+use crate::pipeline_stack::{
+    Faults, FaultyLog, OTHER, SOURCE, USDC, key_for, settings, settle, transfer,
+};
 
 const HOOK_SECRET: &str = "whsec-0123456789-abcdef";
 
@@ -158,15 +160,17 @@ impl Receiver {
     }
 }
 
-struct Stack {
+pub(crate) struct Stack {
     _dir: tempfile::TempDir,
     store: Arc<dyn MetadataStore>,
-    log: Arc<dyn StreamLog>,
-    runtime: Arc<Runtime>,
+    pub(crate) log: Arc<dyn StreamLog>,
+    /// The same log, whose faults a test injects.
+    pub(crate) faulty: Arc<FaultyLog>,
+    pub(crate) runtime: Arc<Runtime>,
     state: AppState,
     operator: String,
     /// Owns the pipelines; an ordinary member of `acme`.
-    owner: String,
+    pub(crate) owner: String,
     /// An org admin of `acme`.
     admin: String,
     /// A member of another organization.
@@ -174,7 +178,7 @@ struct Stack {
 }
 
 impl Stack {
-    async fn new() -> Self {
+    pub(crate) async fn new() -> Self {
         Self::with_egress(None).await
     }
 
@@ -185,8 +189,10 @@ impl Stack {
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).unwrap()));
         let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
         let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
-        let log: Arc<dyn StreamLog> =
+        let inner =
             Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+        let faulty = Arc::new(FaultyLog::new(inner, Faults::default()));
+        let log: Arc<dyn StreamLog> = faulty.clone();
         let keyring = Keyring::new(SecretsKey::generate().unwrap(), Vec::new());
         let secrets = Secrets::new(store.clone(), keyring);
         let env = SinkEnv { secrets: Some(secrets.clone()), egress };
@@ -214,10 +220,10 @@ impl Stack {
             .unwrap()
             .unwrap();
         let stranger = key_for(store.as_ref(), "globex", "data", "gus", false).await;
-        Self { _dir: dir, store, log, runtime, state, operator, owner, admin, stranger }
+        Self { _dir: dir, store, log, faulty, runtime, state, operator, owner, admin, stranger }
     }
 
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: Method,
         path: &str,
@@ -240,7 +246,7 @@ impl Stack {
     }
 
     /// `/metrics` as the owner sees it.
-    async fn metrics(&self) -> String {
+    pub(crate) async fn metrics(&self) -> String {
         let request = Request::builder()
             .uri("/metrics")
             .header("X-API-Key", &self.owner)
@@ -251,14 +257,14 @@ impl Stack {
         String::from_utf8(bytes.to_vec()).unwrap()
     }
 
-    async fn put_secret(&self, name: &str, value: &str) {
+    pub(crate) async fn put_secret(&self, name: &str, value: &str) {
         let path = format!("/api/v1/beam/secrets/{name}");
         let (status, body) =
             self.call(Method::PUT, &path, &self.admin, Some(json!({"value": value}))).await;
         assert_eq!(status, StatusCode::OK, "{body}");
     }
 
-    fn pipeline(guarantee: &str, sink: Value) -> Value {
+    pub(crate) fn pipeline(guarantee: &str, sink: Value) -> Value {
         json!({
             "name": "hooked", "description": "USDC transfers to the user's systems",
             "delivery_guarantee": guarantee,
@@ -272,11 +278,11 @@ impl Stack {
     }
 
     /// Creates and deploys a pipeline; answers its id and the deploy response.
-    async fn deployed(&self, guarantee: &str, sink: Value) -> (String, Value) {
+    pub(crate) async fn deployed(&self, guarantee: &str, sink: Value) -> (String, Value) {
         self.deployed_body(Self::pipeline(guarantee, sink)).await
     }
 
-    async fn deployed_body(&self, body: Value) -> (String, Value) {
+    pub(crate) async fn deployed_body(&self, body: Value) -> (String, Value) {
         let (status, created) =
             self.call(Method::POST, "/api/v1/beam", &self.owner, Some(body)).await;
         assert_eq!(status, StatusCode::OK, "{created}");
@@ -289,7 +295,7 @@ impl Stack {
     }
 
     /// Ingests transfers numbered `numbers`: USDC for odd ones, another token for even ones.
-    async fn ingest(&self, numbers: std::ops::RangeInclusive<u64>) {
+    pub(crate) async fn ingest(&self, numbers: std::ops::RangeInclusive<u64>) {
         self.ingest_again(numbers, 0).await;
     }
 
@@ -313,7 +319,7 @@ impl Stack {
         assert_eq!(response.status(), StatusCode::OK);
     }
 
-    async fn stats(&self, id: &str) -> Value {
+    pub(crate) async fn stats(&self, id: &str) -> Value {
         let (status, stats) = self
             .call(Method::GET, &format!("/api/v1/beam/{id}/deploy/stats"), &self.owner, None)
             .await;
@@ -323,7 +329,7 @@ impl Stack {
 
     /// Waits until the deployment's worker reports it is blocked on its sink; answers its
     /// health entry (a generous deadline fails the test).
-    async fn blocked_worker(&self, id: &str) -> Value {
+    pub(crate) async fn blocked_worker(&self, id: &str) -> Value {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             let worker = self.stats(id).await["workers_health"]["workers"][0].clone();
@@ -337,17 +343,17 @@ impl Stack {
         }
     }
 
-    async fn committed(&self, id: &str) -> u64 {
+    pub(crate) async fn committed(&self, id: &str) -> u64 {
         let group = sluice_bus::topics::deployment_group(id);
         self.log.committed(&group, SOURCE).await.unwrap().values().sum()
     }
 }
 
-fn odd(numbers: std::ops::RangeInclusive<u64>) -> Vec<u64> {
+pub(crate) fn odd(numbers: std::ops::RangeInclusive<u64>) -> Vec<u64> {
     numbers.filter(|n| n % 2 == 1).collect()
 }
 
-fn distinct(numbers: &[u64]) -> Vec<u64> {
+pub(crate) fn distinct(numbers: &[u64]) -> Vec<u64> {
     numbers.iter().copied().collect::<BTreeSet<_>>().into_iter().collect()
 }
 

@@ -9,6 +9,11 @@ pub mod sql;
 
 use crate::validation::{Fields, Loc, Violation, Violations, one_of};
 
+mod object_storage;
+mod rabbitmq;
+pub use object_storage::{OBJECT_FORMATS, ObjectStorageSinkConfig};
+pub use rabbitmq::{AMQP_SHORT_STRING, RabbitMqSinkConfig};
+
 /// Longest URL a sink accepts.
 pub const MAX_URL_LEN: usize = 2048;
 /// Longest secret name (`PUT /secrets/{name}`).

@@ -17,8 +17,17 @@ pub const SERVER_MANAGED_FIELDS: [&str; 5] =
     ["id", "owner_org_team_user_id", "organization_id", "created_at", "updated_at"];
 
 /// Sink types this build can deliver to.
-pub const SINK_TYPES: [&str; 7] =
-    ["kafka", "webhook", "external_kafka", "nats", "sns", "postgres", "mysql"];
+pub const SINK_TYPES: [&str; 9] = [
+    "kafka",
+    "webhook",
+    "external_kafka",
+    "nats",
+    "sns",
+    "postgres",
+    "mysql",
+    "object_storage",
+    "rabbitmq",
+];
 
 /// Longest sink name; the managed topic name adds a prefix, and Kafka caps names at 249.
 pub const MAX_SINK_NAME_LEN: usize = 180;
@@ -355,6 +364,10 @@ impl SinkConfig {
             Some("sns") => Some(Self::Sns(sink.sns(name, uid_text))),
             Some("postgres") => Some(Self::Postgres(sink.sql(name, uid_text))),
             Some("mysql") => Some(Self::Mysql(sink.sql(name, uid_text))),
+            Some("object_storage") => {
+                Some(Self::ObjectStorage(sink.object_storage(name, uid_text)))
+            }
+            Some("rabbitmq") => Some(Self::RabbitMq(sink.rabbitmq(name, uid_text))),
             // Unknown type (reported above): its other fields are not checked.
             _ => {
                 let all: Vec<&str> = sink.fields.keys();

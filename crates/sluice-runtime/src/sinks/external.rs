@@ -87,6 +87,14 @@ pub trait Transport: Send + Sync + std::fmt::Debug {
     /// Where the records go, for the deploy response (never a credential).
     fn connection(&self) -> Value;
 
+    /// Whether the receiver answers with these settings (checked at deploy).
+    ///
+    /// # Errors
+    /// Why not, naming no credential.
+    async fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Releases connections and clients; called when the deployment stops with this sink.
     async fn close(&self) {}
 }
@@ -199,6 +207,13 @@ impl Sink for ExternalSink {
             connection: self.transport.connection(),
             consumer_snippets: json!({}),
         }
+    }
+
+    async fn check_connection(&self) -> Result<(), super::SinkBuildError> {
+        self.transport.check().await.map_err(|reason| super::SinkBuildError::Client {
+            uid: self.config.uid().to_owned(),
+            reason,
+        })
     }
 
     async fn close(&self) {

@@ -218,6 +218,7 @@ mod tests {
             dead: vec![record("c")],
             logs: vec![record("d")],
             made_at: chrono::Utc::now(),
+            origins: Vec::new(),
         };
         let settle = Settle { group: "g", source: "source", offsets: &[(0, 7)] };
         sink.deliver(&log, &delivery, &side, settle).await.unwrap();

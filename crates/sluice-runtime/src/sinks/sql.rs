@@ -191,7 +191,7 @@ pub fn build(
     } else {
         Arc::new(super::postgres::PgBackend::new(url, sql).map_err(unusable)?)
     };
-    Ok(Some(Arc::new(SqlSink::new(config.clone(), sql, context.entity, backend))))
+    Ok(Some(Arc::new(SqlSink::new(config.clone(), sql, context.stream.1, backend))))
 }
 
 /// A `postgres` or `mysql` sink of one deployment (or a backfill's destination).

@@ -10,6 +10,7 @@ mod density;
 mod hardening;
 mod kafka_bus;
 mod kill_loop;
+mod object_storage_kill;
 mod postgres_runtime;
 mod process;
 mod readme;

@@ -134,6 +134,39 @@ pub fn tables(catalog: &Catalog) -> Vec<Table> {
     out
 }
 
+/// The time column of a [`layout`] without a typed table.
+pub const GENERIC_TIME_COLUMN: &str = "_time";
+
+/// How records of `chain`'s `entity` stream are laid out in a file: as the warehouse table
+/// of that stream when there is one (typed columns, then `_key` and `_record`), else
+/// `_time` (the record's time), `_key` and `_record`.
+pub fn layout(chain: &str, entity: &str) -> Table {
+    let kind = TABLE_KINDS.iter().find(|(e, _)| *e == entity).map(|(_, kind)| *kind);
+    match (kind, entity_schema(entity)) {
+        (Some(kind), Some(schema)) => Table::new(chain, schema.entity, kind, schema),
+        (_, schema) => {
+            let columns = vec![
+                (GENERIC_TIME_COLUMN, ColumnKind::Time),
+                (KEY_COLUMN, ColumnKind::Text),
+                (RECORD_COLUMN, ColumnKind::Text),
+            ];
+            let time = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+            let fields = vec![
+                Field::new(GENERIC_TIME_COLUMN, time, false),
+                Field::new(KEY_COLUMN, DataType::Utf8, false),
+                Field::new(RECORD_COLUMN, DataType::Utf8, false),
+            ];
+            Table {
+                name: format!("{chain}.{entity}"),
+                chain: chain.to_owned(),
+                entity: schema.map_or("", |s| s.entity),
+                columns,
+                schema: Arc::new(Schema::new(fields)),
+            }
+        }
+    }
+}
+
 /// The table named `name`.
 pub fn table(catalog: &Catalog, name: &str) -> Option<Table> {
     tables(catalog).into_iter().find(|table| table.name == name)
