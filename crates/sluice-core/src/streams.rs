@@ -193,9 +193,10 @@ const SOLANA_TRANSACTION_FIELDS: &[(&str, &str)] = &[
 const HL_BLOCK_FIELDS: &[(&str, &str)] = &[
     ("height", "integer"),
     ("blockTime", MILLIS),
-    ("hash", HEX32),
+    ("hash", "string (0x + 64 hex), or null where the source does not give it"),
     ("proposer", ADDRESS),
     ("numTxs", "integer"),
+    ("round", "integer or null, the consensus round (node files)"),
 ];
 
 const HL_TRADE_FIELDS: &[(&str, &str)] = &[
@@ -207,6 +208,9 @@ const HL_TRADE_FIELDS: &[(&str, &str)] = &[
     ("time", MILLIS),
     ("tid", "integer"),
     ("users", "array of two addresses, [buyer, seller]"),
+    ("buyer", "object {user, oid, startPosition, twapId, cloid} (node files)"),
+    ("seller", "object {user, oid, startPosition, twapId, cloid} (node files)"),
+    ("tradeDirOverride", "string (node trade files)"),
 ];
 
 const HL_FILL_FIELDS: &[(&str, &str)] = &[
