@@ -36,7 +36,7 @@ const DEAD_LETTERS: TopicConfig = TopicConfig {
     retention: Retention { max_age: Duration::from_secs(30 * 24 * 3600), max_bytes: Some(1 << 30) },
 };
 
-/// How often the lag behind the topic's end is asked for.
+/// How often the lag behind the topic's end is measured.
 const LAG_EVERY: Duration = Duration::from_secs(1);
 
 /// One Kafka source.
@@ -120,7 +120,31 @@ pub struct KafkaSource {
     log: Arc<dyn StreamLog>,
     status: Arc<SourceStatus>,
     consumer: Option<BaseConsumer>,
-    lag_at: Option<Instant>,
+    /// The offsets committed so far, by partition (for the lag).
+    committed: Arc<std::sync::Mutex<HashMap<i32, i64>>>,
+    /// Stops the lag thread.
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// librdkafka's close of a consumer that has a group can wait for the coordinator (40 s
+/// against some brokers); it runs on a thread of its own so that neither a retry nor the
+/// process's exit waits for it.
+fn close_in_background(consumer: Option<BaseConsumer>) {
+    if let Some(consumer) = consumer {
+        let spawned = std::thread::Builder::new()
+            .name("sluice-source-close".to_owned())
+            .spawn(move || drop(consumer));
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "cannot start the thread that closes a Kafka consumer");
+        }
+    }
+}
+
+impl Drop for KafkaSource {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        close_in_background(self.consumer.take());
+    }
 }
 
 impl std::fmt::Debug for KafkaSource {
@@ -157,14 +181,15 @@ impl KafkaSource {
         let consumer: BaseConsumer = client_config(&config).create().map_err(|error| {
             SourceError::Client { source_name: config.name.clone(), reason: error.to_string() }
         })?;
-        drop(consumer);
+        close_in_background(Some(consumer));
         Ok(Self {
             config,
             sink,
             log,
             status: Arc::new(SourceStatus::new()),
             consumer: None,
-            lag_at: None,
+            committed: Arc::default(),
+            stop: Arc::default(),
         })
     }
 
@@ -177,21 +202,27 @@ impl KafkaSource {
     pub async fn run(mut self) {
         let name = self.config.name.clone();
         tracing::info!(source = %name, topic = %self.config.topic, chain = %self.config.chain, entity = %self.config.entity, "kafka source starting");
+        watch_lag(&self.config, self.committed.clone(), self.status.clone(), self.stop.clone());
         let mut failures = 0u32;
         loop {
             match self.step().await {
-                Ok(_) => {
+                Ok(read) => {
                     if failures > 0 {
                         self.status.error(None);
                     }
                     failures = 0;
+                    if read == 0 {
+                        // An idle poll awaited nothing: let the task be cancelled (and
+                        // others run) between polls.
+                        tokio::task::yield_now().await;
+                    }
                 }
                 Err(error) => {
                     failures = failures.saturating_add(1);
                     tracing::warn!(source = %name, %error, failures, "kafka source batch failed; reading again from the committed offsets");
                     self.status.error(Some(error.to_string()));
                     // A new consumer starts at the committed offsets.
-                    self.consumer = None;
+                    close_in_background(self.consumer.take());
                     let delay =
                         Duration::from_millis(100 << failures.min(8)).min(Duration::from_secs(30));
                     tokio::time::sleep(delay).await;
@@ -230,6 +261,19 @@ impl KafkaSource {
                 .map_err(|e| self.kafka_error(e))?;
         }
         consumer.assign(&list).map_err(|e| self.kafka_error(e))?;
+        // Where each partition stands, for the lag (the start of the topic where the group
+        // has committed nothing).
+        let committed =
+            consumer.committed(Duration::from_secs(10)).map_err(|e| self.kafka_error(e))?;
+        let mut offsets = self.committed.lock().expect("offsets lock is never poisoned");
+        for element in committed.elements() {
+            let at = match element.offset() {
+                Offset::Offset(at) => at,
+                _ => 0,
+            };
+            offsets.entry(element.partition()).or_insert(at);
+        }
+        drop(offsets);
         Ok(consumer)
     }
 
@@ -250,6 +294,7 @@ impl KafkaSource {
         let mut dead = Vec::new();
         let mut next: HashMap<i32, i64> = HashMap::new();
         let mut read = 0;
+        let started = Instant::now();
         let polled: Result<(), rdkafka::error::KafkaError> =
             crate::hyperliquid::ingester::blocking(|| {
                 let mut wait = Duration::from_millis(100);
@@ -268,8 +313,9 @@ impl KafkaSource {
                 Ok(())
             });
         polled.map_err(|e| self.kafka_error(e))?;
+        let polled_at = Instant::now();
+        tracing::debug!(source = %self.config.name, read, poll_ms = (polled_at - started).as_millis() as u64, "kafka source poll");
         if read == 0 {
-            self.report_lag();
             return Ok(0);
         }
         let (appended, rejected) = (records.len() as u64, dead.len() as u64);
@@ -290,41 +336,58 @@ impl KafkaSource {
                 .map_err(|e| self.kafka_error(e))?;
         }
         let consumer = self.consumer.as_ref().expect("connected above");
+        let durable_at = Instant::now();
         crate::hyperliquid::ingester::blocking(|| consumer.commit(&list, CommitMode::Sync))
             .map_err(|e| self.kafka_error(format!("committing offsets: {e}")))?;
+        tracing::debug!(source = %self.config.name, read, append_ms = (durable_at - polled_at).as_millis() as u64, commit_ms = durable_at.elapsed().as_millis() as u64, "kafka source batch");
         self.status.records.fetch_add(appended, Ordering::Relaxed);
         self.status.dead_letters.fetch_add(rejected, Ordering::Relaxed);
         if let Some(block) = block {
             self.status.block.fetch_max(block, Ordering::Relaxed);
         }
-        self.report_lag();
+        self.committed.lock().expect("offsets lock is never poisoned").extend(next);
         Ok(read)
     }
+}
 
-    /// Messages past the consumer's position, asked for at most every [`LAG_EVERY`].
-    fn report_lag(&mut self) {
-        if self.lag_at.is_some_and(|at| at.elapsed() < LAG_EVERY) {
-            return;
-        }
-        self.lag_at = Some(Instant::now());
-        let Some(consumer) = &self.consumer else { return };
-        let lag = crate::hyperliquid::ingester::blocking(|| {
-            let positions = consumer.position().ok()?;
-            let mut lag = 0u64;
-            for element in positions.elements() {
-                let (_, high) = consumer
-                    .fetch_watermarks(element.topic(), element.partition(), Duration::from_secs(2))
-                    .ok()?;
-                // A partition not read yet: its position is not known here.
-                if let Offset::Offset(at) = element.offset() {
-                    lag += u64::try_from(high - at).unwrap_or(0);
+/// Measures the lag behind the topic's end every [`LAG_EVERY`] on a thread of its own (a
+/// watermark request can take a second against some brokers; the batches never wait for it):
+/// the high watermark of each partition minus the offset committed for it.
+fn watch_lag(
+    config: &KafkaSourceConfig,
+    committed: Arc<std::sync::Mutex<HashMap<i32, i64>>>,
+    status: Arc<SourceStatus>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let Ok(consumer) = client_config(config).create::<BaseConsumer>() else { return };
+    let topic = config.topic.clone();
+    let spawned =
+        std::thread::Builder::new().name("sluice-source-lag".to_owned()).spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let offsets: Vec<(i32, i64)> = committed
+                    .lock()
+                    .expect("offsets lock is never poisoned")
+                    .iter()
+                    .map(|(p, o)| (*p, *o))
+                    .collect();
+                // Nothing known before the consumer is assigned.
+                let mut lag = (!offsets.is_empty()).then_some(0u64);
+                for (partition, at) in offsets {
+                    match consumer.fetch_watermarks(&topic, partition, Duration::from_secs(5)) {
+                        Ok((_, high)) => {
+                            lag = lag.map(|l| l + u64::try_from(high - at).unwrap_or(0))
+                        }
+                        Err(_) => lag = None,
+                    }
                 }
+                if let Some(lag) = lag {
+                    status.lag_messages.store(lag, Ordering::Relaxed);
+                }
+                std::thread::sleep(LAG_EVERY);
             }
-            Some(lag)
         });
-        if let Some(lag) = lag {
-            self.status.lag_messages.store(lag, Ordering::Relaxed);
-        }
+    if let Err(error) = spawned {
+        tracing::warn!(%error, "cannot start the thread that measures a Kafka source's lag");
     }
 }
 

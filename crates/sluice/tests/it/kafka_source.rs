@@ -109,14 +109,18 @@ async fn wait_for(client: &reqwest::Client, base: &str, records: u64, rejected: 
     }
 }
 
-/// Every record of `topic` in the stopped server's log.
-async fn stored(dir: &Path, topic: &str) -> Vec<(String, Value)> {
+/// The stopped server's log.
+fn open_log(dir: &Path) -> Arc<dyn sluice_bus::StreamLog> {
     let log = sluice_bus::EmbeddedLog::open(
         &dir.join("data/log.redb"),
         Arc::new(sluice_core::clock::SystemClock),
     )
     .unwrap();
-    let log: Arc<dyn sluice_bus::StreamLog> = Arc::new(log);
+    Arc::new(log)
+}
+
+/// Every record of `topic` in `log`.
+async fn stored(log: &Arc<dyn sluice_bus::StreamLog>, topic: &str) -> Vec<(String, Value)> {
     let mut out = Vec::new();
     if log.topic(topic).await.unwrap().is_none() {
         return out;
@@ -155,13 +159,14 @@ async fn json_messages_become_records_and_bad_ones_are_dead_lettered_and_counted
     assert!(metrics.contains(series), "{metrics}");
     assert!(server.terminate());
 
-    let records = stored(dir.path(), "hyperliquid.fill").await;
+    let log = open_log(dir.path());
+    let records = stored(&log, "hyperliquid.fill").await;
     assert_eq!(records.len(), 200, "each message once");
     let by_key: BTreeMap<String, Value> = records.into_iter().collect();
     assert_eq!(by_key.len(), 200);
     let expected: Value = serde_json::from_str(&fill(7)).unwrap();
     assert_eq!(by_key["7:B"], expected, "the message as sent");
-    let dead = stored(dir.path(), "_sluice.sources.fills.dead_letters").await;
+    let dead = stored(&log, "_sluice.sources.fills.dead_letters").await;
     assert_eq!(dead.len(), 3, "{dead:?}");
     let errors: Vec<&str> = dead.iter().map(|(_, d)| d["error"].as_str().unwrap()).collect();
     assert!(errors[0].contains("invalid JSON"), "{errors:?}");
@@ -202,7 +207,7 @@ async fn a_server_killed_between_reading_and_committing_reads_again_and_loses_no
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(server.terminate());
-    let records = stored(dir.path(), "hyperliquid.fill").await;
+    let records = stored(&open_log(dir.path()), "hyperliquid.fill").await;
     let mut by_key: BTreeMap<String, usize> = BTreeMap::new();
     for (key, _) in &records {
         *by_key.entry(key.clone()).or_default() += 1;
@@ -211,5 +216,6 @@ async fn a_server_killed_between_reading_and_committing_reads_again_and_loses_no
     assert_eq!(by_key.keys().cloned().collect::<Vec<_>>().len(), expected.len(), "nothing lost");
     assert!(expected.iter().all(|k| by_key.contains_key(k)), "nothing lost");
     // What was read again carries the same key: a consumer sees the redelivery.
+    assert!(records.len() >= expected.len());
     eprintln!("{} records for {} messages", records.len(), total);
 }
