@@ -263,6 +263,7 @@ fn raw(brokers: &str, topic: &str, n: u64) {
         .set("bootstrap.servers", brokers)
         .set("group.id", format!("raw-{}", std::process::id()))
         .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "100")
         .create()
         .unwrap();
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();

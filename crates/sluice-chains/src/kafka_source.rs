@@ -162,6 +162,9 @@ pub fn client_config(config: &KafkaSourceConfig) -> ClientConfig {
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
+        // A broker that holds an idle fetch for the whole wait (tansu) adds it to every
+        // batch once the source has caught up; Kafka answers as soon as records arrive.
+        .set("fetch.wait.max.ms", "100")
         .set("client.id", "sluice-source");
     for (name, value) in &config.client {
         client.set(name, value);
