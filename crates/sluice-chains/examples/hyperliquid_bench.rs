@@ -39,6 +39,16 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const ENTITIES: [&str; 5] = ["block", "trade", "fill", "order", "misc_event"];
 const BASE_MS: i64 = 1_748_772_000_000;
 
+/// CPU seconds (user + system) this process has used: what the work cost, whatever else
+/// the machine runs.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat.rsplit(") ").next().unwrap().split(' ').collect();
+    // utime and stime are fields 14 and 15 of the line (11 and 12 after the name), in ticks.
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
 fn user(i: u64) -> String {
     format!("0x{:040x}", 0x5ac9_0000_u64 + i % 5_000)
 }
@@ -123,15 +133,18 @@ async fn ingest(dir: &Path, log_path: &Path) {
     let log = open_log(log_path).await;
     let (mut ingester, _) = ingester(dir, &log);
     let started = Instant::now();
+    let cpu = cpu_seconds();
     while ingester.step().await.unwrap() {}
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu;
     let (fills, orders, trades) =
         (records(&log, "fill").await, records(&log, "order").await, records(&log, "trade").await);
     let events = fills + orders;
     println!(
         "{}",
         json!({"tool": "sluice-hyperliquid", "events": events, "records": events + trades, "seconds": seconds,
-               "events_per_s": (events as f64 / seconds).round(), "fills": fills, "orders": orders, "trades": trades})
+               "events_per_s": (events as f64 / seconds).round(), "cpu_seconds": cpu,
+               "events_per_cpu_s": (events as f64 / cpu).round(), "fills": fills, "orders": orders, "trades": trades})
     );
 }
 
@@ -246,15 +259,17 @@ async fn source(brokers: &str, topic: &str, n: u64, log_path: &Path) {
     let mut source = KafkaSource::new(config, sink, log.clone()).unwrap();
     let status = source.status();
     let started = Instant::now();
+    let cpu = cpu_seconds();
     let mut read = 0;
     while read < n {
         read += source.step().await.unwrap() as u64;
     }
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu;
     let records = status.records.load(std::sync::atomic::Ordering::Relaxed);
     println!(
         "{}",
-        json!({"tool": "sluice-kafka-source", "messages": read, "records": records, "seconds": seconds, "per_s": (read as f64 / seconds).round()})
+        json!({"tool": "sluice-kafka-source", "messages": read, "records": records, "seconds": seconds, "per_s": (read as f64 / seconds).round(), "cpu_seconds": cpu, "per_cpu_s": (read as f64 / cpu).round()})
     );
 }
 
@@ -273,6 +288,7 @@ fn raw(brokers: &str, topic: &str, n: u64) {
     }
     consumer.assign(&list).unwrap();
     let started = Instant::now();
+    let cpu = cpu_seconds();
     let (mut read, mut bytes) = (0u64, 0usize);
     while read < n {
         if let Some(message) = consumer.poll(Duration::from_millis(100)) {
@@ -281,9 +297,10 @@ fn raw(brokers: &str, topic: &str, n: u64) {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu;
     println!(
         "{}",
-        json!({"tool": "raw-librdkafka", "messages": read, "bytes": bytes, "seconds": seconds, "per_s": (read as f64 / seconds).round()})
+        json!({"tool": "raw-librdkafka", "messages": read, "bytes": bytes, "seconds": seconds, "per_s": (read as f64 / seconds).round(), "cpu_seconds": cpu, "per_cpu_s": (read as f64 / cpu).round()})
     );
 }
 

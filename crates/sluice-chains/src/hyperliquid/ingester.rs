@@ -128,6 +128,14 @@ impl HyperliquidIngester {
         for index in 0..self.feeds.len() {
             moved |= self.step_feed(index).await?;
         }
+        if moved {
+            // One stored position per round, after every stream's append (it may lag the
+            // streams, never lead them).
+            if let Err(error) = self.save().await {
+                self.started = false;
+                return Err(error);
+            }
+        }
         self.report_lag(moved);
         Ok(moved)
     }
@@ -247,11 +255,6 @@ impl HyperliquidIngester {
         let mut feed = std::mem::replace(&mut self.feeds[index], placeholder());
         let outcome = self.advance(&mut feed, &dir, max).await;
         self.feeds[index] = feed;
-        let outcome = match outcome {
-            // The position after the appends (it may lag the streams, never lead them).
-            Ok(true) => self.save().await.map(|()| true),
-            other => other,
-        };
         if outcome.is_err() {
             // Whether the append reached the stream is unknown: resume as after a crash.
             self.started = false;
