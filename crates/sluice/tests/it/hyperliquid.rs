@@ -482,7 +482,7 @@ async fn delivered(client: &reqwest::Client, beam: &str, want: usize) -> Vec<Val
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn set_filter_pipelines_on_one_user_and_one_coin_get_exactly_their_records() {
+async fn set_filter_pipelines_on_one_user_one_coin_and_one_order_id_get_exactly_their_records() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::new(&dir.path().join("hl/data"), Layout::A);
     let port = free_port();
@@ -492,6 +492,8 @@ async fn set_filter_pipelines_on_one_user_and_one_coin_get_exactly_their_records
     let bob = user(3);
     let by_user = pipeline(&client, &base, "fill", "root = this.payload.user", &bob).await;
     let by_coin = pipeline(&client, &base, "order", "root = this.payload.order.coin", "ETH").await;
+    // An order id: the seller's fill of trade 70 (block 7) has order id 701.
+    let by_oid = pipeline(&client, &base, "fill", "root = this.payload.oid", "701").await;
     let last = 40;
     for b in 1..=last {
         node.block(b);
@@ -532,6 +534,10 @@ async fn set_filter_pipelines_on_one_user_and_one_coin_get_exactly_their_records
         orders.iter().map(|r| r["value"]["payload"]["order"]["oid"].as_u64().unwrap()).collect();
     got.sort_unstable();
     assert_eq!(got, want_orders, "exactly the coin's orders");
+    let one = delivered(&client, &by_oid, 1).await;
+    assert_eq!(one.len(), 1, "{one:?}");
+    assert_eq!(one[0]["value"]["payload"]["oid"], 701);
+    assert_eq!(one[0]["value"]["payload"]["side"], "A");
 }
 
 #[test]
