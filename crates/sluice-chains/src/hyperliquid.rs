@@ -10,6 +10,7 @@
 
 pub mod files;
 pub mod ingester;
+pub mod raw;
 pub mod records;
 
 use std::path::PathBuf;

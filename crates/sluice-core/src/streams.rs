@@ -556,6 +556,22 @@ impl StreamRecord {
         Self::checked(entity, object, value)
     }
 
+    /// A record whose JSON text the caller wrote itself (an ingester writing a wrapped
+    /// record field by field). `fields` holds the entity's key fields and time field with the
+    /// values the text holds (bare or under the envelope), and only they are checked: the
+    /// caller answers for the text being one JSON object, its keys in ascending order and
+    /// each written once, as [`StreamRecord::from_object`] writes them.
+    ///
+    /// # Errors
+    /// A missing or invalid key field, a missing or invalid time.
+    pub fn written(
+        entity: &str,
+        text: Vec<u8>,
+        fields: &Map<String, Value>,
+    ) -> Result<Self, InvalidRecord> {
+        Self::checked(entity, fields, text)
+    }
+
     fn checked(
         entity: &str,
         object: &Map<String, Value>,

@@ -4,14 +4,17 @@
 //! past its line) and `block_number` when the line names its block. Prices and sizes stay
 //! the node's decimal strings; times become Unix milliseconds.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use sluice_core::streams::StreamRecord;
 
 use super::files::{Layout, Source};
+use super::raw;
 
 /// Where a line ends in the node's files: `(file ordinal, byte offset past the line)`.
 /// Positions grow with the order the node wrote the lines in.
@@ -124,85 +127,220 @@ pub fn build(
         built.block = Some((height, time));
         return Ok(built);
     }
-    let value: Value = serde_json::from_slice(line).map_err(|e| e.to_string())?;
-    let (block, events) = match source.layout {
-        Layout::ByBlock => {
-            let Value::Object(mut batch) = value else {
-                return Err(bad("a by-block line is not an object"));
-            };
-            let number = batch
-                .get("block_number")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| bad("a by-block line has no block_number"))?;
-            let time = batch.get("block_time").and_then(time_ms);
-            let Some(Value::Array(events)) = batch.remove("events") else {
-                return Err(bad("a by-block line has no events list"));
-            };
-            if let Some(time) = time {
-                built.block = Some((number, time));
-            }
-            (Some(number), events)
-        }
-        _ => (None, vec![value]),
-    };
+    let (block, events) = events(source.layout, line, &mut built)?;
     for (index, event) in events.into_iter().enumerate() {
         let what = |reason: String| {
             if block.is_some() { format!("event {index}: {reason}") } else { reason }
         };
         if source.trades_from_fills {
-            let fill = Fill::read(event).map_err(what)?;
-            if let Some(payload) = pairs.add(fill, at) {
-                built.records.push(record(entity, at, block, payload).map_err(what)?);
+            let (user, fields) = fill_parts(event).map_err(what)?;
+            let side = Side::read(user, &fields).map_err(what)?;
+            if let Some(trade) = pairs.add(side, at) {
+                built.records.push(trade.record(entity, at, block).map_err(what)?);
             }
             continue;
         }
-        let payload = match entity {
-            "fill" => Fill::read(event).map(Fill::into_payload),
-            "order" => order(event),
-            "misc_event" => misc_event(event),
-            "trade" => trade(event),
+        let record = match entity {
+            "fill" => fill(entity, event, at, block),
+            "order" => order(entity, event, at, block),
+            "misc_event" | "trade" => {
+                let event: Value = serde_json::from_str(event.get()).map_err(|e| e.to_string())?;
+                let payload = if entity == "trade" { trade(event) } else { misc_event(event) };
+                payload.and_then(|payload| record(entity, at, block, payload))
+            }
             other => Err(format!("no node output makes {other} records")),
         }
         .map_err(what)?;
-        built.records.push(record(entity, at, block, payload).map_err(what)?);
+        built.records.push(record);
     }
     Ok(built)
 }
 
-/// A fill line's event: `[user, {fill in the API's fills format}]`.
-#[derive(Debug, Clone)]
-pub struct Fill {
-    user: String,
-    fields: Map<String, Value>,
+/// A line's events: a by-block line's list (its block noted in `built`), else the line.
+fn events<'a>(
+    layout: Layout,
+    line: &'a [u8],
+    built: &mut Built,
+) -> Result<(Option<u64>, Vec<&'a RawValue>), String> {
+    if layout != Layout::ByBlock {
+        let event: &RawValue = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+        return Ok((None, vec![event]));
+    }
+    let batch: raw::Object<'_> = serde_json::from_slice(line).map_err(|e| {
+        if e.is_data() { bad("a by-block line is not an object") } else { e.to_string() }
+    })?;
+    let number = batch
+        .raw("block_number")
+        .and_then(|raw| raw::value(raw).as_u64())
+        .ok_or_else(|| bad("a by-block line has no block_number"))?;
+    let time = batch.raw("block_time").and_then(|raw| time_ms(&raw::value(raw)));
+    let events: Vec<&RawValue> = batch
+        .raw("events")
+        .and_then(|raw| serde_json::from_str(raw.get()).ok())
+        .ok_or_else(|| bad("a by-block line has no events list"))?;
+    if let Some(time) = time {
+        built.block = Some((number, time));
+    }
+    Ok((Some(number), events))
 }
 
-impl Fill {
-    fn read(event: Value) -> Result<Self, String> {
-        let Value::Array(mut pair) = event else {
-            return Err(bad("a fill is not [user, fill]"));
-        };
-        let (Some(Value::Object(fields)), Some(Value::String(user)), None) =
-            (pair.pop(), pair.pop(), pair.pop())
-        else {
-            return Err(bad("a fill is not [user, fill]"));
-        };
-        Ok(Self { user, fields })
-    }
+/// A fill line's event: `[user, {fill in the API's fills format}]`.
+fn fill_parts(event: &RawValue) -> Result<(Cow<'_, str>, raw::Object<'_>), String> {
+    let (raw::Text(user), fields): (raw::Text<'_>, raw::Object<'_>) =
+        serde_json::from_str(event.get()).map_err(|_| bad("a fill is not [user, fill]"))?;
+    Ok((user, fields))
+}
 
-    fn into_payload(mut self) -> Map<String, Value> {
-        self.fields.insert("user".into(), Value::String(self.user));
-        self.fields
-    }
+/// A fill: its fields with `user` added.
+fn fill(
+    entity: &str,
+    event: &RawValue,
+    at: &LineAt<'_>,
+    block: Option<u64>,
+) -> Result<StreamRecord, String> {
+    let (user, mut fields) = fill_parts(event)?;
+    let mut name = Vec::with_capacity(user.len() + 2);
+    raw::write_str(&mut name, &user);
+    fields.set("user", name);
+    let keys = raw::key_fields(entity, &fields);
+    let mut text = raw::envelope(at.file, at.position.1, block, event.get().len() + 16);
+    fields.write(&mut text)?;
+    raw::finish(entity, text, &keys)
+}
 
-    fn side_info(&self) -> Value {
-        let get = |name: &str| self.fields.get(name).cloned().unwrap_or(Value::Null);
-        json!({
-            "user": self.user,
-            "oid": get("oid"),
-            "startPosition": get("startPosition"),
-            "twapId": get("twapId"),
-            "cloid": get("cloid"),
+/// An order status, its time as Unix ms.
+fn order(
+    entity: &str,
+    event: &RawValue,
+    at: &LineAt<'_>,
+    block: Option<u64>,
+) -> Result<StreamRecord, String> {
+    let mut fields: raw::Object<'_> =
+        serde_json::from_str(event.get()).map_err(|_| bad("an order status is not an object"))?;
+    let time = fields.get("time").map(raw::member_value).ok_or_else(|| bad("no time"))?;
+    let ms = time_ms(&time).ok_or_else(|| format!("time {time} is not a time"))?;
+    let mut text = Vec::with_capacity(16);
+    raw::write_int(&mut text, ms);
+    fields.set("time", text);
+    let keys = raw::key_fields(entity, &fields);
+    let mut text = raw::envelope(at.file, at.position.1, block, event.get().len());
+    fields.write(&mut text)?;
+    raw::finish(entity, text, &keys)
+}
+
+/// The fields of a fill a trade is made of, as the JSON text a record writes: the trade's
+/// own (from the buyer's fill) and the side's.
+const TRADE_FIELDS: [&str; 6] = ["coin", "px", "sz", "time", "hash", "tid"];
+const SIDE_FIELDS: [&str; 4] = ["oid", "startPosition", "twapId", "cloid"];
+
+/// One side of a trade, kept until the other side's fill is read.
+#[derive(Debug, Clone)]
+pub struct Side {
+    user: String,
+    tid: Option<u64>,
+    buy: bool,
+    crossed: bool,
+    /// The JSON text of [`TRADE_FIELDS`] then [`SIDE_FIELDS`], by end offset in `text`
+    /// (`null` for a field the fill lacks).
+    text: Vec<u8>,
+    ends: [usize; 10],
+}
+
+impl Side {
+    fn read(user: Cow<'_, str>, fields: &raw::Object<'_>) -> Result<Self, String> {
+        let mut text = Vec::with_capacity(256);
+        let mut ends = [0; 10];
+        for (index, name) in TRADE_FIELDS.iter().chain(&SIDE_FIELDS).enumerate() {
+            match fields.raw(name) {
+                Some(value) => raw::write_value(&mut text, value)?,
+                None => text.extend_from_slice(b"null"),
+            }
+            ends[index] = text.len();
+        }
+        let parsed = |name: &str| fields.raw(name).map(raw::value).unwrap_or(Value::Null);
+        Ok(Self {
+            user: user.into_owned(),
+            tid: parsed("tid").as_u64(),
+            buy: parsed("side").as_str() == Some("B"),
+            crossed: parsed("crossed").as_bool() == Some(true),
+            text,
+            ends,
         })
+    }
+
+    fn field(&self, index: usize) -> &[u8] {
+        let start = if index == 0 { 0 } else { self.ends[index - 1] };
+        &self.text[start..self.ends[index]]
+    }
+
+    /// `{"cloid":…,"oid":…,"startPosition":…,"twapId":…,"user":…}`
+    fn write_info(&self, out: &mut Vec<u8>) {
+        out.push(b'{');
+        for (name, index) in [("cloid", 9), ("oid", 6), ("startPosition", 7), ("twapId", 8)] {
+            out.push(b'"');
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b"\":");
+            out.extend_from_slice(self.field(index));
+            out.push(b',');
+        }
+        out.extend_from_slice(b"\"user\":");
+        raw::write_str(out, &self.user);
+        out.push(b'}');
+    }
+}
+
+/// A trade made of two fills.
+pub struct Trade {
+    buyer: Side,
+    seller: Side,
+}
+
+impl Trade {
+    /// The trade's record: its fields in ascending name order, as a parsed map writes them.
+    fn record(
+        &self,
+        entity: &str,
+        at: &LineAt<'_>,
+        block: Option<u64>,
+    ) -> Result<StreamRecord, String> {
+        let (buyer, seller) = (&self.buyer, &self.seller);
+        let side = if seller.crossed && !buyer.crossed { "A" } else { "B" };
+        let mut text = raw::envelope(at.file, at.position.1, block, 640);
+        let field = |text: &mut Vec<u8>, name: &str, first: bool| {
+            if !first {
+                text.push(b',');
+            }
+            text.push(b'"');
+            text.extend_from_slice(name.as_bytes());
+            text.extend_from_slice(b"\":");
+        };
+        text.push(b'{');
+        field(&mut text, "buyer", true);
+        buyer.write_info(&mut text);
+        for (name, index) in [("coin", 0), ("hash", 4), ("px", 1)] {
+            field(&mut text, name, false);
+            text.extend_from_slice(buyer.field(index));
+        }
+        field(&mut text, "seller", false);
+        seller.write_info(&mut text);
+        field(&mut text, "side", false);
+        raw::write_str(&mut text, side);
+        for (name, index) in [("sz", 2), ("tid", 5), ("time", 3)] {
+            field(&mut text, name, false);
+            text.extend_from_slice(buyer.field(index));
+        }
+        field(&mut text, "users", false);
+        text.push(b'[');
+        raw::write_str(&mut text, &buyer.user);
+        text.push(b',');
+        raw::write_str(&mut text, &seller.user);
+        text.extend_from_slice(b"]}");
+        let parse =
+            |index: usize| serde_json::from_slice(buyer.field(index)).unwrap_or(Value::Null);
+        let mut keys = Map::new();
+        keys.insert("tid".into(), parse(5));
+        keys.insert("time".into(), parse(3));
+        raw::finish(entity, text, &keys)
     }
 }
 
@@ -211,7 +349,7 @@ impl Fill {
 #[derive(Debug, Default)]
 pub struct Pairs {
     /// By trade id: the fill, where its line starts and where it ends.
-    waiting: HashMap<u64, (Fill, u64, Position)>,
+    waiting: HashMap<u64, (Side, u64, Position)>,
 }
 
 impl Pairs {
@@ -230,26 +368,14 @@ impl Pairs {
     }
 
     /// Adds a fill; answers the trade when it completes a pair.
-    fn add(&mut self, fill: Fill, at: &LineAt<'_>) -> Option<Map<String, Value>> {
-        let tid = fill.fields.get("tid").and_then(Value::as_u64)?;
+    fn add(&mut self, fill: Side, at: &LineAt<'_>) -> Option<Trade> {
+        let tid = fill.tid?;
         let Some((other, _, _)) = self.waiting.remove(&tid) else {
             self.waiting.insert(tid, (fill, at.start, at.position));
             return None;
         };
-        let is_buy = |f: &Fill| f.fields.get("side").and_then(Value::as_str) == Some("B");
-        let (buyer, seller) = if is_buy(&fill) { (fill, other) } else { (other, fill) };
-        let crossed = |f: &Fill| f.fields.get("crossed").and_then(Value::as_bool) == Some(true);
-        let side = if crossed(&seller) && !crossed(&buyer) { "A" } else { "B" };
-        let get = |name: &str| buyer.fields.get(name).cloned().unwrap_or(Value::Null);
-        let mut trade = Map::new();
-        for name in ["coin", "px", "sz", "time", "hash", "tid"] {
-            trade.insert(name.into(), get(name));
-        }
-        trade.insert("side".into(), json!(side));
-        trade.insert("users".into(), json!([buyer.user, seller.user]));
-        trade.insert("buyer".into(), buyer.side_info());
-        trade.insert("seller".into(), seller.side_info());
-        Some(trade)
+        let (buyer, seller) = if fill.buy { (fill, other) } else { (other, fill) };
+        Some(Trade { buyer, seller })
     }
 }
 
@@ -266,12 +392,6 @@ fn retime(map: &mut Map<String, Value>, name: &str) -> Result<(), String> {
     let ms = time_ms(value).ok_or_else(|| format!("{name} {value} is not a time"))?;
     map.insert(name.into(), json!(ms));
     Ok(())
-}
-
-fn order(event: Value) -> Result<Map<String, Value>, String> {
-    let mut map = object(event, "an order status")?;
-    retime(&mut map, "time")?;
-    Ok(map)
 }
 
 /// A trade line: `side_info[0]` is the buyer, `side_info[1]` the seller. The node writes no

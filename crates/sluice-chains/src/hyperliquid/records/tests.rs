@@ -85,3 +85,56 @@ fn misc_events_lift_their_kind_and_account() {
             .is_err()
     );
 }
+
+/// What parsing the payload into a map and serialising the wrapped record writes.
+fn via_map(entity: &str, block: Option<u64>, payload: Value) -> Vec<u8> {
+    let Value::Object(payload) = payload else { panic!("not an object") };
+    record(entity, &at("f"), block, payload).unwrap().value().to_vec()
+}
+
+#[test]
+fn records_are_written_byte_for_byte_as_a_parsed_map_writes_them() {
+    // Unsorted keys, a repeated key, escapes, floats, nested objects and arrays.
+    let fields = r#"{"tid":99,"side":"B","time":1764059598111,"px":"1.5","oid":7,"coin":"A\u00e9\"x","sz":1.0e2,"crossed":false,"liq":{"z":[1,-0,2.50],"a":"\/"},"startPosition":"0.0","hash":"0xaa","sz":"0.25","cloid":null,"twapId":12345678901234567890,"user":"old"}"#;
+    let line = format!(
+        r#"{{"block_time":"2025-11-25T08:33:18.111517886","block_number":5,"events":[["0x\u0031",{fields}],["0x02",{}]]}}"#,
+        fields
+            .replace(r#""side":"B""#, r#""side":"A""#)
+            .replace(r#""crossed":false"#, r#""crossed":true"#)
+    );
+    let parsed: Value = serde_json::from_str(&line).unwrap();
+    let source = sources("fill")[0];
+    let built =
+        build("fill", &source, line.as_bytes(), &at("f"), 0, &mut Pairs::default()).unwrap();
+    for (index, record) in built.records.iter().enumerate() {
+        let event = &parsed["events"][index];
+        let mut payload = event[1].clone();
+        payload["user"] = event[0].clone();
+        assert_eq!(record.value(), via_map("fill", Some(5), payload).as_slice());
+    }
+    let mut pairs = Pairs::default();
+    let source = sources("trade")[2];
+    let built = build("trade", &source, line.as_bytes(), &at("f"), 0, &mut pairs).unwrap();
+    let (buyer, seller) = (&parsed["events"][0], &parsed["events"][1]);
+    let info = |fill: &Value| {
+        json!({"user": fill[0], "oid": fill[1]["oid"], "startPosition": fill[1]["startPosition"],
+            "twapId": fill[1]["twapId"], "cloid": fill[1]["cloid"]})
+    };
+    let b = &buyer[1];
+    let trade = json!({"coin": b["coin"], "px": b["px"], "sz": b["sz"], "time": b["time"],
+        "hash": b["hash"], "tid": b["tid"], "side": "A", "users": [buyer[0], seller[0]],
+        "buyer": info(buyer), "seller": info(seller)});
+    assert_eq!(built.records[0].value(), via_map("trade", Some(5), trade).as_slice());
+    assert_eq!(built.records[0].key(), "99");
+
+    let order = r#"{"user":"0x03","status":"open","hash":null,"time":"2025-11-25T08:33:18.111","order":{"oid":42,"coin":"BTC","side":"B","limitPx":"1.0","sz":"2.0e0","children":[],"origSz":1e-7}}"#;
+    let source = sources("order")[0];
+    let line =
+        format!(r#"{{"block_number":6,"block_time":"2025-11-25T08:33:18.1","events":[{order}]}}"#);
+    let built =
+        build("order", &source, line.as_bytes(), &at("f"), 0, &mut Pairs::default()).unwrap();
+    let mut payload: Value = serde_json::from_str(order).unwrap();
+    payload["time"] = json!(time_ms(&payload["time"]).unwrap());
+    assert_eq!(built.records[0].value(), via_map("order", Some(6), payload).as_slice());
+    assert_eq!(built.records[0].key(), "42:open:1764059598111");
+}
