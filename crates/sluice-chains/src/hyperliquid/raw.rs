@@ -263,3 +263,82 @@ pub fn finish(
     text.push(b'}');
     StreamRecord::written(entity, text, fields).map_err(|error| error.to_string())
 }
+
+/// Whether a value passes the JSON rules of the ingest checks (`sluice_core::json::parse`):
+/// well formed, numbers serde_json can hold, no key repeated in any object.
+fn strict(raw: &RawValue) -> bool {
+    let text = raw.get();
+    match text.as_bytes().first() {
+        Some(b'{') => serde_json::from_str::<Object<'_>>(text).is_ok_and(|o| strict_object(&o)),
+        Some(b'[') => serde_json::from_str::<Vec<&RawValue>>(text)
+            .is_ok_and(|items| items.iter().all(|item| strict(item))),
+        Some(b'"') if !text.contains('\\') => true,
+        Some(b't' | b'f' | b'n') => true,
+        _ if plain_integer(text) => true,
+        _ => serde_json::from_str::<Value>(text).is_ok(),
+    }
+}
+
+fn strict_object(object: &Object<'_>) -> bool {
+    let mut keys: Vec<&str> = object.members.iter().map(|(key, _)| key.as_ref()).collect();
+    keys.sort_unstable();
+    !keys.windows(2).any(|pair| pair[0] == pair[1])
+        && object.members.iter().all(|(_, value)| matches!(value, Member::Raw(raw) if strict(raw)))
+}
+
+/// A message's record when it passes the ingest checks, without building its value tree:
+/// the same record [`StreamRecord::parse`] makes (the text kept as sent). `None` when it does
+/// not pass, or is of a shape this reader leaves to [`StreamRecord::parse`], which then says
+/// why.
+pub fn checked_record(entity: &str, text: &[u8]) -> Option<StreamRecord> {
+    let schema = entity_schema(entity)?;
+    let whole: &RawValue = serde_json::from_slice(text).ok()?;
+    let object: Object<'_> = serde_json::from_str(whole.get()).ok()?;
+    if !strict_object(&object) {
+        return None;
+    }
+    let inner = schema.envelope.and_then(|name| Some((name, object.raw(name)?)));
+    let fields = match inner.filter(|(_, raw)| raw.get().starts_with('{')) {
+        Some((name, raw)) => {
+            let inner: Object<'_> = serde_json::from_str(raw.get()).ok()?;
+            let mut fields = Map::new();
+            fields.insert(name.into(), Value::Object(key_fields(entity, &inner)));
+            fields
+        }
+        None => key_fields(entity, &object),
+    };
+    StreamRecord::written(entity, text.to_vec(), &fields).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checked_records_are_the_ingest_checks_records() {
+        let texts = [
+            r#"{"payload":{"tid":1,"side":"B","time":1764059598111,"px":"1.0"},"node_offset":3}"#,
+            r#" {"tid":1,"side":"B","time":"2025-11-25T08:33:18.1","a":[1,{"b":2.5e3}]} "#,
+            r#"{"payload":{"tid":1,"side":"B","time":1,"x":{"y":1,"y":2}}}"#,
+            r#"{"tid":1,"side":"B","time":1,"tid":2}"#,
+            r#"{"tid":1,"side":"B","time":1,"big":1e400}"#,
+            r#"{"tid":1,"side":"B","time":1,"s":"\ud800"}"#,
+            r#"{"tid":1,"side":"B","time":1,"s":"a\u00e9\n"}"#,
+            r#"{"tid":1,"side":"B","time":1} x"#,
+            r#"{"tid":"","side":"B","time":1}"#,
+            r#"{"side":"B","time":1}"#,
+            r#"{"tid":1,"side":"B","time":"soon"}"#,
+            r#"{"tid":1,"side":"B","time":1,"ctl":"a	b"}"#,
+            r#"[1]"#,
+            r#"{"payload":7,"tid":1,"side":"B","time":1}"#,
+        ];
+        for text in texts {
+            let slow = StreamRecord::parse("fill", text.as_bytes()).ok();
+            assert_eq!(checked_record("fill", text.as_bytes()), slow, "{text}");
+        }
+        let order = r#"{"payload":{"order":{"oid":42,"coin":"X"},"status":"open","time":5}}"#;
+        let slow = StreamRecord::parse("order", order.as_bytes()).unwrap();
+        assert_eq!(checked_record("order", order.as_bytes()), Some(slow));
+        assert!(checked_record("fill", br#"{"tid":1,"side":"B","time":1}"#).is_some());
+    }
+}
