@@ -264,26 +264,57 @@ pub fn finish(
     StreamRecord::written(entity, text, fields).map_err(|error| error.to_string())
 }
 
-/// Whether a value passes the JSON rules of the ingest checks (`sluice_core::json::parse`):
-/// well formed, numbers serde_json can hold, no key repeated in any object.
-fn strict(raw: &RawValue) -> bool {
-    let text = raw.get();
-    match text.as_bytes().first() {
-        Some(b'{') => serde_json::from_str::<Object<'_>>(text).is_ok_and(|o| strict_object(&o)),
-        Some(b'[') => serde_json::from_str::<Vec<&RawValue>>(text)
-            .is_ok_and(|items| items.iter().all(|item| strict(item))),
-        Some(b'"') if !text.contains('\\') => true,
-        Some(b't' | b'f' | b'n') => true,
-        _ if plain_integer(text) => true,
-        _ => serde_json::from_str::<Value>(text).is_ok(),
+/// Reads a value in one pass, keeping nothing, and fails on a key repeated in any object:
+/// the JSON rules of the ingest checks (`sluice_core::json::parse`, which serde_json's own
+/// number and string rules complete) without building the value.
+#[derive(Clone, Copy)]
+struct Strict;
+
+impl<'de> serde::de::DeserializeSeed<'de> for Strict {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
     }
 }
 
-fn strict_object(object: &Object<'_>) -> bool {
-    let mut keys: Vec<&str> = object.members.iter().map(|(key, _)| key.as_ref()).collect();
-    keys.sort_unstable();
-    !keys.windows(2).any(|pair| pair[0] == pair[1])
-        && object.members.iter().all(|(_, value)| matches!(value, Member::Raw(raw) if strict(raw)))
+impl<'de> Visitor<'de> for Strict {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(self)?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut keys: Vec<Cow<'de, str>> = Vec::with_capacity(16);
+        while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
+            if keys.contains(&key) {
+                return Err(serde::de::Error::custom("duplicate key"));
+            }
+            keys.push(key);
+            map.next_value_seed(self)?;
+        }
+        Ok(())
+    }
 }
 
 /// A message's record when it passes the ingest checks, without building its value tree:
@@ -292,11 +323,10 @@ fn strict_object(object: &Object<'_>) -> bool {
 /// why.
 pub fn checked_record(entity: &str, text: &[u8]) -> Option<StreamRecord> {
     let schema = entity_schema(entity)?;
-    let whole: &RawValue = serde_json::from_slice(text).ok()?;
-    let object: Object<'_> = serde_json::from_str(whole.get()).ok()?;
-    if !strict_object(&object) {
-        return None;
-    }
+    let mut reader = serde_json::Deserializer::from_slice(text);
+    serde::de::DeserializeSeed::deserialize(Strict, &mut reader).ok()?;
+    reader.end().ok()?;
+    let object: Object<'_> = serde_json::from_slice(text).ok()?;
     let inner = schema.envelope.and_then(|name| Some((name, object.raw(name)?)));
     let fields = match inner.filter(|(_, raw)| raw.get().starts_with('{')) {
         Some((name, raw)) => {
