@@ -308,11 +308,7 @@ impl KafkaSource {
                     read += 1;
                     next.insert(message.partition(), message.offset() + 1);
                     let payload = message.payload().unwrap_or_default();
-                    // The ingest checks without a value tree; a message they refuse is
-                    // parsed again for the reason.
-                    let checked = crate::hyperliquid::raw::checked_record(&entity, payload)
-                        .map_or_else(|| StreamRecord::parse(&entity, payload), Ok);
-                    match checked {
+                    match StreamRecord::parse(&entity, payload) {
                         Ok(record) => records.push(record),
                         Err(error) => dead.push(dead_letter(&message, payload, &error.to_string())),
                     }
