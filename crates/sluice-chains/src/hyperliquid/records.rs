@@ -166,6 +166,18 @@ fn events<'a>(
         let event: &RawValue = serde_json::from_slice(line).map_err(|e| e.to_string())?;
         return Ok((None, vec![event]));
     }
+    // One pass over the line; a line this does not read (a repeated field, say) is read
+    // member by member below, as a parsed map reads it.
+    if let Ok(batch) = serde_json::from_slice::<ByBlock<'_>>(line) {
+        if let (Some(number), Some(events)) =
+            (batch.block_number.and_then(|raw| raw::value(raw).as_u64()), batch.events)
+        {
+            if let Some(time) = batch.block_time.and_then(|raw| time_ms(&raw::value(raw))) {
+                built.block = Some((number, time));
+            }
+            return Ok((Some(number), events));
+        }
+    }
     let batch: raw::Object<'_> = serde_json::from_slice(line).map_err(|e| {
         if e.is_data() { bad("a by-block line is not an object") } else { e.to_string() }
     })?;
@@ -182,6 +194,17 @@ fn events<'a>(
         built.block = Some((number, time));
     }
     Ok((Some(number), events))
+}
+
+/// A by-block line's members this reads.
+#[derive(Deserialize)]
+struct ByBlock<'a> {
+    #[serde(borrow, default)]
+    block_number: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    block_time: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    events: Option<Vec<&'a RawValue>>,
 }
 
 /// A fill line's event: `[user, {fill in the API's fills format}]`.
