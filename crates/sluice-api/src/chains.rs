@@ -48,6 +48,25 @@ pub struct ChainStatusBody {
     pub rpc_errors: u64,
     /// The last error of the ingester, null once a later step succeeded.
     pub last_error: Option<String>,
+    /// Lines of a node's output files (Hyperliquid), or messages of a Kafka source
+    /// (dead-lettered), that made no record since start; absent for JSON-RPC chains.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<u64>,
+    /// Bytes of a node's output files not read yet (Hyperliquid).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<u64>,
+    /// A Kafka source's name (`[[sources]]`); absent for ingesters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The stream a Kafka source feeds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entity: Option<String>,
+    /// Records a Kafka source appended since start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub records: Option<u64>,
+    /// Messages between a Kafka source's position and its topic's end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag_messages: Option<u64>,
 }
 
 /// The list answer.

@@ -1,7 +1,9 @@
 //! Chain ingesters: an EVM JSON-RPC node turned into Sluice's chain streams (`log`,
 //! `decoded_log`, `erc20/721/1155_token_transfer`, `dex_trade` and their `.zerolag` twins),
 //! with finality, reorgs and an exact resume; a Solana JSON-RPC node turned into
-//! `nonvoting_transaction` ([`solana`]); and the chain identity check both run at start
+//! `nonvoting_transaction` ([`solana`]); a Hyperliquid node's output files turned into its
+//! five streams ([`hyperliquid`]); the user's Kafka topics feeding any chain stream
+//! ([`kafka_source`]); and the chain identity check both run at start
 //! ([`identity`]). `docs/chains.md` is the prose version.
 //!
 //! Must not depend on `sluice-api` or `sluice-runtime`: records leave through a
@@ -18,8 +20,10 @@ pub mod config;
 pub mod events;
 pub mod fetch;
 pub mod heads;
+pub mod hyperliquid;
 pub mod identity;
 pub mod ingester;
+pub mod kafka_source;
 pub mod records;
 pub mod rpc;
 pub mod sink;
@@ -29,6 +33,7 @@ pub mod tokens;
 pub mod usd;
 
 pub use config::{ChainConfig, Finality, StartBlock};
+pub use hyperliquid::{HyperliquidConfig, HyperliquidIngester};
 pub use ingester::Ingester;
 pub use sink::{ChainSink, Checkpoint, LogPositions, SinkError};
 pub use solana::{SolanaConfig, SolanaIngester};

@@ -70,6 +70,19 @@ pub trait ChainSink: Send + Sync + 'static {
     async fn load_checkpoint(&self, chain: &str) -> Result<Option<Checkpoint>, SinkError>;
 
     async fn save_checkpoint(&self, chain: &str, checkpoint: &Checkpoint) -> Result<(), SinkError>;
+
+    /// The latest record (JSON text) of each partition of the finalized stream
+    /// `chain.entity`, for ingesters whose records carry their own position (Hyperliquid).
+    async fn tails(&self, chain: &str, entity: &str) -> Result<Vec<Vec<u8>>, SinkError>;
+
+    /// A position of another shape than [`Checkpoint`] (the Hyperliquid ingester's files).
+    async fn load_position(&self, chain: &str) -> Result<Option<serde_json::Value>, SinkError>;
+
+    async fn save_position(
+        &self,
+        chain: &str,
+        position: &serde_json::Value,
+    ) -> Result<(), SinkError>;
 }
 
 /// Positions (and, for tests and tools, appends) kept in a [`StreamLog`]: the checkpoint
@@ -110,25 +123,36 @@ impl LogPositions {
     /// # Errors
     /// Log failures.
     pub async fn last_block_of_topic(&self, topic: &str) -> Result<Option<u64>, SinkError> {
-        if self.log.topic(topic).await?.is_none() {
-            return Ok(None);
-        }
         let mut last = None;
+        for value in self.tails_of_topic(topic).await? {
+            let number = serde_json::from_slice::<serde_json::Value>(&value).ok().and_then(|v| {
+                v.get("block_number")
+                    .or_else(|| v.get("block_slot"))
+                    .and_then(serde_json::Value::as_u64)
+            });
+            last = last.max(number);
+        }
+        Ok(last)
+    }
+
+    /// The latest record of every partition of `topic` (none when it does not exist).
+    ///
+    /// # Errors
+    /// Log failures.
+    pub async fn tails_of_topic(&self, topic: &str) -> Result<Vec<Vec<u8>>, SinkError> {
+        let mut out = Vec::new();
+        if self.log.topic(topic).await?.is_none() {
+            return Ok(out);
+        }
         for (partition, range) in (0u32..).zip(self.log.offsets(topic).await?) {
             if range.end <= range.start {
                 continue;
             }
             for record in self.log.read(topic, partition, range.end - 1, 1).await? {
-                let number =
-                    serde_json::from_slice::<serde_json::Value>(&record.value).ok().and_then(|v| {
-                        v.get("block_number")
-                            .or_else(|| v.get("block_slot"))
-                            .and_then(serde_json::Value::as_u64)
-                    });
-                last = last.max(number);
+                out.push(record.value.to_vec());
             }
         }
-        Ok(last)
+        Ok(out)
     }
 }
 
@@ -155,6 +179,40 @@ impl ChainSink for LogPositions {
 
     async fn last_block(&self, chain: &str, entity: &str) -> Result<Option<u64>, SinkError> {
         self.last_block_of_topic(&sluice_bus::topics::chain_stream(chain, entity, false)).await
+    }
+
+    async fn tails(&self, chain: &str, entity: &str) -> Result<Vec<Vec<u8>>, SinkError> {
+        self.tails_of_topic(&sluice_bus::topics::chain_stream(chain, entity, false)).await
+    }
+
+    async fn load_position(&self, chain: &str) -> Result<Option<serde_json::Value>, SinkError> {
+        let topic = checkpoint_topic(chain);
+        self.log.create_topic(&topic, CHECKPOINT_TOPIC).await?;
+        let Some(range) = self.log.offsets(&topic).await?.into_iter().next() else {
+            return Ok(None);
+        };
+        if range.end <= range.start {
+            return Ok(None);
+        }
+        let Some(record) = self.log.read(&topic, 0, range.end - 1, 1).await?.pop() else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&record.value).map(Some).map_err(|error| SinkError::Checkpoint {
+            chain: chain.to_owned(),
+            reason: error.to_string(),
+        })
+    }
+
+    async fn save_position(
+        &self,
+        chain: &str,
+        position: &serde_json::Value,
+    ) -> Result<(), SinkError> {
+        let topic = checkpoint_topic(chain);
+        let value = serde_json::to_vec(position).expect("a JSON value serializes");
+        self.log.create_topic(&topic, CHECKPOINT_TOPIC).await?;
+        self.log.append(&topic, vec![NewRecord::new(chain.as_bytes().to_vec(), value)]).await?;
+        Ok(())
     }
 
     async fn load_checkpoint(&self, chain: &str) -> Result<Option<Checkpoint>, SinkError> {

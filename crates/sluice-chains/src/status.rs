@@ -31,6 +31,8 @@ struct Inner {
     zerolag: Option<u64>,
     reorgs: u64,
     last_error: Option<String>,
+    rejected: u64,
+    lag_bytes: Option<u64>,
 }
 
 /// A copy of the status, as the API renders it.
@@ -56,6 +58,10 @@ pub struct StatusSnapshot {
     pub rpc_errors: u64,
     pub rpc_retries: u64,
     pub last_error: Option<String>,
+    /// Lines of a node's files that made no record (Hyperliquid).
+    pub rejected: u64,
+    /// Bytes of a node's files not read yet (Hyperliquid).
+    pub lag_bytes: Option<u64>,
 }
 
 impl ChainStatus {
@@ -97,6 +103,17 @@ impl ChainStatus {
         });
     }
 
+    pub(crate) fn rejected(&self, lines: u64) {
+        self.update(|s| s.rejected += lines);
+    }
+
+    pub(crate) fn lag_bytes(&self, bytes: u64, newest_write: Option<i64>) {
+        self.update(|s| {
+            s.lag_bytes = Some(bytes);
+            s.head_timestamp = newest_write.or(s.head_timestamp);
+        });
+    }
+
     pub(crate) fn zerolag(&self, number: u64) {
         self.update(|s| s.zerolag = Some(number));
     }
@@ -129,13 +146,15 @@ impl ChainStatus {
             rpc_retries: count(|c| c.retries.load(Ordering::Relaxed)),
             // A step's error, or while requests are failing the last one's at once.
             last_error: s.last_error.or_else(|| rpc.as_deref().and_then(RpcCounters::failing)),
+            rejected: s.rejected,
+            lag_bytes: s.lag_bytes,
         }
     }
 
     /// Prometheus text of every chain's status.
     pub fn metrics_text(statuses: &[Arc<ChainStatus>]) -> String {
         let mut out = String::new();
-        let series: [(&str, &str, Pick); 8] = [
+        let series: [(&str, &str, Pick); 10] = [
             ("sluice_chain_head_block", "gauge", |s| s.head.map(|v| v as f64)),
             ("sluice_chain_finalized_block", "gauge", |s| s.finalized.map(|v| v as f64)),
             ("sluice_chain_ingested_block", "gauge", |s| s.ingested.map(|v| v as f64)),
@@ -144,6 +163,8 @@ impl ChainStatus {
             ("sluice_chain_reorgs_total", "counter", |s| Some(s.reorgs as f64)),
             ("sluice_chain_rpc_requests_total", "counter", |s| Some(s.rpc_requests as f64)),
             ("sluice_chain_rpc_errors_total", "counter", |s| Some(s.rpc_errors as f64)),
+            ("sluice_chain_rejected_total", "counter", |s| Some(s.rejected as f64)),
+            ("sluice_chain_lag_bytes", "gauge", |s| s.lag_bytes.map(|v| v as f64)),
         ];
         let snapshots: Vec<StatusSnapshot> = statuses.iter().map(|s| s.snapshot()).collect();
         for (name, kind, pick) in series {

@@ -193,9 +193,10 @@ const SOLANA_TRANSACTION_FIELDS: &[(&str, &str)] = &[
 const HL_BLOCK_FIELDS: &[(&str, &str)] = &[
     ("height", "integer"),
     ("blockTime", MILLIS),
-    ("hash", HEX32),
+    ("hash", "string (0x + 64 hex), or null where the source does not give it"),
     ("proposer", ADDRESS),
     ("numTxs", "integer"),
+    ("round", "integer or null, the consensus round (node files)"),
 ];
 
 const HL_TRADE_FIELDS: &[(&str, &str)] = &[
@@ -207,6 +208,9 @@ const HL_TRADE_FIELDS: &[(&str, &str)] = &[
     ("time", MILLIS),
     ("tid", "integer"),
     ("users", "array of two addresses, [buyer, seller]"),
+    ("buyer", "object {user, oid, startPosition, twapId, cloid} (node files)"),
+    ("seller", "object {user, oid, startPosition, twapId, cloid} (node files)"),
+    ("tradeDirOverride", "string (node trade files)"),
 ];
 
 const HL_FILL_FIELDS: &[(&str, &str)] = &[
@@ -550,6 +554,22 @@ impl StreamRecord {
     pub fn from_object(entity: &str, object: &Map<String, Value>) -> Result<Self, InvalidRecord> {
         let value = serde_json::to_vec(object).map_err(InvalidRecord::Json)?;
         Self::checked(entity, object, value)
+    }
+
+    /// A record whose JSON text the caller wrote itself (an ingester writing a wrapped
+    /// record field by field). `fields` holds the entity's key fields and time field with the
+    /// values the text holds (bare or under the envelope), and only they are checked: the
+    /// caller answers for the text being one JSON object, its keys in ascending order and
+    /// each written once, as [`StreamRecord::from_object`] writes them.
+    ///
+    /// # Errors
+    /// A missing or invalid key field, a missing or invalid time.
+    pub fn written(
+        entity: &str,
+        text: Vec<u8>,
+        fields: &Map<String, Value>,
+    ) -> Result<Self, InvalidRecord> {
+        Self::checked(entity, fields, text)
     }
 
     fn checked(

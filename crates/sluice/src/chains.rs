@@ -1,6 +1,9 @@
 //! `serve`'s chain ingesters: `[[chains]]` in the config file and `--chain name=url`, turned
 //! into `sluice_chains` ingesters that append through the runtime's ingest path (the checks
-//! of `POST /api/v1/streams/…/records`), and their status for the API.
+//! of `POST /api/v1/streams/…/records`), and their status for the API. Hyperliquid chains
+//! (a node's output directory) are in [`hyperliquid`].
+
+mod hyperliquid;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,10 +13,12 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use sluice_api::chains::{ChainStatusBody, ChainStatusSource};
 use sluice_chains::identity::{self, Expected};
+use sluice_chains::kafka_source::{KafkaSource, KafkaSourceConfig};
 use sluice_chains::sink::{ChainSink, Checkpoint, LogPositions, SinkError};
 use sluice_chains::solana::Commitment;
 use sluice_chains::{
-    ChainConfig, ChainStatus, Finality, Ingester, SolanaConfig, SolanaIngester, StartBlock,
+    ChainConfig, ChainStatus, Finality, HyperliquidConfig, HyperliquidIngester, Ingester,
+    SolanaConfig, SolanaIngester, StartBlock,
 };
 use sluice_core::catalog::{Catalog, ChainFamily};
 use sluice_core::streams::StreamRecord;
@@ -24,7 +29,13 @@ use sluice_runtime::{Runtime, RuntimeError};
 #[serde(deny_unknown_fields)]
 pub struct ChainFileSettings {
     pub name: String,
+    /// EVM and Solana: the JSON-RPC URL; Hyperliquid: `file:///path` (or `data_dir`).
+    #[serde(default)]
     pub rpc_url: String,
+    /// Hyperliquid: the node's data directory (`~/hl/data`).
+    pub data_dir: Option<std::path::PathBuf>,
+    /// Hyperliquid: `"latest"` (the default) or `"earliest"`.
+    pub start: Option<String>,
     /// The node's WebSocket endpoint, for `newHeads` (lower tip latency); optional.
     pub ws_url: Option<String>,
     /// A block number, or `"latest"` (the default).
@@ -66,6 +77,8 @@ impl ChainFileSettings {
         Self {
             name: name.to_owned(),
             rpc_url: rpc_url.to_owned(),
+            data_dir: None,
+            start: None,
             ws_url: None,
             start_block: None,
             confirmations: None,
@@ -89,27 +102,51 @@ impl ChainFileSettings {
 /// A chain to ingest, by family, with what its node must report.
 #[derive(Debug)]
 pub enum ChainPlan {
-    Evm { config: ChainConfig, expected: Expected, verified: bool },
-    Solana { config: SolanaConfig, expected: Expected, verified: bool },
+    Evm {
+        config: ChainConfig,
+        expected: Expected,
+        verified: bool,
+    },
+    Solana {
+        config: SolanaConfig,
+        expected: Expected,
+        verified: bool,
+    },
+    /// A node's output directory: no node to ask who it is.
+    Hyperliquid {
+        config: HyperliquidConfig,
+    },
 }
 
 impl ChainPlan {
-    fn parts(&self) -> (&str, &str, &Expected) {
+    fn name(&self) -> &str {
         match self {
-            Self::Evm { config, expected, .. } => (&config.name, &config.rpc_url, expected),
-            Self::Solana { config, expected, .. } => (&config.name, &config.rpc_url, expected),
+            Self::Evm { config, .. } => &config.name,
+            Self::Solana { config, .. } => &config.name,
+            Self::Hyperliquid { config } => &config.name,
         }
     }
 
-    /// The chain's name and JSON-RPC URL.
-    pub fn name_and_url(&self) -> (&str, &str) {
-        let (name, url, _) = self.parts();
-        (name, url)
+    /// The name, JSON-RPC URL and identity of a chain read from a node over JSON-RPC.
+    fn parts(&self) -> Option<(&str, &str, &Expected)> {
+        match self {
+            Self::Evm { config, expected, .. } => Some((&config.name, &config.rpc_url, expected)),
+            Self::Solana { config, expected, .. } => {
+                Some((&config.name, &config.rpc_url, expected))
+            }
+            Self::Hyperliquid { .. } => None,
+        }
+    }
+
+    /// The chain's name and JSON-RPC URL (none for a chain read from files).
+    pub fn name_and_url(&self) -> Option<(&str, &str)> {
+        self.parts().map(|(name, url, _)| (name, url))
     }
 
     fn set_verified(&mut self) {
         match self {
             Self::Evm { verified, .. } | Self::Solana { verified, .. } => *verified = true,
+            Self::Hyperliquid { .. } => {}
         }
     }
 }
@@ -125,15 +162,16 @@ const IDENTITY_TIMEOUT: Duration = crate::preflight::REACH_WITHIN;
 /// # Errors
 /// A mismatch or a wrong family.
 pub async fn check_identities(plans: &mut [ChainPlan]) -> anyhow::Result<()> {
-    let checks = plans.iter().map(|plan| {
-        let (name, url, expected) = plan.parts();
-        identity::check(name, url, expected, IDENTITY_TIMEOUT)
+    let mut plans: Vec<&mut ChainPlan> = plans.iter_mut().filter(|p| p.parts().is_some()).collect();
+    let checks = plans.iter().filter_map(|plan| {
+        let (name, url, expected) = plan.parts()?;
+        Some(identity::check(name, url, expected, IDENTITY_TIMEOUT))
     });
     let outcomes = futures_util::future::join_all(checks).await;
     for (plan, outcome) in plans.iter_mut().zip(outcomes) {
         match outcome {
             Ok(found) => {
-                tracing::info!(chain = plan.parts().0, identity = %found, "chain node identified");
+                tracing::info!(chain = plan.name(), identity = %found, "chain node identified");
                 plan.set_verified();
             }
             Err(error) if error.is_transient() => {
@@ -176,8 +214,18 @@ pub fn configs(chains: &[ChainFileSettings], catalog: &Catalog) -> anyhow::Resul
     let mut out: Vec<ChainPlan> = Vec::new();
     for chain in chains {
         let name = &chain.name;
-        if out.iter().any(|c| c.parts().0 == name) {
+        if out.iter().any(|c| c.name() == name) {
             bail!("chain {name} is configured twice");
+        }
+        let identity = catalog.identity(name);
+        if identity.family == ChainFamily::Hyperliquid {
+            out.push(ChainPlan::Hyperliquid { config: hyperliquid::config(chain, catalog)? });
+            continue;
+        }
+        if chain.data_dir.is_some() || chain.start.is_some() {
+            bail!(
+                "chain {name} is read from a node over JSON-RPC: data_dir and start are Hyperliquid settings"
+            );
         }
         if !(chain.rpc_url.starts_with("http://") || chain.rpc_url.starts_with("https://")) {
             bail!(
@@ -193,7 +241,6 @@ pub fn configs(chains: &[ChainFileSettings], catalog: &Catalog) -> anyhow::Resul
                 sluice_chains::rpc::redact_url(ws_url)
             );
         }
-        let identity = catalog.identity(name);
         match identity.family {
             ChainFamily::Evm => {
                 let solana_only = [
@@ -228,10 +275,7 @@ pub fn configs(chains: &[ChainFileSettings], catalog: &Catalog) -> anyhow::Resul
                 };
                 out.push(ChainPlan::Solana { config, expected, verified: false });
             }
-            ChainFamily::Hyperliquid => bail!(
-                "chain {name} is a Hyperliquid chain: it is read from a node's output files, \
-                 which Sluice has no ingester for yet (docs/chains.md)"
-            ),
+            ChainFamily::Hyperliquid => unreachable!("handled above"),
         }
     }
     Ok(out)
@@ -378,12 +422,29 @@ impl ChainSink for RuntimeSink {
     async fn save_checkpoint(&self, chain: &str, checkpoint: &Checkpoint) -> Result<(), SinkError> {
         self.positions.save_checkpoint(chain, checkpoint).await
     }
+
+    async fn tails(&self, chain: &str, entity: &str) -> Result<Vec<Vec<u8>>, SinkError> {
+        self.positions.tails(chain, entity).await
+    }
+
+    async fn load_position(&self, chain: &str) -> Result<Option<serde_json::Value>, SinkError> {
+        self.positions.load_position(chain).await
+    }
+
+    async fn save_position(
+        &self,
+        chain: &str,
+        position: &serde_json::Value,
+    ) -> Result<(), SinkError> {
+        self.positions.save_position(chain, position).await
+    }
 }
 
-struct Statuses(Vec<Arc<ChainStatus>>);
+struct Statuses(Vec<Arc<ChainStatus>>, Vec<crate::sources::SourceEntry>);
 
 impl ChainStatusSource for Statuses {
     fn statuses(&self) -> Vec<ChainStatusBody> {
+        let sources = self.1.iter().map(crate::sources::SourceEntry::body);
         self.0
             .iter()
             .map(|status| {
@@ -401,13 +462,24 @@ impl ChainStatusSource for Statuses {
                     rpc_requests: s.rpc_requests,
                     rpc_errors: s.rpc_errors,
                     last_error: s.last_error,
+                    rejected: (s.lag_bytes.is_some() || s.rejected > 0).then_some(s.rejected),
+                    lag_bytes: s.lag_bytes,
+                    source: None,
+                    entity: None,
+                    records: None,
+                    lag_messages: None,
                 }
             })
+            .chain(sources)
             .collect()
     }
 
     fn metrics_text(&self) -> String {
-        ChainStatus::metrics_text(&self.0)
+        let mut text = ChainStatus::metrics_text(&self.0);
+        if !self.1.is_empty() {
+            text.push_str(&crate::sources::SourceEntry::metrics_text(&self.1));
+        }
+        text
     }
 }
 
@@ -418,15 +490,19 @@ pub struct Started {
     pub status: Option<Arc<dyn ChainStatusSource>>,
 }
 
-/// Starts one ingester task per chain. A chain whose node was not reached by
+/// Starts one ingester task per chain, and one task per Kafka source. A chain whose node was not reached by
 /// [`check_identities`] is checked by its task first: until the node answers, the status
 /// shows why; a node of another chain stops that chain's task for good (and says so in the
 /// status), never writing a record.
 ///
 /// # Errors
 /// An RPC client that cannot be built.
-pub fn start(plans: Vec<ChainPlan>, runtime: &Arc<Runtime>) -> anyhow::Result<Started> {
-    if plans.is_empty() {
+pub fn start(
+    plans: Vec<ChainPlan>,
+    sources: Vec<KafkaSourceConfig>,
+    runtime: &Arc<Runtime>,
+) -> anyhow::Result<Started> {
+    if plans.is_empty() && sources.is_empty() {
         return Ok(Started { tasks: Vec::new(), status: None });
     }
     let sink: Arc<dyn ChainSink> = Arc::new(RuntimeSink {
@@ -436,12 +512,15 @@ pub fn start(plans: Vec<ChainPlan>, runtime: &Arc<Runtime>) -> anyhow::Result<St
     let mut tasks = Vec::new();
     let mut statuses = Vec::new();
     for plan in plans {
-        let (name, url, expected) = {
-            let (name, url, expected) = plan.parts();
-            (name.to_owned(), url.to_owned(), expected.clone())
-        };
+        let name = plan.name().to_owned();
+        let node = plan.parts().map(|(_, url, expected)| (url.to_owned(), expected.clone()));
         let (status, run, verified): (_, futures_util::future::BoxFuture<'static, ()>, bool) =
             match plan {
+                ChainPlan::Hyperliquid { config } => {
+                    let status = HyperliquidIngester::status_for(&config);
+                    let ingester = HyperliquidIngester::new(config, sink.clone(), status.clone());
+                    (status, Box::pin(ingester.run()), true)
+                }
                 ChainPlan::Evm { config, verified, .. } => {
                     let status = Ingester::status_for(&config);
                     let ingester = Ingester::new(config, sink.clone(), status.clone())
@@ -457,13 +536,24 @@ pub fn start(plans: Vec<ChainPlan>, runtime: &Arc<Runtime>) -> anyhow::Result<St
             };
         statuses.push(status.clone());
         tasks.push(tokio::spawn(async move {
-            if !verified && !identified(&name, &url, &expected, &status).await {
+            if let Some((url, expected)) = node
+                && !verified
+                && !identified(&name, &url, &expected, &status).await
+            {
                 return;
             }
             run.await;
         }));
     }
-    Ok(Started { tasks, status: Some(Arc::new(Statuses(statuses))) })
+    let mut entries = Vec::new();
+    for config in sources {
+        let name = config.name.clone();
+        let source = KafkaSource::new(config.clone(), sink.clone(), runtime.log().clone())
+            .with_context(|| format!("source {name}"))?;
+        entries.push(crate::sources::SourceEntry { config, status: source.status() });
+        tasks.push(tokio::spawn(source.run()));
+    }
+    Ok(Started { tasks, status: Some(Arc::new(Statuses(statuses, entries))) })
 }
 
 /// Checks the node's identity until it answers; false (and the reason in the status) when
@@ -519,6 +609,7 @@ mod tests {
         assert_eq!(config.finality, Finality::Depth(64));
         assert_eq!(expected, &Expected::Evm { chain_id: Some(1) });
         assert!(configs_err("hyperliquid", "http://x"));
+        assert!(configs_err("base", "file:///tmp"));
         assert!(configs_err("mars", "http://x"));
         assert!(configs_err("base", "ws://x"));
     }

@@ -10,6 +10,7 @@ mod logging;
 mod preflight;
 mod serve;
 mod settings;
+mod sources;
 mod warehouse;
 
 use clap::{Parser, Subcommand};

@@ -24,6 +24,7 @@ pub const REACH_WITHIN: Duration = Duration::from_secs(4);
 pub struct Checked {
     pub catalog: Catalog,
     pub chains: Vec<crate::chains::ChainPlan>,
+    pub sources: Vec<sluice_chains::kafka_source::KafkaSourceConfig>,
     pub listener: TcpListener,
     pub metrics_listener: Option<TcpListener>,
 }
@@ -35,6 +36,7 @@ pub struct Checked {
 pub async fn check(settings: &Settings) -> anyhow::Result<Checked> {
     let catalog = load_catalog(settings)?;
     let mut chains = crate::chains::configs(&settings.chains, &catalog)?;
+    let sources = crate::sources::configs(&settings.sources, &catalog)?;
     if let Some(hex) = &settings.secrets_key {
         sluice_store::secrets::SecretsKey::from_hex(hex).context("secrets_key")?;
     }
@@ -65,8 +67,9 @@ pub async fn check(settings: &Settings) -> anyhow::Result<Checked> {
     };
     let nodes = async {
         for chain in &chains {
-            let (name, url) = chain.name_and_url();
-            check_node(name, url).await?;
+            if let Some((name, url)) = chain.name_and_url() {
+                check_node(name, url).await?;
+            }
         }
         anyhow::Ok(())
     };
@@ -74,7 +77,7 @@ pub async fn check(settings: &Settings) -> anyhow::Result<Checked> {
     // Each node answers; it must also be the chain it is configured as (docs/chains.md,
     // "Chain identity").
     crate::chains::check_identities(&mut chains).await?;
-    Ok(Checked { catalog, chains, listener, metrics_listener })
+    Ok(Checked { catalog, chains, sources, listener, metrics_listener })
 }
 
 /// The built-in catalog, or the catalog file applied to it.

@@ -24,8 +24,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args)?;
     // Nothing is created before every check passed, and the first operator's key is made
     // last, just before serving: a start that fails leaves the next one a first start.
-    let crate::preflight::Checked { catalog, chains: chain_configs, listener, metrics_listener } =
-        crate::preflight::check(&settings).await?;
+    let crate::preflight::Checked {
+        catalog,
+        chains: chain_configs,
+        sources,
+        listener,
+        metrics_listener,
+    } = crate::preflight::check(&settings).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     settings.prepare_data_dir()?;
     // The stream log before the store: connecting to Kafka creates nothing, so a broker that
@@ -106,7 +111,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(resumed, "backfill jobs resumed");
     }
     background.push(tokio::spawn(snapshot_sets(store.clone())));
-    let chains = crate::chains::start(chain_configs, &runtime)?;
+    let chains = crate::chains::start(chain_configs, sources, &runtime)?;
     background.extend(chains.tasks);
     // The same store serves prices (one pool); loading the service (recent candles, latest
     // minutes) happens while the API serves.

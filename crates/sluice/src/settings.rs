@@ -130,6 +130,8 @@ struct FileSettings {
     bus_topic_prefix: Option<String>,
     #[serde(default)]
     chains: Vec<crate::chains::ChainFileSettings>,
+    #[serde(default)]
+    sources: Vec<crate::sources::SourceFileSettings>,
     secrets_key: Option<String>,
     secrets_previous_keys: Option<String>,
     egress_bind_addr: Option<std::net::IpAddr>,
@@ -165,6 +167,8 @@ pub struct Settings {
     pub bus: Bus,
     /// Chains to ingest (file `[[chains]]` with `--chain` flags applied).
     pub chains: Vec<crate::chains::ChainFileSettings>,
+    /// Kafka sources (file `[[sources]]`).
+    pub sources: Vec<crate::sources::SourceFileSettings>,
     /// The secrets key (hex); `None`: the data dir's key file.
     pub secrets_key: Option<String>,
     /// Earlier secrets keys (hex).
@@ -280,6 +284,7 @@ impl Settings {
             metrics_token,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
             chains: crate::chains::merge(file.chains, &args.chains)?,
+            sources: file.sources,
             secrets_key: args.secrets_key.clone().or(file.secrets_key),
             secrets_previous_keys: args
                 .secrets_previous_keys

@@ -25,6 +25,12 @@ impl ChainStatusSource for OneChain {
             rpc_requests: 50,
             rpc_errors: 2,
             last_error: None,
+            rejected: None,
+            lag_bytes: None,
+            source: None,
+            entity: None,
+            records: None,
+            lag_messages: None,
         }]
     }
 

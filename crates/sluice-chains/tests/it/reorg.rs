@@ -196,6 +196,22 @@ impl ChainSink for Flaky {
     async fn save_checkpoint(&self, chain: &str, checkpoint: &Checkpoint) -> Result<(), SinkError> {
         self.inner.save_checkpoint(chain, checkpoint).await
     }
+
+    async fn tails(&self, chain: &str, entity: &str) -> Result<Vec<Vec<u8>>, SinkError> {
+        self.inner.tails(chain, entity).await
+    }
+
+    async fn load_position(&self, chain: &str) -> Result<Option<serde_json::Value>, SinkError> {
+        self.inner.load_position(chain).await
+    }
+
+    async fn save_position(
+        &self,
+        chain: &str,
+        position: &serde_json::Value,
+    ) -> Result<(), SinkError> {
+        self.inner.save_position(chain, position).await
+    }
 }
 
 /// The finalized appends run while the next blocks are built; when one fails (before or

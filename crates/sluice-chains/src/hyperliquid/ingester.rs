@@ -1,0 +1,444 @@
+//! One Hyperliquid node's output directory, followed: per stream the file being read and
+//! the byte offset past its last complete line.
+//!
+//! Exact resume, as the other ingesters' (see [`crate::sink`]): the lines a step reads from
+//! one file go to their stream in **one append**, each record carrying where its line ends
+//! (`node_file`, `node_offset`); then the positions of every stream are stored. At start the
+//! ingester reads the furthest position each stream holds and appends no line up to it
+//! again, and reads the files from the stored positions on. A `kill -9` between the append
+//! and the stored position therefore neither repeats nor skips a line's records.
+//!
+//! A line is a record only once its newline is written; the rest of a file counts when the
+//! node has moved on to a newer file (hourly rotation, or the next `replica_cmds` file).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sluice_core::streams::StreamRecord;
+
+use super::files::{self, FileRef, OpenFile, Source};
+use super::records::{self, LineAt, Pairs, Position};
+use super::{FileStart, HyperliquidConfig};
+use crate::ChainError;
+use crate::ingester::{Rounds, run_rounds};
+use crate::sink::ChainSink;
+use crate::status::ChainStatus;
+
+/// One stream and the file it is read from.
+#[derive(Debug)]
+struct Feed {
+    entity: String,
+    source: Option<Source>,
+    open: Option<OpenFile>,
+    /// Past the last complete line read.
+    offset: u64,
+    /// Lines before `offset` (for `replica_cmds` heights).
+    line: u64,
+    /// The furthest line end the stream holds: lines up to it are not appended again.
+    written: Option<Position>,
+    /// The furthest line end the stream held at start (lines up to it are read again).
+    resumed_at: Option<Position>,
+    /// Trades from fills: fills waiting for their other side.
+    pairs: Pairs,
+}
+
+/// The stored position: per stream, the file, the offset to read on from, and the lines
+/// before it.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Stored {
+    feeds: BTreeMap<String, StoredFeed>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredFeed {
+    file: String,
+    offset: u64,
+    line: u64,
+}
+
+/// One Hyperliquid chain's ingester.
+pub struct HyperliquidIngester {
+    config: HyperliquidConfig,
+    sink: Arc<dyn ChainSink>,
+    status: Arc<ChainStatus>,
+    feeds: Vec<Feed>,
+    started: bool,
+    /// The newest block number read, for the status.
+    newest_block: Option<u64>,
+}
+
+impl std::fmt::Debug for HyperliquidIngester {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HyperliquidIngester")
+            .field("chain", &self.config.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs file work (reads, parsing) off the async worker threads when the runtime has
+/// several.
+pub(crate) fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
+fn io_error(path: &Path, error: &std::io::Error) -> ChainError {
+    ChainError::Config(format!("reading {}: {error}", path.display()))
+}
+
+impl HyperliquidIngester {
+    pub fn new(
+        config: HyperliquidConfig,
+        sink: Arc<dyn ChainSink>,
+        status: Arc<ChainStatus>,
+    ) -> Self {
+        Self { config, sink, status, feeds: Vec::new(), started: false, newest_block: None }
+    }
+
+    /// A new status for `config`, for the API to read.
+    pub fn status_for(config: &HyperliquidConfig) -> Arc<ChainStatus> {
+        Arc::new(ChainStatus::new(&config.name, &format!("file://{}", config.data_dir.display())))
+    }
+
+    /// Runs until the task is dropped: errors are logged, shown in the status and retried
+    /// with backoff.
+    pub async fn run(mut self) {
+        let chain = self.config.name.clone();
+        tracing::info!(%chain, data_dir = %self.config.data_dir.display(), "hyperliquid ingester starting");
+        let wake = tokio::sync::Notify::new();
+        let (status, poll) = (self.status.clone(), self.config.poll_interval);
+        run_rounds(&mut self, &chain, &status, poll, &wake).await;
+    }
+
+    /// One round: every stream reads what its file holds past its position (up to
+    /// `max_read_bytes`) and appends it. True when one moved.
+    ///
+    /// # Errors
+    /// Unreadable files, sink failures.
+    pub async fn step(&mut self) -> Result<bool, ChainError> {
+        if !self.started {
+            self.start().await?;
+        }
+        let mut moved = false;
+        for index in 0..self.feeds.len() {
+            moved |= self.step_feed(index).await?;
+        }
+        if moved {
+            // One stored position per round, after every stream's append (it may lag the
+            // streams, never lead them).
+            if let Err(error) = self.save().await {
+                self.started = false;
+                return Err(error);
+            }
+        }
+        self.report_lag(moved);
+        Ok(moved)
+    }
+
+    async fn start(&mut self) -> Result<(), ChainError> {
+        let chain = self.config.name.clone();
+        let stored: Stored = match self.sink.load_position(&chain).await? {
+            Some(value) => serde_json::from_value(value).map_err(|error| {
+                ChainError::Config(format!("the stored position of {chain} is unreadable: {error}"))
+            })?,
+            None => Stored::default(),
+        };
+        self.feeds.clear();
+        for entity in self.config.entities.clone() {
+            let mut written = None;
+            for tail in self.sink.tails(&chain, &entity).await? {
+                written = written.max(record_position(&tail));
+            }
+            let mut feed = Feed {
+                entity: entity.clone(),
+                source: None,
+                open: None,
+                offset: 0,
+                line: 0,
+                written,
+                resumed_at: written,
+                pairs: Pairs::default(),
+            };
+            if let Some(at) = stored.feeds.get(&entity) {
+                self.resume_feed(&mut feed, at)?;
+            } else if self.config.start == FileStart::Latest {
+                self.start_at_latest(&mut feed)?;
+            }
+            tracing::info!(%chain, %entity, file = ?feed.open.as_ref().map(|o| &o.file.rel), offset = feed.offset, written = ?feed.written, "stream position");
+            self.feeds.push(feed);
+        }
+        self.started = true;
+        self.save().await
+    }
+
+    /// Opens the stored file (or, when it was removed, the next one).
+    fn resume_feed(&self, feed: &mut Feed, at: &StoredFeed) -> Result<(), ChainError> {
+        let dir = &self.config.data_dir;
+        let Some(file) = FileRef::parse(&at.file) else { return Ok(()) };
+        let source = files::sources(&feed.entity)
+            .iter()
+            .copied()
+            .find(|s| at.file.starts_with(&format!("{}/", s.dir)));
+        let Some(source) = source else { return Ok(()) };
+        feed.source = Some(source);
+        match OpenFile::open(dir, file.clone()) {
+            Ok(open) => {
+                feed.open = Some(open);
+                feed.offset = at.offset;
+                feed.line = at.line;
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                tracing::warn!(file = %at.file, "the stored file is gone; reading on from the next one");
+                let next = files::list(dir, &source, Some(file.ordinal))
+                    .map_err(|e| io_error(dir, &e))?
+                    .into_iter()
+                    .find(|f| *f > file);
+                if let Some(next) = next {
+                    feed.open = Some(
+                        OpenFile::open(dir, next.clone())
+                            .map_err(|e| io_error(&dir.join(&next.rel), &e))?,
+                    );
+                }
+            }
+            Err(error) => return Err(io_error(&dir.join(&at.file), &error)),
+        }
+        Ok(())
+    }
+
+    /// The end of the stream's newest file (its last complete line).
+    fn start_at_latest(&self, feed: &mut Feed) -> Result<(), ChainError> {
+        let dir = &self.config.data_dir;
+        let Some(source) = files::present_source(dir, &feed.entity) else { return Ok(()) };
+        feed.source = Some(source);
+        let Some(newest) = files::list(dir, &source, None).map_err(|e| io_error(dir, &e))?.pop()
+        else {
+            return Ok(());
+        };
+        let path = dir.join(&newest.rel);
+        let open = OpenFile::open(dir, newest).map_err(|e| io_error(&path, &e))?;
+        let replica = source.layout == files::Layout::Replica;
+        let (end, lines) = open.end(replica).map_err(|e| io_error(&path, &e))?;
+        feed.offset = end;
+        feed.line = lines;
+        feed.open = Some(open);
+        Ok(())
+    }
+
+    /// Opens the stream's first file when it has none yet; false when there is none.
+    fn open_first(&self, feed: &mut Feed) -> Result<bool, ChainError> {
+        let dir = &self.config.data_dir;
+        if feed.source.is_none() {
+            feed.source = files::present_source(dir, &feed.entity);
+        }
+        let Some(source) = feed.source else { return Ok(false) };
+        let Some(first) =
+            files::list(dir, &source, None).map_err(|e| io_error(dir, &e))?.into_iter().next()
+        else {
+            return Ok(false);
+        };
+        feed.open = Some(
+            OpenFile::open(dir, first.clone()).map_err(|e| io_error(&dir.join(&first.rel), &e))?,
+        );
+        feed.offset = 0;
+        feed.line = 0;
+        Ok(true)
+    }
+
+    async fn step_feed(&mut self, index: usize) -> Result<bool, ChainError> {
+        let dir = self.config.data_dir.clone();
+        let max = self.config.max_read_bytes.max(4096);
+        let mut feed = std::mem::replace(&mut self.feeds[index], placeholder());
+        let outcome = self.advance(&mut feed, &dir, max).await;
+        self.feeds[index] = feed;
+        if outcome.is_err() {
+            // Whether the append reached the stream is unknown: resume as after a crash.
+            self.started = false;
+        }
+        outcome
+    }
+
+    async fn advance(
+        &mut self,
+        feed: &mut Feed,
+        dir: &Path,
+        max: usize,
+    ) -> Result<bool, ChainError> {
+        if feed.open.is_none() && !self.open_first(feed)? {
+            return Ok(false);
+        }
+        let open = feed.open.as_ref().expect("opened above");
+        let chunk = blocking(|| open.read(feed.offset, max, false))
+            .map_err(|e| io_error(&dir.join(&open.file.rel), &e))?;
+        if !chunk.bytes.is_empty() {
+            self.write(feed, &chunk.bytes).await?;
+            return Ok(true);
+        }
+        // Nothing new: has the node moved on to a newer file?
+        let source = feed.source.expect("a feed with a file has a source");
+        let current = open.file.clone();
+        let newer = files::list(dir, &source, Some(current.ordinal))
+            .map_err(|e| io_error(dir, &e))?
+            .into_iter()
+            .find(|f| *f > current);
+        let Some(next) = newer else { return Ok(false) };
+        // The node writes a file to its end before it makes the next: read what it added
+        // meanwhile, then take the rest (a last line without its newline) as final.
+        let rest = blocking(|| open.read(feed.offset, max, true))
+            .map_err(|e| io_error(&dir.join(&current.rel), &e))?;
+        if !rest.bytes.is_empty() {
+            let mut bytes = rest.bytes;
+            let complete = bytes.last() == Some(&b'\n');
+            if !complete && rest.partial {
+                return Ok(false);
+            }
+            if !complete {
+                bytes.push(b'\n');
+            }
+            self.write(feed, &bytes).await?;
+            // A final line without its newline: its offset is past the file's end.
+            return Ok(true);
+        }
+        let orphans = feed.pairs.clear(feed.resumed_at);
+        if orphans > 0 {
+            self.status.rejected(orphans as u64);
+            self.status.error(Some(format!(
+                "{}: {orphans} fills without the other side of their trade",
+                current.rel
+            )));
+        }
+        tracing::debug!(chain = %self.config.name, entity = %feed.entity, from = %current.rel, to = %next.rel, "next file");
+        feed.open = Some(
+            OpenFile::open(dir, next.clone()).map_err(|e| io_error(&dir.join(&next.rel), &e))?,
+        );
+        feed.offset = 0;
+        feed.line = 0;
+        Ok(true)
+    }
+
+    /// Turns complete lines (read at the feed's offset) into records and appends them in
+    /// one append (the caller stores the new position).
+    async fn write(&mut self, feed: &mut Feed, bytes: &[u8]) -> Result<(), ChainError> {
+        let open = feed.open.as_ref().expect("a feed that read has a file");
+        let source = feed.source.expect("a feed with a file has a source");
+        let (rel, ordinal) = (open.file.rel.clone(), open.file.ordinal);
+        let entity = feed.entity.clone();
+        let mut out: Vec<StreamRecord> = Vec::new();
+        let mut rejected = Vec::new();
+        let mut block = None;
+        let mut position = feed.offset;
+        blocking(|| {
+            for line in bytes.split_inclusive(|b| *b == b'\n') {
+                let start = position;
+                position += line.len() as u64;
+                let text = line.strip_suffix(b"\n").unwrap_or(line);
+                let text = text.strip_suffix(b"\r").unwrap_or(text);
+                if text.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let at =
+                    LineAt { file: &rel, position: (ordinal, position), start, index: feed.line };
+                feed.line += 1;
+                match records::build(&entity, &source, text, &at, ordinal, &mut feed.pairs) {
+                    Ok(built) => {
+                        if Some(at.position) > feed.written {
+                            out.extend(built.records);
+                        }
+                        block = built.block.or(block);
+                    }
+                    Err(reason) => rejected.push(format!("{rel} at byte {start}: {reason}")),
+                }
+            }
+        });
+        if !out.is_empty() {
+            self.sink.append(&self.config.name, &entity, false, out).await?;
+        }
+        feed.offset = position;
+        feed.written = feed.written.max(Some((ordinal, position)));
+        if let Some(last) = rejected.last() {
+            tracing::warn!(chain = %self.config.name, %entity, lines = rejected.len(), error = %last, "node lines rejected");
+            self.status.rejected(rejected.len() as u64);
+            self.status.error(Some(last.clone()));
+        }
+        if let Some((number, time_ms)) = block
+            && Some(number) > self.newest_block
+        {
+            self.newest_block = Some(number);
+            self.status.ingested(number, time_ms.div_euclid(1000));
+        }
+        Ok(())
+    }
+
+    async fn save(&mut self) -> Result<(), ChainError> {
+        let mut stored = Stored::default();
+        for feed in &self.feeds {
+            let Some(open) = &feed.open else { continue };
+            // Fills still waiting for their other side are read again after a restart.
+            let offset = feed.pairs.earliest_start().unwrap_or(feed.offset).min(feed.offset);
+            stored.feeds.insert(
+                feed.entity.clone(),
+                StoredFeed { file: open.file.rel.clone(), offset, line: feed.line },
+            );
+        }
+        let value = serde_json::to_value(&stored).expect("positions serialize");
+        self.sink.save_position(&self.config.name, &value).await?;
+        Ok(())
+    }
+
+    /// Bytes the current files hold past each stream's position, and their newest write.
+    /// After a step that moved, a stream may have read its file to the end with a newer one
+    /// waiting (it moves on at its next step): 0 is only shown after a step that did not move,
+    /// when every stream has looked for a newer file.
+    fn report_lag(&self, moved: bool) {
+        let mut bytes = 0;
+        let mut newest = None;
+        for feed in &self.feeds {
+            let Some(open) = &feed.open else { continue };
+            if let Ok(meta) = open.metadata() {
+                bytes += meta.len().saturating_sub(feed.offset);
+                let modified =
+                    meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+                newest = newest.max(modified.map(|d| d.as_secs() as i64));
+            }
+        }
+        if !moved || bytes > 0 {
+            self.status.lag_bytes(bytes, newest);
+        }
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.config.data_dir.clone()
+    }
+}
+
+fn placeholder() -> Feed {
+    Feed {
+        entity: String::new(),
+        source: None,
+        open: None,
+        offset: 0,
+        line: 0,
+        written: None,
+        resumed_at: None,
+        pairs: Pairs::default(),
+    }
+}
+
+/// Where a record's line ends, from its `node_file` and `node_offset` (`None` for records
+/// another writer appended).
+fn record_position(text: &[u8]) -> Option<Position> {
+    let value: Value = serde_json::from_slice(text).ok()?;
+    let file = FileRef::parse(value.get("node_file")?.as_str()?)?;
+    Some((file.ordinal, value.get("node_offset")?.as_u64()?))
+}
+
+impl Rounds for HyperliquidIngester {
+    async fn step(&mut self) -> Result<bool, ChainError> {
+        HyperliquidIngester::step(self).await
+    }
+}

@@ -1,0 +1,430 @@
+//! The Kafka source: a topic of the user's own Kafka cluster feeding one chain stream (any
+//! chain, any entity). `docs/chains.md` ("Kafka sources") is the prose.
+//!
+//! Every message is one JSON record of the stream and goes through the ingest checks
+//! ([`StreamRecord::parse`]); a message that fails them is dead-lettered, with its error, to
+//! the source's own list (the topic [`dead_letter_topic`] of Sluice's log) and counted, and
+//! the source reads on. Each batch goes: records to the stream in one append, dead letters
+//! to their list, then the consumer group's offsets are committed. A crash anywhere before
+//! the commit makes the next start read the batch again (at least once; the records' keys
+//! make a redelivery visible to consumers, docs/streams.md).
+//!
+//! The consumer is assigned every partition of the topic (it does not join the group's
+//! rebalancing); the group holds the committed offsets. librdkafka does the fetching.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use serde_json::json;
+use sluice_bus::{NewRecord, Retention, StreamLog, TopicConfig};
+use sluice_core::streams::StreamRecord;
+
+use crate::sink::{ChainSink, SinkError};
+
+/// The list of a source's bad messages.
+pub fn dead_letter_topic(source: &str) -> String {
+    format!("_sluice.sources.{source}.dead_letters")
+}
+
+/// Dead letters are kept 30 days (the user fixes the producer and replays them meanwhile).
+const DEAD_LETTERS: TopicConfig = TopicConfig {
+    partitions: 1,
+    retention: Retention { max_age: Duration::from_secs(30 * 24 * 3600), max_bytes: Some(1 << 30) },
+};
+
+/// How often the lag behind the topic's end is measured.
+const LAG_EVERY: Duration = Duration::from_secs(1);
+
+/// One Kafka source.
+#[derive(Debug, Clone)]
+pub struct KafkaSourceConfig {
+    /// Names the source in the status, the metrics and its dead-letter list.
+    pub name: String,
+    pub chain: String,
+    pub entity: String,
+    pub bootstrap_servers: String,
+    pub topic: String,
+    pub group_id: String,
+    /// librdkafka client settings (`security.protocol`, `sasl.*`, `ssl.*`,
+    /// `auto.offset.reset`).
+    pub client: BTreeMap<String, String>,
+    /// Messages per batch (one append, one commit).
+    pub max_batch: usize,
+}
+
+/// Errors of a source. Whose fault: `Client` the configuration's (librdkafka refused a
+/// setting); `Kafka` the user's cluster's (retrying can help); `Sink` Sluice's log's.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("Kafka source {source_name}: {reason}")]
+    Client { source_name: String, reason: String },
+    #[error("Kafka source {source_name}: {reason}")]
+    Kafka { source_name: String, reason: String },
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error("Kafka source dead letters: {0}")]
+    Log(#[from] sluice_bus::BusError),
+}
+
+/// What `GET /api/v1/chains` and `/metrics` show of a source.
+#[derive(Debug, Default)]
+pub struct SourceStatus {
+    pub records: AtomicU64,
+    pub dead_letters: AtomicU64,
+    /// Messages between the committed position and the topic's end (`u64::MAX`: unknown).
+    pub lag_messages: AtomicU64,
+    /// The newest block number seen in a record (`block_number`, `block_slot` or `height`),
+    /// `u64::MAX` for none.
+    pub block: AtomicU64,
+    pub last_error: std::sync::Mutex<Option<String>>,
+}
+
+impl SourceStatus {
+    fn new() -> Self {
+        let status = Self::default();
+        status.lag_messages.store(u64::MAX, Ordering::Relaxed);
+        status.block.store(u64::MAX, Ordering::Relaxed);
+        status
+    }
+
+    fn error(&self, error: Option<String>) {
+        *self.last_error.lock().expect("status lock is never poisoned") = error;
+    }
+
+    /// The last error, if the last batch failed.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().expect("status lock is never poisoned").clone()
+    }
+
+    fn get(value: &AtomicU64) -> Option<u64> {
+        Some(value.load(Ordering::Relaxed)).filter(|v| *v != u64::MAX)
+    }
+
+    pub fn lag(&self) -> Option<u64> {
+        Self::get(&self.lag_messages)
+    }
+
+    pub fn block(&self) -> Option<u64> {
+        Self::get(&self.block)
+    }
+}
+
+/// A running source.
+pub struct KafkaSource {
+    config: KafkaSourceConfig,
+    sink: Arc<dyn ChainSink>,
+    log: Arc<dyn StreamLog>,
+    status: Arc<SourceStatus>,
+    consumer: Option<BaseConsumer>,
+    /// The offsets committed so far, by partition (for the lag).
+    committed: Arc<std::sync::Mutex<HashMap<i32, i64>>>,
+    /// Stops the lag thread.
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// librdkafka's close of a consumer that has a group can wait for the coordinator (40 s
+/// against some brokers); it runs on a thread of its own so that neither a retry nor the
+/// process's exit waits for it.
+fn close_in_background(consumer: Option<BaseConsumer>) {
+    if let Some(consumer) = consumer {
+        let spawned = std::thread::Builder::new()
+            .name("sluice-source-close".to_owned())
+            .spawn(move || drop(consumer));
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "cannot start the thread that closes a Kafka consumer");
+        }
+    }
+}
+
+impl Drop for KafkaSource {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        close_in_background(self.consumer.take());
+    }
+}
+
+impl std::fmt::Debug for KafkaSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSource").field("name", &self.config.name).finish_non_exhaustive()
+    }
+}
+
+/// The librdkafka settings of `config`'s consumer.
+pub fn client_config(config: &KafkaSourceConfig) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    client
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", &config.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        // A broker that holds an idle fetch for the whole wait (tansu) adds it to every
+        // batch once the source has caught up; Kafka answers as soon as records arrive.
+        .set("fetch.wait.max.ms", "100")
+        .set("client.id", "sluice-source");
+    for (name, value) in &config.client {
+        client.set(name, value);
+    }
+    client
+}
+
+impl KafkaSource {
+    /// # Errors
+    /// [`SourceError::Client`] when librdkafka refuses a setting.
+    pub fn new(
+        config: KafkaSourceConfig,
+        sink: Arc<dyn ChainSink>,
+        log: Arc<dyn StreamLog>,
+    ) -> Result<Self, SourceError> {
+        // Made once here so that a refused setting stops the start.
+        let consumer: BaseConsumer = client_config(&config).create().map_err(|error| {
+            SourceError::Client { source_name: config.name.clone(), reason: error.to_string() }
+        })?;
+        close_in_background(Some(consumer));
+        Ok(Self {
+            config,
+            sink,
+            log,
+            status: Arc::new(SourceStatus::new()),
+            consumer: None,
+            committed: Arc::default(),
+            stop: Arc::default(),
+        })
+    }
+
+    pub fn status(&self) -> Arc<SourceStatus> {
+        self.status.clone()
+    }
+
+    /// Runs until the task is dropped: a failed batch is logged, shown in the status, and
+    /// read again from the committed offsets after a backoff.
+    pub async fn run(mut self) {
+        let name = self.config.name.clone();
+        tracing::info!(source = %name, topic = %self.config.topic, chain = %self.config.chain, entity = %self.config.entity, "kafka source starting");
+        watch_lag(&self.config, self.committed.clone(), self.status.clone(), self.stop.clone());
+        let mut failures = 0u32;
+        loop {
+            match self.step().await {
+                Ok(read) => {
+                    if failures > 0 {
+                        self.status.error(None);
+                    }
+                    failures = 0;
+                    if read == 0 {
+                        // An idle poll awaited nothing: let the task be cancelled (and
+                        // others run) between polls.
+                        tokio::task::yield_now().await;
+                    }
+                }
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    tracing::warn!(source = %name, %error, failures, "kafka source batch failed; reading again from the committed offsets");
+                    self.status.error(Some(error.to_string()));
+                    // A new consumer starts at the committed offsets.
+                    close_in_background(self.consumer.take());
+                    let delay =
+                        Duration::from_millis(100 << failures.min(8)).min(Duration::from_secs(30));
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    fn kafka_error(&self, reason: impl std::fmt::Display) -> SourceError {
+        SourceError::Kafka { source_name: self.config.name.clone(), reason: reason.to_string() }
+    }
+
+    /// Assigns every partition of the topic, each from the group's committed offset.
+    fn connect(&self) -> Result<BaseConsumer, SourceError> {
+        let consumer: BaseConsumer = client_config(&self.config).create().map_err(|error| {
+            SourceError::Client { source_name: self.config.name.clone(), reason: error.to_string() }
+        })?;
+        let metadata = consumer
+            .fetch_metadata(Some(&self.config.topic), Duration::from_secs(10))
+            .map_err(|e| self.kafka_error(e))?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name() == self.config.topic && t.error().is_none())
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        if partitions.is_empty() {
+            return Err(self.kafka_error(format!(
+                "topic {} has no partitions (does it exist?)",
+                self.config.topic
+            )));
+        }
+        let mut list = TopicPartitionList::new();
+        for partition in partitions {
+            list.add_partition_offset(&self.config.topic, partition, Offset::Stored)
+                .map_err(|e| self.kafka_error(e))?;
+        }
+        consumer.assign(&list).map_err(|e| self.kafka_error(e))?;
+        // Where each partition stands, for the lag (the start of the topic where the group
+        // has committed nothing).
+        let committed =
+            consumer.committed(Duration::from_secs(10)).map_err(|e| self.kafka_error(e))?;
+        let mut offsets = self.committed.lock().expect("offsets lock is never poisoned");
+        for element in committed.elements() {
+            let at = match element.offset() {
+                Offset::Offset(at) => at,
+                _ => 0,
+            };
+            offsets.entry(element.partition()).or_insert(at);
+        }
+        drop(offsets);
+        Ok(consumer)
+    }
+
+    /// One batch: poll up to `max_batch` messages (waiting up to 100 ms for the first),
+    /// append the good ones, dead-letter the bad ones, commit. Answers the messages read.
+    ///
+    /// # Errors
+    /// Kafka and log failures; nothing is committed then.
+    pub async fn step(&mut self) -> Result<usize, SourceError> {
+        if self.consumer.is_none() {
+            let consumer = crate::hyperliquid::ingester::blocking(|| self.connect())?;
+            self.consumer = Some(consumer);
+        }
+        let consumer = self.consumer.as_ref().expect("connected above");
+        let max = self.config.max_batch.max(1);
+        let entity = self.config.entity.clone();
+        let mut records = Vec::new();
+        let mut dead = Vec::new();
+        let mut next: HashMap<i32, i64> = HashMap::new();
+        let mut read = 0;
+        let started = Instant::now();
+        let polled: Result<(), rdkafka::error::KafkaError> =
+            crate::hyperliquid::ingester::blocking(|| {
+                let mut wait = Duration::from_millis(100);
+                while read < max {
+                    let Some(message) = consumer.poll(wait) else { break };
+                    wait = Duration::ZERO;
+                    let message = message?;
+                    read += 1;
+                    next.insert(message.partition(), message.offset() + 1);
+                    let payload = message.payload().unwrap_or_default();
+                    match StreamRecord::parse(&entity, payload) {
+                        Ok(record) => records.push(record),
+                        Err(error) => dead.push(dead_letter(&message, payload, &error.to_string())),
+                    }
+                }
+                Ok(())
+            });
+        polled.map_err(|e| self.kafka_error(e))?;
+        let polled_at = Instant::now();
+        tracing::debug!(source = %self.config.name, read, poll_ms = (polled_at - started).as_millis() as u64, "kafka source poll");
+        if read == 0 {
+            return Ok(0);
+        }
+        let (appended, rejected) = (records.len() as u64, dead.len() as u64);
+        // The newest record's block (records of a batch are in the topic's order).
+        let block = records.last().and_then(|record| block_of(record.value()));
+        if !records.is_empty() {
+            self.sink.append(&self.config.chain, &entity, false, records).await?;
+        }
+        if !dead.is_empty() {
+            let topic = dead_letter_topic(&self.config.name);
+            self.log.create_topic(&topic, DEAD_LETTERS).await?;
+            self.log.append(&topic, dead).await?;
+            tracing::warn!(source = %self.config.name, count = rejected, "kafka source messages dead-lettered");
+        }
+        let mut list = TopicPartitionList::new();
+        for (partition, offset) in &next {
+            list.add_partition_offset(&self.config.topic, *partition, Offset::Offset(*offset))
+                .map_err(|e| self.kafka_error(e))?;
+        }
+        let consumer = self.consumer.as_ref().expect("connected above");
+        let durable_at = Instant::now();
+        crate::hyperliquid::ingester::blocking(|| consumer.commit(&list, CommitMode::Sync))
+            .map_err(|e| self.kafka_error(format!("committing offsets: {e}")))?;
+        tracing::debug!(source = %self.config.name, read, append_ms = (durable_at - polled_at).as_millis() as u64, commit_ms = durable_at.elapsed().as_millis() as u64, "kafka source batch");
+        self.status.records.fetch_add(appended, Ordering::Relaxed);
+        self.status.dead_letters.fetch_add(rejected, Ordering::Relaxed);
+        if let Some(block) = block {
+            self.status.block.fetch_max(block, Ordering::Relaxed);
+        }
+        self.committed.lock().expect("offsets lock is never poisoned").extend(next);
+        Ok(read)
+    }
+}
+
+/// Measures the lag behind the topic's end every [`LAG_EVERY`] on a thread of its own (a
+/// watermark request can take a second against some brokers; the batches never wait for it):
+/// the high watermark of each partition minus the offset committed for it.
+fn watch_lag(
+    config: &KafkaSourceConfig,
+    committed: Arc<std::sync::Mutex<HashMap<i32, i64>>>,
+    status: Arc<SourceStatus>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let Ok(consumer) = client_config(config).create::<BaseConsumer>() else { return };
+    let topic = config.topic.clone();
+    let spawned =
+        std::thread::Builder::new().name("sluice-source-lag".to_owned()).spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let offsets: Vec<(i32, i64)> = committed
+                    .lock()
+                    .expect("offsets lock is never poisoned")
+                    .iter()
+                    .map(|(p, o)| (*p, *o))
+                    .collect();
+                // Nothing known before the consumer is assigned.
+                let mut lag = (!offsets.is_empty()).then_some(0u64);
+                for (partition, at) in offsets {
+                    match consumer.fetch_watermarks(&topic, partition, Duration::from_secs(5)) {
+                        Ok((_, high)) => {
+                            lag = lag.map(|l| l + u64::try_from(high - at).unwrap_or(0))
+                        }
+                        Err(_) => lag = None,
+                    }
+                }
+                if let Some(lag) = lag {
+                    status.lag_messages.store(lag, Ordering::Relaxed);
+                }
+                std::thread::sleep(LAG_EVERY);
+            }
+        });
+    if let Err(error) = spawned {
+        tracing::warn!(%error, "cannot start the thread that measures a Kafka source's lag");
+    }
+}
+
+/// The dead letter of a message: where it was, its key and text, and why it was refused.
+fn dead_letter(
+    message: &rdkafka::message::BorrowedMessage<'_>,
+    payload: &[u8],
+    error: &str,
+) -> NewRecord {
+    let key = format!("{}/{}/{}", message.topic(), message.partition(), message.offset());
+    let value = json!({
+        "topic": message.topic(),
+        "partition": message.partition(),
+        "offset": message.offset(),
+        "key": message.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+        "value": String::from_utf8_lossy(payload),
+        "error": error,
+        "dead_lettered_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    });
+    NewRecord::new(key, serde_json::to_vec(&value).expect("a JSON value serializes"))
+}
+
+/// A record's block: `block_number`, `block_slot`, or a Hyperliquid block's `height`.
+fn block_of(value: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Blocks {
+        block_number: Option<u64>,
+        block_slot: Option<u64>,
+        payload: Option<Height>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Height {
+        height: Option<u64>,
+    }
+    let blocks: Blocks = serde_json::from_slice(value).ok()?;
+    blocks.block_number.or(blocks.block_slot).or(blocks.payload.and_then(|p| p.height))
+}
