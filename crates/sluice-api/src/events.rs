@@ -162,6 +162,8 @@ pub struct EventPageQuery {
 pub(crate) struct Visibility {
     principal: Principal,
     readable: HashSet<String>,
+    /// Pipelines of the organization found unreadable since the last read.
+    unreadable: HashSet<String>,
     read_at: Instant,
 }
 
@@ -178,12 +180,39 @@ impl Visibility {
         } else {
             HashSet::new()
         };
-        Ok(Self { principal: principal.clone(), readable, read_at: Instant::now() })
+        Ok(Self {
+            principal: principal.clone(),
+            readable,
+            unreadable: HashSet::new(),
+            read_at: Instant::now(),
+        })
     }
 
     async fn refresh(&mut self, state: &AppState) -> Result<(), ApiError> {
         if self.read_at.elapsed() >= READERS_EVERY {
             *self = Self::of(state, &self.principal.clone()).await?;
+        }
+        Ok(())
+    }
+
+    /// Reads the caller's pipelines again when `rows` hold an event of a pipeline of the
+    /// caller's organization that it did not know (one created since), so a stream never
+    /// skips the events of a pipeline the caller can read.
+    async fn learn(&mut self, state: &AppState, rows: &[Event]) -> Result<(), ApiError> {
+        let unknown: Vec<String> = rows
+            .iter()
+            .filter(|e| {
+                e.scope == Some(Scope::Pipeline)
+                    && e.organization_id.as_deref() == Some(self.principal.org_id.as_str())
+            })
+            .filter_map(|e| e.pipeline_id.clone())
+            .filter(|id| !self.readable.contains(id) && !self.unreadable.contains(id))
+            .collect();
+        if !unknown.is_empty() {
+            *self = Self::of(state, &self.principal.clone()).await?;
+            let still: Vec<String> =
+                unknown.into_iter().filter(|id| !self.readable.contains(id)).collect();
+            self.unreadable.extend(still);
         }
         Ok(())
     }
@@ -406,6 +435,9 @@ impl Follow {
             query.after_id = Some(self.after);
             match self.recorder.store().list_events(&query).await {
                 Ok(rows) if !rows.is_empty() => {
+                    if let Err(error) = self.visibility.learn(&self.state, &rows).await {
+                        tracing::warn!(?error, "event stream: cannot read the caller's pipelines");
+                    }
                     self.after = rows.last().map_or(self.after, |e| e.id);
                     self.pending =
                         rows.into_iter().filter(|e| self.visibility.sees(e)).rev().collect();

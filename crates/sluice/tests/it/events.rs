@@ -58,14 +58,16 @@ pub(crate) fn signed_events(got: &Got) -> Vec<Value> {
     events
 }
 
-/// Collects the messages of `GET /api/v1/events/stream` as they come.
-pub(crate) fn follow(base: &str, key: &str) -> Arc<Mutex<Vec<Value>>> {
+/// Collects the messages of `GET /api/v1/events/stream` as they come; answers once the
+/// stream answered (its start is fixed then: events stored from there on).
+pub(crate) async fn follow(base: &str, key: &str) -> Arc<Mutex<Vec<Value>>> {
     let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
-    let (url, key, out) = (format!("{base}/api/v1/events/stream"), key.to_owned(), seen.clone());
+    let out = seen.clone();
+    let client = reqwest::Client::new();
+    let url = format!("{base}/api/v1/events/stream");
+    let mut response = client.get(url).header("x-api-key", key).send().await.unwrap();
+    assert_eq!(response.status(), 200);
     tokio::spawn(async move {
-        let client = reqwest::Client::new();
-        let mut response = client.get(url).header("x-api-key", key).send().await.unwrap();
-        assert_eq!(response.status(), 200);
         let mut buffer = String::new();
         while let Ok(Some(chunk)) = response.chunk().await {
             buffer.push_str(&String::from_utf8_lossy(&chunk));
@@ -235,11 +237,11 @@ async fn each_kind_made_for_real_reaches_the_api_the_stream_and_a_signed_webhook
 
     let hook = signed_destination(
         &api,
-        json!(["pipeline.*", "dead_letters.*", "worker.*", "sink.*", "backfill.*"]),
+        json!(["pipeline.*", "dead_letters.*", "worker.*", "sink.*", "backfill.*", "lag.*"]),
     )
     .await;
-    let stream = follow(&api.base, KEY);
-    let rival_stream = follow(&api.base, &other);
+    let stream = follow(&api.base, KEY).await;
+    let rival_stream = follow(&api.base, &other).await;
 
     // A script that throws on every record: dead letters, aggregated with their count.
     let throws = json!([{"type": "v8", "uid": "tf-throw",
@@ -305,6 +307,18 @@ async fn each_kind_made_for_real_reaches_the_api_the_stream_and_a_signed_webhook
     let back = receiver(tokio::net::TcpListener::bind(("127.0.0.1", down_port)).await.unwrap());
     seen_everywhere(&api, &stream, &hook, "sink.recovered", &flaky).await;
     assert!(!back.lock().unwrap().is_empty(), "the held records arrived");
+    // Its records are days old: over the default data age threshold (300 s); under a
+    // threshold of 30 days, set through the API, it is back under.
+    seen_everywhere(&api, &stream, &hook, "lag.data_age_over", &flaky).await;
+    let path = format!("/api/v1/beam/{flaky}/thresholds");
+    let (status, set) = api
+        .call(reqwest::Method::PUT, &path, Some(json!({"data_age_warning_seconds": 2_592_000})))
+        .await;
+    assert_eq!((status, &set["is_default"]), (200, &json!(false)), "{set}");
+    let (status, _) =
+        api.call(reqwest::Method::PUT, &path, Some(json!({"data_age_warning_seconds": 0}))).await;
+    assert_eq!(status, 422);
+    seen_everywhere(&api, &stream, &hook, "lag.data_age_recovered", &flaky).await;
 
     // Backfills: one to completion (an empty window), one cancelled.
     let job = |name: &str, end: &str, hook: &str| {
@@ -372,7 +386,10 @@ async fn each_kind_made_for_real_reaches_the_api_the_stream_and_a_signed_webhook
         .map(|b| b["pipeline_id"].as_str().unwrap())
         .collect();
     assert!(flagged.contains(&dead.as_str()) && flagged.contains(&failing.as_str()), "{badges}");
-    assert!(!flagged.contains(&flaky.as_str()), "the sink recovered: {badges}");
+    // The flaky sink recovered and its data age is under its threshold: no badge.
+    let flaky_badge =
+        badges["items"].as_array().unwrap().iter().find(|b| b["pipeline_id"] == flaky.as_str());
+    assert!(flaky_badge.is_none(), "{badges}");
     let (status, _) =
         api.call(reqwest::Method::POST, &format!("/api/v1/beam/{dead}/teardown"), None).await;
     assert_eq!(status, 200);

@@ -40,7 +40,7 @@ async fn an_anvil_node_that_stops_mining_makes_its_chain_stalled_then_recovered(
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
     let api = Api { client, base: server.base.clone() };
     let hook = signed_destination(&api, json!(["chain.*"])).await;
-    let stream = follow(&api.base, KEY);
+    let stream = follow(&api.base, KEY).await;
     // Blocks come every second: nothing stalls.
     let (status, thresholds) =
         api.call(reqwest::Method::GET, "/api/v1/chains/base/thresholds", None).await;
@@ -111,7 +111,7 @@ async fn a_cluster_node_killed_is_lost_once_though_every_other_node_sees_it() {
         base: a.base.clone(),
     };
     let hook = signed_destination(&api, json!(["node.*", "pipeline.*"])).await;
-    let stream = follow(&api.base, KEY);
+    let stream = follow(&api.base, KEY).await;
     let mut b = start_node(dirs[1].path(), ports[1], "node-b", &database, &prefix);
     let c = start_node(dirs[2].path(), ports[2], "node-c", &database, &prefix);
     seen_everywhere(&api, &stream, &hook, "node.joined", "node-b").await;
