@@ -135,7 +135,8 @@ pub async fn get_notifications(
 /// pipelines use except the managed `kafka` (a webhook is signed with `hash_key` as a
 /// pipeline's is), the kinds it wants (names or `prefix.*`; every kind when omitted) and
 /// the least severity (default `info`). A new destination receives the events stored from
-/// now on, at least once; one kept (same sink uid) continues where it was.
+/// now on, at least once; one kept (same sink uid) continues where it was. Destinations an
+/// operator sets also receive node events.
 #[utoipa::path(
     put, path = "/api/v1/notifications", tag = "events",
     request_body = PutNotificationsRequest,
@@ -157,7 +158,10 @@ pub async fn put_notifications(
     require_admin(&caller)?;
     query.expect_none()?;
     let body = Value::Object(body.object()?);
-    let destinations = NotificationDestination::validate_body(&body)?;
+    let mut destinations = NotificationDestination::validate_body(&body)?;
+    for destination in &mut destinations {
+        destination.operator_events = caller.0.is_operator;
+    }
     let store = recorder(&state)?.store().clone();
     let text = serde_json::to_string(&destinations).expect("destinations serialize");
     let uids: Vec<String> = destinations.iter().map(|d| d.uid.clone()).collect();

@@ -22,6 +22,9 @@ pub struct NotificationDestination {
     pub kinds: Vec<String>,
     /// Only events of at least this severity.
     pub min_severity: Severity,
+    /// Also node events (operators only): set when an operator set the destination.
+    #[serde(default)]
+    pub operator_events: bool,
 }
 
 impl NotificationDestination {
@@ -112,6 +115,7 @@ impl NotificationDestination {
             sink,
             kinds,
             min_severity,
+            operator_events: false,
         })
     }
 }

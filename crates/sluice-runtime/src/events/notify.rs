@@ -98,6 +98,7 @@ async fn round(
             let query = EventQuery {
                 org_id: Some(org_id.clone()),
                 service: true,
+                operator: destination.operator_events,
                 kinds: destination.kinds.clone(),
                 min_severity: Some(destination.min_severity),
                 after_id: Some(progress.delivered_id),
