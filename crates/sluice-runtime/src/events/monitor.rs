@@ -63,13 +63,16 @@ struct Watched {
     data_age_over: bool,
 }
 
+/// The live nodes as seen: name → (start time, `(pipeline id, worker)` of its workers).
+type NodesSeen = HashMap<String, (Option<DateTime<Utc>>, Vec<(String, String)>)>;
+
 pub(crate) struct Monitor {
     node: Weak<Node>,
     placement: Weak<dyn Placement>,
     recorder: Arc<Recorder>,
     watched: HashMap<String, Watched>,
     /// The live nodes as last seen, with their start time (`None` before the first look).
-    nodes: Option<HashMap<String, (Option<DateTime<Utc>>, Vec<(String, String)>)>>,
+    nodes: Option<NodesSeen>,
     data_age: HashMap<String, Duration>,
     thresholds_read: Option<std::time::Instant>,
 }
@@ -184,7 +187,7 @@ impl Monitor {
     fn sample_nodes(&mut self, placement: &dyn Placement) {
         let Some(nodes) = placement.nodes() else { return };
         let now = self.recorder.now();
-        let current: HashMap<String, (Option<DateTime<Utc>>, Vec<(String, String)>)> =
+        let current: NodesSeen =
             nodes.iter().map(|n| (n.name.clone(), (n.started_at, n.workers.clone()))).collect();
         let key = |kind: &str, name: &str, started: Option<DateTime<Utc>>| {
             let started = started.map(sluice_core::time::format).unwrap_or_default();

@@ -16,7 +16,7 @@ fn pipeline_event(org: &str, pipeline: &str, kind: &'static str, severity: Sever
         severity,
         org,
         pipeline,
-        format!("{kind}"),
+        kind.to_owned(),
         json!({"n": 1}),
     )
 }
