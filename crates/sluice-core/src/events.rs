@@ -183,13 +183,12 @@ impl NewEvent {
         message: String,
         details: Value,
     ) -> Self {
-        let scope = if kind == "pipeline.deleted" { Scope::Organization } else { Scope::Pipeline };
         Self {
             organization_id: Some(org_id.to_owned()),
             pipeline_id: Some(pipeline_id.to_owned()),
             message,
             details,
-            ..Self::base(time, kind, severity, scope)
+            ..Self::base(time, kind, severity, Scope::Pipeline)
         }
     }
 

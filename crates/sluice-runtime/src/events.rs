@@ -175,7 +175,7 @@ async fn write(recorder: std::sync::Weak<Recorder>, mut rx: mpsc::Receiver<NewEv
                 Ok(stored) => {
                     recorder.stored.fetch_add(batch.len() as u64, Ordering::Relaxed);
                     if let Some(last) = stored.last() {
-                        recorder.last_id.send_replace(last.id);
+                        recorder.last_id.send_replace(*last);
                     }
                     backoff = Duration::from_millis(100);
                     break;

@@ -55,9 +55,9 @@ pub struct NotificationProgress {
 /// Stored events and notification settings.
 #[async_trait]
 pub trait EventStore: Send + Sync + 'static {
-    /// Stores `events` in order and answers the stored ones with their ids; an event whose
-    /// `dedupe_key` is stored already is left out.
-    async fn insert_events(&self, events: &[NewEvent]) -> Result<Vec<Event>>;
+    /// Stores `events` in order and answers the ids of the stored ones, ascending; an event
+    /// whose `dedupe_key` is stored already is left out.
+    async fn insert_events(&self, events: &[NewEvent]) -> Result<Vec<i64>>;
 
     /// Events by `query`.
     async fn list_events(&self, query: &EventQuery) -> Result<Vec<Event>>;
@@ -206,7 +206,7 @@ where
     &'static str: sqlx::ColumnIndex<Row<D>>,
     usize: sqlx::ColumnIndex<Row<D>>,
 {
-    async fn insert_events(&self, events: &[NewEvent]) -> Result<Vec<Event>> {
+    async fn insert_events(&self, events: &[NewEvent]) -> Result<Vec<i64>> {
         if events.is_empty() {
             return Ok(Vec::new());
         }
@@ -230,8 +230,7 @@ where
                 statement.push_str(&row.join(", "));
                 statement.push(')');
             }
-            statement.push_str(" ON CONFLICT (dedupe_key) DO NOTHING RETURNING ");
-            statement.push_str(COLUMNS);
+            statement.push_str(" ON CONFLICT (dedupe_key) DO NOTHING RETURNING id");
             let mut query = sqlx::query(&statement);
             for event in chunk {
                 query = query
@@ -249,11 +248,11 @@ where
                     .bind(event.details.to_string());
             }
             for row in query.fetch_all(&mut *tx).await? {
-                stored.push(event_of::<D>(&row)?);
+                stored.push(row.try_get::<i64, _>("id")?);
             }
         }
         tx.commit().await?;
-        stored.sort_by_key(|event| event.id);
+        stored.sort_unstable();
         Ok(stored)
     }
 
