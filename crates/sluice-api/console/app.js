@@ -2,6 +2,8 @@
 // (/api/v1/...). The API key lives in sessionStorage and goes in the X-API-Key header, never
 // in a URL. Every value from the API reaches the page as text nodes, never parsed as HTML.
 
+import * as events from '/console/events.js';
+
 const KEY_STORE = 'sluice.apiKey';
 const main = document.getElementById('main');
 const nav = document.getElementById('nav');
@@ -178,6 +180,13 @@ function time(text) {
   return text ? new Date(text).toLocaleString() : '—';
 }
 
+/** What the events module (events.js) uses of this one. */
+const ui = {
+  h, api, apiKey, notice, dataTable, time, showIf,
+  gen: () => generation,
+  onLeave: (cleanup) => leaving.push(cleanup),
+};
+
 // ---------------------------------------------------------------------------
 // Session
 
@@ -224,6 +233,7 @@ function renderNav() {
   nav.replaceChildren(
     h('a', { href: '#/' }, 'Pipelines'),
     h('a', { href: '#/new' }, 'New pipeline'),
+    h('a', { href: '#/events' }, 'Events'),
     h('a', { href: '#/backfills' }, 'Backfills'),
     h('a', { href: '#/datasets' }, 'Datasets'),
     h('a', { href: '#/prices' }, 'Prices'),
@@ -262,6 +272,7 @@ async function pipelinesView() {
       ? h('p.muted', {}, 'No pipelines yet.')
       : dataTable('Pipelines', ['Name', 'Source', 'State', 'Records read', 'Sinks', 'Created'], rows, ['Sinks', 'Created']),
   );
+  if (gen === generation) events.markProblems(ui, rows);
 }
 
 /** How a deployment's state reads: `running · 1/1 workers healthy`, `paused`, `not deployed`. */
@@ -495,6 +506,8 @@ async function pipelineView(id) {
     workers.length
       ? dataTable('Workers', ['Worker', 'Status', 'Ready', 'Restarts', 'Last error'], workers, ['Restarts'])
       : h('p.muted', {}, 'No workers: deploy the pipeline to start them.'),
+    h('h2', {}, 'Events'),
+    events.timelineSection(ui, id),
     h('h2', {}, 'Metrics'),
     metricsSection(path, stats.deployed_at),
     h('h2', {}, 'Dead letters'),
@@ -1260,6 +1273,7 @@ async function route() {
     if (hash === '#/new') await pipelineFormView();
     else if (edit) await pipelineFormView(decodeURIComponent(edit[1]));
     else if (hash === '#/backfills') await backfillsView();
+    else if (hash === '#/events' || hash.startsWith('#/events?')) await events.eventsView(ui);
     else if (hash === '#/datasets') await datasetsView();
     else if (hash === '#/prices') await pricesView();
     else if (hash === '#/secrets') await secretsView();

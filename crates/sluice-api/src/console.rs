@@ -11,8 +11,9 @@ use axum::routing::get;
 /// The console's files: `(name, content type, bytes)`. `vendor/` holds uPlot 1.6.32 (MIT,
 /// `npm pack uplot@1.6.32`, its `dist/uPlot.iife.min.js` and `dist/uPlot.min.css` as they
 /// come), the charting library of the metrics page.
-const FILES: [(&str, &str, &str); 5] = [
+const FILES: [(&str, &str, &str); 6] = [
     ("app.js", "text/javascript; charset=utf-8", include_str!("../console/app.js")),
+    ("events.js", "text/javascript; charset=utf-8", include_str!("../console/events.js")),
     ("style.css", "text/css; charset=utf-8", include_str!("../console/style.css")),
     ("index.html", "text/html; charset=utf-8", include_str!("../console/index.html")),
     (
@@ -91,8 +92,10 @@ mod tests {
         assert!(index.contains(r#"href="/console/style.css""#));
         assert!(!index.contains("http://") && !index.contains("https://"), "no CDN");
         assert!(index.contains(r#"src="/console/vendor/uPlot.iife.min.js""#));
-        let app = FILES.iter().find(|(n, _, _)| *n == "app.js").unwrap().2;
-        assert!(!app.contains("innerHTML"), "values reach the page as text only");
-        assert!(!app.contains("localStorage"), "the key stays in sessionStorage");
+        for module in ["app.js", "events.js"] {
+            let code = FILES.iter().find(|(n, _, _)| *n == module).unwrap().2;
+            assert!(!code.contains("innerHTML"), "values reach the page as text only");
+            assert!(!code.contains("localStorage"), "the key stays in sessionStorage");
+        }
     }
 }

@@ -265,6 +265,7 @@ pub async fn add_filter_values(
     let given = values.len();
     let added = services::change_filter_values(
         &state,
+        caller.0.org_id.clone(),
         config_id.clone(),
         transform_uid.clone(),
         values,
@@ -309,6 +310,7 @@ pub async fn replace_filter_values(
     let values = read_values(&state, body, false)?;
     let count = services::change_filter_values(
         &state,
+        caller.0.org_id.clone(),
         config_id.clone(),
         transform_uid.clone(),
         values,
@@ -354,6 +356,7 @@ pub async fn remove_filter_values(
     let given = values.len();
     let removed = services::change_filter_values(
         &state,
+        caller.0.org_id.clone(),
         config_id.clone(),
         transform_uid.clone(),
         values,

@@ -18,6 +18,7 @@ pub mod console;
 pub mod datasets;
 pub mod deployments;
 pub mod error;
+pub mod events;
 pub mod filter_values;
 pub mod nodes;
 pub mod openapi_rules;
@@ -104,6 +105,9 @@ pub struct AppState {
     /// This node's name, for `GET /api/v1/nodes` on a node of its own (a cluster node's
     /// runtime knows its name).
     pub node_name: Arc<str>,
+    /// Where service events go and are read from (the runtime's recorder); `None`: the
+    /// event endpoints answer 503.
+    pub events: Option<Arc<sluice_runtime::events::Recorder>>,
     openapi_json: axum::body::Bytes,
     /// The query parameters each route declares in the document: any other is a 422.
     query_names: Arc<params::QueryNames>,
@@ -132,6 +136,7 @@ impl AppState {
             metrics_token: None,
             chains: None,
             node_name: Arc::from("local"),
+            events: None,
             secrets: None,
             egress: None,
             backfills: None,
@@ -151,6 +156,7 @@ impl AppState {
     #[must_use]
     pub fn with_runtime(mut self, runtime: Arc<Runtime>) -> Self {
         self.filter_listener = runtime.set_indexes();
+        self.events = runtime.events();
         self.runtime = Some(runtime);
         self
     }
@@ -278,6 +284,7 @@ impl AppState {
         (name = "backfills", description = "Backfill jobs: a window of a warehouse table delivered to sinks"),
         (name = "secrets", description = "Organization secrets that sinks name"),
         (name = "prices", description = "Token prices: latest price and OHLC, price history"),
+        (name = "events", description = "Service events: list, live stream, notifications, thresholds"),
         (name = "operations", description = "Health, readiness and this documentation"),
     )
 )]
@@ -368,6 +375,12 @@ fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         .routes(routes!(backfills::destination_records))
         .routes(routes!(backfills::import_rows))
         .routes(routes!(secrets::put_secret, secrets::delete_secret))
+        .routes(routes!(events::list_events))
+        .routes(routes!(events::stream_events))
+        .routes(routes!(events::pipeline_status))
+        .routes(routes!(events::get_notifications, events::put_notifications))
+        .routes(routes!(events::get_pipeline_thresholds, events::put_pipeline_thresholds))
+        .routes(routes!(events::get_chain_thresholds, events::put_chain_thresholds))
 }
 
 /// The OpenAPI document of every route, for the default catalog.

@@ -44,6 +44,56 @@ fn param(doc: &mut Value, method: &str, path: &str, location: &str, name: &str, 
     }
 }
 
+/// The event endpoints (crate::events): filters, paging, and the settings bodies.
+fn events(doc: &mut Value, chains: &[&str]) {
+    use sluice_core::events::{EventFilter, KINDS};
+    let mut names: Vec<String> = KINDS.iter().map(|k| k.replace('.', r"\.")).collect();
+    names.extend(EventFilter::families().iter().map(|f| format!(r"{f}\.\*")));
+    let one = format!("(?:{})", names.join("|"));
+    let kinds = json!({"type": "string", "pattern": format!("^ *{one} *(?:, *{one} *)*$")});
+    let severity = enum_of(&["info", "warning", "error"]);
+    let since = json!({"type": "string", "format": "date-time"});
+    for path in ["/api/v1/events", "/api/v1/events/stream"] {
+        param(doc, "get", path, "query", "kind", kinds.clone());
+        param(doc, "get", path, "query", "severity", severity.clone());
+        param(doc, "get", path, "query", "since", since.clone());
+        param(doc, "get", path, "query", "pipeline_id", json!({"type": "string", "minLength": 1}));
+    }
+    param(doc, "get", "/api/v1/events", "query", "cursor", int(1, i64::MAX.into()));
+    param(doc, "get", "/api/v1/events", "query", "limit", int(1, crate::events::MAX_PAGE.into()));
+    let stream = "/api/v1/events/stream";
+    param(doc, "get", stream, "header", "Last-Event-ID", int(0, i64::MAX.into()));
+    let seconds = json!({"type": ["integer", "null"], "minimum": 1,
+                         "maximum": crate::events::MAX_THRESHOLD_SECONDS});
+    for (name, fields) in [
+        ("PutPipelineThresholds", &["data_age_warning_seconds"][..]),
+        ("PutChainThresholds", &["lag_seconds", "stall_seconds"][..]),
+    ] {
+        if let Some(props) = properties(doc, name) {
+            for field in fields {
+                props.insert((*field).to_owned(), seconds.clone());
+            }
+        }
+        closed(doc, name);
+    }
+    let chain = "/api/v1/chains/{chain}/thresholds";
+    for method in ["get", "put"] {
+        param(doc, method, chain, "path", "chain", enum_of(chains));
+    }
+    let destination = json!({
+        "type": "object", "required": ["sink"], "additionalProperties": false,
+        "properties": {
+            "sink": {"$ref": "#/components/schemas/Sink"},
+            "kinds": {"type": "array", "items": {"type": "string", "pattern": format!("^{one}$")}},
+            "min_severity": severity,
+        }
+    });
+    let put = json!({"type": "object", "required": ["destinations"], "additionalProperties": false,
+        "properties": {"destinations": {"type": "array", "items": destination,
+            "maxItems": sluice_core::events::MAX_DESTINATIONS}}});
+    body(doc, "put", "/api/v1/notifications", put);
+}
+
 /// JSON Pointer escaping of one key.
 fn escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
@@ -218,6 +268,8 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
         props.insert("type".to_owned(), kind);
     }
     closed(doc, "CreateDatasetRequest");
+
+    events(doc, &chains);
 
     // Stream ingest.
     let ingest = "/api/v1/streams/{chain}/{entity}/records";

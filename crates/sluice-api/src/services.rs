@@ -56,6 +56,7 @@ pub async fn create_pipeline(
             state.filter_listener.changed(&pipeline.id, uid, FilterValuesChange::Added(values));
         }
         tracing::info!(config_id = %pipeline.id, "pipeline created");
+        crate::events::pipeline_changed(&state, &pipeline, "pipeline.created");
         Ok(pipeline)
     })
     .await
@@ -127,6 +128,7 @@ pub async fn update_pipeline(
             }
         }
         tracing::info!(%config_id, "pipeline updated");
+        crate::events::pipeline_changed(&state, &updated, "pipeline.updated");
         Ok(updated)
     })
     .await
@@ -160,6 +162,7 @@ pub async fn delete_pipeline(
             }
         }
         tracing::info!(config_id, "pipeline deleted");
+        crate::events::pipeline_changed(&state, &pipeline, "pipeline.deleted");
         Ok(())
     })
     .await
@@ -189,6 +192,7 @@ pub enum ValuesChange {
 /// A store failure; then nothing changed and nothing is told.
 pub async fn change_filter_values(
     state: &AppState,
+    org_id: String,
     pipeline_id: String,
     uid: String,
     values: Vec<String>,
@@ -204,10 +208,12 @@ pub async fn change_filter_values(
                 store.add_filter_values(id, uid, &values).await?,
                 FilterValuesChange::Added(&values),
             ),
-            ValuesChange::Replace => (
-                store.replace_filter_values(id, uid, &values).await?,
-                FilterValuesChange::Replaced(&values),
-            ),
+            ValuesChange::Replace => {
+                let before = store.filter_value_count(id, uid).await?;
+                let after = store.replace_filter_values(id, uid, &values).await?;
+                crate::events::values_replaced(&state, &org_id, id, uid, before, after);
+                (after, FilterValuesChange::Replaced(&values))
+            }
             ValuesChange::Remove => (
                 store.remove_filter_values(id, uid, &values).await?,
                 FilterValuesChange::Removed(&values),

@@ -39,6 +39,8 @@ use sluice_runtime::sinks::{self, SinkContext};
 use sluice_store::{MetadataStore, StoreError};
 use tokio::sync::Semaphore;
 
+mod events;
+
 use crate::staging;
 use crate::storage::Storage;
 use crate::tables::{self, Table};
@@ -124,6 +126,8 @@ pub struct Backfills {
     running: Mutex<HashMap<String, Arc<AtomicBool>>>,
     /// What scripts of jobs' transforms see of datasets (`beam.contains`).
     datasets: Mutex<Arc<dyn DatasetLookup>>,
+    /// Where the jobs' events go ([`Backfills::use_events`]).
+    events: Mutex<Arc<dyn sluice_core::events::EventEmitter>>,
 }
 
 impl std::fmt::Debug for Backfills {
@@ -156,6 +160,7 @@ impl Backfills {
             settings,
             running: Mutex::default(),
             datasets: Mutex::new(Arc::new(NoDatasets)),
+            events: Mutex::new(Arc::new(sluice_core::events::NoEvents)),
         })
     }
 
@@ -264,6 +269,7 @@ impl Backfills {
             self.log.create_topic(&destination_topic(&job.job_id, sink.name()), config).await?;
         }
         self.store.insert_backfill(&job).await?;
+        self.emit_status(&job, None);
         tracing::info!(job_id = %job.job_id, table = %job.table, "backfill job created");
         self.spawn(job.job_id.clone());
         Ok(job)
@@ -299,7 +305,7 @@ impl Backfills {
             let was = job.status;
             job.status = BackfillStatus::Cancelled;
             job.updated_at = self.clock.now();
-            if self.store.update_backfill(&job, &[was]).await? {
+            if self.transition(&job, &[was]).await? {
                 if let Some(flag) = self.running.lock().expect("not poisoned").get(job_id) {
                     flag.store(true, Ordering::Relaxed);
                 }
@@ -342,10 +348,8 @@ impl Backfills {
         job.status = BackfillStatus::Failed;
         job.error_message = Some(message.to_owned());
         job.updated_at = self.clock.now();
-        if let Err(error) = self
-            .store
-            .update_backfill(&job, &[BackfillStatus::Staging, BackfillStatus::Transporting])
-            .await
+        if let Err(error) =
+            self.transition(&job, &[BackfillStatus::Staging, BackfillStatus::Transporting]).await
         {
             tracing::error!(job_id, %error, "cannot record a backfill job's failure");
         }
@@ -425,7 +429,7 @@ impl Backfills {
         job.rows_staged = staged.rows;
         job.updated_at = self.clock.now();
         tracing::info!(job_id = %job.job_id, chunks = staged.chunks, rows = staged.rows, "backfill staged");
-        Ok(self.store.update_backfill(&job, &[BackfillStatus::Staging]).await?)
+        Ok(self.transition(&job, &[BackfillStatus::Staging]).await?)
     }
 
     async fn transport(
@@ -458,7 +462,7 @@ impl Backfills {
                 job.status = BackfillStatus::Completed;
                 job.time_completed = Some(job.updated_at);
             }
-            if !self.store.update_backfill(&job, &[BackfillStatus::Transporting]).await? {
+            if !self.transition(&job, &[BackfillStatus::Transporting]).await? {
                 return Ok(());
             }
         }
@@ -467,7 +471,7 @@ impl Backfills {
             job.status = BackfillStatus::Completed;
             job.updated_at = self.clock.now();
             job.time_completed = Some(job.updated_at);
-            self.store.update_backfill(&job, &[BackfillStatus::Transporting]).await?;
+            self.transition(&job, &[BackfillStatus::Transporting]).await?;
         }
         tracing::info!(job_id = %job.job_id, rows = job.rows_delivered, "backfill completed");
         Ok(())

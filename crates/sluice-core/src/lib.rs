@@ -13,6 +13,7 @@ pub mod catalog;
 pub mod clock;
 pub mod datasets;
 pub mod deployment;
+pub mod events;
 pub mod filter_expr;
 pub mod filter_values;
 pub mod hash;

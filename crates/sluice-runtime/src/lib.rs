@@ -18,6 +18,7 @@
 pub mod datasets;
 pub mod delivery;
 mod deployment;
+pub mod events;
 pub mod health;
 mod lifecycle;
 pub mod metrics;
@@ -172,6 +173,7 @@ pub struct RuntimeBuilder {
     set_source: Option<Arc<dyn SetSource>>,
     sink_env: SinkEnv,
     cluster: Option<ClusterSettings>,
+    events: Option<Arc<events::Recorder>>,
 }
 
 impl RuntimeBuilder {
@@ -202,6 +204,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Records service events with `recorder` (docs/events.md): lifecycle calls, the
+    /// monitor of this process's deployments and nodes, and notification delivery.
+    pub fn events(mut self, recorder: Arc<events::Recorder>) -> Self {
+        self.events = Some(recorder);
+        self
+    }
+
     /// Creates the chain-stream topics of the catalog, follows the shared set store's
     /// change feed when there is one, and places the stored deployments: a node of its own
     /// runs again every pipeline that was deployed when it last stopped (paused ones stay
@@ -213,6 +222,7 @@ impl RuntimeBuilder {
         let store = self.store;
         let source = self.set_source.unwrap_or_else(|| Arc::new(StoreSetSource(store.clone())));
         let sets = Arc::new(SetIndexes::new(source));
+        let sink_env = self.sink_env.clone();
         let node =
             Arc::new(Node::new(store, self.log, self.clock, self.settings, sets, self.sink_env));
         create_chain_topics(&node, &self.catalog).await?;
@@ -225,6 +235,11 @@ impl RuntimeBuilder {
             Some(cluster) => ClusterPlacement::start(node.clone(), cluster),
             None => Arc::new(LocalPlacement::start(node.clone()).await?),
         };
+        if let Some(recorder) = self.events {
+            let _ = node.events.set(recorder.clone());
+            events::monitor::Monitor::spawn(&node, &placement, recorder.clone());
+            events::notify::spawn(recorder, sink_env);
+        }
         Ok(Arc::new(Runtime { node, placement, catalog: self.catalog }))
     }
 }
@@ -264,6 +279,7 @@ impl Runtime {
             set_source: None,
             sink_env: SinkEnv::default(),
             cluster: None,
+            events: None,
         }
     }
 
@@ -362,6 +378,11 @@ impl Runtime {
     ) -> Arc<dyn sluice_core::datasets::DatasetListener> {
         self.node.set_dataset_index(index.clone());
         self.placement.dataset_listener(index)
+    }
+
+    /// Where this process's service events go (`None`: it records none).
+    pub fn events(&self) -> Option<Arc<events::Recorder>> {
+        self.node.events.get().cloned()
     }
 
     /// The metrics the workers recorded, of every pipeline.

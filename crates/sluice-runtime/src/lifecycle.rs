@@ -155,6 +155,12 @@ impl LifecycleGuard {
     /// A configuration the runtime cannot run (nothing changed then), or a store or log
     /// failure.
     pub async fn deploy(&mut self, pipeline: &Pipeline) -> Result<Deployed> {
+        let result = self.deploy_steps(pipeline).await;
+        crate::events::lifecycle::deployed(&self.node, pipeline, &result);
+        result
+    }
+
+    async fn deploy_steps(&mut self, pipeline: &Pipeline) -> Result<Deployed> {
         debug_assert_eq!(pipeline.id, self.owner.pipeline_id, "a guard deploys its own pipeline");
         let node = self.node.clone();
         let (plan, uses) = node.compile(pipeline).await?;
@@ -222,6 +228,7 @@ impl LifecycleGuard {
         drop(running);
         self.placement.await_stopped(id).await;
         tracing::info!(config_id = %id, "pipeline paused");
+        crate::events::lifecycle::changed(&node, &record.pipeline, "pipeline.paused");
         Ok(Paused::Paused)
     }
 
@@ -260,6 +267,7 @@ impl LifecycleGuard {
         node.sets.release_pipeline(id);
         self.placement.announce().await;
         tracing::info!(config_id = %id, "pipeline torn down");
+        crate::events::lifecycle::changed(&node, &record.pipeline, "pipeline.torn_down");
         Ok(true)
     }
 
@@ -281,6 +289,7 @@ impl LifecycleGuard {
         };
         let report = delivery::replay(&node.log, node.clock.as_ref(), &plan).await?;
         tracing::info!(config_id = %id, ?report, "dead letters replayed");
+        crate::events::lifecycle::replayed(&node, &record.pipeline, &report);
         Ok(Some(report))
     }
 }

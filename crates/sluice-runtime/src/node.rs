@@ -61,6 +61,8 @@ pub(crate) struct Node {
     secret_uses: RwLock<HashMap<String, SecretUse>>,
     /// Set at shutdown: nothing starts any more.
     shut_down: AtomicBool,
+    /// Where this process's service events go, once the runtime was given a recorder.
+    pub events: std::sync::OnceLock<Arc<crate::events::Recorder>>,
 }
 
 impl Node {
@@ -91,6 +93,7 @@ impl Node {
             views: RwLock::default(),
             secret_uses: RwLock::default(),
             shut_down: AtomicBool::new(false),
+            events: std::sync::OnceLock::new(),
         }
     }
 

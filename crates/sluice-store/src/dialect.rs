@@ -71,6 +71,11 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// transaction; `None` when [`Dialect::begin_write`] already does.
     const LOCK_PRICES: Option<&'static str>;
 
+    /// A statement run first in every transaction that stores events, so events commit in
+    /// the order of their ids on every node (a reader that saw id N never misses a smaller
+    /// id committed later); `None` when [`Dialect::begin_write`] already serialises writers.
+    const LOCK_EVENTS: Option<&'static str>;
+
     /// Selects whether the table named `$1` exists (a bool).
     const TABLE_EXISTS: &'static str;
 

@@ -10,7 +10,8 @@
 //!   [`IdentityStore`] (`identity.rs`), [`PipelineStore`] (`pipelines.rs`),
 //!   [`FilterValueStore`] (`filter_values.rs`, with its in-memory sets in `filter_sets.rs`),
 //!   [`DeploymentStore`] (`deployments.rs`), [`DatasetStore`] (`datasets.rs`),
-//!   [`MetricsStore`] (`metrics.rs`), [`NodeStore`] (`nodes.rs`, the cluster's nodes and
+//!   [`MetricsStore`] (`metrics.rs`), [`EventStore`] (`events.rs`, service events and
+//!   notification destinations), [`NodeStore`] (`nodes.rs`, the cluster's nodes and
 //!   locks) and [`PriceStore`] (`prices.rs`, `prices/role.rs`,
 //!   `prices/ingest.rs`). All are implemented for [`Store<D>`](Store) (`store.rs`).
 //! - What a backend must supply is the [`Dialect`] trait; the two backends implement it in
@@ -27,6 +28,7 @@ mod backfills;
 mod datasets;
 mod deployments;
 pub mod dialect;
+mod events;
 mod filter_sets;
 mod filter_values;
 mod identity;
@@ -52,6 +54,7 @@ pub use backfills::BackfillStore;
 pub use datasets::{DatasetStore, EntriesChange, EntryPage};
 pub use deployments::DeploymentStore;
 pub use dialect::Dialect;
+pub use events::{EventQuery, EventStore, NotificationProgress};
 pub use filter_values::{FilterValuePage, FilterValueStore};
 pub use identity::{Identity, IdentityStore, KeyCandidate, NewApiKey, UnknownMembers};
 pub use metrics::{MetricSample, MetricsStore};
@@ -106,6 +109,7 @@ pub trait MetadataStore:
     + SecretStore
     + BackfillStore
     + NodeStore
+    + EventStore
     + Send
     + Sync
     + 'static
@@ -126,7 +130,8 @@ where
         + PriceStore
         + SecretStore
         + BackfillStore
-        + NodeStore,
+        + NodeStore
+        + EventStore,
 {
     fn into_prices(self: Arc<Self>) -> Arc<dyn PriceStore> {
         self

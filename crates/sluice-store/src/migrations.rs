@@ -174,6 +174,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "datasets_seq",
         sql: Sql::Portable(include_str!("migrations/0017_datasets_seq.sql")),
     },
+    Migration {
+        version: 18,
+        name: "events",
+        sql: Sql::PerBackend {
+            sqlite: include_str!("migrations/0018_events.sqlite.sql"),
+            postgres: include_str!("migrations/0018_events.postgres.sql"),
+        },
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

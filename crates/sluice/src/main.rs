@@ -5,6 +5,7 @@ mod admin;
 mod backfill;
 mod bench;
 mod chains;
+mod events;
 mod feed;
 mod logging;
 mod preflight;

@@ -57,11 +57,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(node = %node_name, "a cluster node: PostgreSQL holds the desired state, workers spread over the live nodes");
         cluster
     });
+    let recorder =
+        sluice_runtime::events::Recorder::start(store.clone(), clock.clone(), settings.events);
     let runtime =
         Runtime::builder(store.clone(), log.clone(), Arc::new(catalog.clone()), clock.clone())
             .set_source(Arc::new(sluice_runtime::sets::StoreSetSource(store.clone())))
             .sinks(sink_env)
             .cluster(cluster)
+            .events(recorder.clone())
             .start()
             .await
             .context("starting the pipeline runtime")?;
@@ -106,6 +109,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
     );
     backfills.use_datasets(runtime.datasets());
+    backfills.use_events(recorder.clone());
     let resumed = backfills.resume().await.context("resuming backfill jobs")?;
     if resumed > 0 {
         tracing::info!(resumed, "backfill jobs resumed");
@@ -113,6 +117,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     background.push(tokio::spawn(snapshot_sets(store.clone())));
     let chains = crate::chains::start(chain_configs, sources, &runtime)?;
     background.extend(chains.tasks);
+    if let Some(status) = &chains.status {
+        background.push(crate::events::watch_chains(status.clone(), recorder.clone()));
+    }
     // The same store serves prices (one pool); loading the service (recent candles, latest
     // minutes) happens while the API serves.
     let price_store = store.clone().into_prices();

@@ -141,6 +141,8 @@ struct FileSettings {
     node_name: Option<String>,
     node_timeout_secs: Option<u64>,
     sets: Option<String>,
+    #[serde(default)]
+    events: crate::events::EventFileSettings,
 }
 
 /// Where the stream log lives.
@@ -183,6 +185,8 @@ pub struct Settings {
     pub node_timeout_secs: u64,
     /// Where set-filter values live when not in the store's tables (`redis://…`).
     pub sets_url: Option<String>,
+    /// Service events: retention, thresholds and sampling (`[events]`, docs/events.md).
+    pub events: sluice_runtime::events::EventSettings,
 }
 
 /// Shortest metrics token accepted: a guessable token would expose every tenant's metrics.
@@ -305,6 +309,7 @@ impl Settings {
             node_name,
             node_timeout_secs,
             sets_url,
+            events: crate::events::resolve(&file.events)?,
         })
     }
 

@@ -633,6 +633,60 @@ test('the console at work', { timeout: 300_000 }, async (t) => {
     await shot(page, '09b-pipeline-list');
   });
 
+  await t.test('events: the pipeline timeline and the Events page follow live; a failed deploy gets a badge', async () => {
+    const call = async (method, path, body) => {
+      const response = await fetch(`${base}/api/v1${path}`, {
+        method, headers: { 'X-API-Key': ownerKey }, body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      return { status: response.status, body: await response.json().catch(() => null) };
+    };
+    await page.goto(pipelineUrl);
+    const timeline = page.locator('#timeline');
+    await timeline.locator('li[data-kind="pipeline.deployed"]').first().waitFor();
+    await page.locator('#timeline[data-live="live"]').waitFor();
+    const configId = decodeURIComponent(pipelineUrl.split('#/p/')[1]);
+    const paused = await call('POST', `/beam/${configId}/pause`);
+    assert.equal(paused.status, 200);
+    // Appears without a reload, newest first.
+    await timeline.locator('li').first().locator('code', { hasText: 'pipeline.paused' }).waitFor({ timeout: 30_000 });
+    assert.equal((await call('POST', `/beam/${configId}/deploy`)).status, 200);
+    await shot(page, '10-pipeline-timeline');
+
+    await page.getByRole('link', { name: 'Events' }).click();
+    await page.getByRole('heading', { name: 'Events' }).waitFor();
+    await page.locator('#events tr[data-kind="pipeline.created"]').first().waitFor();
+    await page.locator('#events-live[data-state="live"]').waitFor();
+    assert.equal((await call('PUT', '/beam/secrets/soon-gone', { value: 'x' })).status, 200);
+    const created = await call('POST', '/beam', {
+      name: 'no secret', description: 'its deploy fails',
+      pipeline_config: {
+        source: { chain: 'base', entity: 'erc20_token_transfer' }, transforms: [],
+        sinks: [{ type: 'webhook', name: 'hook', url: 'http://127.0.0.1:9/x', hash_key: 'soon-gone' }],
+      },
+    });
+    assert.equal(created.status, 200, JSON.stringify(created.body));
+    assert.ok([200, 204].includes((await call('DELETE', '/beam/secrets/soon-gone')).status));
+    assert.equal((await call('POST', `/beam/${created.body.id}/deploy`)).status, 422);
+    const failed = page.locator('#events tr[data-kind="pipeline.deploy_failed"]');
+    await failed.first().waitFor({ timeout: 30_000 });
+    assert.match(await failed.first().textContent(), /soon-gone/);
+    await shot(page, '11-events-live');
+    // Filtered to one kind: only that kind is listed.
+    await page.getByLabel('Kind').fill('pipeline.paused');
+    await page.getByRole('button', { name: 'Filter' }).click();
+    await page.locator('#events-live[data-state="live"]').waitFor();
+    const kinds = await page.locator('#events tbody tr').evaluateAll((rows) => rows.map((r) => r.dataset.kind));
+    assert.ok(kinds.length >= 1 && kinds.every((k) => k === 'pipeline.paused'), kinds.join(','));
+
+    // The pipeline list: a badge on the pipeline whose deploy failed, none on the running one.
+    await page.goto(`${base}/#/`);
+    const badge = page.locator(`tr[data-pipeline="${created.body.id}"] .problem`);
+    await badge.waitFor();
+    assert.equal(await badge.textContent(), 'error');
+    assert.equal(await page.locator(`tr[data-pipeline="${configId}"] .problem[data-kind="pipeline.deploy_failed"]`).count(), 0);
+    await shot(page, '12-pipeline-badges');
+  });
+
   await t.test('sign out forgets the key', async () => {
     await page.getByRole('button', { name: 'Sign out' }).click();
     await page.getByLabel('API key').waitFor();

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 55] = [
+const ROUTES: [(&str, &str); 64] = [
     ("post", "/api/v1/warehouse/tables/{table}/rows"),
     ("post", "/api/v1/beam/backfills"),
     ("get", "/api/v1/beam/backfills"),
@@ -62,6 +62,15 @@ const ROUTES: [(&str, &str); 55] = [
     ("get", "/metrics"),
     ("get", "/api/v1/chains"),
     ("get", "/api/v1/nodes"),
+    ("get", "/api/v1/events"),
+    ("get", "/api/v1/events/stream"),
+    ("get", "/api/v1/events/pipelines"),
+    ("get", "/api/v1/notifications"),
+    ("put", "/api/v1/notifications"),
+    ("get", "/api/v1/beam/{config_id}/thresholds"),
+    ("put", "/api/v1/beam/{config_id}/thresholds"),
+    ("get", "/api/v1/chains/{chain}/thresholds"),
+    ("put", "/api/v1/chains/{chain}/thresholds"),
 ];
 
 #[tokio::test]
@@ -132,8 +141,10 @@ async fn every_schema_reference_resolves_and_authenticated_routes_declare_the_ke
                 || path.starts_with("/api/v1/warehouse")
                 || path.starts_with("/api/v1/developer/prices")
                 || path == "/api/v1/me"
-                || path == "/api/v1/chains"
+                || path.starts_with("/api/v1/chains")
                 || path == "/api/v1/nodes"
+                || path.starts_with("/api/v1/events")
+                || path == "/api/v1/notifications"
                 || path == "/metrics";
             assert_eq!(secured, needs_key, "{method} {path}");
         }

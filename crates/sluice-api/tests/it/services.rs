@@ -67,6 +67,7 @@ async fn a_dropped_change_is_still_committed_and_told_to_the_in_memory_copies() 
     let values = vec!["0xaa".to_owned(), "0xbb".to_owned()];
     let change = services::change_filter_values(
         &state,
+        ann.identity.org.id.clone(),
         id.clone(),
         "f1".to_owned(),
         values,

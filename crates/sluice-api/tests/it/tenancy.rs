@@ -31,7 +31,7 @@ const ALPHA_SECRET_VALUE: &str = "alpha-secret-value-9c1f";
 
 const ORG_SCOPED: &str = "organization-scoped (a colleague reads it by design); another organization's 404 is covered by backfills::jobs_are_listed_per_organization_and_cancel_answers_409_once_ended";
 
-const NOT_IN_MATRIX: [(&str, &str, &str); 4] = [
+const NOT_IN_MATRIX: [(&str, &str, &str); 5] = [
     (
         "get",
         "/metrics",
@@ -40,6 +40,11 @@ const NOT_IN_MATRIX: [(&str, &str, &str); 4] = [
     ("get", "/api/v1/beam/backfills/{job_id}", ORG_SCOPED),
     ("post", "/api/v1/beam/backfills/{job_id}/cancel", ORG_SCOPED),
     ("get", "/api/v1/beam/backfills/{job_id}/sinks/{sink_uid}/records", ORG_SCOPED),
+    (
+        "get",
+        "/api/v1/events/stream",
+        "a live stream that never ends; it filters with the list's code (GET /api/v1/events, in the matrix), and sluice's events tests stream another organization's view end to end",
+    ),
 ];
 
 pub struct Tenant {
@@ -87,6 +92,11 @@ impl World {
             clock.clone(),
         )
         .settings(settings())
+        .events(sluice_runtime::events::Recorder::start(
+            store.clone(),
+            clock.clone(),
+            sluice_runtime::events::EventSettings::default(),
+        ))
         .start()
         .await
         .unwrap();
@@ -454,6 +464,23 @@ pub fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<P
         ("get", "/api/v1/chains") => ("", None, Status(StatusCode::OK)),
         // The cluster's nodes list every tenant's workers: operators only.
         ("get", "/api/v1/nodes") => ("", None, Status(StatusCode::FORBIDDEN)),
+        // Events: what the caller may see (nothing of Alice's pipelines); notification
+        // destinations are org admins'; chain thresholds anyone reads, operators set.
+        ("get", "/api/v1/events" | "/api/v1/events/pipelines") => {
+            ("", None, Status(StatusCode::OK))
+        }
+        ("get", "/api/v1/notifications") => ("", None, Status(StatusCode::FORBIDDEN)),
+        ("put", "/api/v1/notifications") => {
+            ("", Some(r#"{"destinations": []}"#.to_owned()), Status(StatusCode::FORBIDDEN))
+        }
+        ("get", "/api/v1/beam/{config_id}/thresholds") => ("", None, NotFound),
+        ("put", "/api/v1/beam/{config_id}/thresholds") => {
+            ("", Some(r#"{"data_age_warning_seconds": 100}"#.to_owned()), NotFound)
+        }
+        ("get", "/api/v1/chains/{chain}/thresholds") => ("", None, Status(StatusCode::OK)),
+        ("put", "/api/v1/chains/{chain}/thresholds") => {
+            ("", Some(r#"{"stall_seconds": 10}"#.to_owned()), Status(StatusCode::FORBIDDEN))
+        }
         ("post", "/api/v1/developer/prices") => {
             let tokens = json!([{"chain": "base", "token_address": USDC}]);
             ("", Some(tokens.to_string()), Status(StatusCode::OK))

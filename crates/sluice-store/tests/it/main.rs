@@ -92,6 +92,7 @@ macro_rules! on_both_backends {
 
 mod conformance;
 mod datasets;
+mod events;
 mod metrics;
 mod nodes;
 mod prices;

@@ -60,7 +60,7 @@ impl Anvil {
         Some(answer["result"].clone())
     }
 
-    async fn call(&self, method: &str, params: Value) -> Value {
+    pub(crate) async fn call(&self, method: &str, params: Value) -> Value {
         self.try_call(method, params).await.expect("anvil answers")
     }
 

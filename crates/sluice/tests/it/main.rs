@@ -7,6 +7,8 @@ mod chains;
 mod cluster;
 mod crash;
 mod density;
+mod events;
+mod events_cluster;
 mod hardening;
 mod hyperliquid;
 mod kafka_bus;
