@@ -170,7 +170,7 @@ class Node:
             command += ["--bus", self.broker.url, "--bus-topic-prefix", "bench."]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         env["SLUICE_BOOTSTRAP_API_KEY"] = KEY
-        env["SLUICE_LOG"] = "warn"
+        env["SLUICE_LOG"] = os.environ.get("BENCH_DENSITY_NODE_LOG", "warn")
         self.starts += 1
         self.log = open("%s.%d.log" % (self.data_dir, self.starts), "w")
         spawned = time.time()
@@ -417,6 +417,7 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
         time.sleep(2)
         node_cpu = cpu_seconds(node.pid)
         broker_cpu = cpu_seconds(broker.process.pid) if broker else None
+        profile = start_profile(tag, node, broker)
         started = time.time()
         # Resumed `--resume-concurrency` at a time (a restarted node resumes 16 at a time;
         # 1 is an operator resuming them one after another).
@@ -447,6 +448,7 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
                 return None
             time.sleep(0.1)
         wall = time.time() - started
+        stop_profile(profile)
         node_cpu = cpu_seconds(node.pid) - node_cpu
         broker_cpu = cpu_seconds(broker.process.pid) - broker_cpu if broker else None
         print("  [%s] %d records drained by %d pipeline(s) in %.1f s: node %.1f CPU s (%.0f records per "
@@ -462,6 +464,25 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
         if broker:
             broker.stop()
         shutil.rmtree(node.data_dir, ignore_errors=True)
+
+
+def start_profile(tag, node, broker):
+    """With BENCH_DENSITY_PERF_DIR set, `perf record` of the node (and the broker) during the
+    drain, into that directory (`perf report -i DIR/TAG-node.data`)."""
+    out = os.environ.get("BENCH_DENSITY_PERF_DIR")
+    if not out:
+        return []
+    targets = [("node", node.pid)] + ([("broker", broker.process.pid)] if broker else [])
+    return [subprocess.Popen(["perf", "record", "-q", "-F", "499", "-g", "-p", str(pid), "-o",
+                              os.path.join(out, "%s-%s.data" % (tag, name))],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, pid in targets]
+
+
+def stop_profile(profile):
+    for process in profile:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
 
 
 def throughput(args, binary, label, log, bodies, records):

@@ -151,12 +151,32 @@ pub(crate) struct SharedStream {
 }
 
 struct Partition {
-    windows: tokio::sync::Mutex<Windows>,
+    /// Held only for the bookkeeping, never across a read of the log: a worker whose records
+    /// the window holds takes them while another reads the log.
+    windows: Mutex<Windows>,
+    /// Held while reading the log for this partition, so that one worker reads each batch
+    /// and the others wait for it (then find it in the window).
+    reading: tokio::sync::Mutex<()>,
     /// Batches the window received so far: a worker that saw `n` and found nothing waits
     /// until it moves.
     pushes: AtomicU64,
     /// Workers waiting for this partition's window to grow.
     waiting: AtomicUsize,
+}
+
+impl Partition {
+    fn windows(&self) -> std::sync::MutexGuard<'_, Windows> {
+        self.windows.lock().expect("partition windows lock is never poisoned")
+    }
+
+    /// Up to `max` records from `from` when the window holds them (with the batch count
+    /// they were found at).
+    fn slice(&self, from: u64, max: usize) -> Option<Chunk> {
+        let mut windows = self.windows();
+        let pushes = self.pushes.load(Ordering::Acquire);
+        let (segment, range, more) = windows.slice(from, max)?;
+        Some(Chunk { pushes, more, kind: ChunkKind::Shared { segment, range } })
+    }
 }
 
 /// What a partition keeps of its last reads: a few runs of contiguous batches. The run at
@@ -173,6 +193,13 @@ struct Windows {
     /// Time spent holding back since `held_since` ([`HOLD_BUDGET`]).
     held: Duration,
     held_since: Option<Instant>,
+    /// The last read of the log found nothing at this offset, and the follower's wake count
+    /// was this when it started ([`SharedStream::wakes`]): until the follower wakes (the log
+    /// says something was appended, or `idle_wait` passed), another read there would find
+    /// nothing too, so it is not made. On Kafka a read at a partition's end can wait for a
+    /// fetch (up to `fetch.wait.max.ms`) under this lock, and a hundred workers each reading
+    /// the end once in turn made a drain wait seconds (BENCHMARKS.md §19).
+    nothing_at: Option<(u64, u64)>,
 }
 
 /// Contiguous batches, oldest first.
@@ -433,7 +460,8 @@ impl SharedStream {
             .entry(partition)
             .or_insert_with(|| {
                 Arc::new(Partition {
-                    windows: tokio::sync::Mutex::default(),
+                    windows: Mutex::default(),
+                    reading: tokio::sync::Mutex::new(()),
                     pushes: AtomicU64::new(0),
                     waiting: AtomicUsize::new(0),
                 })
@@ -455,44 +483,61 @@ impl SharedStream {
         fresh: bool,
     ) -> Result<Chunk, BusError> {
         let part = self.partition(partition);
-        let mut windows = part.windows.lock().await;
+        if let Some(chunk) = part.slice(from, max) {
+            return Ok(chunk);
+        }
+        let pushes = part.pushes.load(Ordering::Acquire);
+        if !fresh {
+            return Ok(Chunk { pushes, more: false, kind: ChunkKind::Own(Vec::new()) });
+        }
+        let mut reading = part.reading.lock().await;
         let mut held: Option<Instant> = None;
-        let pushes = loop {
+        let (pushes, wakes) = loop {
+            // Read by the worker this one waited for, perhaps.
+            if let Some(chunk) = part.slice(from, max) {
+                return Ok(chunk);
+            }
             let pushes = part.pushes.load(Ordering::Acquire);
-            if let Some((segment, range, more)) = windows.slice(from, max) {
-                return Ok(Chunk { pushes, more, kind: ChunkKind::Shared { segment, range } });
+            let wakes = self.wakes.load(Ordering::SeqCst);
+            let hold = {
+                let mut windows = part.windows();
+                if windows.nothing_at == Some((from, wakes)) {
+                    return Ok(Chunk { pushes, more: false, kind: ChunkKind::Own(Vec::new()) });
+                }
+                if let Some(started) = held.take() {
+                    windows.held += started.elapsed();
+                }
+                windows.hold(from, self.batch_size)
+            };
+            if !hold {
+                break (pushes, wakes);
             }
-            if !fresh {
-                return Ok(Chunk { pushes, more: false, kind: ChunkKind::Own(Vec::new()) });
-            }
-            if let Some(started) = held.take() {
-                windows.held += started.elapsed();
-            }
-            if !windows.hold(from, self.batch_size) {
-                break pushes;
-            }
-            drop(windows);
+            drop(reading);
             held = Some(Instant::now());
             tokio::time::sleep(Duration::from_millis(1)).await;
-            windows = part.windows.lock().await;
+            reading = part.reading.lock().await;
         };
         // At the end of a run (the tail, or where others behind are), or the first here:
-        // one read for every worker at this position, under the lock. A lone reader needs
-        // no batch but the newest, and reads one at a time: keeping more would only hold
-        // memory (and make every batch land in fresh pages).
+        // one read for every worker at this position, under the reading lock. A lone reader
+        // needs no batch but the newest, and reads one at a time: keeping more would only
+        // hold memory (and make every batch land in fresh pages).
         let shared = self.workers.load(Ordering::Relaxed) > 1;
         let asked = if shared { SHARED_READ_BATCHES * self.batch_size } else { self.batch_size };
         let records = self.log.read(&self.topic, partition, from, asked).await?;
-        // Nothing yet: the run is marked here all the same, for the follower to read at.
-        let run = windows.run_at(from);
-        if records.is_empty() {
-            return Ok(Chunk { pushes, more: false, kind: ChunkKind::Own(Vec::new()) });
-        }
-        let segment = Arc::new(Segment::new(from, records, asked));
-        let batches = if shared { WINDOW_BATCHES } else { 1 };
-        windows.push(run, segment.clone(), batches * self.batch_size);
-        let pushes = part.pushes.fetch_add(1, Ordering::AcqRel) + 1;
-        drop(windows);
+        let (segment, pushes) = {
+            let mut windows = part.windows();
+            // Nothing yet: the run is marked here all the same, for the follower to read at.
+            let run = windows.run_at(from);
+            if records.is_empty() {
+                windows.nothing_at = Some((from, wakes));
+                return Ok(Chunk { pushes, more: false, kind: ChunkKind::Own(Vec::new()) });
+            }
+            let segment = Arc::new(Segment::new(from, records, asked));
+            let batches = if shared { WINDOW_BATCHES } else { 1 };
+            windows.push(run, segment.clone(), batches * self.batch_size);
+            (segment, part.pushes.fetch_add(1, Ordering::AcqRel) + 1)
+        };
+        drop(reading);
         self.arrived.send_modify(|count| *count += 1);
         let range = 0..segment.records.len().min(max);
         let more = range.end < segment.records.len() || segment.full;
@@ -554,7 +599,7 @@ impl SharedStream {
             .map(|(partition, part)| (*partition, part.clone()))
             .collect();
         for (partition, part) in waited {
-            let Some(end) = part.windows.lock().await.tail() else { continue };
+            let Some(end) = part.windows().tail() else { continue };
             if let Err(error) = self.read(partition, end, self.batch_size, true).await {
                 tracing::debug!(%error, topic = %self.topic, partition, "shared reader: read failed; the workers retry");
             }
