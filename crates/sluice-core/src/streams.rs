@@ -196,7 +196,7 @@ const HL_BLOCK_FIELDS: &[(&str, &str)] = &[
     ("hash", "string (0x + 64 hex), or null where the source does not give it"),
     ("proposer", ADDRESS),
     ("numTxs", "integer"),
-    ("round", "integer or null, the consensus round (node files)"),
+    ("round", "integer or null, the consensus round; absent outside node files"),
 ];
 
 const HL_TRADE_FIELDS: &[(&str, &str)] = &[
@@ -208,9 +208,9 @@ const HL_TRADE_FIELDS: &[(&str, &str)] = &[
     ("time", MILLIS),
     ("tid", "integer"),
     ("users", "array of two addresses, [buyer, seller]"),
-    ("buyer", "object {user, oid, startPosition, twapId, cloid} (node files)"),
-    ("seller", "object {user, oid, startPosition, twapId, cloid} (node files)"),
-    ("tradeDirOverride", "string (node trade files)"),
+    ("buyer", "object {user, oid, startPosition, twapId, cloid}; absent outside node files"),
+    ("seller", "object {user, oid, startPosition, twapId, cloid}; absent outside node files"),
+    ("tradeDirOverride", "string; absent outside node trade files"),
 ];
 
 const HL_FILL_FIELDS: &[(&str, &str)] = &[

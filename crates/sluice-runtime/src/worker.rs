@@ -171,10 +171,14 @@ impl Worker {
         let source = plan.plan.source.clone();
         let group = topics::deployment_group(&plan.plan.pipeline_id);
         let side = SideTopics::new(&plan.plan.pipeline_id);
-        let sink = plan.plan.sinks.first().cloned();
-        let Some(mut next) = self.start_offsets(&source, &group, sink.as_deref()).await else {
+        // Only for the start: a sink kept past a redeploy that replaced it would keep its
+        // state alive (the object-storage sink writes its open files when that goes).
+        let first_sink = plan.plan.sinks.first().cloned();
+        let Some(mut next) = self.start_offsets(&source, &group, first_sink.as_deref()).await
+        else {
             return;
         };
+        drop(first_sink);
         let reader =
             Reader { stream: self.readers.stream(&source), batch_size: self.settings.batch_size };
         let _attached = reader.stream.attach();
