@@ -1,5 +1,5 @@
-"""Per-process CPU of the broker and the nodes while scripts/bench-cluster's pipeline idles,
-waits paused with a backlog, and drains it (BENCHMARKS.md §17). Run by
+"""Per-process CPU of the broker and the nodes while scripts/bench-cluster's pipeline idles, waits
+paused with a backlog, and drains it (BENCHMARKS.md "Several nodes and failover"). Run by
 scripts/bench-cluster-probe."""
 import argparse, collections, importlib.util, os, subprocess, threading, time
 spec = importlib.util.spec_from_file_location(

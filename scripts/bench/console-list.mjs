@@ -1,5 +1,6 @@
-// Times the console's pipeline list with 500 pipelines in a real browser (BENCHMARKS.md §15).
-// Measured, not asserted: prints the median and worst of several loads.
+// Times the console's pipeline list with 500 pipelines in a real browser (BENCHMARKS.md
+// "Console pipeline list"). Measured, not asserted: prints the median and worst of several
+// loads.
 //
 //   cargo build -p sluice
 //   SLUICE_BIN=$CARGO_TARGET_DIR/debug/sluice \
