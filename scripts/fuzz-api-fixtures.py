@@ -28,7 +28,8 @@ accepts beyond its defaults, each with the reason (see docs/api.md, "Fuzzing"):
     entity that must be a catalog pair, user and team ids that must exist, NDJSON lines
     with the entity's key and time fields, price ranges whose start must precede the end
     and lie within retention, backfill windows whose start must precede the end, filter
-    columns the table must have, and sink secrets that must exist.
+    columns the table must have, sink secrets that must exist, and the sinks of notification
+    destinations (checked as a pipeline's sink: URLs the sink can use, secrets that exist).
 """
 
 import json
@@ -124,6 +125,7 @@ SEMANTIC_422 = [
     ("POST", "/api/v1/streams/{chain}/{entity}/records"),
     ("POST", "/api/v1/developer/prices/history"),
     ("POST", "/api/v1/beam/backfills"),
+    ("PUT", "/api/v1/notifications"),
 ]
 OUT_OF_RANGE_416 = [
     ("GET", "/api/v1/beam/{config_id}/dead-letters"),

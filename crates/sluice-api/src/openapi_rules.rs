@@ -83,7 +83,7 @@ fn events(doc: &mut Value, chains: &[&str]) {
     let destination = json!({
         "type": "object", "required": ["sink"], "additionalProperties": false,
         "properties": {
-            "sink": {"$ref": "#/components/schemas/Sink"},
+            "sink": {"oneOf": sink_variants(doc, &sluice_core::events::DESTINATION_SINK_TYPES)},
             "kinds": {"type": "array", "items": {"type": "string", "pattern": format!("^{one}$")}},
             "min_severity": severity,
         }
@@ -92,6 +92,34 @@ fn events(doc: &mut Value, chains: &[&str]) {
         "properties": {"destinations": {"type": "array", "items": destination,
             "maxItems": sluice_core::events::MAX_DESTINATIONS}}});
     body(doc, "put", "/api/v1/notifications", put);
+}
+
+/// The `Sink` variants (`allOf` of the type's config and its `type` tag) whose `type` is in
+/// `types`.
+fn sink_variants(doc: &Value, types: &[&str]) -> Vec<Value> {
+    let variants = doc.pointer("/components/schemas/Sink/oneOf").and_then(Value::as_array);
+    let type_of = |variant: &Value| variant.pointer("/allOf/1/properties/type/enum/0").cloned();
+    variants
+        .into_iter()
+        .flatten()
+        .filter(|variant| type_of(variant).is_some_and(|t| types.iter().any(|ty| t == *ty)))
+        .cloned()
+        .collect()
+}
+
+/// The fields every sink type shares, in each type's config schema: the name and the uid
+/// (`SinkConfig::validate`).
+fn sinks(doc: &mut Value) {
+    let configs: Vec<String> = sink_variants(doc, &SINK_TYPES)
+        .iter()
+        .filter_map(|variant| variant.pointer("/allOf/0/$ref")?.as_str()?.rsplit('/').next())
+        .map(str::to_owned)
+        .collect();
+    for config in configs {
+        property(doc, &config, "name", json!({"minLength": 1, "maxLength": MAX_SINK_NAME_LEN}));
+        let uid = json!({"minLength": 1, "maxLength": sluice_core::ids::MAX_UID_LEN});
+        property(doc, &config, "uid", uid);
+    }
 }
 
 /// JSON Pointer escaping of one key.
@@ -284,8 +312,6 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
     property(doc, "PipelineSpec", "name", json!({"pattern": NOT_BLANK}));
     property(doc, "Source", "chain", json!({"enum": chains}));
     property(doc, "Source", "entity", json!({"enum": entities}));
-    property(doc, "Sink", "type", json!({"enum": SINK_TYPES}));
-    property(doc, "Sink", "name", json!({"minLength": 1, "maxLength": MAX_SINK_NAME_LEN}));
     property(doc, "PipelineConfig", "sinks", json!({"minItems": 1, "maxItems": 1}));
 
     for name in NULL_AS_ABSENT {
@@ -293,6 +319,7 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
             null_as_absent(schema);
         }
     }
+    sinks(doc);
 
     // Backfills.
     let tables: Vec<String> =

@@ -9,7 +9,7 @@
 
 mod destination;
 
-pub use destination::{MAX_DESTINATIONS, NotificationDestination};
+pub use destination::{DESTINATION_SINK_TYPES, MAX_DESTINATIONS, NotificationDestination};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -346,6 +346,22 @@ pub fn str_array<'a>(value: &'a Value, loc: &Loc, errors: &mut Violations) -> Op
     ok.then_some(out)
 }
 
+/// `value` as a whole number that fits a `u64`: `426`, and also `426.0`, which JSON Schema's
+/// `integer` (and so the OpenAPI document) counts as the same number.
+pub fn whole_u64(value: &Value) -> Option<u64> {
+    // Every whole number up to 2^53 has an exact `f64`; past that a float is not a count.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    value.as_u64().or_else(|| {
+        let number = value.as_f64()?;
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "checked whole and in range"
+        )]
+        (number.fract() == 0.0 && (0.0..=EXACT).contains(&number)).then_some(number as u64)
+    })
+}
+
 /// `'a', 'b' or 'c'`, the way pydantic words an enum.
 pub fn one_of(allowed: &[&str]) -> String {
     let quoted: Vec<String> = allowed.iter().map(|item| format!("'{item}'")).collect();
@@ -358,6 +374,20 @@ pub fn one_of(allowed: &[&str]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn whole_u64_takes_integral_floats_and_refuses_the_rest() {
+        use serde_json::json;
+        assert_eq!(whole_u64(&json!(426)), Some(426));
+        assert_eq!(whole_u64(&json!(426.0)), Some(426));
+        assert_eq!(whole_u64(&json!(0.0)), Some(0));
+        assert_eq!(whole_u64(&json!(426.5)), None);
+        assert_eq!(whole_u64(&json!(-1)), None);
+        assert_eq!(whole_u64(&json!(-1.0)), None);
+        assert_eq!(whole_u64(&json!(1e300)), None);
+        assert_eq!(whole_u64(&json!("426")), None);
+        assert_eq!(whole_u64(&json!(null)), None);
+    }
+
     use super::*;
     use serde_json::json;
 

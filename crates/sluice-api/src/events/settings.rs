@@ -192,7 +192,9 @@ pub struct PutPipelineThresholds {
 /// Reads an optional threshold field of `body` (1 to [`MAX_THRESHOLD_SECONDS`], or null).
 fn seconds(body: &Map<String, Value>, field: &str, errors: &mut Vec<Violation>) -> Option<u64> {
     let value = body.get(field).filter(|v| !v.is_null())?;
-    match value.as_u64().filter(|n| (1..=MAX_THRESHOLD_SECONDS).contains(n)) {
+    match sluice_core::validation::whole_u64(value)
+        .filter(|n| (1..=MAX_THRESHOLD_SECONDS).contains(n))
+    {
         Some(n) => Some(n),
         None => {
             errors.push(Violation::new(

@@ -252,6 +252,27 @@ async fn the_document_states_the_limits_and_enums_the_server_enforces() {
     assert_eq!(kind["enum"], json!(["postgres", null]));
     let stream = "/api/v1/beam/{config_id}/sinks/{sink_uid}/records/stream";
     assert_eq!(param_schema(&doc, "get", stream, "Last-Event-ID")["type"], "integer");
+    // Every sink type's name and uid carry the validators' lengths; a notification
+    // destination's sink is one of the four external types only.
+    for config in ["ManagedSinkConfig", "WebhookSinkConfig", "RabbitMqSinkConfig", "SqlSinkConfig"]
+    {
+        let props = &schemas[config]["properties"];
+        assert_eq!(
+            (props["name"]["minLength"].as_i64(), props["name"]["maxLength"].as_i64()),
+            (Some(1), Some(180)),
+            "{config}"
+        );
+        assert_eq!(props["uid"]["maxLength"], 128, "{config}");
+    }
+    let destination = &doc["paths"]["/api/v1/notifications"]["put"]["requestBody"]["content"]["application/json"]
+        ["schema"]["properties"]["destinations"]["items"]["properties"]["sink"];
+    let types: Vec<&Value> = destination["oneOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|variant| &variant["allOf"][1]["properties"]["type"]["enum"][0])
+        .collect();
+    assert_eq!(types, [&json!("webhook"), &json!("external_kafka"), &json!("nats"), &json!("sns")]);
     let entries = &doc["paths"]["/api/v1/beam/datasets/{dataset_id}/entries"]["post"]["requestBody"]
         ["content"]["application/json"]["schema"]["properties"]["values"];
     assert_eq!(

@@ -11,6 +11,11 @@ use crate::validation::{Fields, Loc, Violation, Violations, as_array, as_str};
 /// Most destinations of one organization.
 pub const MAX_DESTINATIONS: usize = 10;
 
+/// The sink types a destination may be: the external sinks that carry a message each. The
+/// managed topic and the table, file and queue sinks (whose layout follows a stream's
+/// records) take no notifications.
+pub const DESTINATION_SINK_TYPES: [&str; 4] = ["webhook", "external_kafka", "nats", "sns"];
+
 /// One destination of an organization's notifications.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NotificationDestination {
@@ -78,16 +83,7 @@ impl NotificationDestination {
             // Under `destinations`, so an omitted uid is generated as a sink's.
             Some(value) => SinkConfig::validate(value, loc.at("sink"), errors),
         };
-        // The managed topic and the table and file sinks (whose layout follows a stream's
-        // records) take no notifications.
-        if let Some(
-            SinkConfig::Kafka(_)
-            | SinkConfig::Postgres(_)
-            | SinkConfig::Mysql(_)
-            | SinkConfig::ObjectStorage(_)
-            | SinkConfig::RabbitMq(_),
-        ) = &sink
-        {
+        if sink.as_ref().is_some_and(|sink| !DESTINATION_SINK_TYPES.contains(&sink.type_name())) {
             errors.push(Violation::value(
                 &loc.at("sink").at("type"),
                 "a notification destination is an external sink: webhook, external_kafka, nats or sns",

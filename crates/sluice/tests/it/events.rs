@@ -308,16 +308,20 @@ async fn each_kind_made_for_real_reaches_the_api_the_stream_and_a_signed_webhook
     seen_everywhere(&api, &stream, &hook, "sink.recovered", &flaky).await;
     assert!(!back.lock().unwrap().is_empty(), "the held records arrived");
     // Its records are days old: over the default data age threshold (300 s); under a
-    // threshold of 30 days, set through the API, it is back under.
+    // threshold of 30 days, set through the API, it is back under. The whole number may be
+    // written as a float (`2592000.0`), as JSON Schema's `integer` allows; a fraction may not.
     seen_everywhere(&api, &stream, &hook, "lag.data_age_over", &flaky).await;
     let path = format!("/api/v1/beam/{flaky}/thresholds");
     let (status, set) = api
-        .call(reqwest::Method::PUT, &path, Some(json!({"data_age_warning_seconds": 2_592_000})))
+        .call(reqwest::Method::PUT, &path, Some(json!({"data_age_warning_seconds": 2_592_000.0})))
         .await;
     assert_eq!((status, &set["is_default"]), (200, &json!(false)), "{set}");
-    let (status, _) =
-        api.call(reqwest::Method::PUT, &path, Some(json!({"data_age_warning_seconds": 0}))).await;
-    assert_eq!(status, 422);
+    assert_eq!(set["data_age_warning_seconds"], 2_592_000, "{set}");
+    for refused in [json!(0), json!(1.5)] {
+        let body = json!({"data_age_warning_seconds": refused});
+        let (status, _) = api.call(reqwest::Method::PUT, &path, Some(body)).await;
+        assert_eq!(status, 422, "{refused}");
+    }
     seen_everywhere(&api, &stream, &hook, "lag.data_age_recovered", &flaky).await;
 
     // Backfills: one to completion (an empty window), one cancelled.

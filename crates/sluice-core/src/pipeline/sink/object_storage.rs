@@ -94,13 +94,15 @@ impl<'a> SinkFields<'_, 'a> {
     pub(super) fn number(&mut self, field: &'a str, min: u64, max: u64, default: u64) -> u64 {
         match self.fields.get(field) {
             None => default,
-            Some(value) => match value.as_u64().filter(|n| (min..=max).contains(n)) {
-                Some(n) => n,
-                None => {
-                    self.fail(field, format!("must be a whole number from {min} to {max}"));
-                    default
+            Some(value) => {
+                match crate::validation::whole_u64(value).filter(|n| (min..=max).contains(n)) {
+                    Some(n) => n,
+                    None => {
+                        self.fail(field, format!("must be a whole number from {min} to {max}"));
+                        default
+                    }
                 }
-            },
+            }
         }
     }
 
