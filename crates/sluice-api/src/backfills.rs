@@ -1,4 +1,4 @@
-//! Backfills (SPEC "Backfills", REFERENCE §8) under `{base_url}/backfills`: create a job,
+//! Backfills (docs/contract.md §Backfill endpoints) under `{base_url}/backfills`: create a job,
 //! list the organization's jobs, read one, cancel one, list the warehouse tables, and read a
 //! job's managed (`kafka`) destination. Jobs are organization-scoped: another
 //! organization's job is 404. Handlers parse, call the backfill service, render.
@@ -19,7 +19,8 @@ use crate::deployments::{PageQuery, RecordsBody, topic_page};
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
 
-/// The create body (SPEC "Backfills"); documentation of what `validate_backfill_body` reads.
+/// The create body (docs/contract.md §Backfill endpoints); documentation of what
+/// `validate_backfill_body` reads.
 #[derive(Debug, ToSchema)]
 #[allow(dead_code)]
 pub struct CreateBackfillRequest {
@@ -94,12 +95,13 @@ pub struct CreatedBackfill {
     pub workflow_id: String,
 }
 
-/// A backfill job as the API shows it: the stored job and SPEC's `time_created`.
+/// A backfill job as the API shows it: the stored job and its `time_created`
+/// (docs/contract.md §Backfill job).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BackfillJobBody {
     #[serde(flatten)]
     pub job: BackfillJob,
-    /// When the job was created (SPEC's name; the same instant as `created_at`, which is
+    /// When the job was created (the contract's name; the same instant as `created_at`, which is
     /// kept for the clients that read it).
     #[schema(format = DateTime)]
     pub time_created: String,

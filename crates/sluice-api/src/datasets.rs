@@ -1,4 +1,4 @@
-//! Datasets (SPEC "Datasets", REFERENCE §7) under `{base_url}/datasets`: create, list,
+//! Datasets (docs/contract.md §Dataset endpoints) under `{base_url}/datasets`: create, list,
 //! delete, add entries (by id or by name), delete entries, list entries, check an entry.
 //!
 //! A dataset belongs to the user whose key created it; for anyone else it does not exist
@@ -32,19 +32,19 @@ use crate::filter_values::{MAX_VALUE_BYTES, normalize_in_place};
 use crate::params::{PathParams, Query};
 use crate::services::{self, EntriesOp, dataset_not_found as not_found};
 
-/// Most values one request may add or delete (REFERENCE §7).
+/// Most values one request may add or delete (docs/contract.md §Limits).
 pub const MAX_VALUES_PER_REQUEST: usize = 250_000;
 
-/// Largest page of `GET …/entries` (REFERENCE §7).
+/// Largest page of `GET …/entries` (docs/contract.md §Limits).
 pub const MAX_PAGE_SIZE: i64 = 500_000;
 
-/// Page size when `limit` is not given (REFERENCE §7).
+/// Page size when `limit` is not given (docs/contract.md §Limits).
 pub const DEFAULT_PAGE_SIZE: i64 = 10_000;
 
 /// Longest dataset name, in characters.
 pub const MAX_NAME_CHARS: usize = 255;
 
-/// The one dataset type (SPEC "Dataset").
+/// The one dataset type (docs/contract.md §Dataset).
 pub const DATASET_TYPE: &str = "postgres";
 
 /// A dataset as the API shows it.

@@ -1,6 +1,7 @@
 //! The one error type of the API and how each variant renders.
 //!
-//! Validation failures are SPEC's 422 `{"detail": [{loc, msg, type}]}`; every other error is
+//! Validation failures are the contract's 422 `{"detail": [{loc, msg, type}]}`
+//! (docs/contract.md §Validation error body); every other error is
 //! `{"detail": "<message>"}`. Internal errors are logged once here, with their cause, and reach
 //! the client only as a generic 500.
 

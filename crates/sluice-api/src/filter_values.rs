@@ -30,7 +30,7 @@ use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
 use crate::services::{self, ValuesChange};
 
-/// Largest page of `GET …/filter-values` (SPEC "Limits").
+/// Largest page of `GET …/filter-values` (docs/contract.md §Limits).
 pub const MAX_PAGE_SIZE: i64 = 10_000;
 
 /// Page size when `count` is not given.

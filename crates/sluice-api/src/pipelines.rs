@@ -195,7 +195,8 @@ pub async fn delete_pipeline(
     let lifecycle = state.lifecycle(&config_id).await?;
     let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
     query.expect_none()?;
-    // SPEC: deleting tears any deployment down first (workers, topics, offsets).
+    // Deleting tears any deployment down first (workers, topics, offsets): docs/contract.md
+    // §Pipeline deployment states.
     services::delete_pipeline(&state, lifecycle, pipeline).await?;
     Ok(Json(MessageBody { message: format!("Pipeline {config_id} successfully deleted") }))
 }

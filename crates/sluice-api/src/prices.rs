@@ -1,5 +1,5 @@
 //! Token prices under `/api/v1/developer/prices`: the latest price of up to 200 tokens and
-//! the price history of up to 50 (SPEC "Token prices", REFERENCE §9, `docs/prices.md`).
+//! the price history of up to 50 (docs/contract.md §Token price endpoints, docs/prices.md).
 //!
 //! Bodies are walked as JSON so that every problem is reported at once with its `loc`. The
 //! history endpoint also takes the legacy single-token body
@@ -23,10 +23,10 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::Query;
 
-/// Most tokens of one latest-prices request (SPEC "Limits").
+/// Most tokens of one latest-prices request (docs/contract.md §Limits).
 pub const MAX_LATEST_TOKENS: usize = 200;
 
-/// Most tokens of one history request (SPEC "Limits").
+/// Most tokens of one history request (docs/contract.md §Limits).
 pub const MAX_HISTORY_TOKENS: usize = 50;
 
 /// One token to price.
@@ -193,9 +193,9 @@ fn token(chain: &str, address: &str, loc: &Loc, errors: &mut Violations) -> Toke
     TokenRef::new(chain.trim(), address.trim())
 }
 
-/// Latest prices and OHLC of up to 200 tokens (SPEC "Token prices"): each token's most
-/// recent completed minute with trades (or, when it traded only in the current minute, that
-/// minute so far). Tokens without a trade in the past 7 days, or never seen, have no item.
+/// Latest prices and OHLC of up to 200 tokens (docs/contract.md §Token price endpoints): each
+/// token's most recent completed minute with trades (or, when it traded only in the current
+/// minute, that minute so far). Tokens without a trade in the past 7 days, or never seen, have no item.
 #[utoipa::path(
     post, path = "/api/v1/developer/prices", tag = "prices",
     params(LatestQuery),
@@ -360,9 +360,9 @@ fn history_query(
     }
 }
 
-/// Price history of up to 50 tokens (SPEC "Token prices"): per window of the granularity
-/// whose start lies in `[start_timestamp, end_timestamp)`, the volume-weighted price and the
-/// OHLC of the token's DEX trades. Windows without trades have no entry; the current window
+/// Price history of up to 50 tokens (docs/contract.md §Token price endpoints): per window of
+/// the granularity whose start lies in `[start_timestamp, end_timestamp)`, the volume-weighted
+/// price and the OHLC of the token's DEX trades. Windows without trades have no entry; the current window
 /// is included with the trades so far. Long answers are paged: call again with `?cursor=`
 /// until `cursor` is `null`. The legacy single-token body
 /// `{chain, token_address, start_timestamp, end_timestamp, time_granularity}` is answered

@@ -1,5 +1,5 @@
-//! Organization secrets (REFERENCE §3) under `{base_url}/secrets`: the credentials external
-//! sinks name (`hash_key`, `*_secret` fields). Any member of the organization lists the
+//! Organization secrets (docs/sinks.md §Organization secrets) under `{base_url}/secrets`: the
+//! credentials external sinks name (`hash_key`, `*_secret` fields). Any member of the organization lists the
 //! names; only org admins and operators write. A value is never answered, logged or put in
 //! an error message; it is sealed at rest ([`sluice_store::secrets`]).
 

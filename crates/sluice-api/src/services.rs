@@ -134,8 +134,9 @@ pub async fn update_pipeline(
     .await
 }
 
-/// Deletes a pipeline: tears its deployment down first (SPEC), then deletes the
-/// configuration with its filter values and sharing, drops its set indexes and its metrics.
+/// Deletes a pipeline: tears its deployment down first (docs/contract.md §Pipeline deployment
+/// states), then deletes the configuration with its filter values and sharing, drops its set
+/// indexes and its metrics.
 /// `lifecycle` is the pipeline's turn, held until all of it is done.
 ///
 /// # Errors

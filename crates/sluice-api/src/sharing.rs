@@ -1,6 +1,7 @@
 //! Sharing a pipeline: who besides the owner may read or edit it (manage permission).
 //!
-//! SPEC leaves the mechanism open; ours is `GET`/`PUT {base_url}/{config_id}/permissions`
+//! The hosted API leaves the mechanism open; ours (docs/contract.md §Authentication and
+//! permissions) is `GET`/`PUT {base_url}/{config_id}/permissions`
 //! with `{"editors": [user_id…], "readers": [user_id…], "viewer_teams": [team_id…]}`. PUT
 //! replaces all three lists. Only users and teams of the pipeline's organization qualify.
 

@@ -59,7 +59,7 @@ pub struct WorkerHealthItem {
     pub node: Option<String>,
 }
 
-/// SPEC "Deployment worker health".
+/// The `workers_health` object (docs/contract.md §Deployment worker health).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WorkersHealth {
     pub total_workers: usize,
@@ -169,7 +169,7 @@ pub async fn deploy_stats(
     }))
 }
 
-/// The seven metric types of SPEC "Deployment metrics", in response order.
+/// The seven metric types (docs/contract.md §Deployment metrics), in response order.
 pub const METRIC_TYPES: [&str; 7] = [
     "messages_received",
     "messages_sent",
@@ -319,7 +319,8 @@ pub struct MetricTotals {
     pub output_error: Option<u64>,
 }
 
-/// `aggregated=true` (REFERENCE §6). Fields of metric types not asked for are left out.
+/// `aggregated=true` (docs/metrics.md §`aggregated=true`). Fields of metric types not asked
+/// for are left out.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AggregatedMetricsBody {
     /// The config id.
@@ -340,7 +341,7 @@ pub struct AggregatedMetricsBody {
     /// Failed sink writes / sink writes (0 when none was attempted).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_error_rate: Option<f64>,
-    /// SPEC `data_age`: how old the newest delivered record was, by its block time, at the
+    /// The `data_age` metric: how old the newest delivered record was, by its block time, at the
     /// latest delivery in the range; null when nothing with a block time was delivered.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<i64>)]

@@ -89,7 +89,7 @@ pub struct Retention {
 }
 
 impl Retention {
-    /// Two days: the time SPEC lets a paused pipeline's data wait.
+    /// Two days: how long a paused pipeline's data waits (docs/contract.md §Limits).
     pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(2 * 24 * 3600);
 }
 

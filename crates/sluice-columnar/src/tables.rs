@@ -14,7 +14,7 @@ use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use sluice_core::catalog::Catalog;
 use sluice_core::streams::{EntitySchema, entity_schema};
 
-/// The chain whose tables backfills may read (SPEC: "only base-chain tables are supported").
+/// The chain whose tables backfills may read (docs/contract.md §Backfill endpoints: base only).
 pub const BACKFILL_CHAIN: &str = "base";
 
 /// `(entity, table name without the chain)` of every table kind.

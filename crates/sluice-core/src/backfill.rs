@@ -1,5 +1,5 @@
-//! Backfill jobs (SPEC "Backfill job"): export a window of a warehouse table to sinks. The
-//! job record, its states and the create body's checks.
+//! Backfill jobs (docs/contract.md §Backfill job): export a window of a warehouse table to
+//! sinks. The job record, its states and the create body's checks.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -10,7 +10,7 @@ use crate::pipeline::validate::{BodyMode, check_filter_path, validate_transform_
 use crate::pipeline::{SinkConfig, Transform};
 use crate::validation::{Fields, Loc, Violation, Violations, as_array, str_array};
 
-/// The one partition key (SPEC).
+/// The one partition key (docs/contract.md §Backfill endpoints).
 pub const PARTITION_KEY: &str = "block_timestamp";
 /// Most destinations of one job.
 pub const MAX_DESTINATIONS: usize = 10;
@@ -64,7 +64,7 @@ impl BackfillTransform {
     }
 }
 
-/// Where a job is (SPEC "States and transitions" of a backfill job).
+/// Where a job is (docs/contract.md §Backfill job states).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum BackfillStatus {
@@ -98,7 +98,7 @@ impl BackfillStatus {
     }
 }
 
-/// A backfill job as stored, with every SPEC field but `time_created` (the API adds it from
+/// A backfill job as stored, with every contract field but `time_created` (the API adds it from
 /// `created_at`, so jobs stored before it existed need no migration) and ours.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct BackfillJob {
@@ -158,7 +158,7 @@ pub struct BackfillJob {
 }
 
 impl BackfillJob {
-    /// The workflow id of a job (SPEC's shape).
+    /// The workflow id of a job (its shape: docs/contract.md §Backfill job).
     pub fn workflow_id_of(organization_id: &str, job_id: &str) -> String {
         format!("beam-backfill-{organization_id}-{job_id}")
     }

@@ -1,7 +1,7 @@
 //! The source catalog: which chain/entity streams exist, their transport and whether a
 //! zerolag (pre-finality) variant exists.
 //!
-//! The default is SPEC's "Supported combinations" table plus `ethereum` and `abstract`. An
+//! The default is the table of docs/contract.md §Source plus `ethereum` and `abstract`. An
 //! operator can replace or extend it with a TOML catalog file:
 //!
 //! ```toml

@@ -24,7 +24,7 @@ impl DatasetLookup for NoDatasets {
     }
 }
 
-/// A stored dataset (SPEC "Dataset"; the API adds `type`, always `postgres`).
+/// A stored dataset (docs/contract.md §Dataset; the API adds `type`, always `postgres`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dataset {
     pub id: String,

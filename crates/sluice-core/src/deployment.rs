@@ -1,4 +1,4 @@
-//! The deployment state of a pipeline (SPEC "States and transitions: Pipeline deployment").
+//! The deployment state of a pipeline (docs/contract.md §Pipeline deployment states).
 //!
 //! A pipeline without a stored deployment is *not deployed*. [`DeploymentRecord`] is what
 //! the runtime persists so that a restarted server runs deployed pipelines again and leaves

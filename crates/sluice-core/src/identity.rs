@@ -31,8 +31,8 @@ pub struct Team {
     pub name: String,
 }
 
-/// A user: one membership of one team in one organization. Its id is what SPEC calls
-/// `owner_org_team_user_id`.
+/// A user: one membership of one team in one organization. Its id is what a pipeline
+/// record calls `owner_org_team_user_id` (docs/contract.md §Pipeline record).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct User {
     pub id: String,

@@ -1,7 +1,7 @@
 //! `sluice-core` owns Sluice's domain: pipeline configurations and their parts, the source
-//! catalog, the set-filter expression language, validation of request bodies into SPEC-shaped
-//! 422 `detail` entries, identities, permissions, ids, the clock, and token-price trades and
-//! candles with their exact arithmetic ([`prices`]).
+//! catalog, the set-filter expression language, validation of request bodies into 422
+//! `detail` entries (docs/contract.md §Validation error body), identities, permissions, ids,
+//! the clock, and token-price trades and candles with their exact arithmetic ([`prices`]).
 //!
 //! It depends on no workspace crate and does no I/O; storage (`sluice-store`) and the HTTP API
 //! (`sluice-api`) build on it. Start reading at [`pipeline`] (the record and its validation),

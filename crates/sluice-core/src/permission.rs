@@ -1,4 +1,4 @@
-//! Who may do what to a pipeline (SPEC "Authentication", rule 3).
+//! Who may do what to a pipeline (docs/contract.md §Authentication and permissions).
 //!
 //! | permission | held by |
 //! |---|---|

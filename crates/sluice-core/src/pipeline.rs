@@ -1,4 +1,4 @@
-//! The pipeline record (SPEC "Pipeline record") and its parts: source, transforms, sink.
+//! The pipeline record (docs/contract.md §Pipeline record) and its parts: source, transforms, sink.
 //!
 //! [`PipelineSpec`] is the editable part a client sends; [`validate::validate_pipeline_body`]
 //! turns a raw JSON body into one, reporting every broken rule. [`Pipeline`] is the stored

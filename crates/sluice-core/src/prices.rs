@@ -1,5 +1,5 @@
-//! Token prices: trades, the five candle granularities, and the candle arithmetic (SPEC
-//! "Token price records", `docs/prices.md`).
+//! Token prices: trades, the five candle granularities, and the candle arithmetic
+//! (docs/contract.md §Token price records, `docs/prices.md`).
 //!
 //! Amounts are exact fixed-point numbers ([`Amount`], 18 decimal places in an `i128`), so
 //! that sums do not depend on the order trades arrive in: a candle merged from finer candles
@@ -61,7 +61,7 @@ impl Granularity {
         Self::ALL.into_iter().find(|g| g.seconds() == seconds)
     }
 
-    /// How long candles are kept (SPEC "Limits"): 5 days for 15s, 30 days for 1m and 5m,
+    /// How long candles are kept (docs/contract.md §Limits): 5 days for 15s, 30 days for 1m and 5m,
     /// forever (`None`) for 1h and 1d.
     pub const fn retention_seconds(self) -> Option<i64> {
         match self {

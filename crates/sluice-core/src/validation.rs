@@ -1,4 +1,5 @@
-//! Request-body validation that reports every violation at once, in SPEC's 422 shape:
+//! Request-body validation that reports every violation at once, in the 422 shape of
+//! docs/contract.md §Validation error body:
 //! `{"detail": [{"loc": [...], "msg": "...", "type": "..."}]}`.
 //!
 //! Bodies are walked as `serde_json::Value` rather than deserialized straight into types,

@@ -1,6 +1,7 @@
 //! `sluice-prices` owns token prices: reading trades from the chain streams
 //! (`<chain>.dex_trade`, `hyperliquid.trade`), counting each once into candles of 15s, 1m,
-//! 5m, 1h and 1d, and answering the latest-price and history queries under SPEC's rules.
+//! 5m, 1h and 1d, and answering the latest-price and history queries under the rules of
+//! docs/contract.md §Token price endpoints.
 //!
 //! Start at [`PriceService`]; trades come in through [`spawn_consumer`] (its own consumer
 //! group on the stream log) or [`PriceService::ingest`]; record parsing is in [`trade`],

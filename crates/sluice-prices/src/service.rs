@@ -1,6 +1,6 @@
 //! The price service: counts trades into the store, keeps each recently traded token's
-//! latest minutes in memory, and answers the latest-price and history queries under SPEC's
-//! rules (`docs/prices.md`).
+//! latest minutes in memory, and answers the latest-price and history queries under the
+//! rules of docs/contract.md §Token price endpoints (`docs/prices.md`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -17,7 +17,7 @@ use crate::recent::{RecentCandles, horizon};
 /// Seconds in a day.
 const DAY: i64 = 86_400;
 
-/// A token without a trade in this long gets no latest price (SPEC "Limits").
+/// A token without a trade in this long gets no latest price (docs/contract.md §Limits).
 pub const NO_TRADE_CUTOFF_SECONDS: i64 = 7 * DAY;
 
 /// Trade ids are remembered this long; a trade older than this when it arrives is not

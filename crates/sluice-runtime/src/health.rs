@@ -1,5 +1,5 @@
-//! Worker health (SPEC "Deployment worker health"): what each worker of a running deployment
-//! is doing, kept by its supervisor and by the worker itself.
+//! Worker health (docs/contract.md §Deployment worker health): what each worker of a running
+//! deployment is doing, kept by its supervisor and by the worker itself.
 //!
 //! A worker is *restarted* when its task panics or ends while its deployment still runs (its
 //! supervisor starts it again after a backoff) and when its script engine runs out of memory

@@ -1,4 +1,4 @@
-//! Datasets (SPEC "Datasets"): named lists of string values owned by a user, and their
+//! Datasets (docs/contract.md §Dataset): named lists of string values owned by a user, and their
 //! entries.
 //!
 //! [`DatasetStore`] is the role; [`MetadataStore`](crate::MetadataStore) includes it, so

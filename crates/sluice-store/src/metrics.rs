@@ -1,5 +1,6 @@
-//! Deployment metrics (SPEC "Deployment metrics"): what a pipeline's workers counted, one
-//! [`MetricSample`] per pipeline and minute, kept so the history survives restarts.
+//! Deployment metrics (docs/contract.md §Deployment metrics): what a pipeline's workers
+//! counted, one [`MetricSample`] per pipeline and minute, kept so the history survives
+//! restarts.
 //!
 //! [`MetricsStore`] is the role; [`MetadataStore`](crate::MetadataStore) includes it. Both
 //! backends run the same portable SQL, written once for any [`Dialect`]. A minute may be stored in

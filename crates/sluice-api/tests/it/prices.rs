@@ -1,5 +1,6 @@
 //! Token prices end to end: trades are posted to the ingest endpoint, the price consumer
-//! counts them from the stream log, and the price endpoints answer under SPEC's rules.
+//! counts them from the stream log, and the price endpoints answer under the rules of
+//! docs/contract.md §Token price endpoints.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Conformance to the contract (the hosted "Beam" API, which docs/api.md calls SPEC): its
+//! Conformance to the contract (docs/contract.md, the hosted "Beam" API in our words): its
 //! field tables, encoded below as they are written there, walked against live responses of
 //! the real router, so a field that goes missing (as `time_created` of backfill jobs did)
 //! fails here; and every route of the OpenAPI document refusing a query parameter it does
@@ -13,12 +13,12 @@ use crate::backfills;
 use crate::harness::{Harness, User};
 use crate::prices;
 
-/// A field and its type as SPEC gives it: `string`, `boolean`, `integer`, `number`,
+/// A field and its type as docs/contract.md gives it: `string`, `boolean`, `integer`, `number`,
 /// `string[]`, `array`, `object`, `date-time`, `enum:a,b`, `any`, or several joined by `|`
 /// (`integer|null`).
 type Field = (&'static str, &'static str);
 
-/// SPEC "Pipeline record".
+/// docs/contract.md §Pipeline record.
 const PIPELINE: &[Field] = &[
     ("id", "string"),
     ("name", "string"),
@@ -34,11 +34,11 @@ const PIPELINE: &[Field] = &[
     ("pipeline_config", "object"),
 ];
 
-/// SPEC "pipeline_config".
+/// docs/contract.md §pipeline_config.
 const PIPELINE_CONFIG: &[Field] =
     &[("source", "object"), ("transforms", "array"), ("sinks", "array")];
 
-/// SPEC "Source".
+/// docs/contract.md §Source.
 const SOURCE: &[Field] = &[
     ("type", "enum:pubsub,kafka"),
     ("chain", "string"),
@@ -46,15 +46,15 @@ const SOURCE: &[Field] = &[
     ("is_zerolag", "boolean"),
 ];
 
-/// SPEC "Transforms": the set filter and the script.
+/// docs/contract.md §Transforms: the set filter and the script.
 const SET_FILTER: &[Field] =
     &[("type", "enum:redis_set_filter"), ("uid", "string"), ("filter_expr", "string")];
 const SCRIPT: &[Field] = &[("type", "enum:v8"), ("uid", "string"), ("script", "string")];
 
-/// SPEC "Sink".
+/// docs/contract.md §Sink.
 const SINK: &[Field] = &[("type", "string"), ("name", "string"), ("uid", "string")];
 
-/// SPEC "Source catalog entry" (types not given there but `source_type`'s).
+/// docs/contract.md §Source catalog entry (`consolidated` and `default_size` are not type-checked).
 const CATALOG_ENTRY: &[Field] = &[
     ("chain", "string"),
     ("entity", "string"),
@@ -64,7 +64,7 @@ const CATALOG_ENTRY: &[Field] = &[
     ("source_type", "enum:kafka,pubsub"),
 ];
 
-/// SPEC "Dataset".
+/// docs/contract.md §Dataset.
 const DATASET: &[Field] = &[
     ("id", "string"),
     ("name", "string"),
@@ -73,7 +73,7 @@ const DATASET: &[Field] = &[
     ("updated_at", "date-time"),
 ];
 
-/// SPEC "Backfill job".
+/// docs/contract.md §Backfill job.
 const BACKFILL_JOB: &[Field] = &[
     ("job_id", "string"),
     ("workflow_id", "string"),
@@ -95,7 +95,7 @@ const BACKFILL_JOB: &[Field] = &[
     ("time_completed", "date-time|null"),
 ];
 
-/// SPEC "Deployment worker health": the `workers_health` object and each worker.
+/// docs/contract.md §Deployment worker health: the `workers_health` object and each worker.
 const WORKERS_HEALTH: &[Field] = &[
     ("total_workers", "integer"),
     ("healthy_workers", "integer"),
@@ -114,7 +114,7 @@ const WORKER: &[Field] = &[
     ("start_time", "date-time"),
 ];
 
-/// SPEC "Deployment metrics".
+/// docs/contract.md §Deployment metrics.
 const METRICS: &[Field] = &[("config_id", "string"), ("metrics", "array")];
 const METRIC: &[Field] = &[("metric_type", "string"), ("points", "array")];
 const METRIC_POINT: &[Field] = &[("timestamp", "date-time"), ("value", "number")];
@@ -128,7 +128,7 @@ const METRIC_TYPES: [&str; 7] = [
     "data_age",
 ];
 
-/// SPEC "Token price records".
+/// docs/contract.md §Token price records.
 const LATEST_PRICE: &[Field] = &[
     ("timestamp", "date-time"),
     ("chain", "string"),
@@ -151,17 +151,17 @@ const PRICE_HISTORY_POINT: &[Field] = &[
     ("low", "number"),
 ];
 
-/// SPEC "Validation error body".
+/// docs/contract.md §Validation error body.
 const VALIDATION_ERROR: &[Field] = &[("detail", "array")];
 const VIOLATION: &[Field] = &[("loc", "array"), ("msg", "string"), ("type", "string")];
 
-/// Response bodies SPEC's endpoint tables give.
+/// Response bodies the endpoint tables of docs/contract.md give.
 const FILTER_VALUES_PAGE: &[Field] =
     &[("values", "string[]"), ("cursor", "integer|null"), ("total_count", "integer")];
 const PRICES_PAGE: &[Field] = &[("items", "array"), ("cursor", "string|null")];
 const MESSAGE: &[Field] = &[("message", "string")];
 
-/// Whether `value` is of SPEC type `kind` (one alternative of a [`Field`] type).
+/// Whether `value` is of the contract type `kind` (one alternative of a [`Field`] type).
 fn is(value: &Value, kind: &str) -> bool {
     match kind {
         "any" => true,
@@ -178,7 +178,7 @@ fn is(value: &Value, kind: &str) -> bool {
         }
         _ => match kind.strip_prefix("enum:") {
             Some(members) => value.as_str().is_some_and(|v| members.split(',').any(|m| m == v)),
-            None => panic!("unknown SPEC type {kind}"),
+            None => panic!("unknown contract type {kind}"),
         },
     }
 }
@@ -197,7 +197,7 @@ fn conforms(what: &str, value: &Value, table: &[Field]) {
             Some(_) => {}
         }
     }
-    assert!(wrong.is_empty(), "{what} breaks SPEC's table: {}\n{value}", wrong.join("; "));
+    assert!(wrong.is_empty(), "{what} breaks the contract's table: {}\n{value}", wrong.join("; "));
 }
 
 /// `conforms` for every item of the array `value`, which must not be empty.

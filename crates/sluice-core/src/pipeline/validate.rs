@@ -268,7 +268,7 @@ pub fn validate_transform(
 ) -> Option<ValidatedTransform> {
     let mut fields = Fields::of(value, loc, errors)?;
     let kinds = ["redis_set_filter", "v8"];
-    // REFERENCE §4: `type` defaults to `v8`.
+    // A transform without `type` is a script (docs/contract.md §Transforms).
     let kind = match fields.optional_enum("type", &kinds, errors) {
         Ok(kind) => kind.unwrap_or("v8"),
         Err(Recorded) => {

@@ -7,8 +7,8 @@
 //! - Headers: `Content-Type: application/json`, `Content-Encoding: gzip` with
 //!   `compression: "gzip"`, `X-Sluice-Batch-Id` and `Idempotency-Key` (the same value: the
 //!   batch id and the request's index, identical when the batch is sent again), and with
-//!   `hash_key` the signature headers of REFERENCE §3: `X-Webhook-Timestamp` (Unix seconds),
-//!   `X-Webhook-Nonce` (UUIDv4), `X-Signature-256: sha256=<hex HMAC-SHA256>` of
+//!   `hash_key` the signature headers of docs/contract.md §Sink: `X-Webhook-Timestamp` (Unix
+//!   seconds), `X-Webhook-Nonce` (UUIDv4), `X-Signature-256: sha256=<hex HMAC-SHA256>` of
 //!   `<nonce>.<timestamp>.<body>`, keyed with the secret's value; the body is the bytes on
 //!   the wire (compressed when gzip is on).
 //! - Any 2xx acknowledges the request. 408, 429, 5xx, timeouts ([`REQUEST_TIMEOUT`]) and

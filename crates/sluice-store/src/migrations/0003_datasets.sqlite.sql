@@ -1,4 +1,4 @@
--- Datasets: named lists of string values owned by a user (SPEC "Datasets").
+-- Datasets: named lists of string values owned by a user (docs/contract.md §Dataset).
 --
 -- `seq` is the small internal number entries are stored under (as filter_sets.id is for
 -- filter values): every entry's index row holds an integer instead of the 36-character id.

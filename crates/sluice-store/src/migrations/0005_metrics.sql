@@ -1,6 +1,6 @@
--- Deployment metrics (SPEC "Deployment metrics"): one row per pipeline and minute that the
--- runtime flushed; a minute flushed twice (a pause in the middle of it) has two rows, which
--- readers add up. Times are unix milliseconds. Latency histograms are JSON
+-- Deployment metrics (docs/contract.md §Deployment metrics): one row per pipeline and minute
+-- that the runtime flushed; a minute flushed twice (a pause in the middle of it) has two
+-- rows, which readers add up. Times are unix milliseconds. Latency histograms are JSON
 -- (`{"counts": [...], "count": n, "sum_ms": x}` over fixed bucket bounds, see
 -- `sluice_store::metrics::LATENCY_BOUNDS_MS`). No foreign key: rows of a deleted pipeline are
 -- deleted with it or by the retention job.

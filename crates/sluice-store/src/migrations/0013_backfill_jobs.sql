@@ -1,6 +1,7 @@
--- Backfill jobs. The job record is kept as JSON (every SPEC field and ours); the columns
--- beside it are what the store selects and orders by: `seq` numbers jobs in the order they
--- were inserted (creation order, also for jobs created in the same microsecond).
+-- Backfill jobs. The job record is kept as JSON (every field of docs/contract.md §Backfill
+-- job, and ours); the columns beside it are what the store selects and orders by: `seq`
+-- numbers jobs in the order they were inserted (creation order, also for jobs created in the
+-- same microsecond).
 CREATE TABLE backfill_jobs (
     job_id TEXT PRIMARY KEY,
     seq BIGINT NOT NULL,
