@@ -17,7 +17,7 @@ use sqlx::{Connection as _, Executor as _, Row as _};
 
 use super::sql::{
     BlockHash, Cell, ColumnType, Fault, Layout, OFFSETS_TABLE, Row, SqlBackend, SqlError, Write,
-    Written, already_applied, describe_url,
+    Written, already_applied, describe_url, text,
 };
 
 const MAX_CONNECTIONS: u32 = 8;
@@ -129,20 +129,18 @@ fn is_data_error(message: &str) -> bool {
         .any(|m| message.contains(m))
 }
 
-/// `text` as a quoted MySQL string literal.
-fn literal(out: &mut String, text: &str) {
+/// `value` as a quoted MySQL string literal.
+fn literal(out: &mut String, value: &str) {
     out.push('\'');
-    for c in text.chars() {
-        match c {
-            '\'' => out.push_str("''"),
-            '\\' => out.push_str("\\\\"),
-            '\0' => out.push_str("\\0"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\u{1a}' => out.push_str("\\Z"),
-            c => out.push(c),
-        }
-    }
+    text::escaped(out, value, |byte| match byte {
+        b'\'' => Some("''"),
+        b'\\' => Some("\\\\"),
+        b'\0' => Some("\\0"),
+        b'\n' => Some("\\n"),
+        b'\r' => Some("\\r"),
+        0x1a => Some("\\Z"),
+        _ => None,
+    });
     out.push('\'');
 }
 
@@ -158,7 +156,9 @@ fn value(out: &mut String, cell: &Cell) {
         Cell::Bool(b) => out.push_str(if *b { "TRUE" } else { "FALSE" }),
         Cell::Text(text) | Cell::Json(text) => literal(out, text),
         Cell::Time(at) => {
-            let _ = write!(out, "'{}'", at.format("%Y-%m-%d %H:%M:%S%.6f"));
+            out.push('\'');
+            text::time(out, at);
+            out.push('\'');
         }
     }
 }

@@ -13,7 +13,7 @@ use sqlx::{Connection as _, Row as _};
 
 use super::sql::{
     BlockHash, Cell, ColumnType, Fault, Layout, OFFSETS_TABLE, Row, SqlBackend, SqlError, Write,
-    Written, already_applied, describe_url,
+    Written, already_applied, describe_url, text,
 };
 
 /// Connections a sink keeps: one per worker of the largest pod size.
@@ -88,19 +88,19 @@ pub(super) fn classify(error: &sqlx::Error) -> SqlError {
     SqlError { message: format!("PostgreSQL: {error}"), fault }
 }
 
+/// The escape of a byte COPY's text format reads specially.
+fn copy_escape(byte: u8) -> Option<&'static str> {
+    match byte {
+        b'\\' => Some("\\\\"),
+        b'\t' => Some("\\t"),
+        b'\n' => Some("\\n"),
+        b'\r' => Some("\\r"),
+        _ => None,
+    }
+}
+
 /// `value` in COPY's text format.
 fn copy_text(out: &mut String, cell: &Cell) {
-    let escaped = |out: &mut String, text: &str| {
-        for c in text.chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                '\t' => out.push_str("\\t"),
-                '\n' => out.push_str("\\n"),
-                '\r' => out.push_str("\\r"),
-                c => out.push(c),
-            }
-        }
-    };
     match cell {
         Cell::Null => out.push_str("\\N"),
         Cell::Int(n) => {
@@ -110,9 +110,10 @@ fn copy_text(out: &mut String, cell: &Cell) {
             let _ = write!(out, "{f:?}");
         }
         Cell::Bool(b) => out.push(if *b { 't' } else { 'f' }),
-        Cell::Text(text) | Cell::Json(text) => escaped(out, text),
+        Cell::Text(value) | Cell::Json(value) => text::escaped(out, value, copy_escape),
         Cell::Time(at) => {
-            let _ = write!(out, "{}", at.format("%Y-%m-%d %H:%M:%S%.6f+00"));
+            text::time(out, at);
+            out.push_str("+00");
         }
     }
 }
@@ -213,29 +214,32 @@ impl PgBackend {
         Ok(())
     }
 
-    /// The rows in COPY's text format, in chunks.
-    fn copy_data(rows: &[Row]) -> Vec<String> {
-        let mut chunks = Vec::new();
-        let mut out = String::with_capacity(COPY_CHUNK_BYTES + 4096);
-        for (_, cells) in rows {
-            for (index, cell) in cells.iter().enumerate() {
-                if index > 0 {
-                    out.push('\t');
+    /// The rows in COPY's text format, a chunk of about [`COPY_CHUNK_BYTES`] at a time: the
+    /// next chunk is made while the database reads the last one.
+    fn copy_chunks(rows: &[Row]) -> impl Iterator<Item = String> + '_ {
+        let mut rest = rows;
+        std::iter::from_fn(move || {
+            if rest.is_empty() {
+                return None;
+            }
+            let mut out = String::with_capacity(COPY_CHUNK_BYTES + 4096);
+            let mut used = 0;
+            for (_, cells) in rest {
+                for (index, cell) in cells.iter().enumerate() {
+                    if index > 0 {
+                        out.push('\t');
+                    }
+                    copy_text(&mut out, cell);
                 }
-                copy_text(&mut out, cell);
+                out.push('\n');
+                used += 1;
+                if out.len() >= COPY_CHUNK_BYTES {
+                    break;
+                }
             }
-            out.push('\n');
-            if out.len() >= COPY_CHUNK_BYTES {
-                chunks.push(std::mem::replace(
-                    &mut out,
-                    String::with_capacity(COPY_CHUNK_BYTES + 4096),
-                ));
-            }
-        }
-        if !out.is_empty() {
-            chunks.push(out);
-        }
-        chunks
+            rest = &rest[used..];
+            Some(out)
+        })
     }
 }
 
@@ -337,7 +341,7 @@ impl SqlBackend for PgBackend {
                 .copy_in_raw(&format!("COPY {target} ({columns}) FROM STDIN"))
                 .await
                 .map_err(fail)?;
-            for chunk in Self::copy_data(write.rows) {
+            for chunk in Self::copy_chunks(write.rows) {
                 copy.send(chunk.into_bytes()).await.map_err(fail)?;
             }
             copy.finish().await.map_err(fail)?;
@@ -418,5 +422,19 @@ mod tests {
             out.push('|');
         }
         assert_eq!(out, "a\\tb\\\\c\\nd|\\N|-3|t|0.5|");
+    }
+
+    #[test]
+    fn copy_chunks_are_whole_rows_of_about_a_chunk_each_and_miss_none() {
+        let row =
+            |n: usize| (format!("k{n}"), vec![Cell::Text(format!("{n:0>1000}")), Cell::Int(7)]);
+        let rows: Vec<Row> = (0..3000).map(row).collect();
+        let chunks: Vec<String> = PgBackend::copy_chunks(&rows).collect();
+        assert_eq!(chunks.len(), 3, "3 MB of rows in chunks of 1 MiB");
+        assert!(chunks.iter().all(|c| c.ends_with('\n') && c.len() < COPY_CHUNK_BYTES + 2048));
+        let lines: Vec<&str> = chunks.iter().flat_map(|c| c.lines()).collect();
+        assert_eq!(lines.len(), rows.len());
+        assert_eq!(lines[2999], format!("{:0>1000}\t7", 2999));
+        assert_eq!(PgBackend::copy_chunks(&[]).count(), 0);
     }
 }

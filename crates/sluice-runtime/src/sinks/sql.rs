@@ -15,6 +15,7 @@
 //! [`super::mysql`].
 
 pub mod layout;
+pub mod text;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
