@@ -5,6 +5,8 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, TimeZone, Utc};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use sluice_core::pipeline::{SqlColumns, SqlSinkConfig, SqlWriteMode};
 use sluice_core::streams::{self, EntitySchema, TimeUnit};
@@ -74,6 +76,9 @@ pub struct Layout {
     covered: HashSet<String>,
     /// The column holding a record's block hash, which reorg markers delete by.
     pub block_hash: Option<BlockHash>,
+    /// Every column reads the key, one top-level field, or the fields left over, of records
+    /// without an envelope: [`Layout::convert`] can read the record's fields borrowed.
+    flat: bool,
 }
 
 /// How a reorg marker finds the rows of its block.
@@ -159,7 +164,14 @@ impl Layout {
                     .find(|c| c.source == Source::Record)
                     .map(|c| BlockHash::InJson(c.name.clone()))
             });
+        let flat = schema.is_none_or(|s| s.envelope.is_none())
+            && columns.iter().all(|c| match &c.source {
+                Source::Key | Source::Extra => true,
+                Source::Field(path) => path.len() == 1,
+                Source::Time | Source::Record => false,
+            });
         Self {
+            flat,
             schema: config.schema.clone(),
             table: config.table.clone(),
             mode: config.mode,
@@ -184,6 +196,17 @@ impl Layout {
     /// dead-lettered with it.
     pub fn convert(&self, key: &[u8], value: &[u8]) -> Result<Converted, String> {
         let key = std::str::from_utf8(key).map_err(|_| "the record key is not UTF-8")?.to_owned();
+        if self.flat {
+            // The fields borrowed from the record's bytes, each parsed only as far as its
+            // column needs; anything else (not an object, a key with escapes, a reorg
+            // marker) takes the full parse below, which says what is wrong.
+            if let Ok(Flat(fields)) = serde_json::from_slice::<Flat<'_>>(value) {
+                let is_marker = field(&fields, "reorg").is_some_and(|raw| raw.get() == "true");
+                if !is_marker || self.block_hash.is_none() {
+                    return self.flat_row(key, &fields);
+                }
+            }
+        }
         let record: Value =
             serde_json::from_slice(value).map_err(|e| format!("the record is not JSON: {e}"))?;
         if let Some(hash) = reorg_marker(&record).filter(|_| self.block_hash.is_some()) {
@@ -217,6 +240,72 @@ impl Layout {
             cells.push(cell);
         }
         Ok(Converted::Row { key, cells })
+    }
+
+    /// The row of a record whose top-level fields are `fields` ([`Layout::flat`]).
+    fn flat_row(&self, key: String, fields: &[(&str, &RawValue)]) -> Result<Converted, String> {
+        let mut cells = Vec::with_capacity(self.columns.len());
+        for column in &self.columns {
+            let cell = match &column.source {
+                Source::Key => Cell::Text(key.clone()),
+                Source::Field(path) => match field(fields, &path[0]) {
+                    Some(raw) => self.raw_cell(column, raw)?,
+                    None => Cell::Null,
+                },
+                Source::Extra => {
+                    let mut extra = Map::new();
+                    for (name, raw) in
+                        fields.iter().filter(|(name, _)| !self.covered.contains(*name))
+                    {
+                        extra.insert((*name).to_owned(), parse(raw)?);
+                    }
+                    if extra.is_empty() {
+                        Cell::Null
+                    } else {
+                        json_text(&Value::Object(extra)).map_or(Cell::Null, Cell::Json)
+                    }
+                }
+                Source::Time | Source::Record => unreachable!("not a flat layout"),
+            };
+            cells.push(cell);
+        }
+        Ok(Converted::Row { key, cells })
+    }
+
+    /// [`Layout::cell`] of a value still in its JSON text: strings, integers, floats and
+    /// booleans read straight from it, the rest parsed first.
+    fn raw_cell(&self, column: &Column, raw: &RawValue) -> Result<Cell, String> {
+        let text = raw.get();
+        let quoted = text.starts_with('"');
+        let fast = match column.ty {
+            ColumnType::Key | ColumnType::Text if quoted => {
+                borrowed_str(text).map(|s| plain_text(s, &column.name).map(Cell::Text))
+            }
+            ColumnType::Numeric if quoted => borrowed_str(text).map(|s| {
+                if is_decimal(s) {
+                    Ok(Cell::Text(s.to_owned()))
+                } else {
+                    self.cell(column, &Value::String(s.to_owned()))
+                }
+            }),
+            ColumnType::Double if !quoted => {
+                serde_json::from_str::<f64>(text).ok().map(|n| Ok(Cell::Float(n)))
+            }
+            ColumnType::BigInt if !quoted => {
+                serde_json::from_str::<i64>(text).ok().map(|n| Ok(Cell::Int(n)))
+            }
+            ColumnType::Timestamp if quoted => borrowed_str(text)
+                .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+                .map(|at| Ok(Cell::Time(at.to_utc()))),
+            ColumnType::Bool if text == "true" || text == "false" => {
+                Some(Ok(Cell::Bool(text == "true")))
+            }
+            _ => None,
+        };
+        match fast {
+            Some(cell) => cell,
+            None => self.cell(column, &parse(raw)?),
+        }
     }
 
     /// The fields without a column of their own, as one object (NULL when there are none).
@@ -292,6 +381,43 @@ impl Layout {
             ColumnType::Json => json_text(value).map(Cell::Json),
         }
     }
+}
+
+/// A record's top-level fields, borrowed from its bytes, in the order they came.
+struct Flat<'a>(Vec<(&'a str, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Flat<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = Flat<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Flat<'de>, A::Error> {
+                let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(16));
+                while let Some(entry) = map.next_entry::<&'de str, &'de RawValue>()? {
+                    fields.push(entry);
+                }
+                Ok(Flat(fields))
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
+
+/// The value of field `name` (the last of that name, as a parse into a map keeps).
+fn field<'a>(fields: &[(&str, &'a RawValue)], name: &str) -> Option<&'a RawValue> {
+    fields.iter().rev().find(|(field, _)| *field == name).map(|(_, raw)| *raw)
+}
+
+/// A JSON string without escapes, borrowed; `None` for any other text.
+fn borrowed_str(text: &str) -> Option<&str> {
+    serde_json::from_str::<&str>(text).ok()
+}
+
+fn parse(raw: &RawValue) -> Result<Value, String> {
+    serde_json::from_str(raw.get()).map_err(|e| format!("the record is not JSON: {e}"))
 }
 
 /// The block hash of a reorg marker (docs/chains.md "Reorg marker").
@@ -418,6 +544,41 @@ mod tests {
         let layout = Layout::new(&config(SqlColumns::Auto), "not_an_entity");
         assert_eq!(layout.column_names().collect::<Vec<_>>(), ["key", "time", "record"]);
         assert_eq!(layout.block_hash, Some(BlockHash::InJson("record".to_owned())));
+    }
+
+    #[test]
+    fn the_borrowed_read_makes_the_rows_the_full_parse_makes() {
+        let records = [
+            r#"{"token_address":"0xA","from_address":"a\tb","raw_amount_str":"12","amount":1.5,"block_number":7,"block_timestamp":"2026-11-21T12:00:00Z","block_hash":"0xh","more":{"b":1,"a":[1, 2]}}"#,
+            r#"{"block_number":"8","amount":"2.5","raw_amount_str":12,"block_number":9,"log_index":null}"#,
+            r#"{"block_number":1.0}"#,
+            r#"{"amount_str":"1e5","raw_amount_str":"x1"}"#,
+            r#"{"block_timestamp":1700000000,"transaction_index":true}"#,
+            r#"{"token_name":"nul\u0000"}"#,
+            r#"{"reorg":true,"block_hash":"0xdead"}"#,
+            r#"{"reorg":true}"#,
+            r#"{"t\u0065xt":"escaped key","token_symbol":"é"}"#,
+            r#"[1,2]"#,
+            r#"not json"#,
+        ];
+        for columns in [
+            SqlColumns::Auto,
+            SqlColumns::Mapped(
+                [("block_number".to_owned(), "n".to_owned()), ("more".to_owned(), "m".to_owned())]
+                    .into(),
+            ),
+        ] {
+            let layout = Layout::new(&config(columns), "erc20_token_transfer");
+            assert!(layout.flat);
+            let full = Layout { flat: false, ..layout.clone() };
+            for record in records {
+                assert_eq!(
+                    layout.convert(b"k", record.as_bytes()),
+                    full.convert(b"k", record.as_bytes()),
+                    "{record}"
+                );
+            }
+        }
     }
 
     #[test]
