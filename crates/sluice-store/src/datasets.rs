@@ -26,8 +26,8 @@ use crate::redis_sets::{DatasetFeedChange, DatasetFeedEntry};
 use crate::{Result, Store, StoreError};
 
 /// The dataset statements that differ per database: the write lock, and the bulk entry
-/// statements that are only fast written per database; implemented in [`sqlite`] and
-/// [`postgres`] below.
+/// statements that are only fast written per database; implemented in `sqlite.rs` and
+/// `postgres.rs` of `datasets/`.
 pub trait DatasetSql: Dialect {
     /// Selects the `datasets` columns of dataset `$1` owned by `$2` and holds off its other
     /// writers and its deletion until commit.

@@ -2,9 +2,9 @@
 //! [`MetricSample`] per pipeline and minute, kept so the history survives restarts.
 //!
 //! [`MetricsStore`] is the role; [`MetadataStore`](crate::MetadataStore) includes it. Both
-//! backends run the same portable SQL, written once for any [`Dialect`]. A minute may be stored in
-//! more than one row (the runtime flushes what it has when a deployment stops mid-minute);
-//! readers [`MetricSample::merge`] them.
+//! backends run the same portable SQL, written once for any [`Dialect`](crate::Dialect). A
+//! minute may be stored in more than one row (the runtime flushes what it has when a
+//! deployment stops mid-minute); readers [`MetricSample::merge`] them.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};

@@ -3,9 +3,10 @@
 //!
 //! [`PriceStore`] is one of the roles of [`crate::MetadataStore`]: the price service takes
 //! the store the process opened ([`MetadataStore::into_prices`](crate::MetadataStore::into_prices)).
-//! The SQL is written once for any [`Dialect`](crate::Dialect): the reads in `role.rs`,
+//! The SQL is written once for any [`Dialect`]: the reads in `role.rs`,
 //! counting a batch in `ingest.rs`; the bulk statements of a batch are per database
-//! (`sqlite.rs`, `postgres.rs` here). Migration 4 makes the tables.
+//! ([`PriceSql`], implemented in `sqlite.rs` and `postgres.rs` here). Migration 4 makes the
+//! tables.
 //!
 //! Writers are serialised (SQLite's write lock; a transaction-scoped advisory lock on
 //! PostgreSQL), because merging a late trade into a stored candle reads the candle and writes

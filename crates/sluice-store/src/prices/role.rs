@@ -1,5 +1,5 @@
-//! [`PriceStore`] for a [`Store`] of any [`Dialect`]: the reads and the retention. Counting a
-//! batch is in `ingest.rs`.
+//! [`PriceStore`] for a [`Store`] of any [`Dialect`](crate::Dialect): the reads and the
+//! retention. Counting a batch is in `ingest.rs`.
 
 use std::collections::HashMap;
 
