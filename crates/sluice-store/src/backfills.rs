@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use sluice_core::backfill::{BackfillJob, BackfillStatus};
 use sqlx::Row as _;
 
-use crate::dialect::{Conn, Dialect, Row};
+use crate::dialect::{Row, StoreBackend};
 use crate::{Result, Store, StoreError};
 
 /// Stored backfill jobs. Every method is one statement.
@@ -26,11 +26,7 @@ pub trait BackfillStore: Send + Sync + 'static {
     async fn active_backfills(&self) -> Result<Vec<BackfillJob>>;
 }
 
-fn job_of<D: Dialect>(row: &Row<D>) -> Result<BackfillJob>
-where
-    for<'q> String: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-{
+fn job_of<D: StoreBackend>(row: &Row<D>) -> Result<BackfillJob> {
     let text: String = row.try_get("job")?;
     serde_json::from_str(&text)
         .map_err(|error| StoreError::Corrupt { what: "backfill job", detail: error.to_string() })
@@ -41,15 +37,7 @@ fn text_of(job: &BackfillJob) -> String {
 }
 
 #[async_trait]
-impl<D: Dialect> BackfillStore for Store<D>
-where
-    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
-    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-    usize: sqlx::ColumnIndex<Row<D>>,
-{
+impl<D: StoreBackend> BackfillStore for Store<D> {
     async fn insert_backfill(&self, job: &BackfillJob) -> Result<()> {
         sqlx::query(
             "INSERT INTO backfill_jobs (job_id, seq, org_id, status, job, created_at, updated_at) \

@@ -13,15 +13,43 @@
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
 
+use std::future::Future;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sluice_core::datasets::Dataset;
 use sqlx::Row as _;
 
-use crate::dialect::{Conn, Dialect, Row};
+use crate::dialect::{Dialect, Row, StoreBackend};
 use crate::filter_values::sorted_unique;
 use crate::redis_sets::{DatasetFeedChange, DatasetFeedEntry};
 use crate::{Result, Store, StoreError};
+
+/// The dataset statements that differ per database: the write lock, and the bulk entry
+/// statements that are only fast written per database; implemented in `sqlite.rs` and
+/// `postgres.rs` of `datasets/`.
+pub trait DatasetSql: Dialect {
+    /// Selects the `datasets` columns of dataset `$1` owned by `$2` and holds off its other
+    /// writers and its deletion until commit.
+    const LOCK_DATASET: &'static str;
+
+    /// Adds sorted, unique `values` to dataset `seq` (holding `size` entries now), skipping
+    /// those present, with the dataset lock held; returns the rows added.
+    fn insert_entries(
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        seq: i64,
+        values: &[&str],
+        size: u64,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Deletes sorted, unique `values` from dataset `seq`, with the dataset lock held;
+    /// returns the rows deleted.
+    fn delete_entries(
+        tx: &mut sqlx::Transaction<'_, Self::Db>,
+        seq: i64,
+        values: &[&str],
+    ) -> impl Future<Output = Result<u64>> + Send;
+}
 
 /// What an entry change did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,24 +227,7 @@ impl DatasetRow {
     }
 }
 
-fn dataset_row<D: Dialect>(row: &Row<D>) -> Result<Dataset>
-where
-    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-    usize: sqlx::ColumnIndex<Row<D>>,
-{
+fn dataset_row<D: StoreBackend>(row: &Row<D>) -> Result<Dataset> {
     DatasetRow {
         seq: row.try_get("seq")?,
         id: row.try_get("id")?,
@@ -230,24 +241,7 @@ where
     .into_dataset()
 }
 
-impl<D: Dialect> Store<D>
-where
-    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-    usize: sqlx::ColumnIndex<Row<D>>,
-{
+impl<D: StoreBackend> Store<D> {
     /// The owner's dataset `id`, locked against its other writers until `tx` ends.
     /// With a shared set store, tells every node's dataset index of a committed change
     /// through the feed. A failure is logged: the change is committed, and nodes find it
@@ -305,24 +299,7 @@ where
 }
 
 #[async_trait]
-impl<D: Dialect> DatasetStore for Store<D>
-where
-    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-    usize: sqlx::ColumnIndex<Row<D>>,
-{
+impl<D: StoreBackend> DatasetStore for Store<D> {
     async fn create_dataset(
         &self,
         owner_user_id: &str,

@@ -5,7 +5,7 @@ use sluice_core::deployment::{DeploymentRecord, DeploymentState};
 use sluice_core::time;
 use sqlx::Row as _;
 
-use crate::dialect::{Conn, Dialect, Row};
+use crate::dialect::{Row, StoreBackend};
 use crate::{Result, Store, StoreError};
 
 /// A `deployments` row as stored.
@@ -104,24 +104,7 @@ pub trait DeploymentStore: Send + Sync + 'static {
 pub(crate) const BUMP_DEPLOYMENTS_SEQ: &str =
     "UPDATE deployments_seq SET seq = seq + 1 WHERE id = 1";
 
-impl<D: Dialect> Store<D>
-where
-    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-    usize: sqlx::ColumnIndex<Row<D>>,
-{
+impl<D: StoreBackend> Store<D> {
     fn deployment_row(row: &Row<D>) -> Result<DeploymentRecord> {
         DeploymentRow {
             pipeline_id: row.try_get("pipeline_id")?,
@@ -135,24 +118,7 @@ where
 }
 
 #[async_trait]
-impl<D: Dialect> DeploymentStore for Store<D>
-where
-    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-    usize: sqlx::ColumnIndex<Row<D>>,
-{
+impl<D: StoreBackend> DeploymentStore for Store<D> {
     async fn put_deployment(&self, record: &DeploymentRecord) -> Result<()> {
         let text = deployment_text(record)?;
         let mut tx = D::begin_write(&self.pool).await?;

@@ -1,24 +1,34 @@
-//! What differs between the databases, as one trait: [`Dialect`].
+//! What differs between the databases, as one trait ([`Dialect`]), and what the role code
+//! needs of a backend, as one bound ([`StoreBackend`]).
 //!
 //! Every role module (`identity`, `pipelines`, `filter_values`, `deployments`, `metrics`,
-//! `datasets`, `prices`) writes its SQL once, for any `D: Dialect`, against
+//! `datasets`, `prices`, ...) writes its SQL once, for any `D: StoreBackend`, against
 //! [`Store<D>`](crate::Store). A backend is a type implementing [`Dialect`] in its own module
-//! (`sqlite.rs`, `postgres.rs`); nothing else in the crate names a database.
+//! (`sqlite.rs`, `postgres.rs`), plus the bulk statements of each feature that are only fast
+//! written per database, beside that feature ([`FilterValueSql`] in `filter_values/`,
+//! [`DatasetSql`] in `datasets/`, [`PriceSql`] in `prices/`); nothing else in the crate names
+//! a database.
 //!
 //! sqlx is generic over the database, but it cannot promise that every database encodes an
-//! `i64` or reads a `&str`, and Rust does not carry a trait's `where` clauses to the code
-//! that uses it. So each generic impl block repeats one `where` clause naming the column
-//! types the role code binds and reads (the same text everywhere: copy it from any role
-//! module, and add a type to every copy when a role needs a new one). Both backends satisfy
-//! it; a new backend that does not is told so by the compiler at its `Store<…>` type.
+//! `i64` or reads a `&str`, so the role code needs bounds such as
+//! `for<'q> i64: Encode<'q, Db> + Decode<'q, Db> + Type<Db>`. Rust implies a trait's
+//! supertraits wherever the trait is a bound, but not its other `where` clauses, and these
+//! bounds are about `i64`, not about the dialect. [`StoreBackend`] carries each of them as a
+//! supertrait anyway, through [`Names`]: `Names<'q, i64, Is = i64, Is: Value<'q, Db>>` is a
+//! supertrait (so implied), and once `Is` is replaced by what it equals it says
+//! `i64: Value<'q, Db>`. So each generic impl names one bound, `D: StoreBackend`, and a role that
+//! binds or reads a new type adds it to [`StoreBackend`] once. Both backends satisfy it through
+//! its blanket implementation; a new backend that does not is told so by the compiler at its
+//! `Store<…>` type.
 
 use std::future::Future;
 
-use sluice_core::prices::{Candle, CandleKey, Trade};
-use sqlx::Database;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
 
 use crate::Result;
-use crate::prices::FilledPoint;
+pub use crate::datasets::DatasetSql;
+pub use crate::filter_values::FilterValueSql;
+pub use crate::prices::PriceSql;
 
 /// A row of dialect `D`'s database.
 pub type Row<D> = <<D as Dialect>::Db as Database>::Row;
@@ -26,9 +36,11 @@ pub type Row<D> = <<D as Dialect>::Db as Database>::Row;
 /// A connection of dialect `D`'s database (a transaction dereferences to one).
 pub type Conn<D> = <<D as Dialect>::Db as Database>::Connection;
 
+/// The arguments of a statement of dialect `D`'s database.
+pub type Args<'q, D> = <<D as Dialect>::Db as Database>::Arguments<'q>;
+
 /// A statement of dialect `D`'s database, with its arguments.
-pub type Query<'q, D> =
-    sqlx::query::Query<'q, <D as Dialect>::Db, <<D as Dialect>::Db as Database>::Arguments<'q>>;
+pub type Query<'q, D> = sqlx::query::Query<'q, <D as Dialect>::Db, Args<'q, D>>;
 
 /// The pool of dialect `D`'s database.
 pub type Pool<D> = sqlx::Pool<<D as Dialect>::Db>;
@@ -37,8 +49,9 @@ pub type Pool<D> = sqlx::Pool<<D as Dialect>::Db>;
 pub type Tx<D> = sqlx::Transaction<'static, <D as Dialect>::Db>;
 
 /// What a backend supplies: its sqlx database, the SQL fragments that differ between the
-/// databases, and the statements that are only fast written per database (bulk loads,
-/// transaction modes). Everything else is written once, in the role modules.
+/// databases, and the statements that differ in kind (locks, signals, transaction modes).
+/// Everything else is written once, in the role modules; a feature's bulk statements that
+/// are only fast written per database are its own trait, beside it (see [`StoreBackend`]).
 ///
 /// Placeholders are `$N` on both databases (SQLite accepts them), upserts are
 /// `INSERT … ON CONFLICT … DO UPDATE SET x = excluded.x`, and `RETURNING` works on both, so
@@ -62,10 +75,6 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// writers, its updates and its deletion until commit (run in a [`Dialect::begin_write`]
     /// transaction).
     const LOCK_PIPELINE: &'static str;
-
-    /// Selects the `datasets` columns of dataset `$1` owned by `$2` and holds off its other
-    /// writers and its deletion until commit.
-    const LOCK_DATASET: &'static str;
 
     /// A statement that serialises price writers, run first in every price write
     /// transaction; `None` when [`Dialect::begin_write`] already does.
@@ -122,65 +131,73 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// A read-only transaction whose reads all see one committed state, without blocking
     /// writers.
     fn begin_snapshot(pool: &Pool<Self>) -> impl Future<Output = Result<Tx<Self>>> + Send;
+}
 
-    /// Appends `values` (known to be absent, each once) to filter-value set `set_id` in
-    /// order, with the pipeline lock held; returns the rows added.
-    fn insert_values(
-        tx: &mut sqlx::Transaction<'_, Self::Db>,
-        set_id: i64,
-        values: &mut (dyn Iterator<Item = &str> + Send),
-    ) -> impl Future<Output = Result<u64>> + Send;
+/// What the role code needs of a backend, as one bound: its [`Dialect`], each feature's
+/// per-database statements, and the sqlx capabilities the generic SQL uses (an executor,
+/// arguments, and the column types it binds and reads). Implemented for every type that has
+/// them all; each supertrait below of the form `Names<'q, T, Is = T, Is: Bound>` stands for
+/// `T: Bound`, implied wherever `D: StoreBackend` is (see the module doc).
+pub trait StoreBackend:
+    Dialect
+    + FilterValueSql
+    + DatasetSql
+    + PriceSql
+    + for<'c> Names<
+        'c,
+        &'c mut Conn<Self>,
+        Is = &'c mut Conn<Self>,
+        Is: Executor<'c, Database = Self::Db>,
+    > + for<'q> Names<'q, Args<'q, Self>, Is = Args<'q, Self>, Is: IntoArguments<'q, Self::Db>>
+    + for<'q> Names<'q, i64, Is = i64, Is: Value<'q, Self::Db>>
+    + for<'q> Names<'q, bool, Is = bool, Is: Value<'q, Self::Db>>
+    + for<'q> Names<'q, f64, Is = f64, Is: Value<'q, Self::Db>>
+    + for<'q> Names<'q, String, Is = String, Is: Value<'q, Self::Db>>
+    + for<'q> Names<'q, &'q str, Is = &'q str, Is: Value<'q, Self::Db> + ColumnIndex<Row<Self>>>
+    + for<'q> Names<'q, Vec<u8>, Is = Vec<u8>, Is: Value<'q, Self::Db>>
+    + for<'q> Names<'q, &'q [u8], Is = &'q [u8], Is: Value<'q, Self::Db>>
+    + for<'q> Names<'q, Option<i64>, Is = Option<i64>, Is: Value<'q, Self::Db>>
+    + for<'q> Names<'q, Option<bool>, Is = Option<bool>, Is: Value<'q, Self::Db>>
+    + for<'q> Names<'q, Option<String>, Is = Option<String>, Is: Value<'q, Self::Db>>
+    + for<'q> Names<'q, Option<Vec<u8>>, Is = Option<Vec<u8>>, Is: Value<'q, Self::Db>>
+    + for<'q> Names<'q, usize, Is = usize, Is: ColumnIndex<Row<Self>>>
+{
+}
 
-    /// Deletes the rows of set `set_id` whose value is in `list` (`listed`) or not in it, in
-    /// one statement (the table has no index on values), with the pipeline lock held;
-    /// returns the rows deleted.
-    fn delete_values(
-        tx: &mut sqlx::Transaction<'_, Self::Db>,
-        set_id: i64,
-        list: &[&str],
-        listed: bool,
-    ) -> impl Future<Output = Result<u64>> + Send;
+impl<D> StoreBackend for D
+where
+    D: Dialect + FilterValueSql + DatasetSql + PriceSql,
+    for<'c> &'c mut Conn<D>: Executor<'c, Database = D::Db>,
+    for<'q> Args<'q, D>: IntoArguments<'q, D::Db>,
+    for<'q> i64: Value<'q, D::Db>,
+    for<'q> bool: Value<'q, D::Db>,
+    for<'q> f64: Value<'q, D::Db>,
+    for<'q> String: Value<'q, D::Db>,
+    for<'q> &'q str: Value<'q, D::Db> + ColumnIndex<Row<D>>,
+    for<'q> Vec<u8>: Value<'q, D::Db>,
+    for<'q> &'q [u8]: Value<'q, D::Db>,
+    for<'q> Option<i64>: Value<'q, D::Db>,
+    for<'q> Option<bool>: Value<'q, D::Db>,
+    for<'q> Option<String>: Value<'q, D::Db>,
+    for<'q> Option<Vec<u8>>: Value<'q, D::Db>,
+    usize: ColumnIndex<Row<D>>,
+{
+}
 
-    /// Adds sorted, unique `values` to dataset `seq` (holding `size` entries now), skipping
-    /// those present, with the dataset lock held; returns the rows added.
-    fn insert_entries(
-        tx: &mut sqlx::Transaction<'_, Self::Db>,
-        seq: i64,
-        values: &[&str],
-        size: u64,
-    ) -> impl Future<Output = Result<u64>> + Send;
+/// A type that `DB` binds as a statement argument and reads from a column (`'q`: how long a
+/// bound argument or a read row is borrowed).
+pub trait Value<'q, DB: Database>: Encode<'q, DB> + Decode<'q, DB> + Type<DB> {}
 
-    /// Deletes sorted, unique `values` from dataset `seq`, with the dataset lock held;
-    /// returns the rows deleted.
-    fn delete_entries(
-        tx: &mut sqlx::Transaction<'_, Self::Db>,
-        seq: i64,
-        values: &[&str],
-    ) -> impl Future<Output = Result<u64>> + Send;
+impl<'q, DB: Database, T> Value<'q, DB> for T where T: Encode<'q, DB> + Decode<'q, DB> + Type<DB> {}
 
-    /// The stored candle of each key, by position (`None`: not stored).
-    fn stored_candles(
-        conn: &mut <Self::Db as Database>::Connection,
-        keys: &[(CandleKey, Candle)],
-    ) -> impl Future<Output = Result<Vec<Option<Candle>>>> + Send;
+/// Names a type: `<D as Names<'a, T>>::Is` is `T`, for every `D`. A bound on `Is` in a
+/// supertrait of [`StoreBackend`] is a bound on `T` that Rust implies with `D: StoreBackend` (the
+/// lifetime `'a` lets `T` borrow, as `&'a str` does, under a `for<'a>`).
+pub trait Names<'a, T: ?Sized> {
+    /// `T` itself.
+    type Is: ?Sized;
+}
 
-    /// Writes `candles` (merged already), replacing the stored ones of the same keys.
-    fn write_candles(
-        conn: &mut <Self::Db as Database>::Connection,
-        candles: &[(CandleKey, Candle)],
-    ) -> impl Future<Output = Result<()>> + Send;
-
-    /// Stores each of `points` in the candle row of its key.
-    fn write_points(
-        conn: &mut <Self::Db as Database>::Connection,
-        points: &[FilledPoint],
-    ) -> impl Future<Output = Result<()>> + Send;
-
-    /// Sets each token's decimals and each pool's reserve from `tokens` and `pools` (the
-    /// latest trade of each), where they are newer than the stored ones.
-    fn write_tokens_and_pools(
-        conn: &mut <Self::Db as Database>::Connection,
-        tokens: &[&Trade],
-        pools: &[&Trade],
-    ) -> impl Future<Output = Result<()>> + Send;
+impl<'a, D: ?Sized, T: ?Sized> Names<'a, T> for D {
+    type Is = T;
 }

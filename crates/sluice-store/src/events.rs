@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sluice_core::events::{Event, NewEvent, Scope, Severity};
 use sqlx::Row as _;
 
-use crate::dialect::{Conn, Dialect, Row};
+use crate::dialect::{Row, StoreBackend};
 use crate::{Result, Store, StoreError};
 
 /// Most events stored by one statement.
@@ -102,13 +102,7 @@ pub trait EventStore: Send + Sync + 'static {
 const COLUMNS: &str =
     "id, time, org_id, scope, kind, severity, pipeline_id, job_id, chain, node, message, details";
 
-fn event_of<D: Dialect>(row: &Row<D>) -> Result<Event>
-where
-    for<'q> String: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> i64: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<String>: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-{
+fn event_of<D: StoreBackend>(row: &Row<D>) -> Result<Event> {
     let corrupt = |detail: String| StoreError::Corrupt { what: "event", detail };
     let time: String = row.try_get("time")?;
     let details: String = row.try_get("details")?;
@@ -195,17 +189,7 @@ fn where_clause(query: &EventQuery) -> (String, Vec<Arg>) {
 }
 
 #[async_trait]
-impl<D: Dialect> EventStore for Store<D>
-where
-    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-    usize: sqlx::ColumnIndex<Row<D>>,
-{
+impl<D: StoreBackend> EventStore for Store<D> {
     async fn insert_events(&self, events: &[NewEvent]) -> Result<Vec<i64>> {
         if events.is_empty() {
             return Ok(Vec::new());

@@ -8,18 +8,23 @@
 //!   [`MetadataStore::into_prices`] of the same store).
 //! - Each role is a trait in its own module, with its SQL written once for any backend:
 //!   [`IdentityStore`] (`identity.rs`), [`PipelineStore`] (`pipelines.rs`),
-//!   [`FilterValueStore`] (`filter_values.rs`, with its in-memory sets in `filter_sets.rs`),
+//!   [`FilterValueStore`] (`filter_values.rs`, its stored sets in `filter_values/sets.rs`,
+//!   its in-memory sets in `filter_sets.rs`),
 //!   [`DeploymentStore`] (`deployments.rs`), [`DatasetStore`] (`datasets.rs`),
 //!   [`MetricsStore`] (`metrics.rs`), [`EventStore`] (`events.rs`, service events and
 //!   notification destinations), [`NodeStore`] (`nodes.rs`, the cluster's nodes and
 //!   locks) and [`PriceStore`] (`prices.rs`, `prices/role.rs`,
 //!   `prices/ingest.rs`). All are implemented for [`Store<D>`](Store) (`store.rs`).
-//! - What a backend must supply is the [`Dialect`] trait; the two backends implement it in
-//!   `sqlite.rs` and `postgres.rs`, with their bulk statements in `datasets/` and `prices/`.
+//! - What differs between the databases is the [`Dialect`] trait (`dialect.rs`); the two
+//!   backends implement it in `sqlite.rs` and `postgres.rs`. A feature's bulk statements
+//!   that are only fast written per database are a trait of that feature, implemented
+//!   beside it (`filter_values/`, `datasets/`, `prices/`). The role code names one bound,
+//!   [`StoreBackend`], which gathers all of that and the sqlx capabilities it uses.
 //! - `migrations.rs` lists every schema change (SQL scripts, and data steps written in Rust).
-//! - `redis_sets.rs`: set-filter values in Redis ([`RedisSets`], `--sets redis://…`) and the
-//!   change feed ([`SetFeed`]) every node's indexes follow; a [`Store`] uses it when opened
-//!   with [`open_with_sets`] (or [`Store::with_redis_sets`]).
+//! - `redis_sets.rs`: set-filter values in Redis ([`RedisSets`], `--sets redis://…`), with
+//!   the change feed ([`SetFeed`]) every node's indexes follow in `redis_sets/feed.rs`, log
+//!   rewrites in `rewrite.rs` and the one-off upgrade from sorted sets in `upgrade.rs`; a
+//!   [`Store`] uses it when opened with [`open_with_sets`] (or [`Store::with_redis_sets`]).
 //!
 //! `tests/it/conformance.rs` runs one suite against each backend. This crate must not depend
 //! on the runtime or the API.
@@ -53,7 +58,7 @@ use sluice_core::redaction::redact_password;
 pub use backfills::BackfillStore;
 pub use datasets::{DatasetStore, EntriesChange, EntryPage};
 pub use deployments::DeploymentStore;
-pub use dialect::Dialect;
+pub use dialect::{Dialect, StoreBackend};
 pub use events::{EventQuery, EventStore, NotificationProgress};
 pub use filter_values::{FilterValuePage, FilterValueStore};
 pub use identity::{Identity, IdentityStore, KeyCandidate, NewApiKey, UnknownMembers};

@@ -3,16 +3,16 @@
 //! restarts.
 //!
 //! [`MetricsStore`] is the role; [`MetadataStore`](crate::MetadataStore) includes it. Both
-//! backends run the same portable SQL, written once for any [`Dialect`]. A minute may be stored in
-//! more than one row (the runtime flushes what it has when a deployment stops mid-minute);
-//! readers [`MetricSample::merge`] them.
+//! backends run the same portable SQL, written once for any [`Dialect`](crate::Dialect). A
+//! minute may be stored in more than one row (the runtime flushes what it has when a
+//! deployment stops mid-minute); readers [`MetricSample::merge`] them.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use sqlx::Row as _;
 
-use crate::dialect::{Conn, Dialect, Row};
+use crate::dialect::{Row, StoreBackend};
 use crate::{Result, Store, StoreError};
 
 /// Upper bounds (inclusive, milliseconds) of the latency histogram buckets; one more bucket
@@ -206,13 +206,7 @@ fn to_u64(what: &'static str, n: i64) -> Result<u64> {
     u64::try_from(n).map_err(|_| StoreError::Corrupt { what, detail: n.to_string() })
 }
 
-fn sample_row<D: Dialect>(row: &Row<D>) -> Result<(i64, MetricSample)>
-where
-    for<'r> i64: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
-    for<'r> Option<i64>: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
-    for<'r> String: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-{
+fn sample_row<D: StoreBackend>(row: &Row<D>) -> Result<(i64, MetricSample)> {
     let total: String = row.try_get("total_latency")?;
     let processing: String = row.try_get("processing_latency")?;
     Ok((
@@ -232,24 +226,7 @@ where
 }
 
 #[async_trait]
-impl<D: Dialect> MetricsStore for Store<D>
-where
-    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-    usize: sqlx::ColumnIndex<Row<D>>,
-{
+impl<D: StoreBackend> MetricsStore for Store<D> {
     async fn append_metric_samples(
         &self,
         pipeline_id: &str,

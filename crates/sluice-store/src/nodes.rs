@@ -9,7 +9,7 @@
 use async_trait::async_trait;
 use sqlx::Row as _;
 
-use crate::dialect::{Conn, Dialect, Row};
+use crate::dialect::StoreBackend;
 use crate::{Result, Store};
 
 /// The channel nodes signal each other on after a change of the desired state (a deploy,
@@ -173,15 +173,7 @@ pub trait NodeStore: Send + Sync + 'static {
 }
 
 #[async_trait]
-impl<D: Dialect> NodeStore for Store<D>
-where
-    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-{
+impl<D: StoreBackend> NodeStore for Store<D> {
     async fn heartbeat(&self, name: &str, report: &str) -> Result<()> {
         let now = D::NOW_MS;
         sqlx::query(&format!(

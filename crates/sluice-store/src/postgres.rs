@@ -2,7 +2,6 @@
 
 use std::str::FromStr;
 
-use sluice_core::prices::{Candle, CandleKey, Trade};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// The first key of pipelines' cluster lifecycle locks (`pg_advisory_xact_lock(int, int)`),
@@ -68,8 +67,6 @@ impl crate::Dialect for PgDialect {
     type Db = sqlx::Postgres;
 
     const BACKEND: crate::migrations::Backend = crate::migrations::Backend::Postgres;
-
-    const LOCK_DATASET: &str = crate::datasets::postgres::LOCK_DATASET;
 
     /// `json_agg` of text gives a JSON array of strings (`COALESCE` for an empty page).
     const JSON_AGG: &str = "COALESCE(json_agg(value), '[]')::text";
@@ -198,130 +195,5 @@ impl crate::Dialect for PgDialect {
         pool: &sqlx::Pool<Self::Db>,
     ) -> crate::Result<crate::dialect::Tx<Self>> {
         Ok(pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?)
-    }
-
-    /// Appends `values` to set `set_id` in order with one `COPY … FROM STDIN` (text format);
-    /// the identity sequence numbers the rows as they come. COPY took a third of the time of
-    /// `INSERT … SELECT … FROM UNNEST($2::text[])` for a million values. `values` is drawn
-    /// while PostgreSQL works on the chunks already sent.
-    async fn insert_values(
-        tx: &mut sqlx::Transaction<'_, Self::Db>,
-        set_id: i64,
-        values: &mut (dyn Iterator<Item = &str> + Send),
-    ) -> crate::Result<u64> {
-        let mut values = values.peekable();
-        if values.peek().is_none() {
-            return Ok(0);
-        }
-        let mut copy = tx.copy_in_raw("COPY filter_values (set_id, value) FROM STDIN").await?;
-        let prefix = format!("{set_id}\t");
-        let mut buffer = Vec::with_capacity(COPY_CHUNK_BYTES + 2048);
-        for value in values {
-            buffer.extend_from_slice(prefix.as_bytes());
-            copy_text(&mut buffer, value);
-            buffer.push(b'\n');
-            if buffer.len() >= COPY_CHUNK_BYTES {
-                copy.send(buffer.as_slice()).await?;
-                buffer.clear();
-            }
-        }
-        if !buffer.is_empty() {
-            copy.send(buffer.as_slice()).await?;
-        }
-        Ok(copy.finish().await?)
-    }
-
-    /// Not a prepared statement: PostgreSQL then plans with the array as a constant, which
-    /// it turns into a hash table (version 14 on for `= ANY`, 15 on for `<> ALL`); a cached
-    /// generic plan would compare every row with every value in the list.
-    async fn delete_values(
-        tx: &mut sqlx::Transaction<'_, Self::Db>,
-        set_id: i64,
-        list: &[&str],
-        listed: bool,
-    ) -> crate::Result<u64> {
-        let test = if listed { "= ANY" } else { "<> ALL" };
-        let sql =
-            format!("DELETE FROM filter_values WHERE set_id = $1 AND value {test}($2::text[])");
-        Ok(sqlx::query(&sql)
-            .bind(set_id)
-            .bind(list)
-            .persistent(false)
-            .execute(&mut **tx)
-            .await?
-            .rows_affected())
-    }
-
-    async fn insert_entries(
-        tx: &mut sqlx::Transaction<'_, Self::Db>,
-        seq: i64,
-        values: &[&str],
-        size: u64,
-    ) -> crate::Result<u64> {
-        crate::datasets::postgres::insert_entries(tx, seq, values, size).await
-    }
-
-    async fn delete_entries(
-        tx: &mut sqlx::Transaction<'_, Self::Db>,
-        seq: i64,
-        values: &[&str],
-    ) -> crate::Result<u64> {
-        crate::datasets::postgres::delete_entries(tx, seq, values).await
-    }
-
-    async fn stored_candles(
-        conn: &mut sqlx::PgConnection,
-        keys: &[(CandleKey, Candle)],
-    ) -> crate::Result<Vec<Option<Candle>>> {
-        crate::prices::postgres::stored_candles(conn, keys).await
-    }
-
-    async fn write_candles(
-        conn: &mut sqlx::PgConnection,
-        candles: &[(CandleKey, Candle)],
-    ) -> crate::Result<()> {
-        crate::prices::postgres::write_candles(conn, candles).await
-    }
-
-    async fn write_points(
-        conn: &mut sqlx::PgConnection,
-        points: &[crate::prices::FilledPoint],
-    ) -> crate::Result<()> {
-        crate::prices::postgres::write_points(conn, points).await
-    }
-
-    async fn write_tokens_and_pools(
-        conn: &mut sqlx::PgConnection,
-        tokens: &[&Trade],
-        pools: &[&Trade],
-    ) -> crate::Result<()> {
-        crate::prices::postgres::write_tokens_and_pools(conn, tokens, pools).await
-    }
-}
-
-/// Bytes of COPY data sent per message.
-const COPY_CHUNK_BYTES: usize = 1 << 20;
-
-/// Appends `value` as a field of COPY's text format: backslash, newline, carriage return and
-/// tab are escaped; everything else is copied as it is.
-fn copy_text(out: &mut Vec<u8>, value: &str) {
-    for &byte in value.as_bytes() {
-        match byte {
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            _ => out.push(byte),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn copy_text_escapes_what_the_text_format_reads_as_special() {
-        let mut out = Vec::new();
-        super::copy_text(&mut out, "a\\b\nc\rd\te ü\"");
-        assert_eq!(out, b"a\\\\b\\nc\\rd\\te \xc3\xbc\"");
     }
 }

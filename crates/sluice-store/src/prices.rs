@@ -3,20 +3,23 @@
 //!
 //! [`PriceStore`] is one of the roles of [`crate::MetadataStore`]: the price service takes
 //! the store the process opened ([`MetadataStore::into_prices`](crate::MetadataStore::into_prices)).
-//! The SQL is written once for any [`Dialect`](crate::Dialect): the reads in `role.rs`,
+//! The SQL is written once for any [`Dialect`]: the reads in `role.rs`,
 //! counting a batch in `ingest.rs`; the bulk statements of a batch are per database
-//! (`sqlite.rs`, `postgres.rs` here). Migration 4 makes the tables.
+//! ([`PriceSql`], implemented in `sqlite.rs` and `postgres.rs` here). Migration 4 makes the
+//! tables.
 //!
 //! Writers are serialised (SQLite's write lock; a transaction-scoped advisory lock on
 //! PostgreSQL), because merging a late trade into a stored candle reads the candle and writes
 //! the merged one back.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use sluice_core::prices::{Amount, Candle, CandleKey, Granularity, TokenRef, Trade, TradeOrder};
 
+use crate::dialect::{Conn, Dialect};
 use crate::{Result, StoreError};
 
 mod ingest;
@@ -26,6 +29,37 @@ pub(crate) mod sqlite;
 pub(crate) mod trade_ids;
 
 pub(crate) use trade_ids::TradeIdMemory;
+
+/// The bulk statements of a counted batch, only fast written per database (a JSON array of
+/// rows on SQLite, arrays and `UNNEST` on PostgreSQL); implemented in `sqlite.rs` and
+/// `postgres.rs` here.
+pub trait PriceSql: Dialect {
+    /// The stored candle of each key, by position (`None`: not stored).
+    fn stored_candles(
+        conn: &mut Conn<Self>,
+        keys: &[(CandleKey, Candle)],
+    ) -> impl Future<Output = Result<Vec<Option<Candle>>>> + Send;
+
+    /// Writes `candles` (merged already), replacing the stored ones of the same keys.
+    fn write_candles(
+        conn: &mut Conn<Self>,
+        candles: &[(CandleKey, Candle)],
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Stores each of `points` in the candle row of its key.
+    fn write_points(
+        conn: &mut Conn<Self>,
+        points: &[FilledPoint],
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Sets each token's decimals and each pool's reserve from `tokens` and `pools` (the
+    /// latest trade of each), where they are newer than the stored ones.
+    fn write_tokens_and_pools(
+        conn: &mut Conn<Self>,
+        tokens: &[&Trade],
+        pools: &[&Trade],
+    ) -> impl Future<Output = Result<()>> + Send;
+}
 
 /// What [`PriceStore::apply_trades`] did.
 #[derive(Debug, Clone, Default, PartialEq)]

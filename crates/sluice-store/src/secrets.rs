@@ -13,7 +13,7 @@ use sqlx::Row as _;
 
 pub use keyring::{Keyring, Sealed, SecretsKey};
 
-use crate::dialect::{Conn, Dialect, Row};
+use crate::dialect::{Row, StoreBackend};
 use crate::store::now;
 use crate::{MetadataStore, Result, Store, StoreError};
 
@@ -87,12 +87,7 @@ pub trait SecretStore: Send + Sync + 'static {
     async fn set_org_admin(&self, user_id: &str, org_admin: bool) -> Result<()>;
 }
 
-fn stored<D: Dialect>(row: &Row<D>) -> Result<StoredSecret>
-where
-    for<'q> String: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Vec<u8>: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-{
+fn stored<D: StoreBackend>(row: &Row<D>) -> Result<StoredSecret> {
     Ok(StoredSecret {
         org_id: row.try_get("org_id")?,
         name: row.try_get("name")?,
@@ -105,18 +100,7 @@ where
 const COLUMNS: &str = "org_id, name, key_id, sealed, revision, updated_at";
 
 #[async_trait]
-impl<D: Dialect> SecretStore for Store<D>
-where
-    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
-    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-    usize: sqlx::ColumnIndex<Row<D>>,
-{
+impl<D: StoreBackend> SecretStore for Store<D> {
     async fn put_secret(
         &self,
         org_id: &str,

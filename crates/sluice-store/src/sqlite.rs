@@ -3,7 +3,6 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sluice_core::prices::{Candle, CandleKey, Trade};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 /// The SQLite [`Dialect`](crate::Dialect).
@@ -70,19 +69,10 @@ async fn checkpoint_in_background(pool: sqlx::SqlitePool) {
     }
 }
 
-/// Values per bulk filter-value statement, passed as one JSON array.
-const VALUES_PER_STATEMENT: usize = 50_000;
-
-/// Bulk filter-value statements take their values as one JSON array (`json_each($2)`), the
-/// SQLite counterpart of binding an array: one short statement per chunk. Measured on a
-/// million values it costs a fifth of the CPU of multi-row `VALUES` lists with a bind
-/// parameter per value, which SQLite must parse and plan for every chunk.
 impl crate::Dialect for SqliteDialect {
     type Db = sqlx::Sqlite;
 
     const BACKEND: crate::migrations::Backend = crate::migrations::Backend::Sqlite;
-
-    const LOCK_DATASET: &str = crate::datasets::sqlite::LOCK_DATASET;
 
     const JSON_AGG: &str = "json_group_array(value)";
 
@@ -160,107 +150,6 @@ impl crate::Dialect for SqliteDialect {
         pool: &sqlx::Pool<Self::Db>,
     ) -> crate::Result<crate::dialect::Tx<Self>> {
         Ok(pool.begin().await?)
-    }
-
-    /// Appends `values` to set `set_id` in order, with seqs taken from `filter_value_seq`
-    /// (migration 6) a chunk at a time.
-    async fn insert_values(
-        tx: &mut sqlx::Transaction<'_, Self::Db>,
-        set_id: i64,
-        values: &mut (dyn Iterator<Item = &str> + Send),
-    ) -> crate::Result<u64> {
-        use sqlx::Row as _;
-        let mut added = 0;
-        loop {
-            let chunk: Vec<&str> = values.take(VALUES_PER_STATEMENT).collect();
-            if chunk.is_empty() {
-                return Ok(added);
-            }
-            added += chunk.len() as u64;
-            let last: i64 =
-                sqlx::query("UPDATE filter_value_seq SET last = last + $1 RETURNING last")
-                    .bind(chunk.len() as i64)
-                    .fetch_one(&mut **tx)
-                    .await?
-                    .try_get("last")?;
-            // json_each numbers array elements from 0 as `key`.
-            sqlx::query(
-                "INSERT INTO filter_values (set_id, seq, value) \
-                 SELECT $1, $2 + key, value FROM json_each($3)",
-            )
-            .bind(set_id)
-            .bind(last - chunk.len() as i64 + 1)
-            .bind(json_array(&chunk))
-            .execute(&mut **tx)
-            .await?;
-        }
-    }
-
-    /// `value [NOT] IN (SELECT … FROM json_each(…))` reads the list into a temporary index
-    /// once; the set's rows are then read in one pass.
-    async fn delete_values(
-        tx: &mut sqlx::Transaction<'_, Self::Db>,
-        set_id: i64,
-        list: &[&str],
-        listed: bool,
-    ) -> crate::Result<u64> {
-        let not = if listed { "" } else { "NOT" };
-        let sql = format!(
-            "DELETE FROM filter_values \
-             WHERE set_id = $1 AND value {not} IN (SELECT value FROM json_each($2))"
-        );
-        Ok(sqlx::query(&sql)
-            .bind(set_id)
-            .bind(json_array(list))
-            .execute(&mut **tx)
-            .await?
-            .rows_affected())
-    }
-
-    async fn insert_entries(
-        tx: &mut sqlx::Transaction<'_, Self::Db>,
-        seq: i64,
-        values: &[&str],
-        size: u64,
-    ) -> crate::Result<u64> {
-        crate::datasets::sqlite::insert_entries(tx, seq, values, size).await
-    }
-
-    async fn delete_entries(
-        tx: &mut sqlx::Transaction<'_, Self::Db>,
-        seq: i64,
-        values: &[&str],
-    ) -> crate::Result<u64> {
-        crate::datasets::sqlite::delete_entries(tx, seq, values).await
-    }
-
-    async fn stored_candles(
-        conn: &mut sqlx::SqliteConnection,
-        keys: &[(CandleKey, Candle)],
-    ) -> crate::Result<Vec<Option<Candle>>> {
-        crate::prices::sqlite::stored_candles(conn, keys).await
-    }
-
-    async fn write_candles(
-        conn: &mut sqlx::SqliteConnection,
-        candles: &[(CandleKey, Candle)],
-    ) -> crate::Result<()> {
-        crate::prices::sqlite::write_candles(conn, candles).await
-    }
-
-    async fn write_points(
-        conn: &mut sqlx::SqliteConnection,
-        points: &[crate::prices::FilledPoint],
-    ) -> crate::Result<()> {
-        crate::prices::sqlite::write_points(conn, points).await
-    }
-
-    async fn write_tokens_and_pools(
-        conn: &mut sqlx::SqliteConnection,
-        tokens: &[&Trade],
-        pools: &[&Trade],
-    ) -> crate::Result<()> {
-        crate::prices::sqlite::write_tokens_and_pools(conn, tokens, pools).await
     }
 }
 

@@ -5,29 +5,12 @@
 use sluice_core::prices::{Candle, CandleKey, Granularity, TokenRef, Trade, aggregate};
 use sqlx::Row as _;
 
-use crate::dialect::{Conn, Dialect, Row};
+use crate::dialect::{Conn, Row, StoreBackend};
 use crate::prices::trade_ids::{self, IdSet, TradeId, TradeIdMemory};
 use crate::prices::{Applied, CANDLE_COLUMNS, ROWS_PER_STATEMENT, placeholders};
 use crate::{Result, Store};
 
-impl<D: Dialect> Store<D>
-where
-    for<'c> &'c mut Conn<D>: sqlx::Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q [u8]: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Vec<u8>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> f64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<bool>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<Vec<u8>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    &'static str: sqlx::ColumnIndex<Row<D>>,
-    usize: sqlx::ColumnIndex<Row<D>>,
-{
+impl<D: StoreBackend> Store<D> {
     /// [`PriceStore::apply_trades`].
     pub(crate) async fn apply(
         &self,

@@ -14,7 +14,8 @@ use sqlx::Row as _;
 use sqlx::SqliteConnection;
 
 use crate::Result;
-use crate::prices::{CANDLE_COLUMNS, FilledPoint, candle_of, pack_point};
+use crate::SqliteDialect;
+use crate::prices::{CANDLE_COLUMNS, FilledPoint, PriceSql, candle_of, pack_point};
 use crate::sqlite::push_json_str as push_str;
 
 /// A JSON array holding one array per item; `row` appends the item's elements, separated by
@@ -87,144 +88,139 @@ fn exact_real(m: &str, e: &str) -> String {
     )
 }
 
-/// The stored candle of each key, by position (`None`: not stored).
-pub(crate) async fn stored_candles(
-    conn: &mut SqliteConnection,
-    keys: &[(CandleKey, Candle)],
-) -> Result<Vec<Option<Candle>>> {
-    let list = json_rows(keys.iter(), 80, |out, (key, _)| {
-        push_token(out, &key.token.chain, &key.token.address);
-        let _ = write!(out, ",{},{}", key.granularity.seconds(), key.start);
-    });
-    // CROSS JOIN keeps the key list as the outer loop: one primary-key probe per key.
-    let sql = format!(
-        "SELECT j.key AS ord, p.{} FROM json_each($1) AS j CROSS JOIN price_candles p \
-            ON p.chain = j.value->>0 AND p.token = j.value->>1 \
-            AND p.granularity = j.value->>2 AND p.window_start = j.value->>3",
-        CANDLE_COLUMNS.replace(", ", ", p.")
-    );
-    let mut out = vec![None; keys.len()];
-    for row in sqlx::query(&sql).bind(list).fetch_all(&mut *conn).await? {
-        let ord: i64 = row.try_get("ord")?;
-        let candle = candle_of(&row)?;
-        if let Some(slot) = usize::try_from(ord).ok().and_then(|i| out.get_mut(i)) {
-            *slot = Some(candle);
-        }
-    }
-    Ok(out)
-}
-
-/// Writes `candles` (merged already), replacing the stored ones of the same keys.
-pub(crate) async fn write_candles(
-    conn: &mut SqliteConnection,
-    candles: &[(CandleKey, Candle)],
-) -> Result<()> {
-    let list = json_rows(candles.iter(), 330, |out, (key, candle)| {
-        push_token(out, &key.token.chain, &key.token.address);
-        let _ = write!(out, ",{},{}", key.granularity.seconds(), key.start);
-        for price in [candle.open, candle.high, candle.low, candle.close] {
-            let (m, e) = split_f64(price);
-            let _ = write!(out, ",{m},{e}");
-        }
-        let _ = write!(
-            out,
-            ",\"{}\",\"{}\",{},",
-            candle.usd_volume.0, candle.token_volume.0, candle.trade_count as i64
+impl PriceSql for SqliteDialect {
+    async fn stored_candles(
+        conn: &mut SqliteConnection,
+        keys: &[(CandleKey, Candle)],
+    ) -> Result<Vec<Option<Candle>>> {
+        let list = json_rows(keys.iter(), 80, |out, (key, _)| {
+            push_token(out, &key.token.chain, &key.token.address);
+            let _ = write!(out, ",{},{}", key.granularity.seconds(), key.start);
+        });
+        // CROSS JOIN keeps the key list as the outer loop: one primary-key probe per key.
+        let sql = format!(
+            "SELECT j.key AS ord, p.{} FROM json_each($1) AS j CROSS JOIN price_candles p \
+                ON p.chain = j.value->>0 AND p.token = j.value->>1 \
+                AND p.granularity = j.value->>2 AND p.window_start = j.value->>3",
+            CANDLE_COLUMNS.replace(", ", ", p.")
         );
-        push_str(out, &candle.first.to_key());
-        out.push(',');
-        push_str(out, &candle.last.to_key());
-        out.push(',');
-        push_hex(out, &pack_point(key.start, candle));
-    });
-    let sql = format!(
-        "WITH rows AS MATERIALIZED (SELECT jsonb(value) AS value FROM json_each($1)) \
-            INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}, point) \
-            SELECT value->>0, value->>1, value->>2, value->>3, {}, {}, {}, {}, \
-            value->>12, value->>13, value->>14, value->>15, value->>16, unhex(value->>17) \
-            FROM rows WHERE true \
-\
-                ON CONFLICT (chain, token, granularity, window_start) DO UPDATE SET \
-            open = excluded.open, high = excluded.high, low = excluded.low, \
-            close = excluded.close, usd_volume = excluded.usd_volume, \
-            token_volume = excluded.token_volume, trade_count = excluded.trade_count, \
-            first_trade = excluded.first_trade, last_trade = excluded.last_trade, \
-            point = excluded.point",
-        exact_real("$[4]", "$[5]"),
-        exact_real("$[6]", "$[7]"),
-        exact_real("$[8]", "$[9]"),
-        exact_real("$[10]", "$[11]"),
-    );
-    sqlx::query(&sql).bind(list).execute(&mut *conn).await?;
-    Ok(())
-}
-
-/// Stores each of `points` in the candle row of its key.
-pub(crate) async fn write_points(
-    conn: &mut SqliteConnection,
-    points: &[FilledPoint],
-) -> Result<()> {
-    let list = json_rows(points.iter(), 200, |out, point| {
-        push_token(out, &point.chain, &point.token);
-        let _ = write!(out, ",{},{},", point.granularity, point.start);
-        push_hex(out, &point.point);
-    });
-    sqlx::query(
-        "UPDATE price_candles SET point = unhex(j.value->>4) FROM json_each($1) AS j \
-            WHERE price_candles.chain = j.value->>0 AND price_candles.token = j.value->>1 \
-            AND price_candles.granularity = j.value->>2 \
-            AND price_candles.window_start = j.value->>3",
-    )
-    .bind(list)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
-
-/// Sets each token's decimals and each pool's reserve from `tokens` and `pools` (the
-/// latest trade of each), where they are newer than the stored ones.
-pub(crate) async fn write_tokens_and_pools(
-    conn: &mut SqliteConnection,
-    tokens: &[&Trade],
-    pools: &[&Trade],
-) -> Result<()> {
-    if !tokens.is_empty() {
-        let list = json_rows(tokens.iter(), 160, |out, trade| {
-            push_token(out, &trade.token.chain, &trade.token.address);
-            let _ = write!(out, ",{},", trade.decimals);
-            push_str(out, &trade.order.to_key());
-        });
-        sqlx::query(
-               "INSERT INTO price_tokens (chain, token, decimals, last_trade) \
-                SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each($1) WHERE true \
-                ON CONFLICT (chain, token) DO UPDATE SET decimals = excluded.decimals, \
-                last_trade = excluded.last_trade WHERE excluded.last_trade > price_tokens.last_trade",
-           )
-           .bind(list)
-           .execute(&mut *conn)
-           .await?;
+        let mut out = vec![None; keys.len()];
+        for row in sqlx::query(&sql).bind(list).fetch_all(&mut *conn).await? {
+            let ord: i64 = row.try_get("ord")?;
+            let candle = candle_of(&row)?;
+            if let Some(slot) = usize::try_from(ord).ok().and_then(|i| out.get_mut(i)) {
+                *slot = Some(candle);
+            }
+        }
+        Ok(out)
     }
-    if !pools.is_empty() {
-        let list = json_rows(pools.iter(), 220, |out, trade| {
-            let (pool, reserve) = trade.pool.as_ref().expect("only trades with a pool are listed");
-            push_token(out, &trade.token.chain, &trade.token.address);
+
+    async fn write_candles(
+        conn: &mut SqliteConnection,
+        candles: &[(CandleKey, Candle)],
+    ) -> Result<()> {
+        let list = json_rows(candles.iter(), 330, |out, (key, candle)| {
+            push_token(out, &key.token.chain, &key.token.address);
+            let _ = write!(out, ",{},{}", key.granularity.seconds(), key.start);
+            for price in [candle.open, candle.high, candle.low, candle.close] {
+                let (m, e) = split_f64(price);
+                let _ = write!(out, ",{m},{e}");
+            }
+            let _ = write!(
+                out,
+                ",\"{}\",\"{}\",{},",
+                candle.usd_volume.0, candle.token_volume.0, candle.trade_count as i64
+            );
+            push_str(out, &candle.first.to_key());
             out.push(',');
-            push_str(out, pool);
-            let _ = write!(out, ",\"{}\",", reserve.0);
-            push_str(out, &trade.order.to_key());
+            push_str(out, &candle.last.to_key());
+            out.push(',');
+            push_hex(out, &pack_point(key.start, candle));
+        });
+        let sql = format!(
+            "WITH rows AS MATERIALIZED (SELECT jsonb(value) AS value FROM json_each($1)) \
+                INSERT INTO price_candles (chain, token, granularity, {CANDLE_COLUMNS}, point) \
+                SELECT value->>0, value->>1, value->>2, value->>3, {}, {}, {}, {}, \
+                value->>12, value->>13, value->>14, value->>15, value->>16, unhex(value->>17) \
+                FROM rows WHERE true \
+    \
+                    ON CONFLICT (chain, token, granularity, window_start) DO UPDATE SET \
+                open = excluded.open, high = excluded.high, low = excluded.low, \
+                close = excluded.close, usd_volume = excluded.usd_volume, \
+                token_volume = excluded.token_volume, trade_count = excluded.trade_count, \
+                first_trade = excluded.first_trade, last_trade = excluded.last_trade, \
+                point = excluded.point",
+            exact_real("$[4]", "$[5]"),
+            exact_real("$[6]", "$[7]"),
+            exact_real("$[8]", "$[9]"),
+            exact_real("$[10]", "$[11]"),
+        );
+        sqlx::query(&sql).bind(list).execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    async fn write_points(conn: &mut SqliteConnection, points: &[FilledPoint]) -> Result<()> {
+        let list = json_rows(points.iter(), 200, |out, point| {
+            push_token(out, &point.chain, &point.token);
+            let _ = write!(out, ",{},{},", point.granularity, point.start);
+            push_hex(out, &point.point);
         });
         sqlx::query(
-            "INSERT INTO price_pools (chain, token, pool, reserve, last_trade) \
-                SELECT value->>0, value->>1, value->>2, value->>3, value->>4 FROM json_each($1) \
-                WHERE true ON CONFLICT (chain, token, pool) DO UPDATE SET \
-                reserve = excluded.reserve, last_trade = excluded.last_trade \
-                WHERE excluded.last_trade > price_pools.last_trade",
+            "UPDATE price_candles SET point = unhex(j.value->>4) FROM json_each($1) AS j \
+                WHERE price_candles.chain = j.value->>0 AND price_candles.token = j.value->>1 \
+                AND price_candles.granularity = j.value->>2 \
+                AND price_candles.window_start = j.value->>3",
         )
         .bind(list)
         .execute(&mut *conn)
         .await?;
+        Ok(())
     }
-    Ok(())
+
+    async fn write_tokens_and_pools(
+        conn: &mut SqliteConnection,
+        tokens: &[&Trade],
+        pools: &[&Trade],
+    ) -> Result<()> {
+        if !tokens.is_empty() {
+            let list = json_rows(tokens.iter(), 160, |out, trade| {
+                push_token(out, &trade.token.chain, &trade.token.address);
+                let _ = write!(out, ",{},", trade.decimals);
+                push_str(out, &trade.order.to_key());
+            });
+            sqlx::query(
+                   "INSERT INTO price_tokens (chain, token, decimals, last_trade) \
+                    SELECT value->>0, value->>1, value->>2, value->>3 FROM json_each($1) WHERE true \
+                    ON CONFLICT (chain, token) DO UPDATE SET decimals = excluded.decimals, \
+                    last_trade = excluded.last_trade WHERE excluded.last_trade > price_tokens.last_trade",
+               )
+               .bind(list)
+               .execute(&mut *conn)
+               .await?;
+        }
+        if !pools.is_empty() {
+            let list = json_rows(pools.iter(), 220, |out, trade| {
+                let (pool, reserve) =
+                    trade.pool.as_ref().expect("only trades with a pool are listed");
+                push_token(out, &trade.token.chain, &trade.token.address);
+                out.push(',');
+                push_str(out, pool);
+                let _ = write!(out, ",\"{}\",", reserve.0);
+                push_str(out, &trade.order.to_key());
+            });
+            sqlx::query(
+                "INSERT INTO price_pools (chain, token, pool, reserve, last_trade) \
+                    SELECT value->>0, value->>1, value->>2, value->>3, value->>4 FROM json_each($1) \
+                    WHERE true ON CONFLICT (chain, token, pool) DO UPDATE SET \
+                    reserve = excluded.reserve, last_trade = excluded.last_trade \
+                    WHERE excluded.last_trade > price_pools.last_trade",
+            )
+            .bind(list)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
