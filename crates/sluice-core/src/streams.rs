@@ -8,7 +8,7 @@
 //! Entity names are global: an entity means the same record shape on every chain that has it
 //! (`log` is the same on `base`, `ethereum` and an operator-added `arbitrum`).
 //!
-//! The checked records themselves ([`StreamRecord`], [`RecordWriter`]) are in [`records`].
+//! The checked records themselves ([`StreamRecord`], [`RecordWriter`]) are in `records.rs`.
 
 mod records;
 
