@@ -1,6 +1,6 @@
 //! The log's clients: how [`KafkaLog::connect`] configures and makes them, the context that
 //! sends librdkafka's own logging to `tracing`, and the threads their blocking calls run on.
-//! Every client the log uses is made here, so their settings can be read side by side.
+//! Every client's settings are written here, side by side.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
