@@ -14,8 +14,8 @@ use sluice_core::pipeline::Pipeline;
 use sluice_store::{MetadataStore, NewApiKey, StoreError};
 use subtle::ConstantTimeEq;
 
-use crate::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// The header that carries the key (matched case-insensitively, as HTTP headers are).
 pub const API_KEY_HEADER: &str = "x-api-key";

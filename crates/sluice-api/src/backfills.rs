@@ -12,12 +12,12 @@ use sluice_core::validation::Loc;
 use std::sync::Arc;
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
-use crate::deployments::{PageQuery, RecordsBody, topic_page};
+use crate::deployments::records::{PageQuery, RecordsBody, topic_page};
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
+use crate::state::AppState;
 
 /// The create body (docs/contract.md §Backfill endpoints); documentation of what
 /// `validate_backfill_body` reads.
@@ -337,7 +337,7 @@ pub async fn list_tables(
     params(
         ("job_id" = String, Path, description = "Job id"),
         ("sink_uid" = String, Path, description = "Destination uid"),
-        crate::deployments::RecordsQuery,
+        crate::deployments::records::RecordsQuery,
     ),
     responses(
         (status = 200, description = "Records from `offset` on", body = RecordsBody),

@@ -10,8 +10,8 @@ use axum::http::StatusCode;
 use serde_json::{Map, Value};
 use sluice_core::validation::{Loc, Violation, parse_object, parse_value};
 
-use crate::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// A request body, read but not yet parsed.
 #[derive(Debug)]

@@ -8,10 +8,10 @@ use axum::extract::State;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::params::Query;
+use crate::state::AppState;
 
 /// Status of the chain ingesters of this process.
 pub trait ChainStatusSource: Send + Sync + 'static {

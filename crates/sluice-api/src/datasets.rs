@@ -9,7 +9,7 @@
 //! change unheard.
 //!
 //! An entry change carries up to [`MAX_VALUES_PER_REQUEST`] values, so the entry routes take
-//! the larger body limit of bulk value changes ([`crate::Limits::max_filter_values_body_bytes`])
+//! the larger body limit of bulk value changes ([`crate::state::Limits::max_filter_values_body_bytes`])
 //! and deserialize the body straight into strings; only a body that fails that fast path is
 //! walked as a JSON tree to say precisely what is wrong.
 
@@ -24,13 +24,13 @@ use sluice_core::filter_values::normalize;
 use sluice_core::validation::{Fields, Loc, Violation, Violations, parse_object, str_array};
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::filter_values::{MAX_VALUE_BYTES, normalize_in_place};
 use crate::params::{PathParams, Query};
 use crate::services::{self, EntriesOp, dataset_not_found as not_found};
+use crate::state::AppState;
 
 /// Most values one request may add or delete (docs/contract.md §Limits).
 pub const MAX_VALUES_PER_REQUEST: usize = 250_000;

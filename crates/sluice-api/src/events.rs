@@ -30,10 +30,10 @@ use utoipa::{IntoParams, ToSchema};
 
 pub use settings::*;
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{Query, QueryParams};
+use crate::state::AppState;
 
 /// Largest page of `GET /api/v1/events`.
 pub const MAX_PAGE: i64 = 1000;

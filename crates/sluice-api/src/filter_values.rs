@@ -9,7 +9,7 @@
 //! running pipelines follow at once.
 //!
 //! A change may carry a million values (~45 MB of JSON), so these routes have their own body
-//! limit ([`crate::Limits::max_filter_values_body_bytes`]) and the body is deserialized
+//! limit ([`crate::state::Limits::max_filter_values_body_bytes`]) and the body is deserialized
 //! straight into `Vec<String>`; only a body that fails that fast path is walked again as a
 //! JSON tree to say precisely what is wrong.
 
@@ -24,11 +24,11 @@ use sluice_core::pipeline::Transform;
 use sluice_core::validation::{Fields, Loc, Violation, Violations, parse_object, str_array};
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
 use crate::services::{self, ValuesChange};
+use crate::state::AppState;
 
 /// Largest page of `GET …/filter-values` (docs/contract.md §Limits).
 pub const MAX_PAGE_SIZE: i64 = 10_000;

@@ -6,10 +6,10 @@ use axum::extract::State;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::params::Query;
+use crate::state::AppState;
 
 /// One worker a node runs.
 #[derive(Debug, Serialize, ToSchema)]

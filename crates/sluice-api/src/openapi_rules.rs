@@ -237,8 +237,41 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
     let mut entities: Vec<&str> = catalog.entries().iter().map(|e| e.entity.as_str()).collect();
     entities.sort_unstable();
     entities.dedup();
-    let max_offset = i128::from(deployments::MAX_OFFSET);
+    reads(doc);
+    deployment_metrics(doc);
+    values_and_datasets(doc);
+    events(doc, &chains);
 
+    // Stream ingest.
+    let ingest = "/api/v1/streams/{chain}/{entity}/records";
+    param(doc, "post", ingest, "path", "chain", enum_of(&chains));
+    param(doc, "post", ingest, "path", "entity", enum_of(&entities));
+    param(doc, "post", ingest, "query", "zerolag", json!({"type": "boolean"}));
+
+    // Sharing: each list, when given, is a list (never null).
+    closed(doc, "PermissionsRequest");
+
+    // Pipelines.
+    property(doc, "PipelineSpec", "name", json!({"pattern": NOT_BLANK}));
+    property(doc, "Source", "chain", json!({"enum": chains}));
+    property(doc, "Source", "entity", json!({"enum": entities}));
+    property(doc, "PipelineConfig", "sinks", json!({"minItems": 1, "maxItems": 1}));
+
+    for name in NULL_AS_ABSENT {
+        if let Some(schema) = doc.pointer_mut(&format!("/components/schemas/{name}")) {
+            null_as_absent(schema);
+        }
+    }
+    sinks(doc);
+
+    backfills(doc);
+    secrets(doc);
+    token_prices(doc);
+}
+
+/// Reading a sink, the dead letters, a backfill's managed destination and the script log.
+fn reads(doc: &mut Value) {
+    let max_offset = i128::from(deployments::records::MAX_OFFSET);
     // Reading a sink, the dead letters and a backfill's managed destination: one reader
     // (`PageQuery`), so one set of limits.
     for path in [
@@ -247,24 +280,35 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
         "/api/v1/beam/backfills/{job_id}/sinks/{sink_uid}/records",
     ] {
         param(doc, "get", path, "query", "offset", int(0, max_offset));
-        let limit = int(1, deployments::MAX_RECORDS_PAGE.into());
+        let limit = int(1, deployments::records::MAX_RECORDS_PAGE.into());
         param(doc, "get", path, "query", "limit", limit);
-        param(doc, "get", path, "query", "wait_ms", int(0, deployments::MAX_WAIT_MS.into()));
+        param(
+            doc,
+            "get",
+            path,
+            "query",
+            "wait_ms",
+            int(0, deployments::records::MAX_WAIT_MS.into()),
+        );
     }
     let stream = "/api/v1/beam/{config_id}/sinks/{sink_uid}/records/stream";
     param(doc, "get", stream, "query", "offset", int(0, max_offset));
     param(doc, "get", stream, "header", "Last-Event-ID", int(0, u64::MAX.into()));
     let logs = "/api/v1/beam/{config_id}/logs";
-    param(doc, "get", logs, "query", "limit", int(1, deployments::MAX_LOG_LINES.into()));
+    param(doc, "get", logs, "query", "limit", int(1, deployments::records::MAX_LOG_LINES.into()));
+}
 
-    // Deployment metrics.
+/// Deployment metrics.
+fn deployment_metrics(doc: &mut Value) {
     let metrics = "/api/v1/beam/{config_id}/deploy/metrics";
     param(doc, "get", metrics, "query", "time_range", enum_of(&stats::TIME_RANGES));
     param(doc, "get", metrics, "query", "aggregated", json!({"type": "boolean"}));
     let list = json!({"type": "string", "pattern": metric_list_pattern()});
     param(doc, "get", metrics, "query", "metrics", list);
+}
 
-    // Filter values and dataset entries.
+/// Filter values and dataset entries.
+fn values_and_datasets(doc: &mut Value) {
     let values = "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values";
     param(doc, "get", values, "query", "cursor", int(0, i64::MAX.into()));
     param(doc, "get", values, "query", "count", int(1, filter_values::MAX_PAGE_SIZE.into()));
@@ -296,32 +340,10 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
         props.insert("type".to_owned(), kind);
     }
     closed(doc, "CreateDatasetRequest");
+}
 
-    events(doc, &chains);
-
-    // Stream ingest.
-    let ingest = "/api/v1/streams/{chain}/{entity}/records";
-    param(doc, "post", ingest, "path", "chain", enum_of(&chains));
-    param(doc, "post", ingest, "path", "entity", enum_of(&entities));
-    param(doc, "post", ingest, "query", "zerolag", json!({"type": "boolean"}));
-
-    // Sharing: each list, when given, is a list (never null).
-    closed(doc, "PermissionsRequest");
-
-    // Pipelines.
-    property(doc, "PipelineSpec", "name", json!({"pattern": NOT_BLANK}));
-    property(doc, "Source", "chain", json!({"enum": chains}));
-    property(doc, "Source", "entity", json!({"enum": entities}));
-    property(doc, "PipelineConfig", "sinks", json!({"minItems": 1, "maxItems": 1}));
-
-    for name in NULL_AS_ABSENT {
-        if let Some(schema) = doc.pointer_mut(&format!("/components/schemas/{name}")) {
-            null_as_absent(schema);
-        }
-    }
-    sinks(doc);
-
-    // Backfills.
+/// Backfills.
+fn backfills(doc: &mut Value) {
     let tables: Vec<String> =
         sluice_backfill::tables::tables(&sluice_core::catalog::Catalog::default())
             .into_iter()
@@ -357,8 +379,10 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
     closed(doc, "BackfillWindow");
     property(doc, "BackfillFilter", "values", json!({"minItems": 1}));
     closed(doc, "BackfillFilter");
+}
 
-    // Organization secrets.
+/// Organization secrets.
+fn secrets(doc: &mut Value) {
     let secret_name = json!({"type": "string", "pattern": format!(
         "^[A-Za-z0-9_.-]{{1,{}}}$",
         sluice_core::pipeline::sink::MAX_SECRET_NAME_LEN
@@ -369,8 +393,10 @@ pub fn tighten(doc: &mut Value, catalog: &Catalog) {
     let value = json!({"minLength": 1, "maxLength": crate::secrets::MAX_SECRET_CHARS});
     property(doc, "PutSecretRequest", "value", value);
     closed(doc, "PutSecretRequest");
+}
 
-    // Token prices.
+/// Token prices.
+fn token_prices(doc: &mut Value) {
     property(doc, "TokenAddress", "chain", json!({"pattern": NOT_BLANK}));
     property(doc, "TokenAddress", "token_address", json!({"pattern": NOT_BLANK}));
     closed(doc, "TokenAddress");

@@ -7,9 +7,9 @@ use axum::response::{Html, IntoResponse};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::params::Query;
+use crate::state::AppState;
 
 /// `{"status": "ok"}`.
 #[derive(Debug, Serialize, ToSchema)]

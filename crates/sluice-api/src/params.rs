@@ -18,8 +18,8 @@ use axum::extract::{FromRequestParts, MatchedPath};
 use axum::http::request::Parts;
 use sluice_core::validation::{Loc, Violation, Violations};
 
-use crate::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// pydantic's message for text that is not UTF-8.
 const UNICODE_MSG: &str =

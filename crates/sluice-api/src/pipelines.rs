@@ -9,13 +9,13 @@ use sluice_core::pipeline::{Pipeline, PipelineSpec};
 use sluice_core::validation::Loc;
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
 use crate::scripts::check_transform_list;
 use crate::services::{self, Redeploy};
+use crate::state::AppState;
 
 /// `{"message": "..."}`: the answer to an action.
 #[derive(Debug, Serialize, ToSchema)]

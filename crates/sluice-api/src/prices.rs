@@ -18,10 +18,10 @@ use sluice_core::validation::{Fields, Loc, Violation, Violations, as_array, one_
 use sluice_prices::{HistoryPage, HistoryQuery, LatestPrice, PriceError, PriceService};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::Query;
+use crate::state::AppState;
 
 /// Most tokens of one latest-prices request (docs/contract.md §Limits).
 pub const MAX_LATEST_TOKENS: usize = 200;

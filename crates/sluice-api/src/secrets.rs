@@ -14,11 +14,11 @@ use sluice_store::Secrets;
 use sluice_store::secrets::SecretInfo;
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
+use crate::state::AppState;
 
 /// Longest secret value, in characters.
 pub const MAX_SECRET_CHARS: usize = 64 * 1024;

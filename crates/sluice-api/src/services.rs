@@ -22,8 +22,8 @@ use sluice_core::pipeline::Pipeline;
 use sluice_core::validation::{Loc, Violation};
 use sluice_runtime::LifecycleGuard;
 
-use crate::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// Runs `change` (a commit and what must follow it) in a task of its own and waits for it:
 /// dropping the caller does not stop it half way.

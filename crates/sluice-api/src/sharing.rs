@@ -12,11 +12,11 @@ use sluice_core::permission::{Grants, Permission, validate_grants_body};
 use sluice_core::validation::{Loc, Violation};
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
+use crate::state::AppState;
 
 /// The owner and the grants of a pipeline.
 #[derive(Debug, Serialize, ToSchema)]

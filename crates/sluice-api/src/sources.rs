@@ -6,10 +6,10 @@ use serde::Serialize;
 use sluice_core::catalog::CatalogEntry;
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::params::Query;
+use crate::state::AppState;
 
 /// `{"sources": [...]}`.
 #[derive(Debug, Serialize, ToSchema)]

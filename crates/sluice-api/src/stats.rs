@@ -18,10 +18,10 @@ use sluice_store::MetricSample;
 use sluice_store::metrics::{Histogram, LATENCY_BOUNDS_MS};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::AppState;
 use crate::auth::{self, Caller};
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
+use crate::state::AppState;
 
 /// One worker of a deployment.
 #[derive(Debug, Serialize, ToSchema)]
@@ -528,121 +528,136 @@ pub async fn exposition(state: &AppState, visible: Option<&HashSet<String>>) -> 
     if let Some(runtime) = state.runtime.as_ref() {
         let mut totals = runtime.metrics().totals();
         totals.retain(|(id, _)| shown(id));
-        let counters: [(&str, &str, CountOf); 4] = [
-            ("messages_received", "Records read from the source.", |t| t.received),
-            ("messages_sent", "Records delivered to the sink.", |t| t.sent),
-            ("processor_errors", "Records a transform failed on (dead-lettered).", |t| {
-                t.processor_errors
-            }),
-            ("output_errors", "Failed sink writes.", |t| t.output_errors),
-        ];
-        for (name, help, get) in counters {
-            let _ = writeln!(out, "# HELP sluice_pipeline_{name}_total {help}");
-            let _ = writeln!(out, "# TYPE sluice_pipeline_{name}_total counter");
-            for (id, t) in &totals {
-                let _ = writeln!(
-                    out,
-                    "sluice_pipeline_{name}_total{{config_id=\"{}\"}} {}",
-                    escape(id),
-                    get(t)
-                );
-            }
-        }
-        let histograms: [(&str, &str, HistogramOf); 2] = [
-            (
-                "total_latency",
-                "Per delivered batch: delivery time minus the source append time of its oldest record.",
-                |t| &t.total_latency,
-            ),
-            ("processing_latency", "Per batch: time in the transforms.", |t| &t.processing_latency),
-        ];
-        for (name, help, get) in histograms {
-            let metric = format!("sluice_pipeline_{name}_seconds");
-            let _ = writeln!(out, "# HELP {metric} {help}");
-            let _ = writeln!(out, "# TYPE {metric} histogram");
-            for (id, t) in &totals {
-                let histogram = get(t);
-                let id = escape(id);
-                let mut cumulative = 0;
-                for (bound, count) in LATENCY_BOUNDS_MS.iter().zip(histogram.counts.iter()) {
-                    cumulative += count;
-                    let le = bound / 1000.0;
-                    let _ = writeln!(
-                        out,
-                        "{metric}_bucket{{config_id=\"{id}\",le=\"{le}\"}} {cumulative}"
-                    );
-                }
-                let _ = writeln!(
-                    out,
-                    "{metric}_bucket{{config_id=\"{id}\",le=\"+Inf\"}} {}",
-                    histogram.count
-                );
-                let _ = writeln!(
-                    out,
-                    "{metric}_sum{{config_id=\"{id}\"}} {}",
-                    histogram.sum_ms / 1000.0
-                );
-                let _ = writeln!(out, "{metric}_count{{config_id=\"{id}\"}} {}", histogram.count);
-            }
-        }
-        let _ = writeln!(
-            out,
-            "# HELP sluice_pipeline_data_age_seconds Age of the newest delivered record by its block time, at the latest delivery."
-        );
-        let _ = writeln!(out, "# TYPE sluice_pipeline_data_age_seconds gauge");
-        for (id, t) in &totals {
-            if let Some(ms) = t.data_age_ms {
-                let _ = writeln!(
-                    out,
-                    "sluice_pipeline_data_age_seconds{{config_id=\"{}\"}} {}",
-                    escape(id),
-                    ms as f64 / 1000.0
-                );
-            }
-        }
+        write_counters(&mut out, &totals);
+        write_latencies(&mut out, &totals);
+        write_data_ages(&mut out, &totals);
         let mut health = runtime.all_worker_health().await;
         health.retain(|(id, _)| shown(id));
-        let _ = writeln!(
-            out,
-            "# HELP sluice_pipeline_workers Workers of running deployments, by health (a worker may count in several)."
-        );
-        let _ = writeln!(out, "# TYPE sluice_pipeline_workers gauge");
-        for (id, statuses) in &health {
-            let workers = WorkersHealth::from_statuses(statuses.clone());
-            let id = escape(id);
-            for (kind, n) in [
-                ("total", workers.total_workers),
-                ("healthy", workers.healthy_workers),
-                ("unhealthy", workers.unhealthy_workers),
-                ("crashing", workers.crashing_workers),
-                ("oom_killed", workers.oom_killed_workers),
-                ("blocked_on_sink", statuses.iter().filter(|w| w.is_blocked_on_sink).count()),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "sluice_pipeline_workers{{config_id=\"{id}\",health=\"{kind}\"}} {n}"
-                );
-            }
-        }
-        let _ = writeln!(
-            out,
-            "# HELP sluice_pipeline_worker_restarts Restarts of running deployments' workers since they started."
-        );
-        let _ = writeln!(out, "# TYPE sluice_pipeline_worker_restarts gauge");
-        for (id, statuses) in &health {
-            let restarts: u64 = statuses.iter().map(|w| w.restart_count).sum();
-            let _ = writeln!(
-                out,
-                "sluice_pipeline_worker_restarts{{config_id=\"{}\"}} {restarts}",
-                escape(id)
-            );
-        }
+        write_workers(&mut out, &health);
     }
     // Chain ingesters are the server's, not a tenant's: every caller sees them.
     if let Some(chains) = state.chains.as_ref() {
         out.push_str(&chains.metrics_text());
     }
     out
+}
+
+/// The pipelines' counters (`…_total`).
+fn write_counters(out: &mut String, totals: &[(String, sluice_runtime::metrics::Totals)]) {
+    let counters: [(&str, &str, CountOf); 4] = [
+        ("messages_received", "Records read from the source.", |t| t.received),
+        ("messages_sent", "Records delivered to the sink.", |t| t.sent),
+        ("processor_errors", "Records a transform failed on (dead-lettered).", |t| {
+            t.processor_errors
+        }),
+        ("output_errors", "Failed sink writes.", |t| t.output_errors),
+    ];
+    for (name, help, get) in counters {
+        let _ = writeln!(out, "# HELP sluice_pipeline_{name}_total {help}");
+        let _ = writeln!(out, "# TYPE sluice_pipeline_{name}_total counter");
+        for (id, t) in totals {
+            let _ = writeln!(
+                out,
+                "sluice_pipeline_{name}_total{{config_id=\"{}\"}} {}",
+                escape(id),
+                get(t)
+            );
+        }
+    }
+}
+
+/// The latency histograms (`…_seconds`).
+fn write_latencies(out: &mut String, totals: &[(String, sluice_runtime::metrics::Totals)]) {
+    let histograms: [(&str, &str, HistogramOf); 2] = [
+        (
+            "total_latency",
+            "Per delivered batch: delivery time minus the source append time of its oldest record.",
+            |t| &t.total_latency,
+        ),
+        ("processing_latency", "Per batch: time in the transforms.", |t| &t.processing_latency),
+    ];
+    for (name, help, get) in histograms {
+        let metric = format!("sluice_pipeline_{name}_seconds");
+        let _ = writeln!(out, "# HELP {metric} {help}");
+        let _ = writeln!(out, "# TYPE {metric} histogram");
+        for (id, t) in totals {
+            let histogram = get(t);
+            let id = escape(id);
+            let mut cumulative = 0;
+            for (bound, count) in LATENCY_BOUNDS_MS.iter().zip(histogram.counts.iter()) {
+                cumulative += count;
+                let le = bound / 1000.0;
+                let _ =
+                    writeln!(out, "{metric}_bucket{{config_id=\"{id}\",le=\"{le}\"}} {cumulative}");
+            }
+            let _ = writeln!(
+                out,
+                "{metric}_bucket{{config_id=\"{id}\",le=\"+Inf\"}} {}",
+                histogram.count
+            );
+            let _ =
+                writeln!(out, "{metric}_sum{{config_id=\"{id}\"}} {}", histogram.sum_ms / 1000.0);
+            let _ = writeln!(out, "{metric}_count{{config_id=\"{id}\"}} {}", histogram.count);
+        }
+    }
+}
+
+/// The age of each pipeline's newest delivered record.
+fn write_data_ages(out: &mut String, totals: &[(String, sluice_runtime::metrics::Totals)]) {
+    let _ = writeln!(
+        out,
+        "# HELP sluice_pipeline_data_age_seconds Age of the newest delivered record by its block time, at the latest delivery."
+    );
+    let _ = writeln!(out, "# TYPE sluice_pipeline_data_age_seconds gauge");
+    for (id, t) in totals {
+        if let Some(ms) = t.data_age_ms {
+            let _ = writeln!(
+                out,
+                "sluice_pipeline_data_age_seconds{{config_id=\"{}\"}} {}",
+                escape(id),
+                ms as f64 / 1000.0
+            );
+        }
+    }
+}
+
+/// The workers of running deployments by health, and their restarts.
+fn write_workers(out: &mut String, health: &[(String, Vec<sluice_runtime::WorkerStatus>)]) {
+    let _ = writeln!(
+        out,
+        "# HELP sluice_pipeline_workers Workers of running deployments, by health (a worker may count in several)."
+    );
+    let _ = writeln!(out, "# TYPE sluice_pipeline_workers gauge");
+    for (id, statuses) in health {
+        let workers = WorkersHealth::from_statuses(statuses.clone());
+        let id = escape(id);
+        for (kind, n) in [
+            ("total", workers.total_workers),
+            ("healthy", workers.healthy_workers),
+            ("unhealthy", workers.unhealthy_workers),
+            ("crashing", workers.crashing_workers),
+            ("oom_killed", workers.oom_killed_workers),
+            ("blocked_on_sink", statuses.iter().filter(|w| w.is_blocked_on_sink).count()),
+        ] {
+            let _ = writeln!(
+                out,
+                "sluice_pipeline_workers{{config_id=\"{id}\",health=\"{kind}\"}} {n}"
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP sluice_pipeline_worker_restarts Restarts of running deployments' workers since they started."
+    );
+    let _ = writeln!(out, "# TYPE sluice_pipeline_worker_restarts gauge");
+    for (id, statuses) in health {
+        let restarts: u64 = statuses.iter().map(|w| w.restart_count).sum();
+        let _ = writeln!(
+            out,
+            "sluice_pipeline_worker_restarts{{config_id=\"{}\"}} {restarts}",
+            escape(id)
+        );
+    }
 }
 
 /// The pipelines a `/metrics` request may see: `None` for all (the metrics token or an

@@ -8,10 +8,10 @@ use sluice_core::streams::{InvalidRecord, StreamRecord};
 use sluice_core::validation::{Loc, Violation};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
+use crate::state::AppState;
 
 /// Which variant of the stream to append to.
 #[derive(Debug, Deserialize, IntoParams)]

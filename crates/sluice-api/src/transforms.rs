@@ -8,7 +8,7 @@
 //! at a batch boundary, so no record is skipped or processed twice by the change. A paused
 //! pipeline is only stored; it runs the new list when it is next deployed.
 //!
-//! Each edit runs in the pipeline's turn ([`crate::AppState::lifecycle`]), so two concurrent
+//! Each edit runs in the pipeline's turn ([`crate::state::AppState::lifecycle`]), so two concurrent
 //! changes cannot both read the same configuration and the later write silently undo the
 //! earlier one, and the runtime ends up running the last stored list.
 
@@ -22,13 +22,13 @@ use sluice_core::pipeline::validate::{
 use sluice_core::pipeline::{Pipeline, Transform};
 use sluice_core::validation::{Loc, Violation, Violations};
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
 use crate::scripts::{check_transform, check_transform_list};
 use crate::services::{self, Redeploy};
+use crate::state::AppState;
 use sluice_runtime::LifecycleGuard;
 
 /// Change one transform of a pipeline (edit permission) and redeploy it when it is deployed.

@@ -68,6 +68,10 @@ fn record(n: usize) -> (String, String) {
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+#[allow(
+    clippy::too_many_lines,
+    reason = "a benchmark run told step by step, each step timed in place and reported together"
+)]
 async fn main() -> Result<(), BoxError> {
     let rows = arg("--rows", 400_000);
     let file_rows = arg("--file-rows", 50_000);

@@ -119,6 +119,10 @@ fn process_cpu_secs() -> f64 {
 }
 
 #[tokio::main]
+#[allow(
+    clippy::too_many_lines,
+    reason = "a benchmark run told step by step, each step timed in place and reported together"
+)]
 async fn main() -> Result<(), BoxError> {
     let mut rows: usize = 10_000_000;
     let mut dir_arg: Option<std::path::PathBuf> = None;

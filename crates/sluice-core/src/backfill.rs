@@ -208,27 +208,8 @@ pub fn validate_backfill_body(
         }
     }
     let table_name = fields.required_str("table", &mut errors);
-    let columns = match table_name.map(table) {
-        Some(TableCheck::Unknown) => {
-            errors.push(Violation::value(
-                &fields.loc("table"),
-                format!(
-                    "unknown table '{}'; GET /backfills/tables lists them",
-                    table_name.unwrap_or_default()
-                ),
-            ));
-            None
-        }
-        Some(TableCheck::NotBackfillable) => {
-            errors.push(Violation::value(
-                &fields.loc("table"),
-                "only base-chain tables are supported",
-            ));
-            None
-        }
-        Some(TableCheck::Columns { columns, entity }) => Some((columns, entity)),
-        None => None,
-    };
+    let columns =
+        table_name.and_then(|name| columns(name, table, &fields.loc("table"), &mut errors));
     let window = match fields.get("backfill_window") {
         None => {
             errors.push(Violation::missing(&fields.loc("backfill_window")));
@@ -255,33 +236,9 @@ pub fn validate_backfill_body(
         ),
     };
     let destinations_loc = fields.loc("destinations");
-    let destinations = fields.required_array("destinations", &mut errors).and_then(|items| {
-        if items.is_empty() || items.len() > MAX_DESTINATIONS {
-            errors.push(Violation::value(
-                &destinations_loc,
-                format!("give 1 to {MAX_DESTINATIONS} destinations"),
-            ));
-        }
-        let sinks: Vec<Option<SinkConfig>> = items
-            .iter()
-            .enumerate()
-            .map(|(index, item)| {
-                SinkConfig::validate(item, destinations_loc.at(index), &mut errors)
-            })
-            .collect();
-        let sinks: Option<Vec<SinkConfig>> = sinks.into_iter().collect();
-        if let Some(sinks) = &sinks {
-            for (index, sink) in sinks.iter().enumerate() {
-                if sinks[..index].iter().any(|other| other.uid() == sink.uid()) {
-                    errors.push(Violation::value(
-                        &destinations_loc.at(index).at("uid"),
-                        "destination uids must be unique",
-                    ));
-                }
-            }
-        }
-        sinks.filter(|sinks| !sinks.is_empty() && sinks.len() <= MAX_DESTINATIONS)
-    });
+    let destinations = fields
+        .required_array("destinations", &mut errors)
+        .and_then(|items| destinations(items, &destinations_loc, &mut errors));
     let static_egress_ip = fields.optional_bool("static_egress_ip", &mut errors);
     fields.finish(&mut errors, |_| None);
     let (
@@ -307,6 +264,53 @@ pub fn validate_backfill_body(
         static_egress_ip: static_egress_ip.unwrap_or(false),
         transforms,
     })
+}
+
+/// The filterable columns and the entity of table `name`, as `table` knows it.
+fn columns(
+    name: &str,
+    table: &dyn Fn(&str) -> TableCheck,
+    loc: &Loc,
+    errors: &mut Violations,
+) -> Option<(Vec<String>, String)> {
+    match table(name) {
+        TableCheck::Unknown => {
+            errors.push(Violation::value(
+                loc,
+                format!("unknown table '{name}'; GET /backfills/tables lists them"),
+            ));
+            None
+        }
+        TableCheck::NotBackfillable => {
+            errors.push(Violation::value(loc, "only base-chain tables are supported"));
+            None
+        }
+        TableCheck::Columns { columns, entity } => Some((columns, entity)),
+    }
+}
+
+/// The `destinations` of a create body: 1 to [`MAX_DESTINATIONS`] sinks, uids unique.
+fn destinations(items: &[Value], loc: &Loc, errors: &mut Violations) -> Option<Vec<SinkConfig>> {
+    if items.is_empty() || items.len() > MAX_DESTINATIONS {
+        errors.push(Violation::value(loc, format!("give 1 to {MAX_DESTINATIONS} destinations")));
+    }
+    let sinks: Vec<Option<SinkConfig>> = items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| SinkConfig::validate(item, loc.at(index), errors))
+        .collect();
+    let sinks: Option<Vec<SinkConfig>> = sinks.into_iter().collect();
+    if let Some(sinks) = &sinks {
+        for (index, sink) in sinks.iter().enumerate() {
+            if sinks[..index].iter().any(|other| other.uid() == sink.uid()) {
+                errors.push(Violation::value(
+                    &loc.at(index).at("uid"),
+                    "destination uids must be unique",
+                ));
+            }
+        }
+    }
+    sinks.filter(|sinks| !sinks.is_empty() && sinks.len() <= MAX_DESTINATIONS)
 }
 
 /// The `transforms` of a create body: pipeline transform objects, a set filter with its

@@ -342,6 +342,11 @@ impl HyperliquidFeed {
         record
     }
 
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one match over every kind of miscellaneous event the feed makes, each arm \
+                  beside its share of the rolls"
+    )]
     fn misc_events(&mut self, rng: &mut StdRng, block: &Block) -> Vec<Map<String, Value>> {
         let event = |kind: &str, user: &str, hash: &str, inner: Value| {
             let mut record = Map::new();

@@ -64,6 +64,11 @@ impl SolanaFeed {
         }
     }
 
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one transaction drawn in a fixed order from the seeded generator: the order of \
+                  the draws fixes every seed's records, and reads best in one place"
+    )]
     pub(crate) fn next_record(&mut self, rng: &mut StdRng, now_ms: i64) -> Map<String, Value> {
         let (block, new_block) = self.blocks.next(rng, now_ms);
         if new_block {

@@ -46,6 +46,10 @@ fn main() {
     runtime.block_on(run(url, tokens, days, reuse));
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a benchmark run told step by step, each step timed in place and reported together"
+)]
 async fn run(url: String, token_count: usize, days: i64, reuse: bool) {
     let addresses: Vec<TokenRef> =
         (0..token_count).map(|i| TokenRef::new("base", &format!("0x{i:040x}"))).collect();

@@ -587,18 +587,7 @@ pub async fn follow_feed(
         let read = feed.next(Duration::from_secs(1)).await;
         let Some(indexes) = indexes.upgrade() else { return };
         match read {
-            Ok(entries) => {
-                for entry in entries {
-                    match entry {
-                        FeedEntry::Set(entry) => {
-                            if let Err(error) = indexes.apply_feed(entry).await {
-                                tracing::warn!(%error, "set feed: cannot load a set index again");
-                            }
-                        }
-                        FeedEntry::Dataset(entry) => datasets.apply(entry).await,
-                    }
-                }
-            }
+            Ok(entries) => apply_feed_entries(&indexes, datasets.as_ref(), entries).await,
             Err(error) => {
                 tracing::warn!(%error, "set feed: read failed; reading again in a second");
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -616,6 +605,25 @@ pub async fn follow_feed(
             if let Err(error) = feed.trim(FEED_AGE).await {
                 tracing::warn!(%error, "cannot trim the set feed");
             }
+        }
+    }
+}
+
+/// Entries read from the change feed: set changes to `indexes`, dataset changes to
+/// `datasets`.
+async fn apply_feed_entries(
+    indexes: &SetIndexes,
+    datasets: &dyn DatasetFeedTarget,
+    entries: Vec<FeedEntry>,
+) {
+    for entry in entries {
+        match entry {
+            FeedEntry::Set(entry) => {
+                if let Err(error) = indexes.apply_feed(entry).await {
+                    tracing::warn!(%error, "set feed: cannot load a set index again");
+                }
+            }
+            FeedEntry::Dataset(entry) => datasets.apply(entry).await,
         }
     }
 }

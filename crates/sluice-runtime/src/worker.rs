@@ -30,7 +30,7 @@ use crate::delivery::{Delivery, Origin, SideTopics};
 use crate::deployment::Counters;
 use crate::health::WorkerHealth;
 use crate::metrics::{BatchMetrics, PipelineMetrics};
-use crate::plan::{BoundPlan, Engines, Item};
+use crate::plan::{BoundPlan, Engines, Item, Outcome};
 use crate::readers::{Chunk, Membership, SharedReaders, SharedStream};
 use crate::sinks::Settle;
 
@@ -325,13 +325,7 @@ impl Worker {
         read_to: &[(u32, u64)],
     ) -> Option<Vec<(u32, u64)>> {
         let mut metrics = BatchMetrics::default();
-        let hold_ms = i64::try_from(self.settings.hold.as_millis()).unwrap_or(i64::MAX);
-        let cutoff = self.clock.now().timestamp_millis().saturating_sub(hold_ms);
         let started = std::time::Instant::now();
-        let mut read = 0;
-        let mut expired = 0;
-        let mut oldest_append_ms: Option<i64> = None;
-        let mut newest_block_ms: Option<i64> = None;
         // The first set filter ran already when the stream's shared reader evaluated it
         // with the other pipelines' (or runs here, over this batch, for records read alone).
         let prefiltered = batch.membership.filter(|_| plan.first_set_filter().is_some());
@@ -341,19 +335,77 @@ impl Worker {
         // A sink that cuts its output at source positions gets every record's.
         let wants_origins = plan.plan.sinks.first().is_some_and(|sink| sink.wants_origins());
         let track_positions = plan.plan.has_scripts() || wants_origins;
-        let mut positions: Vec<Origin> = Vec::new();
-        let mut items: Vec<Item> = Vec::new();
+        let fresh = self.fresh_records(&batch, prefiltered, track_positions);
+        if fresh.expired > 0 {
+            Counters::add(&self.counters.skipped_expired, fresh.expired as u64);
+        }
+        let first_stage = usize::from(prefiltered.is_some());
+        let outcome = run_plan(plan, first_stage, fresh.items, engines).await?;
+        metrics.processing_latency_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
+        let offsets = commit_offsets(outcome.deferred_from, read_to, &fresh.positions);
+        let offsets = offsets.as_slice();
+        // Records from each partition's committed offset on are read again, and counted then
+        // (only a script stage's deferral leaves any).
+        let again: usize = if outcome.deferred_from.is_none() {
+            0
+        } else {
+            batch
+                .chunks
+                .iter()
+                .map(|(partition, chunk)| {
+                    let from =
+                        offsets.iter().find(|(p, _)| p == partition).map_or(u64::MAX, |o| o.1);
+                    chunk.records().iter().filter(|record| record.offset >= from).count()
+                })
+                .sum()
+        };
+        let received = (fresh.read - again) as u64;
+        Counters::add(&self.counters.received, received);
+        metrics.received = received;
+        Counters::add(&self.counters.oom_restarts, outcome.oom_restarts);
+        Counters::add(&self.counters.dead_lettered, outcome.failed.len() as u64);
+        metrics.processor_errors = outcome.failed.len() as u64;
+        if outcome.oom_restarts > 0 {
+            self.health.oom_killed(
+                self.clock.now(),
+                outcome.oom_restarts,
+                "script runtime ran out of memory; killed and restarted".to_owned(),
+            );
+        }
+        let origins = if wants_origins { fresh.positions.as_slice() } else { &[] };
+        let delivery = Delivery::of(outcome, engines, self.clock.now(), origins);
+        // What was read and processed counts now; what is delivered counts when it is.
+        self.metrics.record(metrics);
+        let Some(sink) = plan.plan.sinks.first() else { return Some(offsets.to_vec()) };
+        let settle = Settle { group, source: plan.plan.source.as_str(), offsets };
+        let ages = (fresh.oldest_append_ms, fresh.newest_block_ms);
+        self.deliver(sink.as_ref(), &delivery, side, settle, ages).await
+    }
+
+    /// The records of `batch` younger than the hold (and, with `prefiltered`, passing the
+    /// first set filter), as the plan's items.
+    fn fresh_records(
+        &self,
+        batch: &Batch<'_>,
+        prefiltered: Option<&Membership>,
+        track_positions: bool,
+    ) -> FreshRecords {
+        let hold_ms = i64::try_from(self.settings.hold.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = self.clock.now().timestamp_millis().saturating_sub(hold_ms);
+        let mut fresh = FreshRecords::default();
         for (_, chunk) in batch.chunks {
             let records = chunk.records();
-            read += records.len();
+            fresh.read += records.len();
             let all_fresh = chunk.oldest_timestamp_ms() >= cutoff;
             if !all_fresh {
-                expired += records.iter().filter(|r| r.timestamp_ms < cutoff).count();
+                fresh.expired += records.iter().filter(|r| r.timestamp_ms < cutoff).count();
             }
             let first_fresh = records.iter().find(|r| r.timestamp_ms >= cutoff);
             if let Some(first) = first_fresh {
-                oldest_append_ms = Some(
-                    oldest_append_ms.map_or(first.timestamp_ms, |at| at.min(first.timestamp_ms)),
+                fresh.oldest_append_ms = Some(
+                    fresh
+                        .oldest_append_ms
+                        .map_or(first.timestamp_ms, |at| at.min(first.timestamp_ms)),
                 );
             }
             if let Some(at) = records
@@ -361,8 +413,10 @@ impl Worker {
                 .filter(|last| last.timestamp_ms >= cutoff)
                 .and_then(|last| self.block_time_ms(last))
             {
-                newest_block_ms = Some(newest_block_ms.map_or(at, |newest| newest.max(at)));
+                fresh.newest_block_ms =
+                    Some(fresh.newest_block_ms.map_or(at, |newest| newest.max(at)));
             }
+            let (positions, items) = (&mut fresh.positions, &mut fresh.items);
             let mut keep = |record: &sluice_bus::Record| {
                 if record.timestamp_ms < cutoff {
                     return;
@@ -384,94 +438,31 @@ impl Worker {
                 None => records.iter().for_each(&mut keep),
             }
         }
-        if expired > 0 {
-            Counters::add(&self.counters.skipped_expired, expired as u64);
-        }
-        let first_stage = usize::from(prefiltered.is_some());
-        let outcome = if plan.plan.has_scripts() {
-            // Scripts block their thread for up to their time budget per record.
-            let (moved_plan, mut moved) = (plan.clone(), std::mem::take(engines));
-            let joined = tokio::task::spawn_blocking(move || {
-                let outcome = moved_plan.run_from(first_stage, items, &mut moved);
-                (outcome, moved)
-            })
-            .await;
-            match joined {
-                Ok((outcome, back)) => {
-                    *engines = back;
-                    outcome
-                }
-                Err(error) => {
-                    // A panic in a script stage: the batch is not settled; a restart
-                    // delivers it again.
-                    tracing::error!(%error, "script stage panicked; worker stops");
-                    return None;
-                }
-            }
-        } else {
-            plan.run_from(first_stage, items, engines)
-        };
-        metrics.processing_latency_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
-        // Records left for the next batch are read again from their offset.
-        let offsets: Vec<(u32, u64)> = match outcome.deferred_from {
-            None => read_to.to_vec(),
-            Some(deferred) => read_to
-                .iter()
-                .map(|&(partition, end)| {
-                    let first_left = positions
-                        .get(deferred..)
-                        .unwrap_or_default()
-                        .iter()
-                        .find(|origin| origin.partition == partition);
-                    (partition, first_left.map_or(end, |origin| origin.offset))
-                })
-                .collect(),
-        };
-        let offsets = offsets.as_slice();
-        // Records from each partition's committed offset on are read again, and counted then
-        // (only a script stage's deferral leaves any).
-        let again: usize = if outcome.deferred_from.is_none() {
-            0
-        } else {
-            batch
-                .chunks
-                .iter()
-                .map(|(partition, chunk)| {
-                    let from =
-                        offsets.iter().find(|(p, _)| p == partition).map_or(u64::MAX, |o| o.1);
-                    chunk.records().iter().filter(|record| record.offset >= from).count()
-                })
-                .sum()
-        };
-        let received = (read - again) as u64;
-        Counters::add(&self.counters.received, received);
-        metrics.received = received;
-        Counters::add(&self.counters.oom_restarts, outcome.oom_restarts);
-        Counters::add(&self.counters.dead_lettered, outcome.failed.len() as u64);
-        metrics.processor_errors = outcome.failed.len() as u64;
-        if outcome.oom_restarts > 0 {
-            self.health.oom_killed(
-                self.clock.now(),
-                outcome.oom_restarts,
-                "script runtime ran out of memory; killed and restarted".to_owned(),
-            );
-        }
-        let origins = if wants_origins { positions.as_slice() } else { &[] };
-        let delivery = Delivery::of(outcome, engines, self.clock.now(), origins);
+        fresh
+    }
+
+    /// Writes `delivery` to `sink` and settles the batch, as the delivery guarantee asks of a
+    /// failure: `best_effort` drops the batch and commits; `at_least_once` retries with
+    /// backoff until the sink takes it or the worker is stopped (`None`). `ages` are the
+    /// batch's oldest append and newest block times, for the latency metrics.
+    async fn deliver(
+        &self,
+        sink: &dyn crate::sinks::Sink,
+        delivery: &Delivery,
+        side: &SideTopics,
+        settle: Settle<'_>,
+        (oldest_append_ms, newest_block_ms): (Option<i64>, Option<i64>),
+    ) -> Option<Vec<(u32, u64)>> {
+        let Settle { group, source, offsets } = settle;
         let out = &delivery.out;
-        // What was read and processed counts now; what is delivered counts when it is.
-        self.metrics.record(std::mem::take(&mut metrics));
-        let Some(sink) = plan.plan.sinks.first() else { return Some(offsets.to_vec()) };
         let sink_uid = sink.config().uid();
-        let source = plan.plan.source.as_str();
-        let settle = Settle { group, source, offsets };
         let mut backoff = self.settings.initial_backoff;
         loop {
-            let written = sink.deliver(&self.log, &delivery, side, settle).await;
+            let written = sink.deliver(&self.log, delivery, side, settle).await;
             match written {
                 Ok(_) => {
                     self.health.sink_delivered();
-                    metrics.sink_writes = 1;
+                    let mut metrics = BatchMetrics { sink_writes: 1, ..BatchMetrics::default() };
                     Counters::add(&self.counters.sent, out.len() as u64);
                     let now_ms = self.clock.now().timestamp_millis();
                     metrics.sent = out.len() as u64;
@@ -549,6 +540,72 @@ impl Worker {
             _ = stop.changed() => false,
         }
     }
+}
+
+/// What [`Worker::process`] takes of a batch: the fresh records as the plan's items, their
+/// positions (when kept), and what the counters and metrics need.
+#[derive(Default)]
+struct FreshRecords {
+    items: Vec<Item>,
+    positions: Vec<Origin>,
+    /// Records read, fresh or not.
+    read: usize,
+    /// Records older than the hold.
+    expired: usize,
+    oldest_append_ms: Option<i64>,
+    newest_block_ms: Option<i64>,
+}
+
+/// Runs `items` through `plan` from stage `first_stage`; `None` when a script stage panicked
+/// (the batch is not settled; a restart delivers it again).
+async fn run_plan(
+    plan: &Arc<BoundPlan>,
+    first_stage: usize,
+    items: Vec<Item>,
+    engines: &mut Engines,
+) -> Option<Outcome> {
+    if !plan.plan.has_scripts() {
+        return Some(plan.run_from(first_stage, items, engines));
+    }
+    // Scripts block their thread for up to their time budget per record.
+    let (moved_plan, mut moved) = (plan.clone(), std::mem::take(engines));
+    let joined = tokio::task::spawn_blocking(move || {
+        let outcome = moved_plan.run_from(first_stage, items, &mut moved);
+        (outcome, moved)
+    })
+    .await;
+    match joined {
+        Ok((outcome, back)) => {
+            *engines = back;
+            Some(outcome)
+        }
+        Err(error) => {
+            tracing::error!(%error, "script stage panicked; worker stops");
+            None
+        }
+    }
+}
+
+/// The offsets to commit after a batch read up to `read_to`: there, unless a script stage
+/// deferred the records from source position `deferred` on; those are read again from their
+/// offset, so each partition commits up to its first record left.
+fn commit_offsets(
+    deferred: Option<usize>,
+    read_to: &[(u32, u64)],
+    positions: &[Origin],
+) -> Vec<(u32, u64)> {
+    let Some(deferred) = deferred else { return read_to.to_vec() };
+    read_to
+        .iter()
+        .map(|&(partition, end)| {
+            let first_left = positions
+                .get(deferred..)
+                .unwrap_or_default()
+                .iter()
+                .find(|origin| origin.partition == partition);
+            (partition, first_left.map_or(end, |origin| origin.offset))
+        })
+        .collect()
 }
 
 /// One round's records as the worker processes them.

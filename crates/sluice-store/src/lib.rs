@@ -167,36 +167,36 @@ pub async fn open_with_sets(url: &str, sets: Option<&str>) -> Result<Arc<dyn Met
         }
         Some(sets) => return Err(StoreError::UnsupportedUrl(redact_password(sets))),
     };
-    // The same steps for either backend's concrete store.
-    macro_rules! finish {
-        ($store:expr) => {{
-            let store = $store;
-            match redis {
-                None => Ok(Arc::new(store) as Arc<dyn MetadataStore>),
-                Some(redis) => {
-                    let upgraded = redis.upgrade_sorted_sets().await?;
-                    if upgraded > 0 {
-                        tracing::info!(sets = upgraded, "filter-value sets moved to Redis logs");
-                    }
-                    let copied = store.copy_sets_to(&redis).await?;
-                    if copied > 0 {
-                        tracing::info!(
-                            sets = copied,
-                            "filter-value sets copied from the store's tables to Redis"
-                        );
-                    }
-                    Ok(Arc::new(store.with_redis_sets(redis)) as Arc<dyn MetadataStore>)
-                }
-            }
-        }};
-    }
     if url.starts_with("sqlite:") {
-        finish!(SqliteStore::open(url).await?)
+        with_sets(SqliteStore::open(url).await?, redis).await
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        finish!(PgStore::open(url).await?)
+        with_sets(PgStore::open(url).await?, redis).await
     } else {
         Err(StoreError::UnsupportedUrl(redact_password(url)))
     }
+}
+
+/// `store`, with its set-filter values in `redis` when given: the sets the store's tables
+/// still hold are moved there first (the same steps for either backend).
+async fn with_sets<D: dialect::StoreBackend>(
+    store: Store<D>,
+    redis: Option<Arc<RedisSets>>,
+) -> Result<Arc<dyn MetadataStore>>
+where
+    Store<D>: MetadataStore,
+{
+    let Some(redis) = redis else {
+        return Ok(Arc::new(store));
+    };
+    let upgraded = redis.upgrade_sorted_sets().await?;
+    if upgraded > 0 {
+        tracing::info!(sets = upgraded, "filter-value sets moved to Redis logs");
+    }
+    let copied = store.copy_sets_to(&redis).await?;
+    if copied > 0 {
+        tracing::info!(sets = copied, "filter-value sets copied from the store's tables to Redis");
+    }
+    Ok(Arc::new(store.with_redis_sets(redis)))
 }
 
 /// Checks, creating and changing nothing, that the database `url` names and the set store

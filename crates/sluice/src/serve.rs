@@ -40,36 +40,175 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Large filter-value sets are snapshotted beside the store, so they are ready soon after
     // a restart (the deployments started below read them first).
     store.keep_set_snapshots(settings.data_dir.join("sets"));
-    let secrets = sluice_store::Secrets::new(store.clone(), settings.secrets_keyring()?);
-    let resealed = secrets.reseal().await.context("resealing secrets with the current key")?;
-    if resealed > 0 {
-        tracing::info!(resealed, "organization secrets resealed with the current secrets key");
-    }
+    let secrets = open_secrets(&settings, &store).await?;
+    let node_name = settings.node_name();
+    let recorder =
+        sluice_runtime::events::Recorder::start(store.clone(), clock.clone(), settings.events);
     let sink_env = sluice_runtime::SinkEnv {
         secrets: Some(secrets.clone()),
         egress: settings.egress_bind_addr,
     };
-    let node_name = settings.node_name();
-    let cluster = settings.is_cluster().then(|| {
-        let mut cluster =
-            ClusterSettings::new(node_name.clone(), format!("http://{}", settings.listen));
-        cluster.node_timeout = Duration::from_secs(settings.node_timeout_secs);
-        tracing::info!(node = %node_name, "a cluster node: PostgreSQL holds the desired state, workers spread over the live nodes");
-        cluster
-    });
-    let recorder =
-        sluice_runtime::events::Recorder::start(store.clone(), clock.clone(), settings.events);
     let runtime =
         Runtime::builder(store.clone(), log.clone(), Arc::new(catalog.clone()), clock.clone())
             .set_source(Arc::new(sluice_runtime::sets::StoreSetSource(store.clone())))
             .sinks(sink_env)
-            .cluster(cluster)
+            .cluster(cluster_settings(&settings, &node_name))
             .events(recorder.clone())
             .start()
             .await
             .context("starting the pipeline runtime")?;
     let mut background = background_tasks(&runtime, &catalog, args.demo);
-    // The warehouse and its archiver, and backfill jobs over it (resumed where they were).
+    let warehouse =
+        start_warehouse(&settings, &store, &runtime, &catalog, &clock, &secrets, &recorder).await?;
+    background.push(tokio::spawn(snapshot_sets(store.clone())));
+    let chains = crate::chains::start(chain_configs, sources, &runtime)?;
+    background.extend(chains.tasks);
+    if let Some(status) = &chains.status {
+        background.push(crate::events::watch_chains(status.clone(), recorder.clone()));
+    }
+    // The same store serves prices (one pool); loading the service (recent candles, latest
+    // minutes) happens while the API serves.
+    let prices = sluice_api::PriceSlot::default();
+    background.push(tokio::spawn(run_prices(
+        store.clone().into_prices(),
+        runtime.log().clone(),
+        sluice_prices::trade_topics(&catalog),
+        clock.clone(),
+        prices.clone(),
+        price_share(&runtime),
+    )));
+    // Every dataset in memory before the first request, so `beam.contains` never waits on
+    // the store; the API keeps it current from then on. The same index is the script
+    // engine's `DatasetLookup`.
+    let datasets =
+        Arc::new(DatasetIndex::load(store.as_ref()).await.context("loading the dataset index")?);
+    let dataset_listener = runtime.follow_datasets(datasets.clone());
+
+    let snapshot_store = store.clone();
+    let bootstrap_store = store.clone();
+    let state = AppState::new(
+        store,
+        catalog,
+        clock,
+        Limits {
+            max_body_bytes: settings.max_body_bytes,
+            max_filter_values_body_bytes: settings.max_filter_values_body_bytes,
+        },
+    )
+    .with_runtime(runtime.clone())
+    .with_node_name(&node_name)
+    .with_sinks(secrets, settings.egress_bind_addr)
+    .with_backfills(warehouse.backfills.clone())
+    .with_dataset_listener(dataset_listener)
+    .with_price_slot(prices);
+    let state = match chains.status {
+        Some(chains) => state.with_chains(chains),
+        None => state,
+    };
+    let state = match &settings.metrics_token {
+        Some(token) => state.with_metrics_token(token.as_str()),
+        None => state,
+    };
+    if let Some(listener) = metrics_listener {
+        background.push(serve_metrics(listener, state.clone())?);
+    }
+    bootstrap(bootstrap_store.as_ref(), &settings).await?;
+    tracing::info!(address = %listener.local_addr()?, database = %redact(&settings.database_url), "sluice is serving");
+    let service =
+        axum::ServiceExt::<axum::extract::Request>::into_make_service(sluice_api::app(state));
+    axum::serve(listener, service).with_graceful_shutdown(shutdown_signal()).await?;
+    stop(background, warehouse, &runtime, snapshot_store.as_ref()).await;
+    Ok(())
+}
+
+/// The organization secrets, resealed with the current key where an older one sealed them.
+async fn open_secrets(
+    settings: &Settings,
+    store: &Arc<dyn MetadataStore>,
+) -> anyhow::Result<sluice_store::Secrets> {
+    let secrets = sluice_store::Secrets::new(store.clone(), settings.secrets_keyring()?);
+    let resealed = secrets.reseal().await.context("resealing secrets with the current key")?;
+    if resealed > 0 {
+        tracing::info!(resealed, "organization secrets resealed with the current secrets key");
+    }
+    Ok(secrets)
+}
+
+/// Serves `GET /metrics` of every pipeline on the operator's metrics listener.
+fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    tracing::info!(address = %listener.local_addr()?, "serving /metrics without a key");
+    let app = sluice_api::metrics_app(state);
+    Ok(tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "the metrics listener stopped");
+        }
+    }))
+}
+
+/// After the last request: the background tasks end, the archiver writes what it read, the
+/// workers finish and commit their batch (deployments stay stored for the next start), and
+/// the set snapshots are written.
+async fn stop(
+    background: Vec<tokio::task::JoinHandle<()>>,
+    warehouse: WarehouseTasks,
+    runtime: &Runtime,
+    store: &dyn MetadataStore,
+) {
+    for task in background {
+        task.abort();
+    }
+    warehouse.stop().await;
+    runtime.shutdown().await;
+    match store.save_set_snapshots().await {
+        Ok(0) => {}
+        Ok(written) => tracing::info!(written, "filter-value set snapshots written"),
+        Err(error) => tracing::warn!(%error, "filter-value set snapshots not written"),
+    }
+    tracing::info!("sluice stopped");
+}
+
+/// How this node takes part in a cluster, when the settings make it one of a cluster.
+fn cluster_settings(settings: &Settings, node_name: &str) -> Option<ClusterSettings> {
+    settings.is_cluster().then(|| {
+        let mut cluster =
+            ClusterSettings::new(node_name.to_owned(), format!("http://{}", settings.listen));
+        cluster.node_timeout = Duration::from_secs(settings.node_timeout_secs);
+        tracing::info!(node = %node_name, "a cluster node: PostgreSQL holds the desired state, workers spread over the live nodes");
+        cluster
+    })
+}
+
+/// The warehouse, its archiver and the backfill jobs over it, while the server runs.
+struct WarehouseTasks {
+    backfills: Arc<sluice_backfill::jobs::Backfills>,
+    stop_archiver: tokio::sync::watch::Sender<bool>,
+    archiver_task: tokio::task::JoinHandle<()>,
+}
+
+impl WarehouseTasks {
+    /// Lets the archiver write what it read before the process goes.
+    async fn stop(self) {
+        self.stop_archiver.send_replace(true);
+        if let Err(error) = self.archiver_task.await {
+            tracing::warn!(%error, "the archiver ended abnormally");
+        }
+    }
+}
+
+/// Opens the warehouse, starts its archiver (on a cluster sharing one warehouse, only while
+/// this node holds the archiver role) and resumes the backfill jobs where they were.
+async fn start_warehouse(
+    settings: &Settings,
+    store: &Arc<dyn MetadataStore>,
+    runtime: &Arc<Runtime>,
+    catalog: &Catalog,
+    clock: &Arc<dyn Clock>,
+    secrets: &sluice_store::Secrets,
+    recorder: &Arc<sluice_runtime::events::Recorder>,
+) -> anyhow::Result<WarehouseTasks> {
     let (warehouse, staging) = {
         let (url, dir) = (settings.warehouse_url.clone(), settings.data_dir.clone());
         tokio::task::spawn_blocking(move || sluice_backfill::open_warehouse(url.as_deref(), &dir))
@@ -80,7 +219,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let archiver = sluice_backfill::archiver::Archiver::new(
         warehouse.clone(),
         runtime.log().clone(),
-        sluice_backfill::tables::tables(&catalog),
+        sluice_backfill::tables::tables(catalog),
         sluice_backfill::archiver::ArchiverSettings {
             flush_every: Duration::from_secs(settings.warehouse_flush_secs),
             ..Default::default()
@@ -114,87 +253,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if resumed > 0 {
         tracing::info!(resumed, "backfill jobs resumed");
     }
-    background.push(tokio::spawn(snapshot_sets(store.clone())));
-    let chains = crate::chains::start(chain_configs, sources, &runtime)?;
-    background.extend(chains.tasks);
-    if let Some(status) = &chains.status {
-        background.push(crate::events::watch_chains(status.clone(), recorder.clone()));
-    }
-    // The same store serves prices (one pool); loading the service (recent candles, latest
-    // minutes) happens while the API serves.
-    let price_store = store.clone().into_prices();
-    let prices = sluice_api::PriceSlot::default();
-    background.push(tokio::spawn(run_prices(
-        price_store,
-        runtime.log().clone(),
-        sluice_prices::trade_topics(&catalog),
-        clock.clone(),
-        prices.clone(),
-        price_share(&runtime),
-    )));
-    // Every dataset in memory before the first request, so `beam.contains` never waits on
-    // the store; the API keeps it current from then on. The same index is the script
-    // engine's `DatasetLookup`.
-    let datasets =
-        Arc::new(DatasetIndex::load(store.as_ref()).await.context("loading the dataset index")?);
-    let dataset_listener = runtime.follow_datasets(datasets.clone());
-
-    let snapshot_store = store.clone();
-    let bootstrap_store = store.clone();
-    let state = AppState::new(
-        store,
-        catalog,
-        clock,
-        Limits {
-            max_body_bytes: settings.max_body_bytes,
-            max_filter_values_body_bytes: settings.max_filter_values_body_bytes,
-        },
-    )
-    .with_runtime(runtime.clone())
-    .with_node_name(&node_name)
-    .with_sinks(secrets, settings.egress_bind_addr)
-    .with_backfills(backfills)
-    .with_dataset_listener(dataset_listener)
-    .with_price_slot(prices);
-    let state = match chains.status {
-        Some(chains) => state.with_chains(chains),
-        None => state,
-    };
-    let state = match &settings.metrics_token {
-        Some(token) => state.with_metrics_token(token.as_str()),
-        None => state,
-    };
-    if let Some(listener) = metrics_listener {
-        tracing::info!(address = %listener.local_addr()?, "serving /metrics without a key");
-        let app = sluice_api::metrics_app(state.clone());
-        background.push(tokio::spawn(async move {
-            if let Err(error) = axum::serve(listener, app).await {
-                tracing::error!(%error, "the metrics listener stopped");
-            }
-        }));
-    }
-    bootstrap(bootstrap_store.as_ref(), &settings).await?;
-    tracing::info!(address = %listener.local_addr()?, database = %redact(&settings.database_url), "sluice is serving");
-    let service =
-        axum::ServiceExt::<axum::extract::Request>::into_make_service(sluice_api::app(state));
-    axum::serve(listener, service).with_graceful_shutdown(shutdown_signal()).await?;
-    for task in background {
-        task.abort();
-    }
-    // What the archiver read is written before the process goes.
-    stop_archiver.send_replace(true);
-    if let Err(error) = archiver_task.await {
-        tracing::warn!(%error, "the archiver ended abnormally");
-    }
-    // Workers finish and commit their batch; deployments stay stored for the next start.
-    runtime.shutdown().await;
-    match snapshot_store.save_set_snapshots().await {
-        Ok(0) => {}
-        Ok(written) => tracing::info!(written, "filter-value set snapshots written"),
-        Err(error) => tracing::warn!(%error, "filter-value set snapshots not written"),
-    }
-    tracing::info!("sluice stopped");
-    Ok(())
+    Ok(WarehouseTasks { backfills, stop_archiver, archiver_task })
 }
 
 /// How often a node that does not archive tries to take the role, and the archiving node
@@ -212,33 +271,8 @@ async fn archive_as_the_one(
 ) {
     loop {
         match store.try_role("archiver").await {
-            Ok(Some(mut role)) => {
-                tracing::info!("this node archives the shared warehouse");
-                let (end_term, term) = tokio::sync::watch::channel(false);
-                let mut run = tokio::spawn(archiver.clone().run(term));
-                let stopping = loop {
-                    tokio::select! {
-                        _ = stop.changed() => break true,
-                        ended = &mut run => {
-                            tracing::warn!(?ended, "the archiver ended; the role is given up");
-                            break false;
-                        }
-                        () = tokio::time::sleep(ARCHIVER_ROLE_CHECK) => {
-                            if !role.still_held().await {
-                                tracing::warn!("the archiver role was lost (database session); archiving stops here");
-                                break false;
-                            }
-                        }
-                    }
-                };
-                end_term.send_replace(true);
-                if !run.is_finished()
-                    && let Err(error) = run.await
-                {
-                    tracing::warn!(%error, "the archiver ended abnormally");
-                }
-                drop(role);
-                if stopping {
+            Ok(Some(role)) => {
+                if archive_while_held(role, &archiver, &mut stop).await {
                     return;
                 }
             }
@@ -250,6 +284,41 @@ async fn archive_as_the_one(
             () = tokio::time::sleep(ARCHIVER_ROLE_CHECK) => {}
         }
     }
+}
+
+/// Runs the archiver while this node holds `role`; true when it ended because of `stop`,
+/// false when the role was lost or the archiver ended (the role is then given up).
+async fn archive_while_held(
+    mut role: sluice_store::RoleLock,
+    archiver: &sluice_backfill::archiver::Archiver,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> bool {
+    tracing::info!("this node archives the shared warehouse");
+    let (end_term, term) = tokio::sync::watch::channel(false);
+    let mut run = tokio::spawn(archiver.clone().run(term));
+    let stopping = loop {
+        tokio::select! {
+            _ = stop.changed() => break true,
+            ended = &mut run => {
+                tracing::warn!(?ended, "the archiver ended; the role is given up");
+                break false;
+            }
+            () = tokio::time::sleep(ARCHIVER_ROLE_CHECK) => {
+                if !role.still_held().await {
+                    tracing::warn!("the archiver role was lost (database session); archiving stops here");
+                    break false;
+                }
+            }
+        }
+    };
+    end_term.send_replace(true);
+    if !run.is_finished()
+        && let Err(error) = run.await
+    {
+        tracing::warn!(%error, "the archiver ended abnormally");
+    }
+    drop(role);
+    stopping
 }
 
 /// The stream log: embedded in the data directory (whichever database holds metadata), or

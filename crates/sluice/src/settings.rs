@@ -229,13 +229,8 @@ impl Settings {
             bail!("max_filter_values_body_bytes must be greater than 0");
         }
         let metrics_token = args.metrics_token.clone().or(file.metrics_token);
-        if let Some(token) = &metrics_token
-            && (token.trim().len() < MIN_METRICS_TOKEN_LEN || token.trim() != token)
-        {
-            bail!(
-                "metrics_token must be at least {MIN_METRICS_TOKEN_LEN} characters, without \
-                 surrounding spaces"
-            );
+        if let Some(token) = &metrics_token {
+            check_metrics_token(token)?;
         }
         let warehouse_flush_secs =
             args.warehouse_flush_secs.or(file.warehouse_flush_secs).unwrap_or(60);
@@ -252,19 +247,12 @@ impl Settings {
             bail!("node_timeout_secs must be at least 2 (nodes write a heartbeat every second)");
         }
         let node_name = args.node_name.clone().or(file.node_name);
-        if let Some(name) = &node_name
-            && (name.trim().is_empty() || name.len() > 200 || name.trim() != name)
-        {
-            bail!("node_name must be 1 to 200 characters, without surrounding spaces");
+        if let Some(name) = &node_name {
+            check_node_name(name)?;
         }
         let sets_url = args.sets_url.clone().or(file.sets);
-        if let Some(url) = &sets_url
-            && !url.starts_with("redis://")
-        {
-            bail!(
-                "sets '{}' must be a redis:// URL (redis://[user:password@]host:port[/db][?prefix=P])",
-                redact_password(url)
-            );
+        if let Some(url) = &sets_url {
+            check_sets_url(url)?;
         }
         let warehouse_url = args.warehouse_url.clone().or(file.warehouse_url);
         if let Some(url) = &warehouse_url {
@@ -290,18 +278,9 @@ impl Settings {
             chains: crate::chains::merge(file.chains, &args.chains)?,
             sources: file.sources,
             secrets_key: args.secrets_key.clone().or(file.secrets_key),
-            secrets_previous_keys: args
-                .secrets_previous_keys
-                .clone()
-                .or(file.secrets_previous_keys)
-                .map(|keys| {
-                    keys.split(',')
-                        .map(str::trim)
-                        .filter(|k| !k.is_empty())
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            secrets_previous_keys: key_list(
+                args.secrets_previous_keys.clone().or(file.secrets_previous_keys),
+            ),
             egress_bind_addr: args.egress_bind_addr.or(file.egress_bind_addr),
             warehouse_flush_secs,
             warehouse_url,
@@ -471,6 +450,42 @@ fn read_file(path: Option<&Path>) -> anyhow::Result<FileSettings> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading config file {}", path.display()))?;
     toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))
+}
+
+/// A metrics token long enough to guess at, without surrounding spaces.
+fn check_metrics_token(token: &str) -> anyhow::Result<()> {
+    if token.trim().len() < MIN_METRICS_TOKEN_LEN || token.trim() != token {
+        bail!(
+            "metrics_token must be at least {MIN_METRICS_TOKEN_LEN} characters, without \
+             surrounding spaces"
+        );
+    }
+    Ok(())
+}
+
+fn check_node_name(name: &str) -> anyhow::Result<()> {
+    if name.trim().is_empty() || name.len() > 200 || name.trim() != name {
+        bail!("node_name must be 1 to 200 characters, without surrounding spaces");
+    }
+    Ok(())
+}
+
+fn check_sets_url(url: &str) -> anyhow::Result<()> {
+    if !url.starts_with("redis://") {
+        bail!(
+            "sets '{}' must be a redis:// URL (redis://[user:password@]host:port[/db][?prefix=P])",
+            redact_password(url)
+        );
+    }
+    Ok(())
+}
+
+/// A comma-separated list of keys (none when not given).
+fn key_list(keys: Option<String>) -> Vec<String> {
+    keys.map(|keys| {
+        keys.split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_owned).collect()
+    })
+    .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -13,11 +13,11 @@ use sluice_runtime::events::monitor::{PipelineThresholds, pipeline_subject};
 use utoipa::ToSchema;
 
 use super::recorder;
-use crate::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
+use crate::state::AppState;
 
 /// Largest threshold accepted, in seconds (30 days, the events' retention).
 pub const MAX_THRESHOLD_SECONDS: u64 = 30 * 24 * 3600;

@@ -928,6 +928,10 @@ function transform(r) {
     stack.action(&id, "teardown").await;
 }
 
+#[allow(
+    clippy::cognitive_complexity,
+    reason = "one scenario in the order it happens: a failing script, its dead letters, the fix, the replay and the console lines"
+)]
 async fn dead_letters_replay_through_the_fixed_script_and_console_lines_are_readable(stack: Stack) {
     let body = |script: &str| {
         json!({

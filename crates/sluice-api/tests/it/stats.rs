@@ -341,6 +341,10 @@ fn sum(points: &[Value]) -> f64 {
 }
 
 #[tokio::test]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario in the order it happens: records in, counters checked, a restart, counters checked again"
+)]
 async fn metrics_count_what_was_received_and_sent_and_survive_a_restart() {
     let mut stack = Stack::new().await;
     let id = stack.create(usdc_filter(), "M").await;

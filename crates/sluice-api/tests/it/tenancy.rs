@@ -190,6 +190,10 @@ impl World {
     /// managed sink; filter values; a dataset with entries; the pipeline deployed with records
     /// in its sink, a dead letter and log lines. Plus a pipeline and a dataset made and deleted
     /// again, whose ids are the "does not exist" reference.
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one resource of every kind, made in the order they depend on each other; the probes name them all"
+    )]
     pub async fn alice_owns_one_of_everything(&self) -> Owned {
         let script = "function transform(r) {\n  console.log('alpha-log-marker ' + r.n);\n  if (r.n === 13) throw new Error('alpha-deadletter-marker');\n  r.marker = 'alpha-sink-marker';\n  return r;\n}";
         let body = json!({
@@ -345,6 +349,10 @@ pub struct Probe {
 }
 
 /// The probe of `(method, template)` for caller `who`, or `None` when the matrix lacks it.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one match over every route of the API: the matrix reads best as one table"
+)]
 pub fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<Probe> {
     use Expect::{NotFound, Status};
     let pipeline_body = json!({
@@ -548,6 +556,10 @@ pub fn documented_routes() -> Vec<(String, String)> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: every route probed as another tenant, then everything checked unchanged"
+)]
 async fn no_route_reveals_or_changes_another_tenants_resources() {
     let world = World::new().await;
     let owned = world.alice_owns_one_of_everything().await;

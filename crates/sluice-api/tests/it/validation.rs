@@ -8,6 +8,7 @@ use crate::harness::{Harness, pipeline_body};
 type Mutation = fn(&mut Value);
 
 /// `(what, how to break a valid body, expected loc, expected type)`.
+#[allow(clippy::too_many_lines, reason = "a table of every 422 rule, one entry per rule")]
 fn rules() -> Vec<(&'static str, Mutation, Value, &'static str)> {
     vec![
         (

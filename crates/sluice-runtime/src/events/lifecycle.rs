@@ -6,10 +6,11 @@ use serde_json::json;
 use sluice_core::events::{EventEmitter, NewEvent, Severity};
 use sluice_core::pipeline::Pipeline;
 
+use crate::delivery::Replayed;
 use crate::node::Node;
 use crate::plan::PlanError;
 use crate::sinks::SinkBuildError;
-use crate::{Deployed, Replayed, RuntimeError};
+use crate::{Deployed, RuntimeError};
 
 fn emit(
     node: &Node,

@@ -112,7 +112,7 @@ impl Monitor {
             .views()
             .iter()
             .map(|(id, view)| {
-                let dead = crate::Counters::get(&view.counters().dead_lettered);
+                let dead = crate::deployment::Counters::get(&view.counters().dead_lettered);
                 (id.clone(), view.version().to_owned(), view.health(), dead)
             })
             .collect();

@@ -23,211 +23,34 @@
 //!   heartbeat, and at once when signalled. A node that cannot write its heartbeat for
 //!   `node_timeout` while it knew other live nodes stops its workers (the others take them
 //!   over), so a node cut off from PostgreSQL does not go on running work that moved.
+//!
+//! The nodes' state and the assignment are in [`membership`]; this file is the placement that
+//! acts on them (heartbeats, rounds, reconciling).
+
+mod membership;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use sluice_core::deployment::{DeploymentRecord, DeploymentState};
+use sluice_core::pipeline::Pipeline;
 
 use async_trait::async_trait;
 use sluice_core::datasets::DatasetListener;
 use sluice_store::{ClusterLock, MetadataStore};
 
+pub(crate) use self::membership::{Cluster, NodeReport, Peer, ReportedWorker, assigned_slots};
+pub use self::membership::{ClusterSettings, NodeInfo};
+use self::membership::{FULL_READ_EVERY, Records, parse_report};
 use super::{Placement, pipeline_topics, version_of};
 use crate::Result;
 use crate::datasets::DatasetIndex;
+use crate::deployment::Running;
 use crate::health::WorkerStatus;
 use crate::lifecycle::Lifecycle;
 use crate::node::{Node, SecretUse};
 use crate::plan::Plan;
-
-/// How a node takes part in a cluster.
-#[derive(Debug, Clone)]
-pub struct ClusterSettings {
-    /// This node's name, unique in the cluster.
-    pub node_name: String,
-    /// Where this node's API answers (shown by `GET /api/v1/nodes`).
-    pub address: String,
-    /// How often the node writes its heartbeat and reconciles.
-    pub heartbeat: Duration,
-    /// A node silent this long is dead: its workers move to the others.
-    pub node_timeout: Duration,
-    /// How long a lifecycle call waits for every node to follow it before answering.
-    pub converge_timeout: Duration,
-}
-
-impl ClusterSettings {
-    /// Defaults for node `node_name` answering at `address`: heartbeat every second, dead
-    /// after 10 s, lifecycle calls wait up to 20 s for the others.
-    pub fn new(node_name: impl Into<String>, address: impl Into<String>) -> Self {
-        Self {
-            node_name: node_name.into(),
-            address: address.into(),
-            heartbeat: Duration::from_secs(1),
-            node_timeout: Duration::from_secs(10),
-            converge_timeout: Duration::from_secs(20),
-        }
-    }
-}
-
-/// What a node tells the others each heartbeat.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(crate) struct NodeReport {
-    pub address: String,
-    pub started_at: Option<DateTime<Utc>>,
-    pub workers: Vec<ReportedWorker>,
-    /// Topics the node holds readers or a tail open on: a teardown deletes a pipeline's
-    /// topics only once no node does (a Kafka client fetching a deleted topic can crash).
-    #[serde(default)]
-    pub open_topics: Vec<String>,
-}
-
-/// One worker a node runs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct ReportedWorker {
-    pub pipeline_id: String,
-    pub slot: usize,
-    /// The deployment's workers in all (its pod size).
-    pub workers: usize,
-    /// The stored deployment it runs (`updated_at`).
-    pub version: String,
-    pub health: WorkerStatus,
-}
-
-/// A node as the others see it.
-#[derive(Debug, Clone)]
-pub(crate) struct Peer {
-    pub name: String,
-    pub age: Duration,
-    pub report: NodeReport,
-    /// The stored number of `report`: it is read again only when that moves.
-    pub report_seq: i64,
-}
-
-/// A node of the cluster, for `GET /api/v1/nodes`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeInfo {
-    pub name: String,
-    pub address: String,
-    pub started_at: Option<DateTime<Utc>>,
-    /// Since its last heartbeat.
-    pub last_seen: Duration,
-    /// The node that answers.
-    pub is_self: bool,
-    /// `(pipeline id, worker name)` of each worker it runs.
-    pub workers: Vec<(String, String)>,
-}
-
-/// A node's cluster state.
-pub(crate) struct Cluster {
-    pub settings: ClusterSettings,
-    started_at: DateTime<Utc>,
-    /// The other nodes, as last read.
-    peers: RwLock<Vec<Peer>>,
-    /// When this node last wrote its heartbeat.
-    last_heartbeat: std::sync::Mutex<Instant>,
-    /// Each stored deployment as last read, by pipeline id: a round reads only the versions
-    /// and then the records that changed (and knows the topics of one that is gone).
-    records: std::sync::Mutex<BTreeMap<String, DeploymentRecord>>,
-    /// The store's deployments number when the deployments were last read, what was read
-    /// (in order), and when: while the number stays, a round reads nothing more.
-    unchanged: std::sync::Mutex<Option<(i64, Records, Instant)>>,
-}
-
-/// Every stored deployment as one round read them, shared with the rounds that follow while
-/// nothing changed.
-type Records = Arc<Vec<DeploymentRecord>>;
-
-/// Longest a node goes on the deployments number alone before reading the versions anyway.
-const FULL_READ_EVERY: Duration = Duration::from_secs(30);
-
-impl Cluster {
-    pub(crate) fn new(settings: ClusterSettings, now: DateTime<Utc>) -> Self {
-        Self {
-            settings,
-            started_at: now,
-            peers: RwLock::default(),
-            last_heartbeat: std::sync::Mutex::new(Instant::now()),
-            records: std::sync::Mutex::default(),
-            unchanged: std::sync::Mutex::default(),
-        }
-    }
-
-    /// Whether this node wrote its heartbeat within the node timeout.
-    pub(crate) fn heartbeat_fresh(&self) -> bool {
-        self.last_heartbeat.lock().expect("heartbeat lock is never poisoned").elapsed()
-            <= self.settings.node_timeout
-    }
-
-    pub(crate) fn name(&self) -> &str {
-        &self.settings.node_name
-    }
-
-    /// The other nodes alive now.
-    pub(crate) fn live_peers(&self) -> Vec<Peer> {
-        let peers = self.peers.read().expect("peers lock is never poisoned");
-        peers.iter().filter(|peer| peer.age <= self.settings.node_timeout).cloned().collect()
-    }
-
-    /// The live nodes' names, this one included, sorted.
-    pub(crate) fn live_names(&self) -> Vec<String> {
-        let mut names: BTreeSet<String> =
-            self.live_peers().into_iter().map(|peer| peer.name).collect();
-        names.insert(self.name().to_owned());
-        names.into_iter().collect()
-    }
-
-    fn set_peers(&self, peers: Vec<Peer>) {
-        *self.peers.write().expect("peers lock is never poisoned") = peers;
-    }
-
-    /// The reports of the peers as last read, with their numbers, by name.
-    fn known_reports(&self) -> BTreeMap<String, (i64, NodeReport)> {
-        self.peers
-            .read()
-            .expect("peers lock is never poisoned")
-            .iter()
-            .map(|peer| (peer.name.clone(), (peer.report_seq, peer.report.clone())))
-            .collect()
-    }
-
-    /// Whether another live node runs a worker of `pipeline_id` that a worker of slot
-    /// `slot` (of `workers` in all) would overlap: the same slot, or any slot of another
-    /// pod size.
-    pub(crate) fn taken_elsewhere(&self, pipeline_id: &str, slot: usize, workers: usize) -> bool {
-        self.live_peers().iter().any(|peer| {
-            peer.report.workers.iter().any(|worker| {
-                worker.pipeline_id == pipeline_id
-                    && (worker.slot == slot || worker.workers != workers)
-            })
-        })
-    }
-}
-
-/// A node's stored report (an unreadable one counts as empty, with a warning).
-fn parse_report(node: &str, json: &str) -> NodeReport {
-    serde_json::from_str(json).unwrap_or_else(|error| {
-        tracing::warn!(node, %error, "unreadable node report");
-        NodeReport::default()
-    })
-}
-
-/// The slots of a deployment of `workers` workers that node `me` runs, among `live` nodes
-/// (sorted names).
-pub(crate) fn assigned_slots(
-    pipeline_id: &str,
-    workers: usize,
-    live: &[String],
-    me: &str,
-) -> Vec<usize> {
-    let Some(position) = live.iter().position(|name| name == me) else { return Vec::new() };
-    let start = sluice_core::hash::fnv1a(pipeline_id.as_bytes()) % live.len() as u64;
-    let start = usize::try_from(start).unwrap_or(0);
-    (0..workers).filter(|slot| (start + slot) % live.len() == position).collect()
-}
 
 /// This node's share of every deployment, following the desired state in the database.
 pub(crate) struct ClusterPlacement {
@@ -366,15 +189,7 @@ impl ClusterPlacement {
         if !self.refresh_peers().await {
             return;
         }
-        // Filter values and datasets changed through other nodes.
-        if let Err(error) = self.node.sets.refresh().await {
-            tracing::warn!(%error, "cannot refresh the set-filter indexes");
-        }
-        if let Some(index) = self.node.dataset_index()
-            && let Err(error) = index.refresh_if_changed(self.node.store.as_ref()).await
-        {
-            tracing::warn!(%error, "cannot refresh the dataset index");
-        }
+        self.refresh_indexes().await;
         let Some((records, gone)) = self.desired_state().await else { return };
         let mut changed = false;
         let mut seen = BTreeSet::new();
@@ -401,6 +216,18 @@ impl ClusterPlacement {
         }
         if changed {
             self.signal_cluster().await;
+        }
+    }
+
+    /// Takes in the filter values and datasets changed through other nodes.
+    async fn refresh_indexes(&self) {
+        if let Err(error) = self.node.sets.refresh().await {
+            tracing::warn!(%error, "cannot refresh the set-filter indexes");
+        }
+        if let Some(index) = self.node.dataset_index()
+            && let Err(error) = index.refresh_if_changed(self.node.store.as_ref()).await
+        {
+            tracing::warn!(%error, "cannot refresh the dataset index");
         }
     }
 
@@ -493,35 +320,8 @@ impl ClusterPlacement {
         let version = version_of(record);
         let mine = assigned_slots(pipeline_id, workers, &cluster.live_names(), cluster.name());
         let mut changed = false;
-        // A newer deployment: the new plan at the next batch boundary, or new workers.
         if running.as_ref().is_some_and(|current| current.version() != version) {
-            match self.node.compile(pipeline).await {
-                Ok((plan, uses)) => {
-                    let same_shape = running.as_ref().is_some_and(|current| {
-                        current.workers() == workers && current.source() == plan.source
-                    });
-                    if same_shape {
-                        match self.node.bind(plan).await {
-                            Ok(bound) => {
-                                if let Some(current) = running.as_mut() {
-                                    current.replace_plan(bound, version.clone());
-                                }
-                                self.node.secret_uses_mut().insert(pipeline_id.to_owned(), uses);
-                                changed = true;
-                            }
-                            Err(error) => {
-                                tracing::error!(%error, config_id = %pipeline_id, "cannot run the new deployment here");
-                            }
-                        }
-                    } else {
-                        self.node.stop_running(pipeline_id, &mut running).await;
-                        changed = true;
-                    }
-                }
-                Err(error) => {
-                    tracing::error!(%error, config_id = %pipeline_id, "cannot run the new deployment here");
-                }
-            }
+            changed = self.take_new_version(pipeline_id, pipeline, &version, &mut running).await;
         }
         if running.is_none() && !mine.is_empty() {
             let started = async {
@@ -563,6 +363,46 @@ impl ClusterPlacement {
             tracing::info!(config_id = %pipeline_id, slots = ?running.as_ref().map(|r| r.slots()), "this node's workers changed");
         }
         changed
+    }
+
+    /// A newer deployment of a deployment `running` here: the new plan at the next batch
+    /// boundary when the workers keep their number and source, else the workers stop (the
+    /// caller starts new ones). True when something changed.
+    async fn take_new_version(
+        &self,
+        pipeline_id: &str,
+        pipeline: &Pipeline,
+        version: &str,
+        running: &mut Option<Running>,
+    ) -> bool {
+        let (plan, uses) = match self.node.compile(pipeline).await {
+            Ok(compiled) => compiled,
+            Err(error) => {
+                tracing::error!(%error, config_id = %pipeline_id, "cannot run the new deployment here");
+                return false;
+            }
+        };
+        let workers = pipeline.pod_size.workers();
+        let same_shape = running
+            .as_ref()
+            .is_some_and(|current| current.workers() == workers && current.source() == plan.source);
+        if !same_shape {
+            self.node.stop_running(pipeline_id, running).await;
+            return true;
+        }
+        match self.node.bind(plan).await {
+            Ok(bound) => {
+                if let Some(current) = running.as_mut() {
+                    current.replace_plan(bound, version.to_owned());
+                }
+                self.node.secret_uses_mut().insert(pipeline_id.to_owned(), uses);
+                true
+            }
+            Err(error) => {
+                tracing::error!(%error, config_id = %pipeline_id, "cannot run the new deployment here");
+                false
+            }
+        }
     }
 
     /// Waits until the reports of every live node (this one's included) are what `done`
@@ -804,49 +644,4 @@ fn signal_in_background(store: &Arc<dyn MetadataStore>) {
             tracing::warn!(%error, "cannot signal the other nodes");
         }
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn names(list: &[&str]) -> Vec<String> {
-        list.iter().map(|name| (*name).to_owned()).collect()
-    }
-
-    #[test]
-    fn every_slot_has_exactly_one_node_and_slots_spread_evenly() {
-        let live = names(&["a", "b", "c"]);
-        for workers in [1, 2, 4, 8] {
-            let mut all: Vec<usize> = Vec::new();
-            let mut counts = Vec::new();
-            for me in &live {
-                let mine = assigned_slots("pipeline-x", workers, &live, me);
-                counts.push(mine.len());
-                all.extend(mine);
-            }
-            all.sort_unstable();
-            assert_eq!(all, (0..workers).collect::<Vec<_>>());
-            let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
-            assert!(max - min <= 1, "{workers} workers over 3 nodes: {counts:?}");
-        }
-    }
-
-    #[test]
-    fn a_node_not_alive_runs_nothing_and_one_node_runs_everything() {
-        assert!(assigned_slots("p", 4, &names(&["a", "b"]), "c").is_empty());
-        assert_eq!(assigned_slots("p", 4, &names(&["a"]), "a"), vec![0, 1, 2, 3]);
-    }
-
-    #[test]
-    fn deployments_of_one_slot_start_on_different_nodes() {
-        let live = names(&["a", "b", "c"]);
-        let owners: BTreeSet<String> = (0..30)
-            .map(|i| {
-                let id = format!("pipeline-{i}");
-                live.iter().find(|me| assigned_slots(&id, 1, &live, me) == vec![0]).unwrap().clone()
-            })
-            .collect();
-        assert_eq!(owners.len(), 3);
-    }
 }

@@ -174,6 +174,10 @@ fn matching(from: u64, to: u64) -> BTreeSet<u64> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario across three nodes in the order it happens: deploy, lifecycle calls from each node, a kill, and what each node then runs"
+)]
 async fn three_nodes_share_a_deployment_follow_each_others_lifecycle_calls_and_survive_a_kill() {
     let mut cluster = Cluster::new("cluster", &["node-a", "node-b", "node-c"]).await;
     for index in 0..3 {

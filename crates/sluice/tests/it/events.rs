@@ -218,6 +218,10 @@ pub(crate) async fn seen_everywhere(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: each kind of event made for real, then read back through the API, the stream and a webhook"
+)]
 async fn each_kind_made_for_real_reaches_the_api_the_stream_and_a_signed_webhook_and_no_other_org()
 {
     let dir = tempfile::tempdir().unwrap();

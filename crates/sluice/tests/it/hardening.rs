@@ -303,6 +303,10 @@ async fn call(method: reqwest::Method, url: &str, body: serde_json::Value) -> (u
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: secrets stored, every response and log line searched, a restart, the sealed rows checked"
+)]
 async fn secret_values_reach_no_response_and_no_log_line_and_survive_a_restart_sealed() {
     const VALUE: &str = "never-shown-3f9a1c77d2";
     const ROTATED: &str = "never-shown-rotated-88b2";

@@ -59,6 +59,10 @@ async fn four_sigkills_with_metadata_in_postgres_lose_no_acknowledged_record() {
 /// Ingests from two clients while the server is SIGKILLed [`KILLS`] times and restarted on
 /// the same data dir (and database); then every acknowledged matching record must be in the
 /// sink. Prints the counts.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: ingest under repeated kills and restarts, then every acknowledged record checked"
+)]
 async fn kill_loop(database_url: Option<&str>) {
     let store = if database_url.is_some() { "PostgreSQL" } else { "SQLite" };
     let dir = tempfile::tempdir().unwrap();

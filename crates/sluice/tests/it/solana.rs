@@ -86,6 +86,10 @@ fn fixture(name: &str) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: real blocks served, ingested, and every record checked field by field"
+)]
 async fn real_mainnet_blocks_become_exact_records_without_the_votes() {
     let faults = Faults { not_available_first: true, ..Faults::default() };
     let node = TestNode::start(Chain::Fixtures, MAINNET_GENESIS_HASH, faults);

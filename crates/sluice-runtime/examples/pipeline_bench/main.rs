@@ -32,6 +32,13 @@
 //!
 //! Prints one JSON line per measurement, then the same figures for people. Linux only (reads
 //! `/proc/self/stat` for CPU time).
+//!
+//! This file holds the arguments, the setup and the throughput phase; the latency phase is in
+//! `latency.rs`, the external sinks in `sinks.rs`, the record generator in `records.rs`.
+
+mod latency;
+mod records;
+mod sinks;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,13 +47,16 @@ use sluice_bus::{EmbeddedLog, KafkaLog, KafkaSettings, StreamLog, topics};
 use sluice_core::catalog::Catalog;
 use sluice_core::clock::{Clock, SystemClock};
 use sluice_core::pipeline::{
-    DeliveryGuarantee, ExternalKafkaSinkConfig, ManagedSinkConfig, NatsSinkConfig, Pipeline,
-    PipelineConfig, PipelineSpec, PodSize, SinkConfig, Source, SourceType, Transform,
-    WebhookCompression, WebhookSinkConfig,
+    DeliveryGuarantee, Pipeline, PipelineConfig, PipelineSpec, PodSize, SinkConfig, Source,
+    SourceType, Transform,
 };
 use sluice_core::streams::StreamRecord;
 use sluice_runtime::{Counters, Runtime, RuntimeSettings};
 use sluice_store::{MetadataStore, SqliteStore};
+
+use self::latency::latency;
+use self::records::{Generator, SplitMix};
+use self::sinks::external_sink;
 
 /// The allocator the `sluice` binary uses.
 #[global_allocator]
@@ -105,45 +115,6 @@ enum SinkChoice {
     Webhook,
     Nats(String),
     ExternalKafka(String),
-}
-
-/// The webhook receiver of the run: counts records, and keeps the latency of each record
-/// that carries `sent_at_us`.
-#[derive(Default)]
-struct Receiver {
-    records: std::sync::atomic::AtomicU64,
-    latencies_us: std::sync::Mutex<Vec<i64>>,
-}
-
-async fn start_receiver() -> Result<(Arc<Receiver>, String), BoxError> {
-    let receiver = Arc::new(Receiver::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/hook", listener.local_addr()?);
-    let state = receiver.clone();
-    let app = axum::Router::new().route(
-        "/hook",
-        axum::routing::post(move |body: axum::body::Bytes| {
-            let state = state.clone();
-            async move {
-                let now_us = chrono::Utc::now().timestamp_micros();
-                let Ok(items) = serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(&body)
-                else {
-                    return axum::http::StatusCode::BAD_REQUEST;
-                };
-                let mut latencies = Vec::new();
-                for item in &items {
-                    if let Some(sent) = sent_at_us(item.get().as_bytes()) {
-                        latencies.push(now_us - sent);
-                    }
-                }
-                state.records.fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                state.latencies_us.lock().expect("not poisoned").extend(latencies);
-                axum::http::StatusCode::NO_CONTENT
-            }
-        }),
-    );
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok((receiver, url))
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -330,82 +301,6 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The sink config of `choice`, with what it needs made for the run (a receiver, a stream,
-/// a topic).
-async fn external_sink(
-    choice: &SinkChoice,
-) -> Result<(SinkConfig, Option<Arc<Receiver>>), BoxError> {
-    let run = format!(
-        "{:x}",
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos()
-    );
-    Ok(match choice {
-        SinkChoice::Managed => (
-            SinkConfig::Kafka(ManagedSinkConfig {
-                name: SINK_NAME.to_owned(),
-                uid: "sk-bench".to_owned(),
-            }),
-            None,
-        ),
-        SinkChoice::Webhook => {
-            let (receiver, url) = start_receiver().await?;
-            let config = WebhookSinkConfig {
-                name: SINK_NAME.to_owned(),
-                url,
-                hash_key: None,
-                compression: WebhookCompression::None,
-                uid: "sk-bench".to_owned(),
-            };
-            (SinkConfig::Webhook(config), Some(receiver))
-        }
-        SinkChoice::Nats(url) => {
-            use sluice_runtime::sinks::nats::{Connection, NatsAuth};
-            let name = format!("BENCH_{run}");
-            let mut connection = Connection::open(url, &NatsAuth::None, false).await?;
-            let stream = serde_json::json!({"name": name, "subjects": [format!("{name}.>")], "storage": "file"});
-            connection
-                .request(&format!("$JS.API.STREAM.CREATE.{name}"), stream.to_string().as_bytes())
-                .await?;
-            let config = NatsSinkConfig {
-                name: SINK_NAME.to_owned(),
-                url: url.clone(),
-                subject: format!("{name}.records"),
-                username: None,
-                password_secret: None,
-                token_secret: None,
-                tls: false,
-                uid: "sk-bench".to_owned(),
-            };
-            (SinkConfig::Nats(config), None)
-        }
-        SinkChoice::ExternalKafka(servers) => {
-            let topic = format!("bench-external-{run}");
-            let cluster = KafkaLog::connect(
-                KafkaSettings::parse(&format!("kafka://{servers}"))?,
-                Arc::new(SystemClock),
-            )
-            .await?;
-            let config = sluice_bus::TopicConfig {
-                partitions: 1,
-                retention: sluice_bus::Retention::default(),
-            };
-            cluster.create_topic(&topic, config).await?;
-            let config = ExternalKafkaSinkConfig {
-                name: SINK_NAME.to_owned(),
-                bootstrap_servers: servers.clone(),
-                topic,
-                security_protocol: "plaintext".to_owned(),
-                sasl_mechanism: None,
-                sasl_username_secret: None,
-                sasl_password_secret: None,
-                compression: "none".to_owned(),
-                uid: "sk-bench".to_owned(),
-            };
-            (SinkConfig::ExternalKafka(config), None)
-        }
-    })
-}
-
 fn bench_spec(sink: SinkConfig) -> PipelineSpec {
     PipelineSpec {
         name: "pipeline-bench".to_owned(),
@@ -450,24 +345,24 @@ async fn load_values(
     Ok(sample)
 }
 
-/// Phase a: a backlog of `records` appended while paused, then drained by one worker.
-async fn throughput(
-    runtime: &Arc<Runtime>,
-    log: &dyn StreamLog,
-    pipelines: &[Pipeline],
+/// What [`append_backlog`] appended.
+struct Backlog {
+    /// Records whose token is in the set.
+    hits: usize,
+    bytes: usize,
+    /// Time in the append calls.
+    append_secs: f64,
+    /// Wall time, generating the records included.
+    ingest_wall: f64,
+}
+
+/// Appends `records` generated records in batches of [`INGEST_BATCH`].
+async fn append_backlog(
+    runtime: &Runtime,
     generator: &mut Generator,
     records: usize,
     hit_rate: f64,
-) -> Result<(), BoxError> {
-    let source = topics::chain_stream(CHAIN, ENTITY, false);
-    let pipeline = &pipelines[0];
-    let mut sink_before = 0;
-    for pipeline in pipelines {
-        runtime.pause(&pipeline.id).await?;
-        sink_before +=
-            total_end(log, &topics::sink_topic(&pipeline.id, SINK_NAME)).await.unwrap_or(0);
-    }
-
+) -> Result<Backlog, BoxError> {
     let mut append_time = Duration::ZERO;
     let mut hits = 0usize;
     let mut bytes = 0usize;
@@ -489,20 +384,18 @@ async fn throughput(
         appended += size;
     }
     let ingest_wall = ingest_start.elapsed().as_secs_f64();
-    let append_secs = append_time.as_secs_f64();
+    Ok(Backlog { hits, bytes, append_secs: append_time.as_secs_f64(), ingest_wall })
+}
 
-    let ends: Vec<u64> = log.offsets(&source).await?.iter().map(|range| range.end).collect();
-    // A profiling aid: `PIPELINE_BENCH_PAUSE_BEFORE_DRAIN=<seconds>` says when the drain
-    // starts, with the process id, so a profiler can attach to the drain alone.
-    if let Some(pause) = std::env::var("PIPELINE_BENCH_PAUSE_BEFORE_DRAIN")
-        .ok()
-        .and_then(|secs| secs.parse::<f64>().ok())
-    {
-        eprintln!("drain starts in {pause} s (pid {})", std::process::id());
-        tokio::time::sleep(Duration::from_secs_f64(pause)).await;
-    }
-    let cpu_start = process_cpu_secs();
-    let start = Instant::now();
+/// Deploys the paused `pipelines` again and waits until each has committed `ends` of
+/// `source`.
+async fn resume_and_drain(
+    runtime: &Arc<Runtime>,
+    log: &dyn StreamLog,
+    pipelines: &[Pipeline],
+    source: &str,
+    ends: &[u64],
+) -> Result<(), BoxError> {
     // Resumed together, so they start the backlog side by side (one after the other, the
     // first would be far into it before the last starts).
     let mut resuming = tokio::task::JoinSet::new();
@@ -517,7 +410,7 @@ async fn throughput(
     // committed offsets stay a small part of the process's CPU however many pipelines run.
     let mut draining = pipelines.iter().peekable();
     while let Some(pipeline) = draining.peek() {
-        let committed = log.committed(&topics::deployment_group(&pipeline.id), &source).await?;
+        let committed = log.committed(&topics::deployment_group(&pipeline.id), source).await?;
         let done = ends
             .iter()
             .enumerate()
@@ -528,6 +421,43 @@ async fn throughput(
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
+    Ok(())
+}
+
+/// Phase a: a backlog of `records` appended while paused, then drained by one worker.
+async fn throughput(
+    runtime: &Arc<Runtime>,
+    log: &dyn StreamLog,
+    pipelines: &[Pipeline],
+    generator: &mut Generator,
+    records: usize,
+    hit_rate: f64,
+) -> Result<(), BoxError> {
+    let source = topics::chain_stream(CHAIN, ENTITY, false);
+    let pipeline = &pipelines[0];
+    let mut sink_before = 0;
+    for pipeline in pipelines {
+        runtime.pause(&pipeline.id).await?;
+        sink_before +=
+            total_end(log, &topics::sink_topic(&pipeline.id, SINK_NAME)).await.unwrap_or(0);
+    }
+
+    let Backlog { hits, bytes, append_secs, ingest_wall } =
+        append_backlog(runtime, generator, records, hit_rate).await?;
+
+    let ends: Vec<u64> = log.offsets(&source).await?.iter().map(|range| range.end).collect();
+    // A profiling aid: `PIPELINE_BENCH_PAUSE_BEFORE_DRAIN=<seconds>` says when the drain
+    // starts, with the process id, so a profiler can attach to the drain alone.
+    if let Some(pause) = std::env::var("PIPELINE_BENCH_PAUSE_BEFORE_DRAIN")
+        .ok()
+        .and_then(|secs| secs.parse::<f64>().ok())
+    {
+        eprintln!("drain starts in {pause} s (pid {})", std::process::id());
+        tokio::time::sleep(Duration::from_secs_f64(pause)).await;
+    }
+    let cpu_start = process_cpu_secs();
+    let start = Instant::now();
+    resume_and_drain(runtime, log, pipelines, &source, &ends).await?;
     let drain_secs = start.elapsed().as_secs_f64();
     let drain_cpu = process_cpu_secs() - cpu_start;
     let counters = runtime.counters(&pipeline.id).await.ok_or("the pipeline is not running")?;
@@ -605,296 +535,8 @@ async fn throughput(
     Ok(())
 }
 
-/// Phase b: records appended at a steady rate; ingest-to-sink latency of each.
-async fn latency(
-    runtime: &Runtime,
-    log: &Arc<dyn StreamLog>,
-    pipeline: &Pipeline,
-    generator: &mut Generator,
-    args: &Args,
-    receiver: Option<&Arc<Receiver>>,
-) -> Result<(), BoxError> {
-    runtime.deploy(pipeline).await?;
-    let sink = topics::sink_topic(&pipeline.id, SINK_NAME);
-    let total = (args.rate as f64 * args.seconds) as u64;
-    let hit_rate = f64::from(args.match_percent) / 100.0;
-
-    // The reader starts at the sink's current end before anything is sent; a webhook's
-    // receiver starts from nothing.
-    let (expected_tx, expected_rx) = tokio::sync::watch::channel(None::<u64>);
-    let reader = match receiver {
-        None => {
-            let from = log.offsets(&sink).await?.first().map_or(0, |range| range.end);
-            tokio::spawn(read_latencies(log.clone(), sink, from, expected_rx))
-        }
-        Some(receiver) => {
-            receiver.latencies_us.lock().expect("not poisoned").clear();
-            tokio::spawn(received_latencies(receiver.clone(), expected_rx))
-        }
-    };
-
-    let start = Instant::now();
-    let mut ticks = tokio::time::interval(LATENCY_TICK);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sent = 0u64;
-    let mut hits = 0u64;
-    let mut slowest_append = Duration::ZERO;
-    while sent < total {
-        ticks.tick().await;
-        // Catches up after a slow append: the rate holds over the run.
-        let due = ((start.elapsed().as_secs_f64() * args.rate as f64) as u64).min(total);
-        if due <= sent {
-            continue;
-        }
-        let sent_at_us = chrono::Utc::now().timestamp_micros();
-        let batch: Vec<StreamRecord> = (sent..due)
-            .map(|_| {
-                let (record, hit) = generator.record(hit_rate, Some(sent_at_us));
-                hits += u64::from(hit);
-                record
-            })
-            .collect();
-        let append_start = Instant::now();
-        runtime.ingest(CHAIN, ENTITY, false, batch).await?;
-        slowest_append = slowest_append.max(append_start.elapsed());
-        sent = due;
-    }
-    let send_secs = start.elapsed().as_secs_f64();
-    expected_tx.send_replace(Some(hits));
-    let mut latencies = reader.await??;
-    let received = latencies.len() as u64;
-    if received != hits {
-        return Err(format!("{received} records reached the sink, {hits} were expected").into());
-    }
-    latencies.sort_unstable();
-    let pct = |p: f64| -> f64 {
-        let rank = ((p / 100.0) * latencies.len() as f64).ceil() as usize;
-        latencies
-            .get(rank.clamp(1, latencies.len().max(1)) - 1)
-            .map_or(f64::NAN, |us| *us as f64 / 1000.0)
-    };
-    let (p50, p90, p99, max) = (pct(50.0), pct(90.0), pct(99.0), pct(100.0));
-    let achieved = sent as f64 / send_secs;
-    report(
-        serde_json::json!({
-            "bench": "pipeline_latency",
-            "sink": pipeline.pipeline_config.sinks[0].type_name(),
-            "rate_target": args.rate,
-            "rate_achieved": achieved.round(),
-            "seconds": round3(send_secs),
-            "records": sent,
-            "match_percent": args.match_percent,
-            "delivered": received,
-            "tick_ms": LATENCY_TICK.as_millis(),
-            "slowest_append_ms": round3(slowest_append.as_secs_f64() * 1000.0),
-            "p50_ms": round3(p50),
-            "p90_ms": round3(p90),
-            "p99_ms": round3(p99),
-            "max_ms": round3(max),
-        }),
-        &[
-            format!(
-                "latency: {sent} records at {achieved:.0}/s (target {}) for {send_secs:.1} s, \
-                 {}% matching, appended every {} ms; {received} delivered",
-                args.rate,
-                args.match_percent,
-                LATENCY_TICK.as_millis()
-            ),
-            format!(
-                "  ingest-to-sink ms: p50 {p50:.2}, p90 {p90:.2}, p99 {p99:.2}, max {max:.2} \
-                 (slowest append {:.2} ms)",
-                slowest_append.as_secs_f64() * 1000.0
-            ),
-        ],
-    );
-    Ok(())
-}
-
-/// Long-polls the sink topic from `from`; returns now − `sent_at_us` of every record, in
-/// microseconds, once it has seen as many as `expected` says (or 60 s after it was told).
-async fn read_latencies(
-    log: Arc<dyn StreamLog>,
-    sink: String,
-    mut from: u64,
-    expected: tokio::sync::watch::Receiver<Option<u64>>,
-) -> Result<Vec<i64>, BoxError> {
-    let mut watch = log.watch(&sink);
-    let mut latencies = Vec::new();
-    let mut told_at: Option<Instant> = None;
-    loop {
-        let records = log.read(&sink, 0, from, 10_000).await?;
-        let now_us = chrono::Utc::now().timestamp_micros();
-        for record in &records {
-            let sent_at = sent_at_us(&record.value).ok_or("a sink record has no sent_at_us")?;
-            latencies.push(now_us - sent_at);
-        }
-        if let Some(last) = records.last() {
-            from = last.offset + 1;
-            continue;
-        }
-        if let Some(expected) = *expected.borrow() {
-            let told = *told_at.get_or_insert_with(Instant::now);
-            if latencies.len() as u64 >= expected || told.elapsed() > Duration::from_secs(60) {
-                return Ok(latencies);
-            }
-        }
-        watch.wait(Duration::from_millis(100)).await;
-    }
-}
-
-/// The latencies the webhook receiver took, once it has as many as `expected` says (or 60 s
-/// after it was told).
-async fn received_latencies(
-    receiver: Arc<Receiver>,
-    mut expected: tokio::sync::watch::Receiver<Option<u64>>,
-) -> Result<Vec<i64>, BoxError> {
-    let want = loop {
-        if let Some(want) = *expected.borrow_and_update() {
-            break want;
-        }
-        expected.changed().await?;
-    };
-    let told = Instant::now();
-    loop {
-        let have = receiver.latencies_us.lock().expect("not poisoned").len() as u64;
-        if have >= want || told.elapsed() > Duration::from_secs(60) {
-            return Ok(std::mem::take(&mut *receiver.latencies_us.lock().expect("not poisoned")));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// The `sent_at_us` number of a record, found without parsing the whole document.
-fn sent_at_us(value: &[u8]) -> Option<i64> {
-    const FIELD: &[u8] = b"\"sent_at_us\":";
-    let at = value.windows(FIELD.len()).position(|window| window == FIELD)? + FIELD.len();
-    let digits = value[at..].iter().take_while(|b| b.is_ascii_digit()).count();
-    std::str::from_utf8(&value[at..at + digits]).ok()?.parse().ok()
-}
-
 async fn total_end(log: &dyn StreamLog, topic: &str) -> Result<u64, BoxError> {
     Ok(log.offsets(topic).await?.iter().map(|range| range.end).sum())
-}
-
-/// Builds `erc20_token_transfer` records shaped like the feed's: the same fields, keys in
-/// the order serde_json writes them (alphabetical), unique `<transaction_hash>:<log_index>`.
-struct Generator {
-    rng: SplitMix,
-    /// Addresses in the set.
-    sample: Vec<String>,
-    /// Addresses not in the set.
-    others: Vec<String>,
-    next: u64,
-}
-
-impl Generator {
-    /// One record; true when its token is in the set.
-    fn record(&mut self, hit_rate: f64, sent_at_us: Option<i64>) -> (StreamRecord, bool) {
-        const TOKENS: [(&str, &str); 5] = [
-            ("USDC", "USD Coin"),
-            ("USDT", "Tether USD"),
-            ("WETH", "Wrapped Ether"),
-            ("DAI", "Dai Stablecoin"),
-            ("PEPE", "Pepe"),
-        ];
-        let n = self.next;
-        self.next += 1;
-        let hit = self.rng.unit() < hit_rate;
-        let token = if hit {
-            &self.sample[self.rng.below(self.sample.len())]
-        } else {
-            &self.others[self.rng.below(self.others.len())]
-        };
-        // Four logs per transaction, 150 transactions per block; `mix` is a bijection, so
-        // transaction hashes never repeat.
-        let (tx, log_index) = (n / 4, n % 4);
-        let block = 20_000_000 + tx / 150;
-        let tx_hash = format!(
-            "0x{:016x}{:016x}{:016x}{:016x}",
-            mix(tx),
-            mix(tx ^ (1 << 63)),
-            mix(!tx),
-            mix(tx + 7)
-        );
-        let block_hash = format!(
-            "0x{:016x}{:016x}{:016x}{:016x}",
-            mix(block),
-            mix(block ^ (1 << 62)),
-            mix(!block),
-            mix(block + 11)
-        );
-        let (symbol, name) = TOKENS[self.rng.below(TOKENS.len())];
-        let whole = 1 + self.rng.below(1_000_000);
-        let cents = self.rng.below(100);
-        let from = &self.others[self.rng.below(self.others.len())];
-        let to = self.rng.address();
-        let sent_at = sent_at_us.map(|us| format!(r#""sent_at_us":{us},"#)).unwrap_or_default();
-        let value = format!(
-            concat!(
-                r#"{{"amount":{whole}.{cents:02},"amount_str":"{whole}.{cents:02}","#,
-                r#""block_hash":"{block_hash}","block_number":{block},"#,
-                r#""block_timestamp":"2025-06-{day:02} {hour:02}:{minute:02}:{second:02}","#,
-                r#""from_address":"{from}","log_index":{log_index},"#,
-                r#""raw_amount":{whole}{cents:02}0000000000000000,"#,
-                r#""raw_amount_str":"{whole}{cents:02}0000000000000000",{sent_at}"#,
-                r#""to_address":"{to}","token_address":"{token}","token_name":"{name}","#,
-                r#""token_symbol":"{symbol}","transaction_hash":"{tx_hash}","#,
-                r#""transaction_index":{tx_index}}}"#
-            ),
-            whole = whole,
-            cents = cents,
-            block_hash = block_hash,
-            block = block,
-            day = 1 + block % 28,
-            hour = tx % 24,
-            minute = tx % 60,
-            second = (tx / 2) % 60,
-            from = from,
-            log_index = log_index,
-            sent_at = sent_at,
-            to = to,
-            token = token,
-            name = name,
-            symbol = symbol,
-            tx_hash = tx_hash,
-            tx_index = tx % 150,
-        );
-        let record = StreamRecord::parse(ENTITY, value.as_bytes())
-            .expect("the generator writes valid erc20_token_transfer records");
-        (record, hit)
-    }
-}
-
-/// SplitMix64: small, fast and good enough for test data (no dependency needed).
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        mix(self.0)
-    }
-
-    fn below(&mut self, bound: usize) -> usize {
-        (self.next_u64() % bound.max(1) as u64) as usize
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// A random lowercase `0x` address (the stored, normalised form).
-    fn address(&mut self) -> String {
-        let (a, b, c) = (self.next_u64(), self.next_u64(), self.next_u64());
-        format!("0x{a:016x}{b:016x}{:08x}", c >> 32)
-    }
-}
-
-/// The SplitMix64 finaliser: a bijection on `u64`.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// User + system CPU time of the whole process (every thread), in seconds.
