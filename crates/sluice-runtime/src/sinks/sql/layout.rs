@@ -259,11 +259,7 @@ impl Layout {
                     {
                         extra.insert((*name).to_owned(), parse(raw)?);
                     }
-                    if extra.is_empty() {
-                        Cell::Null
-                    } else {
-                        json_text(&Value::Object(extra)).map_or(Cell::Null, Cell::Json)
-                    }
+                    extra_cell(extra)
                 }
                 Source::Time | Source::Record => unreachable!("not a flat layout"),
             };
@@ -328,10 +324,7 @@ impl Layout {
                 }
             }
         }
-        if extra.is_empty() {
-            return Cell::Null;
-        }
-        json_text(&Value::Object(extra)).map_or(Cell::Null, Cell::Json)
+        extra_cell(extra)
     }
 
     fn cell(&self, column: &Column, value: &Value) -> Result<Cell, String> {
@@ -381,6 +374,14 @@ impl Layout {
             ColumnType::Json => json_text(value).map(Cell::Json),
         }
     }
+}
+
+/// The `extra` column of the fields left over: NULL when there are none.
+fn extra_cell(extra: Map<String, Value>) -> Cell {
+    if extra.is_empty() {
+        return Cell::Null;
+    }
+    json_text(&Value::Object(extra)).map_or(Cell::Null, Cell::Json)
 }
 
 /// A record's top-level fields, borrowed from its bytes, in the order they came.
