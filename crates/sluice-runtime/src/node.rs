@@ -186,6 +186,14 @@ impl Node {
     pub(crate) async fn pin_start_offsets(&self, plan: &Plan) -> Result<()> {
         let group = topics::deployment_group(&plan.pipeline_id);
         let committed = self.log.committed(&group, &plan.source).await?;
+        // A pipeline deployed before (paused, restarted) has every partition committed: then
+        // the stream's ends are not needed, and not asked for (on Kafka that is two requests
+        // and a fetch per partition).
+        if let Some(topic) = self.log.topic(&plan.source).await?
+            && (0..topic.partitions).all(|partition| committed.contains_key(&partition))
+        {
+            return Ok(());
+        }
         let ends = self.log.offsets(&plan.source).await?;
         let missing: Vec<(u32, u64)> = ends
             .iter()

@@ -16,7 +16,7 @@
 //! were, so the batch is delivered again after the next start. `best_effort`: a failed write
 //! drops the batch (counted) and the offsets move on.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -271,29 +271,24 @@ impl Worker {
             let found = async {
                 let topic = self.log.topic(source).await?;
                 let committed = self.log.committed(group, source).await?;
-                let ends = self.log.offsets(source).await?;
-                Ok::<_, sluice_bus::BusError>((topic, committed, ends))
+                Ok::<_, sluice_bus::BusError>((topic, committed))
             }
             .await;
             let resumed = match (&found, sink) {
-                (Ok((Some(_), ..)), Some(sink)) => sink.resume(group, source).await,
+                (Ok((Some(_), _)), Some(sink)) => sink.resume(group, source).await,
                 _ => Ok(Vec::new()),
             };
             match (found, resumed) {
-                (Ok((Some(topic), committed, ends)), Ok(resumed)) => {
-                    return Some(
-                        (0..topic.partitions)
-                            .filter(|p| *p as usize % self.workers == self.index)
-                            .map(|p| {
-                                let end = ends[p as usize].end;
-                                let at = committed.get(&p).copied().unwrap_or(end);
-                                let sink_at = resumed.iter().find(|(q, _)| *q == p).map(|r| r.1);
-                                (p, sink_at.filter(|s| *s > at && *s <= end).unwrap_or(at))
-                            })
-                            .collect(),
-                    );
+                (Ok((Some(topic), committed)), Ok(resumed)) => {
+                    let mine: Vec<u32> = (0..topic.partitions)
+                        .filter(|p| *p as usize % self.workers == self.index)
+                        .collect();
+                    match self.place(source, &mine, &committed, &resumed).await {
+                        Ok(next) => return Some(next),
+                        Err(error) => tracing::warn!(%error, %source, "cannot read source offsets"),
+                    }
                 }
-                (Ok((None, ..)), _) => {
+                (Ok((None, _)), _) => {
                     tracing::error!(%source, "source topic does not exist; worker stops");
                     return None;
                 }
@@ -308,6 +303,37 @@ impl Worker {
             }
             backoff = (backoff * 2).min(self.settings.max_backoff);
         }
+    }
+
+    /// Where each of `partitions` starts: its committed offset, or the sink's own position
+    /// when that is ahead (and not past the end), or the end when nothing is committed. The
+    /// stream's ends are read only when one of these needs them: a resumed pipeline with
+    /// every partition committed and no sink position ahead asks the log for nothing more
+    /// (on Kafka, ends are two requests and a fetch per partition).
+    async fn place(
+        &self,
+        source: &str,
+        partitions: &[u32],
+        committed: &BTreeMap<u32, u64>,
+        resumed: &[(u32, u64)],
+    ) -> sluice_bus::Result<HashMap<u32, u64>> {
+        let sink_at = |p: u32| resumed.iter().find(|(q, _)| *q == p).map(|r| r.1);
+        let needs_end =
+            |p: &u32| committed.get(p).is_none_or(|at| sink_at(*p).is_some_and(|s| s > *at));
+        let ends = if partitions.iter().any(needs_end) {
+            Some(self.log.offsets(source).await?)
+        } else {
+            None
+        };
+        Ok(partitions
+            .iter()
+            .map(|&p| {
+                let Some(ends) = &ends else { return (p, committed[&p]) };
+                let end = ends[p as usize].end;
+                let at = committed.get(&p).copied().unwrap_or(end);
+                (p, sink_at(p).filter(|s| *s > at && *s <= end).unwrap_or(at))
+            })
+            .collect())
     }
 
     /// Runs one batch through the plan, delivers it with its dead letters and commits its
