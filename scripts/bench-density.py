@@ -424,10 +424,10 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
         with ThreadPoolExecutor(max_workers=args.resume_concurrency) as resuming:
             list(resuming.map(lambda p: deploy(node, p, 600), pipelines))
         pending = {p: repeat * expected_count(records, i) for i, p in enumerate(pipelines)}
+        pending_all = dict(pending)
         records *= repeat
 
-        def done(item):
-            pipeline, expected = item
+        def sink_holds(pipeline, expected):
             path = "/api/v1/beam/%s/sinks/sk-1/records?offset=%d&limit=1" % (pipeline, expected - 1)
             try:
                 status, page = call(node.base, "GET", path, timeout=30)
@@ -435,14 +435,23 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
                 return False
             return status == 200 and bool(page["records"])
 
-        # One pending sink at a time (they drain together): the node serves a few requests a
-        # second for the probe, not one per pipeline per round, and the end is seen within
-        # one interval.
+        # The end of the drain: by default every pipeline's delivered count in one /metrics
+        # read a tick. `--done-by sinks` reads the sinks themselves instead, one pending sink
+        # at a time; on Kafka each sink topic read through the API makes a client of its own
+        # (docs/operations.md), which costs the node more CPU than the drain it watches.
         while pending:
-            item = next(iter(pending.items()))
-            if done(item):
-                del pending[item[0]]
-                continue
+            if args.done_by == "sinks":
+                pipeline, expected = next(iter(pending.items()))
+                if sink_holds(pipeline, expected):
+                    del pending[pipeline]
+                    continue
+            else:
+                sent = delivered_counts(node)
+                for pipeline, expected in list(pending.items()):
+                    if sent.get(pipeline, 0) >= expected:
+                        del pending[pipeline]
+                if not pending:
+                    break
             if time.time() - started > args.drain_timeout:
                 print("  [%s] %d sinks incomplete after %d s" % (tag, len(pending), args.drain_timeout), flush=True)
                 return None
@@ -451,6 +460,10 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
         stop_profile(profile)
         node_cpu = cpu_seconds(node.pid) - node_cpu
         broker_cpu = cpu_seconds(broker.process.pid) - broker_cpu if broker else None
+        # Outside the measured window: every sink holds exactly its expected records.
+        for pipeline, expected in pending_all.items():
+            assert sink_holds(pipeline, expected), "sink of %s is short of %d records" % (pipeline, expected)
+            assert not sink_holds(pipeline, expected + 1), "sink of %s holds more than %d" % (pipeline, expected)
         print("  [%s] %d records drained by %d pipeline(s) in %.1f s: node %.1f CPU s (%.0f records per "
               "CPU second), of which resuming them %.1f CPU s (%.0f records per CPU second without)%s; "
               "ingest %.0f records/s"
@@ -464,6 +477,24 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
         if broker:
             broker.stop()
         shutil.rmtree(node.data_dir, ignore_errors=True)
+
+
+def delivered_counts(node):
+    """Records each pipeline delivered to its sink, by id (`/metrics`)."""
+    host = node.base.split("//", 1)[1]
+    connection = http.client.HTTPConnection(host, timeout=30)
+    try:
+        connection.request("GET", "/metrics", headers={"x-api-key": KEY})
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    prefix = 'sluice_pipeline_messages_sent_total{config_id="'
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            pipeline, _, value = line[len(prefix):].partition('"}')
+            counts[pipeline] = int(float(value))
+    return counts
 
 
 def start_profile(tag, node, broker):
@@ -553,6 +584,9 @@ def main():
     parser.add_argument("--resume-concurrency", type=int, default=16,
                         help="throughput mode: pipelines resumed at once for the drain (default 16, "
                              "as a restarted node resumes them; 1 = one after another)")
+    parser.add_argument("--done-by", choices=("metrics", "sinks"), default="metrics",
+                        help="throughput mode: how the drain's end is seen: each pipeline's "
+                             "delivered count in /metrics (default), or reading the sinks")
     parser.add_argument("--modes", default="density,throughput")
     args = parser.parse_args()
     if args.kafka_pipelines is None:
