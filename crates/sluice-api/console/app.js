@@ -1225,29 +1225,17 @@ function startTail(path, list) {
       if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
       // Following from here on: records delivered from now appear.
       list.dataset.live = 'true';
-      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-      let buffer = '';
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buffer += value;
-        let end;
-        while ((end = buffer.indexOf('\n\n')) >= 0) {
-          const event = buffer.slice(0, end);
-          buffer = buffer.slice(end + 2);
-          const kind = /^event: ?(.*)$/m.exec(event)?.[1] || 'message';
-          const data = event.split('\n').filter((l) => l.startsWith('data:')).map((l) => l.slice(5).replace(/^ /, '')).join('\n');
-          if (kind === 'record') {
-            let text = data;
-            try {
-              const record = JSON.parse(data);
-              text = `${record.key}  ${JSON.stringify(record.value)}`;
-            } catch { /* shown as it came */ }
-            list.prepend(h('li', {}, text));
-            while (list.children.length > 200) list.lastChild.remove();
-          } else if (kind === 'end') {
-            list.prepend(h('li', {}, `(the tail ended: ${data})`));
-          }
+      for await (const { kind, data } of events.serverSentEvents(response)) {
+        if (kind === 'record') {
+          let text = data;
+          try {
+            const record = JSON.parse(data);
+            text = `${record.key}  ${JSON.stringify(record.value)}`;
+          } catch { /* shown as it came */ }
+          list.prepend(h('li', {}, text));
+          while (list.children.length > 200) list.lastChild.remove();
+        } else if (kind === 'end') {
+          list.prepend(h('li', {}, `(the tail ended: ${data})`));
         }
       }
     } catch (e) {

@@ -27,6 +27,29 @@ function query(filters) {
 }
 
 /**
+ * The messages of a Server-Sent Events response as they arrive, each as `{ kind, data }`:
+ * its `event:` name (`message` when it has none) and its `data:` lines joined. Shared by the
+ * events stream and a sink's live tail.
+ */
+export async function* serverSentEvents(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf('\n\n')) >= 0) {
+      const message = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const kind = /^event: ?(.*)$/m.exec(message)?.[1] || 'message';
+      const data = message.split('\n').filter((l) => l.startsWith('data:')).map((l) => l.slice(5).replace(/^ /, '')).join('\n');
+      yield { kind, data };
+    }
+  }
+}
+
+/**
  * Follows `/events/stream` with `filters` (Server-Sent Events over fetch, so the key stays
  * in a header) and calls `onEvent` for each event; stops when the view is left.
  */
@@ -41,19 +64,8 @@ function follow(ui, filters, onEvent, onState) {
       });
       if (!response.ok) throw new Error(`${response.status}`);
       onState('live');
-      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-      let buffer = '';
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buffer += value;
-        let end;
-        while ((end = buffer.indexOf('\n\n')) >= 0) {
-          const message = buffer.slice(0, end);
-          buffer = buffer.slice(end + 2);
-          const data = message.split('\n').filter((l) => l.startsWith('data:')).map((l) => l.slice(5).replace(/^ /, '')).join('\n');
-          if (data) onEvent(JSON.parse(data));
-        }
+      for await (const { data } of serverSentEvents(response)) {
+        if (data) onEvent(JSON.parse(data));
       }
       onState('ended');
     } catch (e) {

@@ -21,13 +21,14 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use sluice_core::datasets::Dataset;
 use sluice_core::filter_values::normalize;
-use sluice_core::validation::{Fields, Loc, Violation, Violations, parse_object, str_array};
+use sluice_core::validation::{Fields, Loc, Violation, Violations};
 use utoipa::ToSchema;
 
 use crate::auth::Caller;
 use crate::body::JsonBody;
+use crate::bulk_values;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
-use crate::filter_values::{MAX_VALUE_BYTES, normalize_in_place};
+use crate::filter_values::MAX_VALUE_BYTES;
 use crate::params::{PathParams, Query};
 use crate::services::{self, EntriesOp, dataset_not_found as not_found};
 use crate::state::AppState;
@@ -141,17 +142,11 @@ fn read_entries(
     body: Result<Bytes, BytesRejection>,
     named: bool,
 ) -> Result<(Option<String>, Vec<String>), ApiError> {
-    let bytes = body.map_err(|rejection| {
-        crate::body::read_error(&rejection, state.limits.max_filter_values_body_bytes)
-    })?;
+    let bytes = bulk_values::bytes(state, body)?;
     let (name, mut values) = parse_entries(&bytes, named)?;
     let loc = Loc::body().at("values");
     if values.is_empty() {
-        return Err(ApiError::Validation(vec![Violation::new(
-            &loc,
-            "too_short",
-            "List should have at least 1 item after validation, not 0",
-        )]));
+        return Err(bulk_values::too_short(&loc));
     }
     if values.len() > MAX_VALUES_PER_REQUEST {
         return Err(ApiError::Validation(vec![Violation::new(
@@ -164,19 +159,7 @@ fn read_entries(
             ),
         )]));
     }
-    let mut errors = Violations::default();
-    for (index, value) in values.iter_mut().enumerate() {
-        normalize_in_place(value);
-        if value.len() > MAX_VALUE_BYTES {
-            errors.push(Violation::value(
-                &loc.at(index),
-                format!(
-                    "a dataset value is at most {MAX_VALUE_BYTES} bytes of UTF-8 (lowercased); this one has {}",
-                    value.len()
-                ),
-            ));
-        }
-    }
+    let errors = bulk_values::normalize_all(&mut values, &loc, "dataset");
     Ok(errors.finish((name, values))?)
 }
 
@@ -185,37 +168,7 @@ fn parse_entries(
     bytes: &[u8],
     named: bool,
 ) -> Result<(Option<String>, Vec<String>), Vec<Violation>> {
-    // serde would also take a struct written as a JSON array, which the API does not.
-    let is_object = bytes.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'{');
-    if is_object {
-        if named {
-            if let Ok(body) = serde_json::from_slice::<NamedEntriesRequest>(bytes) {
-                return Ok((Some(body.name), body.values));
-            }
-        } else if let Ok(body) = serde_json::from_slice::<EntriesRequest>(bytes) {
-            return Ok((None, body.values));
-        }
-    }
-    // Slow path: walk the body as a tree to report every violation where it is.
-    let map = parse_object(bytes)?;
-    let mut errors = Violations::default();
-    let mut fields = Fields::new(&map, Loc::body());
-    let name = if named { fields.required_str("name", &mut errors) } else { None };
-    let loc = fields.loc("values");
-    let values = match fields.get("values") {
-        None => {
-            errors.push(Violation::missing(&loc));
-            None
-        }
-        Some(value) => str_array(value, &loc, &mut errors),
-    };
-    fields.finish(&mut errors, |_| None);
-    match values {
-        Some(values) if errors.is_empty() => {
-            Ok((name.map(str::to_owned), values.into_iter().map(str::to_owned).collect()))
-        }
-        _ => Err(errors.finish(()).err().unwrap_or_default()),
-    }
+    bulk_values::parse(bytes, named)
 }
 
 /// Create a dataset, empty, owned by the caller.
@@ -347,6 +300,24 @@ async fn change_entries(
     Ok(Json(CountBody { count }))
 }
 
+/// Adds (or deletes) the body's values as entries of the caller's dataset of the path. The
+/// dataset's 404 comes before the query's and the body's 422, as on every dataset route.
+async fn change_entries_by_id(
+    state: &AppState,
+    caller: &Caller,
+    query: Query,
+    path: &PathParams,
+    body: Result<Bytes, BytesRejection>,
+    op: EntriesOp,
+) -> Result<Json<CountBody>, ApiError> {
+    let dataset_id = path.get("dataset_id").to_owned();
+    caller.require_pipelines()?;
+    let dataset = owned(state, caller, &dataset_id).await?;
+    query.expect_none()?;
+    let (_, values) = read_entries(state, body, false)?;
+    change_entries(state, dataset, values, op).await
+}
+
 /// Add entries to a dataset; values already in it are ignored.
 #[utoipa::path(
     post, path = "/api/v1/beam/datasets/{dataset_id}/entries",
@@ -370,12 +341,7 @@ pub async fn add_entries_by_id(
     path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CountBody>, ApiError> {
-    let dataset_id = path.get("dataset_id").to_owned();
-    caller.require_pipelines()?;
-    let dataset = owned(&state, &caller, &dataset_id).await?;
-    query.expect_none()?;
-    let (_, values) = read_entries(&state, body, false)?;
-    change_entries(&state, dataset, values, EntriesOp::Add).await
+    change_entries_by_id(&state, &caller, query, &path, body, EntriesOp::Add).await
 }
 
 /// Add entries to the caller's dataset of a given name; values already in it are ignored.
@@ -432,12 +398,7 @@ pub async fn delete_entries(
     path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CountBody>, ApiError> {
-    let dataset_id = path.get("dataset_id").to_owned();
-    caller.require_pipelines()?;
-    let dataset = owned(&state, &caller, &dataset_id).await?;
-    query.expect_none()?;
-    let (_, values) = read_entries(&state, body, false)?;
-    change_entries(&state, dataset, values, EntriesOp::Remove).await
+    change_entries_by_id(&state, &caller, query, &path, body, EntriesOp::Remove).await
 }
 
 /// List a dataset's entries in ascending (bytewise) order.

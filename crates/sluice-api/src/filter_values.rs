@@ -21,10 +21,11 @@ use serde::{Deserialize, Serialize};
 use sluice_core::filter_values::normalize;
 use sluice_core::permission::Permission;
 use sluice_core::pipeline::Transform;
-use sluice_core::validation::{Fields, Loc, Violation, Violations, parse_object, str_array};
+use sluice_core::validation::{Loc, Violation};
 use utoipa::ToSchema;
 
 use crate::auth::Caller;
+use crate::bulk_values;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::params::{PathParams, Query};
 use crate::services::{self, ValuesChange};
@@ -119,6 +120,52 @@ pub(crate) fn normalize_in_place(value: &mut String) {
     }
 }
 
+/// The pipeline id and transform uid of the request's path, once [`check_set_filter`] has
+/// passed with `needed`: every filter-values route starts with this.
+async fn set_filter_of(
+    state: &AppState,
+    caller: &Caller,
+    path: &PathParams,
+    needed: Permission,
+) -> Result<(String, String), ApiError> {
+    let config_id = path.get("config_id").to_owned();
+    let transform_uid = path.get("transform_uid").to_owned();
+    check_set_filter(state, caller, &config_id, &transform_uid, needed).await?;
+    Ok((config_id, transform_uid))
+}
+
+/// Applies one change request (`POST`, `PUT` or `DELETE`) to the set filter of the path:
+/// checks edit permission, refuses a query, reads the body (at least one value except for
+/// `PUT`), applies it and logs it. Answers what [`services::change_filter_values`] counts.
+async fn change_values(
+    state: &AppState,
+    caller: &Caller,
+    query: Query,
+    path: &PathParams,
+    body: Result<Bytes, BytesRejection>,
+    change: ValuesChange,
+) -> Result<u64, ApiError> {
+    let (config_id, transform_uid) = set_filter_of(state, caller, path, Permission::Edit).await?;
+    query.expect_none()?;
+    let values = read_values(state, body, change != ValuesChange::Replace)?;
+    let given = values.len();
+    let org_id = caller.0.org_id.clone();
+    let (id, uid) = (config_id.clone(), transform_uid.clone());
+    let count = services::change_filter_values(state, org_id, id, uid, values, change).await?;
+    match change {
+        ValuesChange::Add => {
+            tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, given, added = count, "filter values added");
+        }
+        ValuesChange::Replace => {
+            tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, count, "filter values replaced");
+        }
+        ValuesChange::Remove => {
+            tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, given, removed = count, "filter values removed");
+        }
+    }
+    Ok(count)
+}
+
 /// The normalised values of a change body.
 ///
 /// # Errors
@@ -129,61 +176,19 @@ fn read_values(
     body: Result<Bytes, BytesRejection>,
     at_least_one: bool,
 ) -> Result<Vec<String>, ApiError> {
-    let bytes = body.map_err(|rejection| {
-        crate::body::read_error(&rejection, state.limits.max_filter_values_body_bytes)
-    })?;
+    let bytes = bulk_values::bytes(state, body)?;
     let mut values = parse_values(&bytes)?;
     let loc = Loc::body().at("values");
     if at_least_one && values.is_empty() {
-        return Err(ApiError::Validation(vec![Violation::new(
-            &loc,
-            "too_short",
-            "List should have at least 1 item after validation, not 0",
-        )]));
+        return Err(bulk_values::too_short(&loc));
     }
-    let mut errors = Violations::default();
-    for (index, value) in values.iter_mut().enumerate() {
-        normalize_in_place(value);
-        if value.len() > MAX_VALUE_BYTES {
-            errors.push(Violation::value(
-                &loc.at(index),
-                format!(
-                    "a filter value is at most {MAX_VALUE_BYTES} bytes of UTF-8 (lowercased); this one has {}",
-                    value.len()
-                ),
-            ));
-        }
-    }
+    let errors = bulk_values::normalize_all(&mut values, &loc, "filter");
     Ok(errors.finish(values)?)
 }
 
 /// `{"values": [string, …]}` as strings, not yet normalised.
 fn parse_values(bytes: &[u8]) -> Result<Vec<String>, Vec<Violation>> {
-    // serde would also take a struct written as a JSON array, which the API does not.
-    let is_object = bytes.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'{');
-    if is_object {
-        if let Ok(body) = serde_json::from_slice::<ValuesRequest>(bytes) {
-            return Ok(body.values);
-        }
-    }
-    // Slow path: walk the body as a tree to report every violation where it is.
-    let map = parse_object(bytes)?;
-    let mut errors = Violations::default();
-    let mut fields = Fields::new(&map, Loc::body());
-    let loc = fields.loc("values");
-    let values = match fields.get("values") {
-        None => {
-            errors.push(Violation::missing(&loc));
-            None
-        }
-        Some(value) => str_array(value, &loc, &mut errors),
-    };
-    fields.finish(&mut errors, |_| None);
-    let values = values.map(|values| values.into_iter().map(str::to_owned).collect());
-    match values {
-        Some(values) if errors.is_empty() => Ok(values),
-        _ => Err(errors.finish(()).err().unwrap_or_default()),
-    }
+    bulk_values::parse(bytes, false).map(|(_, values)| values)
 }
 
 /// List the values of a set filter, oldest first (read permission).
@@ -216,9 +221,8 @@ pub async fn list_filter_values(
     path: PathParams,
     query: Query,
 ) -> Result<Json<ValuePage>, ApiError> {
-    let config_id = path.get("config_id").to_owned();
-    let transform_uid = path.get("transform_uid").to_owned();
-    check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Read).await?;
+    let (config_id, transform_uid) =
+        set_filter_of(&state, &caller, &path, Permission::Read).await?;
     let mut params = query.parse()?;
     let cursor = params.int("cursor", 0, i64::MAX);
     let count = params.int("count", 1, MAX_PAGE_SIZE);
@@ -257,22 +261,7 @@ pub async fn add_filter_values(
     path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AddedBody>, ApiError> {
-    let config_id = path.get("config_id").to_owned();
-    let transform_uid = path.get("transform_uid").to_owned();
-    check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Edit).await?;
-    query.expect_none()?;
-    let values = read_values(&state, body, true)?;
-    let given = values.len();
-    let added = services::change_filter_values(
-        &state,
-        caller.0.org_id.clone(),
-        config_id.clone(),
-        transform_uid.clone(),
-        values,
-        ValuesChange::Add,
-    )
-    .await?;
-    tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, given, added, "filter values added");
+    let added = change_values(&state, &caller, query, &path, body, ValuesChange::Add).await?;
     Ok(Json(AddedBody { added }))
 }
 
@@ -303,21 +292,7 @@ pub async fn replace_filter_values(
     path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CountBody>, ApiError> {
-    let config_id = path.get("config_id").to_owned();
-    let transform_uid = path.get("transform_uid").to_owned();
-    check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Edit).await?;
-    query.expect_none()?;
-    let values = read_values(&state, body, false)?;
-    let count = services::change_filter_values(
-        &state,
-        caller.0.org_id.clone(),
-        config_id.clone(),
-        transform_uid.clone(),
-        values,
-        ValuesChange::Replace,
-    )
-    .await?;
-    tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, count, "filter values replaced");
+    let count = change_values(&state, &caller, query, &path, body, ValuesChange::Replace).await?;
     Ok(Json(CountBody { count }))
 }
 
@@ -348,22 +323,7 @@ pub async fn remove_filter_values(
     path: PathParams,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<RemovedBody>, ApiError> {
-    let config_id = path.get("config_id").to_owned();
-    let transform_uid = path.get("transform_uid").to_owned();
-    check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Edit).await?;
-    query.expect_none()?;
-    let values = read_values(&state, body, true)?;
-    let given = values.len();
-    let removed = services::change_filter_values(
-        &state,
-        caller.0.org_id.clone(),
-        config_id.clone(),
-        transform_uid.clone(),
-        values,
-        ValuesChange::Remove,
-    )
-    .await?;
-    tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, given, removed, "filter values removed");
+    let removed = change_values(&state, &caller, query, &path, body, ValuesChange::Remove).await?;
     Ok(Json(RemovedBody { removed }))
 }
 
@@ -393,9 +353,8 @@ pub async fn check_filter_value(
     path: PathParams,
     query: Query,
 ) -> Result<Json<MembershipBody>, ApiError> {
-    let config_id = path.get("config_id").to_owned();
-    let transform_uid = path.get("transform_uid").to_owned();
-    check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Read).await?;
+    let (config_id, transform_uid) =
+        set_filter_of(&state, &caller, &path, Permission::Read).await?;
     let mut params = query.parse()?;
     let value = params.required_string("value", 0);
     params.finish()?;
@@ -430,9 +389,8 @@ pub async fn count_filter_values(
     query: Query,
     path: PathParams,
 ) -> Result<Json<CountBody>, ApiError> {
-    let config_id = path.get("config_id").to_owned();
-    let transform_uid = path.get("transform_uid").to_owned();
-    check_set_filter(&state, &caller, &config_id, &transform_uid, Permission::Read).await?;
+    let (config_id, transform_uid) =
+        set_filter_of(&state, &caller, &path, Permission::Read).await?;
     query.expect_none()?;
     let count = state.store.filter_value_count(&config_id, &transform_uid).await?;
     Ok(Json(CountBody { count }))

@@ -13,6 +13,7 @@ pub mod account;
 pub mod auth;
 pub mod backfills;
 pub mod body;
+mod bulk_values;
 pub mod chains;
 pub mod console;
 pub mod datasets;

@@ -424,10 +424,8 @@ impl StreamLog for EmbeddedLog {
     ) -> Result<()> {
         // Sharing the records' bytes, not copying them: the writer thread needs its own
         // handles.
-        let appends: Vec<(String, Vec<NewRecord>)> = appends
-            .iter()
-            .filter(|(_, records)| !records.is_empty())
-            .map(|(topic, records)| ((*topic).to_owned(), records.to_vec()))
+        let appends: Vec<(String, Vec<NewRecord>)> = crate::non_empty(appends)
+            .map(|(topic, records)| (topic.to_owned(), records.to_vec()))
             .collect();
         let (group, source, offsets) = (group.to_owned(), source.to_owned(), offsets.to_vec());
         self.write(move |w, txn| {

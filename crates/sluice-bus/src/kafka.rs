@@ -353,15 +353,11 @@ impl StreamLog for KafkaLog {
         offsets: &[(u32, u64)],
     ) -> Result<()> {
         self.existing(source).await?;
-        for (topic, records) in appends {
-            if !records.is_empty() {
-                self.existing(topic).await?;
-            }
+        for (topic, _) in crate::non_empty(appends) {
+            self.existing(topic).await?;
         }
-        for (topic, records) in appends {
-            if !records.is_empty() {
-                self.append_slice(topic, records).await?;
-            }
+        for (topic, records) in crate::non_empty(appends) {
+            self.append_slice(topic, records).await?;
         }
         self.commit(group, source, offsets).await
     }

@@ -24,6 +24,14 @@ pub use embedded::EmbeddedLog;
 pub use kafka::{KafkaLog, KafkaSettings};
 pub use record::{NewRecord, Record, partition_for_key};
 
+/// The appends of [`StreamLog::append_and_commit`] that carry records: a topic with none is
+/// neither checked nor written.
+pub(crate) fn non_empty<'a>(
+    appends: &'a [(&'a str, &'a [NewRecord])],
+) -> impl Iterator<Item = (&'a str, &'a [NewRecord])> {
+    appends.iter().copied().filter(|(_, records)| !records.is_empty())
+}
+
 /// Errors of a stream log.
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -164,10 +172,8 @@ pub trait StreamLog: Send + Sync + 'static {
         source: &str,
         offsets: &[(u32, u64)],
     ) -> Result<()> {
-        for (topic, records) in appends {
-            if !records.is_empty() {
-                self.append(topic, records.to_vec()).await?;
-            }
+        for (topic, records) in non_empty(appends) {
+            self.append(topic, records.to_vec()).await?;
         }
         self.commit(group, source, offsets).await
     }

@@ -113,6 +113,38 @@ pub fn checkpoint_topic(chain: &str) -> String {
 }
 
 impl LogPositions {
+    /// The last record of chain `chain`'s checkpoint topic as a `T` (`None`: nothing saved
+    /// yet); the topic is made when missing.
+    async fn load_last<T: serde::de::DeserializeOwned>(
+        &self,
+        chain: &str,
+    ) -> Result<Option<T>, SinkError> {
+        let topic = checkpoint_topic(chain);
+        self.log.create_topic(&topic, CHECKPOINT_TOPIC).await?;
+        let Some(range) = self.log.offsets(&topic).await?.into_iter().next() else {
+            return Ok(None);
+        };
+        if range.end <= range.start {
+            return Ok(None);
+        }
+        let Some(record) = self.log.read(&topic, 0, range.end - 1, 1).await?.pop() else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&record.value).map(Some).map_err(|error| SinkError::Checkpoint {
+            chain: chain.to_owned(),
+            reason: error.to_string(),
+        })
+    }
+
+    /// Appends `value`, keyed by the chain, to chain `chain`'s checkpoint topic (made when
+    /// missing): what [`Self::load_last`] reads next.
+    async fn save_last(&self, chain: &str, value: Vec<u8>) -> Result<(), SinkError> {
+        let topic = checkpoint_topic(chain);
+        self.log.create_topic(&topic, CHECKPOINT_TOPIC).await?;
+        self.log.append(&topic, vec![NewRecord::new(chain.as_bytes().to_vec(), value)]).await?;
+        Ok(())
+    }
+
     pub fn new(log: Arc<dyn StreamLog>) -> Self {
         Self { log }
     }
@@ -186,21 +218,7 @@ impl ChainSink for LogPositions {
     }
 
     async fn load_position(&self, chain: &str) -> Result<Option<serde_json::Value>, SinkError> {
-        let topic = checkpoint_topic(chain);
-        self.log.create_topic(&topic, CHECKPOINT_TOPIC).await?;
-        let Some(range) = self.log.offsets(&topic).await?.into_iter().next() else {
-            return Ok(None);
-        };
-        if range.end <= range.start {
-            return Ok(None);
-        }
-        let Some(record) = self.log.read(&topic, 0, range.end - 1, 1).await?.pop() else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&record.value).map(Some).map_err(|error| SinkError::Checkpoint {
-            chain: chain.to_owned(),
-            reason: error.to_string(),
-        })
+        self.load_last(chain).await
     }
 
     async fn save_position(
@@ -208,36 +226,15 @@ impl ChainSink for LogPositions {
         chain: &str,
         position: &serde_json::Value,
     ) -> Result<(), SinkError> {
-        let topic = checkpoint_topic(chain);
-        let value = serde_json::to_vec(position).expect("a JSON value serializes");
-        self.log.create_topic(&topic, CHECKPOINT_TOPIC).await?;
-        self.log.append(&topic, vec![NewRecord::new(chain.as_bytes().to_vec(), value)]).await?;
-        Ok(())
+        self.save_last(chain, serde_json::to_vec(position).expect("a JSON value serializes")).await
     }
 
     async fn load_checkpoint(&self, chain: &str) -> Result<Option<Checkpoint>, SinkError> {
-        let topic = checkpoint_topic(chain);
-        self.log.create_topic(&topic, CHECKPOINT_TOPIC).await?;
-        let Some(range) = self.log.offsets(&topic).await?.into_iter().next() else {
-            return Ok(None);
-        };
-        if range.end <= range.start {
-            return Ok(None);
-        }
-        let Some(record) = self.log.read(&topic, 0, range.end - 1, 1).await?.pop() else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&record.value).map(Some).map_err(|error| SinkError::Checkpoint {
-            chain: chain.to_owned(),
-            reason: error.to_string(),
-        })
+        self.load_last(chain).await
     }
 
     async fn save_checkpoint(&self, chain: &str, checkpoint: &Checkpoint) -> Result<(), SinkError> {
-        let topic = checkpoint_topic(chain);
-        let value = serde_json::to_vec(checkpoint).expect("a checkpoint serializes");
-        self.log.create_topic(&topic, CHECKPOINT_TOPIC).await?;
-        self.log.append(&topic, vec![NewRecord::new(chain.as_bytes().to_vec(), value)]).await?;
-        Ok(())
+        self.save_last(chain, serde_json::to_vec(checkpoint).expect("a checkpoint serializes"))
+            .await
     }
 }

@@ -78,44 +78,55 @@ const TIMESTAMP: &str = "string, RFC 3339 UTC (or integer Unix seconds)";
 const MILLIS: &str = "integer, Unix milliseconds";
 const DECIMAL: &str = "string, decimal number";
 
-const LOG_FIELDS: &[(&str, &str)] = &[
-    ("block_number", "integer"),
-    ("block_timestamp", TIMESTAMP),
-    ("block_hash", HEX32),
-    ("transaction_hash", HEX32),
-    ("transaction_index", "integer"),
-    ("log_index", "integer"),
-    ("address", ADDRESS),
-    ("data", "string, 0x + hex"),
-    ("topic0", HEX32),
-    ("topic1", "string (0x + 64 hex) or null"),
-    ("topic2", "string (0x + 64 hex) or null"),
-    ("topic3", "string (0x + 64 hex) or null"),
-    ("from_address", ADDRESS),
-    ("to_address", "string (0x + 40 hex) or null"),
-];
+/// The fields of a raw EVM log, then `extra`: a decoded log is a raw log with its decoding
+/// added, written so the two lists cannot drift apart.
+macro_rules! evm_log_fields {
+    ($($extra:expr),* $(,)?) => {
+        &[
+            ("block_number", "integer"),
+            ("block_timestamp", TIMESTAMP),
+            ("block_hash", HEX32),
+            ("transaction_hash", HEX32),
+            ("transaction_index", "integer"),
+            ("log_index", "integer"),
+            ("address", ADDRESS),
+            ("data", "string, 0x + hex"),
+            ("topic0", HEX32),
+            ("topic1", "string (0x + 64 hex) or null"),
+            ("topic2", "string (0x + 64 hex) or null"),
+            ("topic3", "string (0x + 64 hex) or null"),
+            ("from_address", ADDRESS),
+            ("to_address", "string (0x + 40 hex) or null"),
+            $($extra),*
+        ]
+    };
+}
 
-const DECODED_LOG_FIELDS: &[(&str, &str)] = &[
-    ("block_number", "integer"),
-    ("block_timestamp", TIMESTAMP),
-    ("block_hash", HEX32),
-    ("transaction_hash", HEX32),
-    ("transaction_index", "integer"),
-    ("log_index", "integer"),
-    ("address", ADDRESS),
-    ("data", "string, 0x + hex"),
-    ("topic0", HEX32),
-    ("topic1", "string (0x + 64 hex) or null"),
-    ("topic2", "string (0x + 64 hex) or null"),
-    ("topic3", "string (0x + 64 hex) or null"),
-    ("from_address", ADDRESS),
-    ("to_address", "string (0x + 40 hex) or null"),
+/// `fields`, then where the log of a token transfer stands (its transaction, log index and
+/// block): the common tail of the ERC-20, ERC-721 and ERC-1155 transfer lists.
+macro_rules! transfer_fields {
+    ($($field:expr),* $(,)?) => {
+        &[
+            $($field,)*
+            ("transaction_hash", HEX32),
+            ("transaction_index", "integer"),
+            ("log_index", "integer"),
+            ("block_number", "integer"),
+            ("block_timestamp", TIMESTAMP),
+            ("block_hash", HEX32),
+        ]
+    };
+}
+
+const LOG_FIELDS: &[(&str, &str)] = evm_log_fields!();
+
+const DECODED_LOG_FIELDS: &[(&str, &str)] = evm_log_fields!(
     ("name", "string, event name"),
     ("signature", "string, event signature"),
     ("params", "object, decoded parameters (uint/int as decimal strings)"),
-];
+);
 
-const ERC20_FIELDS: &[(&str, &str)] = &[
+const ERC20_FIELDS: &[(&str, &str)] = transfer_fields!(
     ("token_address", ADDRESS),
     ("token_name", "string"),
     ("token_symbol", "string"),
@@ -125,30 +136,18 @@ const ERC20_FIELDS: &[(&str, &str)] = &[
     ("raw_amount", "number (approximate)"),
     ("amount_str", DECIMAL),
     ("amount", "number (approximate)"),
-    ("transaction_hash", HEX32),
-    ("transaction_index", "integer"),
-    ("log_index", "integer"),
-    ("block_number", "integer"),
-    ("block_timestamp", TIMESTAMP),
-    ("block_hash", HEX32),
-];
+);
 
-const ERC721_FIELDS: &[(&str, &str)] = &[
+const ERC721_FIELDS: &[(&str, &str)] = transfer_fields!(
     ("token_address", ADDRESS),
     ("token_name", "string"),
     ("token_symbol", "string"),
     ("from_address", ADDRESS),
     ("to_address", ADDRESS),
     ("token_id", "string, decimal integer"),
-    ("transaction_hash", HEX32),
-    ("transaction_index", "integer"),
-    ("log_index", "integer"),
-    ("block_number", "integer"),
-    ("block_timestamp", TIMESTAMP),
-    ("block_hash", HEX32),
-];
+);
 
-const ERC1155_FIELDS: &[(&str, &str)] = &[
+const ERC1155_FIELDS: &[(&str, &str)] = transfer_fields!(
     ("event_type", "string, TransferSingle or TransferBatch"),
     ("operator", ADDRESS),
     ("from_address", ADDRESS),
@@ -161,13 +160,7 @@ const ERC1155_FIELDS: &[(&str, &str)] = &[
     ("raw_amount", "number (approximate)"),
     ("amount_str", DECIMAL),
     ("amount", "number (approximate)"),
-    ("transaction_hash", HEX32),
-    ("transaction_index", "integer"),
-    ("log_index", "integer"),
-    ("block_number", "integer"),
-    ("block_timestamp", TIMESTAMP),
-    ("block_hash", HEX32),
-];
+);
 
 const SOLANA_TRANSACTION_FIELDS: &[(&str, &str)] = &[
     ("block_slot", "integer, the slot"),

@@ -23,7 +23,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use serde_json::Value;
-use sluice_bus::StreamLog;
+use sluice_bus::{NewRecord, StreamLog};
 use sluice_core::pipeline::{DeliveryGuarantee, ObjectStorageSinkConfig, SinkConfig};
 use sluice_core::secret::{ResolvedSecrets, SecretValue};
 
@@ -93,6 +93,42 @@ pub struct SinkConnection {
     pub connection: Value,
     /// Ready-to-run consumers, by language.
     pub consumer_snippets: Value,
+}
+
+impl SinkConnection {
+    /// How a consumer reaches a sink Sluice does not keep: no managed topic, records URL or
+    /// snippets, only the sink's own `connection` settings.
+    pub fn unmanaged(config: &SinkConfig, connection: Value) -> Self {
+        Self {
+            uid: config.uid().to_owned(),
+            name: config.name().to_owned(),
+            sink_type: config.type_name(),
+            topic: String::new(),
+            records_url: String::new(),
+            connection,
+            consumer_snippets: serde_json::json!({}),
+        }
+    }
+}
+
+/// Appends a batch's `dead` letters and script `logs` to the pipeline's side topics and
+/// commits `settle`'s offsets with them, in one step of the log: how a sink that is not a
+/// managed topic settles a batch.
+///
+/// # Errors
+/// [`SinkError::settling`] of sink `uid`; then the offsets did not move.
+pub(crate) async fn settle_side(
+    log: &Arc<dyn StreamLog>,
+    uid: &str,
+    side: &SideTopics,
+    dead: &[NewRecord],
+    logs: &[NewRecord],
+    settle: Settle<'_>,
+) -> Result<(), SinkError> {
+    let appends: [(&str, &[NewRecord]); 2] = [(&side.dead_letters, dead), (&side.logs, logs)];
+    log.append_and_commit(&appends, settle.group, settle.source, settle.offsets)
+        .await
+        .map_err(|error| SinkError::settling(uid, error))
 }
 
 /// A running sink of one deployment.

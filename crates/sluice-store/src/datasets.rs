@@ -242,6 +242,22 @@ fn dataset_row<D: StoreBackend>(row: &Row<D>) -> Result<Dataset> {
 }
 
 impl<D: StoreBackend> Store<D> {
+    /// The one dataset where `condition` holds, with `$1` bound to `first` and `$2` to
+    /// `second` (each caller names the owner, so no other user's dataset is found).
+    async fn dataset_where(
+        &self,
+        condition: &str,
+        first: &str,
+        second: &str,
+    ) -> Result<Option<Dataset>> {
+        let row = sqlx::query(&format!("SELECT {DATASET_COLUMNS} FROM datasets WHERE {condition}"))
+            .bind(first)
+            .bind(second)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(dataset_row::<D>).transpose()
+    }
+
     /// The owner's dataset `id`, locked against its other writers until `tx` ends.
     /// With a shared set store, tells every node's dataset index of a committed change
     /// through the feed. A failure is logged: the change is committed, and nodes find it
@@ -354,25 +370,11 @@ impl<D: StoreBackend> DatasetStore for Store<D> {
     }
 
     async fn dataset(&self, owner_user_id: &str, id: &str) -> Result<Option<Dataset>> {
-        let row = sqlx::query(&format!(
-            "SELECT {DATASET_COLUMNS} FROM datasets WHERE id = $1 AND owner_user_id = $2"
-        ))
-        .bind(id)
-        .bind(owner_user_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.as_ref().map(dataset_row::<D>).transpose()
+        self.dataset_where("id = $1 AND owner_user_id = $2", id, owner_user_id).await
     }
 
     async fn dataset_by_name(&self, owner_user_id: &str, name: &str) -> Result<Option<Dataset>> {
-        let row = sqlx::query(&format!(
-            "SELECT {DATASET_COLUMNS} FROM datasets WHERE owner_user_id = $1 AND name = $2"
-        ))
-        .bind(owner_user_id)
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.as_ref().map(dataset_row::<D>).transpose()
+        self.dataset_where("owner_user_id = $1 AND name = $2", owner_user_id, name).await
     }
 
     async fn delete_dataset(&self, owner_user_id: &str, id: &str) -> Result<Option<Dataset>> {

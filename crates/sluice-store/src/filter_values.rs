@@ -218,38 +218,18 @@ impl<D: StoreBackend> FilterValueStore for Store<D> {
         values: &[String],
     ) -> Result<u64> {
         if let Some(redis) = &self.redis {
-            let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
-            let mut tx = D::begin_write(&self.pool).await?;
-            if values.is_empty() {
-                return Ok(0);
-            }
-            let Some(id) =
-                Self::redis_set_for_write(redis, &mut tx, pipeline_id, transform_uid, true).await?
-            else {
-                return Ok(0);
-            };
-            let (mut members, at) = Self::redis_members(redis, &mut slot, id).await?;
-            let set = SetRef { pipeline_id, transform_uid, id };
-            let (added, at) = redis.add(set, &mut members, at, values).await?;
-            tx.commit().await?;
-            self.keep_redis(pipeline_id, transform_uid, &mut slot, id, at, members);
-            return Ok(added);
+            return self.redis_change(redis, pipeline_id, transform_uid, values, true).await;
         }
         let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
         let mut tx = D::begin_write(&self.pool).await?;
-        if values.is_empty() || !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
+        if values.is_empty() {
             return Ok(0);
         }
-        let (set, version) = Self::set_row(&mut tx, pipeline_id, transform_uid, true)
-            .await?
-            .ok_or(sqlx::Error::RowNotFound)?;
-        let mut members = self
-            .current_values(
-                &mut tx,
-                &mut slot,
-                snapshot_key(pipeline_id, transform_uid, set, version),
-            )
-            .await?;
+        let found =
+            self.table_members(&mut tx, &mut slot, pipeline_id, transform_uid, true).await?;
+        let Some((set, version, mut members)) = found else {
+            return Ok(0);
+        };
         // The set decides what is new, repeats within the request included, as the
         // backend draws the values; the rows are appended in request order.
         let mut new = values.iter().map(String::as_str).filter(|value| members.insert(value));
@@ -271,38 +251,15 @@ impl<D: StoreBackend> FilterValueStore for Store<D> {
         values: &[String],
     ) -> Result<u64> {
         if let Some(redis) = &self.redis {
-            let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
-            let mut tx = D::begin_write(&self.pool).await?;
-            let Some(id) =
-                Self::redis_set_for_write(redis, &mut tx, pipeline_id, transform_uid, false)
-                    .await?
-            else {
-                return Ok(0);
-            };
-            let (mut members, at) = Self::redis_members(redis, &mut slot, id).await?;
-            let set = SetRef { pipeline_id, transform_uid, id };
-            let (removed, at) = redis.remove(set, &mut members, at, values).await?;
-            tx.commit().await?;
-            self.keep_redis(pipeline_id, transform_uid, &mut slot, id, at, members);
-            return Ok(removed);
+            return self.redis_change(redis, pipeline_id, transform_uid, values, false).await;
         }
         let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
         let mut tx = D::begin_write(&self.pool).await?;
-        if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
-            return Ok(0);
-        }
-        let Some((set, version)) =
-            Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
-        else {
+        let found =
+            self.table_members(&mut tx, &mut slot, pipeline_id, transform_uid, false).await?;
+        let Some((set, version, mut members)) = found else {
             return Ok(0);
         };
-        let mut members = self
-            .current_values(
-                &mut tx,
-                &mut slot,
-                snapshot_key(pipeline_id, transform_uid, set, version),
-            )
-            .await?;
         let present: Vec<&str> =
             values.iter().map(String::as_str).filter(|value| members.remove(value)).collect();
         let version = if present.is_empty() {

@@ -117,6 +117,21 @@ pub trait IdentityStore: Send + Sync + 'static {
 }
 
 impl<D: StoreBackend> Store<D> {
+    /// Those of `ids` (in order) that name no row of `table` (`users` or `teams`) in org
+    /// `org_id`.
+    async fn not_in_org(&self, table: &str, ids: &[String], org_id: &str) -> Result<Vec<String>> {
+        let query = format!("SELECT 1 FROM {table} WHERE id = $1 AND org_id = $2");
+        let mut unknown = Vec::new();
+        for id in ids {
+            let found =
+                sqlx::query(&query).bind(id).bind(org_id).fetch_optional(&self.pool).await?;
+            if found.is_none() {
+                unknown.push(id.clone());
+            }
+        }
+        Ok(unknown)
+    }
+
     async fn org_by_name(tx: &mut sqlx::Transaction<'_, D::Db>, name: &str) -> Result<Option<Org>> {
         let row = sqlx::query(
             "SELECT id, name, pipelines_enabled, custom_transforms_enabled FROM orgs WHERE name = $1",
@@ -312,27 +327,9 @@ impl<D: StoreBackend> IdentityStore for Store<D> {
         users: &[String],
         teams: &[String],
     ) -> Result<UnknownMembers> {
-        let mut unknown = UnknownMembers::default();
-        for user in users {
-            let found = sqlx::query("SELECT 1 FROM users WHERE id = $1 AND org_id = $2")
-                .bind(user)
-                .bind(org_id)
-                .fetch_optional(&self.pool)
-                .await?;
-            if found.is_none() {
-                unknown.users.push(user.clone());
-            }
-        }
-        for team in teams {
-            let found = sqlx::query("SELECT 1 FROM teams WHERE id = $1 AND org_id = $2")
-                .bind(team)
-                .bind(org_id)
-                .fetch_optional(&self.pool)
-                .await?;
-            if found.is_none() {
-                unknown.teams.push(team.clone());
-            }
-        }
-        Ok(unknown)
+        Ok(UnknownMembers {
+            users: self.not_in_org("users", users, org_id).await?,
+            teams: self.not_in_org("teams", teams, org_id).await?,
+        })
     }
 }

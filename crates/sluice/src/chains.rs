@@ -72,7 +72,35 @@ pub enum StartBlockSetting {
     Text(String),
 }
 
+/// The name of the first of `settings` that is set (each a name and whether it is set).
+fn first_set(settings: impl IntoIterator<Item = (&'static str, bool)>) -> Option<&'static str> {
+    settings.into_iter().find(|(_, set)| *set).map(|(setting, _)| setting)
+}
+
 impl ChainFileSettings {
+    /// The settings only an EVM chain reads, each with whether this table sets it.
+    fn evm_only(&self) -> [(&'static str, bool); 7] {
+        [
+            ("start_block", self.start_block.is_some()),
+            ("confirmations", self.confirmations.is_some()),
+            ("finality", self.finality.is_some()),
+            ("chain_id", self.chain_id.is_some()),
+            ("max_block_range", self.max_block_range.is_some()),
+            ("parallel_ranges", self.parallel_ranges.is_some()),
+            ("stablecoins", self.stablecoins.is_some()),
+        ]
+    }
+
+    /// The settings only a Solana chain reads, each with whether this table sets it.
+    fn solana_only(&self) -> [(&'static str, bool); 4] {
+        [
+            ("start_slot", self.start_slot.is_some()),
+            ("commitment", self.commitment.is_some()),
+            ("genesis_hash", self.genesis_hash.is_some()),
+            ("max_slot_range", self.max_slot_range.is_some()),
+        ]
+    }
+
     fn new(name: &str, rpc_url: &str) -> Self {
         Self {
             name: name.to_owned(),
@@ -243,13 +271,7 @@ pub fn configs(chains: &[ChainFileSettings], catalog: &Catalog) -> anyhow::Resul
         }
         match identity.family {
             ChainFamily::Evm => {
-                let solana_only = [
-                    ("start_slot", chain.start_slot.is_some()),
-                    ("commitment", chain.commitment.is_some()),
-                    ("genesis_hash", chain.genesis_hash.is_some()),
-                    ("max_slot_range", chain.max_slot_range.is_some()),
-                ];
-                if let Some((setting, _)) = solana_only.iter().find(|(_, set)| *set) {
+                if let Some(setting) = first_set(chain.solana_only()) {
                     bail!("chain {name} is an EVM chain: {setting} is a Solana setting");
                 }
                 let config = evm_config(chain, catalog)?;
@@ -257,16 +279,7 @@ pub fn configs(chains: &[ChainFileSettings], catalog: &Catalog) -> anyhow::Resul
                 out.push(ChainPlan::Evm { config, expected, verified: false });
             }
             ChainFamily::Solana => {
-                let evm_only = [
-                    ("start_block", chain.start_block.is_some()),
-                    ("confirmations", chain.confirmations.is_some()),
-                    ("finality", chain.finality.is_some()),
-                    ("chain_id", chain.chain_id.is_some()),
-                    ("max_block_range", chain.max_block_range.is_some()),
-                    ("parallel_ranges", chain.parallel_ranges.is_some()),
-                    ("stablecoins", chain.stablecoins.is_some()),
-                ];
-                if let Some((setting, _)) = evm_only.iter().find(|(_, set)| *set) {
+                if let Some(setting) = first_set(chain.evm_only()) {
                     bail!("chain {name} is a Solana chain: {setting} is an EVM setting");
                 }
                 let config = solana_config(chain, catalog)?;

@@ -50,42 +50,51 @@ pub(super) struct WideGroup {
 
 const _: () = assert!(size_of::<NarrowGroup>() == 64 && size_of::<WideGroup>() == 64);
 
+/// The [`Group`] methods both layouts share: the tags, the offsets (each came from a
+/// `usize`, so reads back losslessly) and the overflow count, whose type is `$overflow`. A
+/// saturated count stays: the group can no longer tell when nothing overflowed it.
+macro_rules! shared_group_methods {
+    ($overflow:ty) => {
+        #[inline]
+        fn tags(&self) -> &[u8] {
+            &self.tags
+        }
+
+        fn tags_mut(&mut self) -> &mut [u8] {
+            &mut self.tags
+        }
+
+        #[inline]
+        fn offset(&self, slot: usize) -> usize {
+            self.offsets[slot] as usize
+        }
+
+        #[inline]
+        fn overflowed(&self) -> bool {
+            self.overflow != 0
+        }
+
+        fn add_overflow(&mut self) {
+            self.overflow = self.overflow.saturating_add(1);
+        }
+
+        fn remove_overflow(&mut self) {
+            if self.overflow != <$overflow>::MAX {
+                self.overflow -= 1;
+            }
+        }
+    };
+}
+
 impl Group for NarrowGroup {
     const SLOTS: usize = 12;
     const EMPTY: Self = Self { tags: [0; 12], overflow: 0, offsets: [0; 12] };
 
-    #[inline]
-    fn tags(&self) -> &[u8] {
-        &self.tags
-    }
-
-    fn tags_mut(&mut self) -> &mut [u8] {
-        &mut self.tags
-    }
-
-    #[inline]
-    fn offset(&self, slot: usize) -> usize {
-        self.offsets[slot] as usize
-    }
+    shared_group_methods!(u32);
 
     fn set_offset(&mut self, slot: usize, offset: usize) {
         self.offsets[slot] =
             u32::try_from(offset).expect("the set widens before an offset outgrows u32");
-    }
-
-    #[inline]
-    fn overflowed(&self) -> bool {
-        self.overflow != 0
-    }
-
-    fn add_overflow(&mut self) {
-        self.overflow = self.overflow.saturating_add(1);
-    }
-
-    fn remove_overflow(&mut self) {
-        if self.overflow != u32::MAX {
-            self.overflow -= 1;
-        }
     }
 }
 
@@ -93,38 +102,10 @@ impl Group for WideGroup {
     const SLOTS: usize = 7;
     const EMPTY: Self = Self { tags: [0; 7], overflow: 0, offsets: [0; 7] };
 
-    #[inline]
-    fn tags(&self) -> &[u8] {
-        &self.tags
-    }
-
-    fn tags_mut(&mut self) -> &mut [u8] {
-        &mut self.tags
-    }
-
-    #[inline]
-    fn offset(&self, slot: usize) -> usize {
-        // Offsets came from usize values.
-        self.offsets[slot] as usize
-    }
+    shared_group_methods!(u8);
 
     fn set_offset(&mut self, slot: usize, offset: usize) {
         self.offsets[slot] = offset as u64;
-    }
-
-    #[inline]
-    fn overflowed(&self) -> bool {
-        self.overflow != 0
-    }
-
-    fn add_overflow(&mut self) {
-        self.overflow = self.overflow.saturating_add(1);
-    }
-
-    fn remove_overflow(&mut self) {
-        if self.overflow != u8::MAX {
-            self.overflow -= 1;
-        }
     }
 }
 

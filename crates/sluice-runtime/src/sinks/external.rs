@@ -189,24 +189,11 @@ impl Sink for ExternalSink {
             dead = delivery.dead.iter().cloned().chain(refused).collect();
             &dead
         };
-        let appends: [(&str, &[NewRecord]); 2] =
-            [(&side.dead_letters, dead), (&side.logs, &delivery.logs)];
-        log.append_and_commit(&appends, settle.group, settle.source, settle.offsets)
-            .await
-            .map(|_| ())
-            .map_err(|error| SinkError::settling(self.config.uid(), error))
+        super::settle_side(log, self.config.uid(), side, dead, &delivery.logs, settle).await
     }
 
     fn connection(&self, _pipeline_id: &str) -> SinkConnection {
-        SinkConnection {
-            uid: self.config.uid().to_owned(),
-            name: self.config.name().to_owned(),
-            sink_type: self.config.type_name(),
-            topic: String::new(),
-            records_url: String::new(),
-            connection: self.transport.connection(),
-            consumer_snippets: json!({}),
-        }
+        SinkConnection::unmanaged(&self.config, self.transport.connection())
     }
 
     async fn check_connection(&self) -> Result<(), super::SinkBuildError> {

@@ -17,12 +17,10 @@ use sqlx::{Connection as _, Executor as _, Row as _};
 
 use super::sql::{
     BlockHash, Cell, ColumnType, Fault, Layout, OFFSETS_TABLE, Row, SqlBackend, SqlError, Write,
-    Written, already_applied, describe_url, text,
+    Written, already_applied, describe_url, positions_of, probe, text,
 };
 
 const MAX_CONNECTIONS: u32 = 8;
-/// How long a deploy waits for the database to answer.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest INSERT statement sent (MySQL's `max_allowed_packet` is 16 MiB or more by default
 /// on MariaDB 10.11 and MySQL 8).
 const STATEMENT_BYTES: usize = 4 << 20;
@@ -324,18 +322,7 @@ impl MySqlBackend {
 #[async_trait::async_trait]
 impl SqlBackend for MySqlBackend {
     async fn prepare(&self, layout: &Layout, create: bool) -> Result<(), SqlError> {
-        let probe =
-            tokio::time::timeout(CONNECT_TIMEOUT, MySqlConnection::connect_with(&self.options));
-        match probe.await {
-            Ok(Ok(conn)) => drop(conn.close().await),
-            Ok(Err(error)) => return Err(classify(&error)),
-            Err(_) => {
-                return Err(SqlError {
-                    message: "MySQL: connecting timed out".to_owned(),
-                    fault: Fault::Unavailable,
-                });
-            }
-        }
+        probe::<MySqlConnection>(&self.options, "MySQL", classify).await?;
         if create {
             self.create(layout).await?;
         }
@@ -358,14 +345,7 @@ impl SqlBackend for MySqlBackend {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| classify(&e))?;
-        Ok(rows
-            .iter()
-            .map(|row| {
-                let part: i32 = row.get(0);
-                let next: i64 = row.get(1);
-                (u32::try_from(part).unwrap_or_default(), u64::try_from(next).unwrap_or_default())
-            })
-            .collect())
+        Ok(positions_of(&rows))
     }
 
     async fn write(&self, layout: &Layout, write: Write<'_>) -> Result<Written, SqlError> {
@@ -374,7 +354,7 @@ impl SqlBackend for MySqlBackend {
         let position = write.position;
         let offsets = self.qualified(layout, OFFSETS_TABLE);
         let mut text = String::new();
-        literal(&mut text, position.consumer);
+        literal(&mut text, position.group);
         let consumer = std::mem::take(&mut text);
         literal(&mut text, position.source);
         let source = text;

@@ -32,7 +32,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, ObjectStore, PutPayload, RetryConfig};
 use serde_json::{Value, json};
-use sluice_bus::{NewRecord, StreamLog};
+use sluice_bus::StreamLog;
 use sluice_core::pipeline::{DeliveryGuarantee, ObjectStorageSinkConfig, SinkConfig};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
@@ -517,23 +517,13 @@ impl Sink for ObjectStorageSink {
             self.write_whole(log, delivery, settle).await?;
             settle.offsets.to_vec()
         };
-        let appends: [(&str, &[NewRecord]); 2] =
-            [(&side.dead_letters, &delivery.dead), (&side.logs, &delivery.logs)];
-        log.append_and_commit(&appends, settle.group, settle.source, &commit)
-            .await
-            .map_err(|error| SinkError::settling(self.config.uid(), error))
+        let settle = Settle { offsets: &commit, ..settle };
+        let uid = self.config.uid();
+        super::settle_side(log, uid, side, &delivery.dead, &delivery.logs, settle).await
     }
 
     fn connection(&self, _pipeline_id: &str) -> SinkConnection {
-        SinkConnection {
-            uid: self.config.uid().to_owned(),
-            name: self.config.name().to_owned(),
-            sink_type: self.config.type_name(),
-            topic: String::new(),
-            records_url: String::new(),
-            connection: self.target.connection.clone(),
-            consumer_snippets: json!({}),
-        }
+        SinkConnection::unmanaged(&self.config, self.target.connection.clone())
     }
 
     async fn check_connection(&self) -> Result<(), SinkBuildError> {

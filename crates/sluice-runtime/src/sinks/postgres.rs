@@ -13,13 +13,11 @@ use sqlx::{Connection as _, Row as _};
 
 use super::sql::{
     BlockHash, Cell, ColumnType, Fault, Layout, OFFSETS_TABLE, Row, SqlBackend, SqlError, Write,
-    Written, already_applied, describe_url, text,
+    Written, already_applied, describe_url, positions_of, probe, text,
 };
 
 /// Connections a sink keeps: one per worker of the largest pod size.
 const MAX_CONNECTIONS: u32 = 8;
-/// How long a deploy waits for the database to answer.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Rows sent to `COPY` per message.
 const COPY_CHUNK_BYTES: usize = 1 << 20;
 
@@ -246,18 +244,7 @@ impl PgBackend {
 #[async_trait::async_trait]
 impl SqlBackend for PgBackend {
     async fn prepare(&self, layout: &Layout, create: bool) -> Result<(), SqlError> {
-        let probe =
-            tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&self.options));
-        match probe.await {
-            Ok(Ok(conn)) => drop(conn.close().await),
-            Ok(Err(error)) => return Err(classify(&error)),
-            Err(_) => {
-                return Err(SqlError {
-                    message: "PostgreSQL: connecting timed out".to_owned(),
-                    fault: Fault::Unavailable,
-                });
-            }
-        }
+        probe::<PgConnection>(&self.options, "PostgreSQL", classify).await?;
         if create {
             self.create(layout).await.map_err(|e| classify(&e))?;
         }
@@ -280,14 +267,7 @@ impl SqlBackend for PgBackend {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| classify(&e))?;
-        Ok(rows
-            .iter()
-            .map(|row| {
-                let part: i32 = row.get(0);
-                let next: i64 = row.get(1);
-                (u32::try_from(part).unwrap_or_default(), u64::try_from(next).unwrap_or_default())
-            })
-            .collect())
+        Ok(positions_of(&rows))
     }
 
     async fn write(&self, layout: &Layout, write: Write<'_>) -> Result<Written, SqlError> {
@@ -301,7 +281,7 @@ impl SqlBackend for PgBackend {
         let stored = sqlx::query(&format!(
             "SELECT part, next_offset FROM {offsets} WHERE consumer = $1 AND source = $2 AND part = ANY($3) FOR UPDATE"
         ))
-        .bind(position.consumer)
+        .bind(position.group)
         .bind(position.source)
         .bind(&parts)
         .fetch_all(&mut *tx)
@@ -384,7 +364,7 @@ impl SqlBackend for PgBackend {
              SELECT $1, $2, p, n, now() FROM unnest($3::int[], $4::bigint[]) AS t(p, n) \
              ON CONFLICT (consumer, source, part) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()"
         ))
-        .bind(position.consumer)
+        .bind(position.group)
         .bind(position.source)
         .bind(&parts)
         .bind(&nexts)

@@ -71,21 +71,15 @@ struct Rows {
     refused: Vec<(usize, String)>,
 }
 
-/// Where a write brings its consumer: `(partition, next offset)` of `source` for `consumer`.
-#[derive(Debug, Clone, Copy)]
-pub struct Position<'a> {
-    pub consumer: &'a str,
-    pub source: &'a str,
-    pub offsets: &'a [(u32, u64)],
-}
-
 /// One transaction of a sink.
 #[derive(Debug, Clone, Copy)]
 pub struct Write<'a> {
     pub rows: &'a [Row],
     /// Block hashes whose rows are deleted (after the rows are written).
     pub orphaned: &'a [String],
-    pub position: Position<'a>,
+    /// Where the write brings its consumer: `(partition, next offset)` of `source` for
+    /// consumer `group`, stored in the same transaction.
+    pub position: Settle<'a>,
 }
 
 /// What a write did.
@@ -128,6 +122,50 @@ pub trait SqlBackend: Send + Sync + std::fmt::Debug {
     fn connection(&self) -> Value;
 
     async fn close(&self);
+}
+
+/// How long a deploy waits for the database to answer.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Connects once with `options` (not through the pool, which would retry until its acquire
+/// timeout) and closes again: whether database `name` answers within [`CONNECT_TIMEOUT`].
+///
+/// # Errors
+/// The connect error as `classify` sorts it, or [`Fault::Unavailable`] on the timeout.
+pub(super) async fn probe<C: sqlx::Connection>(
+    options: &<C as sqlx::Connection>::Options,
+    name: &str,
+    classify: fn(&sqlx::Error) -> SqlError,
+) -> Result<(), SqlError> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, C::connect_with(options)).await {
+        Ok(Ok(conn)) => {
+            drop(conn.close().await);
+            Ok(())
+        }
+        Ok(Err(error)) => Err(classify(&error)),
+        Err(_) => Err(SqlError {
+            message: format!("{name}: connecting timed out"),
+            fault: Fault::Unavailable,
+        }),
+    }
+}
+
+/// The positions of rows of `(part, next_offset)`, as [`SqlBackend::positions`] answers them;
+/// a value out of range reads as 0.
+pub(super) fn positions_of<R>(rows: &[R]) -> Vec<(u32, u64)>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    rows.iter()
+        .map(|row| {
+            let part: i32 = row.get(0);
+            let next: i64 = row.get(1);
+            (u32::try_from(part).unwrap_or_default(), u64::try_from(next).unwrap_or_default())
+        })
+        .collect()
 }
 
 /// Whether `stored` (the database's positions) covers every partition of `batch`.
@@ -317,8 +355,7 @@ impl Sink for SqlSink {
     ) -> Result<(), SinkError> {
         self.ready().await.map_err(|error| self.sink_error(error))?;
         let Rows { rows, orphaned, refused } = self.rows(&delivery.out);
-        let position =
-            Position { consumer: settle.group, source: settle.source, offsets: settle.offsets };
+        let position = settle;
         let mut dead: Vec<NewRecord> = refused
             .iter()
             .filter_map(|(index, reason)| {
@@ -352,11 +389,8 @@ impl Sink for SqlSink {
         // the batch, so its dead letters must already be in the log).
         dead.extend(delivery.dead.iter().cloned());
         if !dead.is_empty() || !delivery.logs.is_empty() {
-            let appends: [(&str, &[NewRecord]); 2] =
-                [(&side.dead_letters, &dead), (&side.logs, &delivery.logs)];
-            log.append_and_commit(&appends, settle.group, settle.source, &[])
-                .await
-                .map_err(|error| SinkError::settling(self.uid(), error))?;
+            let unsettled = Settle { offsets: &[], ..settle };
+            super::settle_side(log, self.uid(), side, &dead, &delivery.logs, unsettled).await?;
         }
         log.commit(settle.group, settle.source, settle.offsets)
             .await
@@ -372,15 +406,7 @@ impl Sink for SqlSink {
             map.insert("columns".to_owned(), json!(self.layout.column_names().collect::<Vec<_>>()));
             map.insert("offsets_table".to_owned(), json!(OFFSETS_TABLE));
         }
-        SinkConnection {
-            uid: self.uid().to_owned(),
-            name: self.config.name().to_owned(),
-            sink_type: self.config.type_name(),
-            topic: String::new(),
-            records_url: String::new(),
-            connection,
-            consumer_snippets: json!({}),
-        }
+        SinkConnection::unmanaged(&self.config, connection)
     }
 
     async fn prepare(&self) -> Result<(), SinkBuildError> {
@@ -416,7 +442,7 @@ impl Transport for SqlSink {
         self.ready().await.map_err(failed)?;
         let Rows { rows, orphaned, refused } = self.rows(batch.records);
         let source = format!("backfill:{}", self.layout.table);
-        let position = Position { consumer: batch.id, source: &source, offsets: &[(0, 1)] };
+        let position = Settle { group: batch.id, source: &source, offsets: &[(0, 1)] };
         self.backend
             .write(&self.layout, Write { rows: &rows, orphaned: &orphaned, position })
             .await

@@ -94,6 +94,63 @@ impl<D: StoreBackend> Store<D> {
         redis.current(set, copy.map(|loaded| (loaded.values, loaded.log))).await
     }
 
+    /// Redis mode: adds (`add`) or removes `values` of pipeline `pipeline_id`'s set `uid`
+    /// under the pipeline's lock; answers how many were new (or were there). An add of no
+    /// values writes nothing; a removal from a set never written finds nothing to remove.
+    pub(super) async fn redis_change(
+        &self,
+        redis: &RedisSets,
+        pipeline_id: &str,
+        transform_uid: &str,
+        values: &[String],
+        add: bool,
+    ) -> Result<u64> {
+        let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
+        let mut tx = D::begin_write(&self.pool).await?;
+        if add && values.is_empty() {
+            return Ok(0);
+        }
+        let Some(id) =
+            Self::redis_set_for_write(redis, &mut tx, pipeline_id, transform_uid, add).await?
+        else {
+            return Ok(0);
+        };
+        let (mut members, at) = Self::redis_members(redis, &mut slot, id).await?;
+        let set = SetRef { pipeline_id, transform_uid, id };
+        let (changed, at) = if add {
+            redis.add(set, &mut members, at, values).await?
+        } else {
+            redis.remove(set, &mut members, at, values).await?
+        };
+        tx.commit().await?;
+        self.keep_redis(pipeline_id, transform_uid, &mut slot, id, at, members);
+        Ok(changed)
+    }
+
+    /// Table mode: locks pipeline `pipeline_id` in `tx` and answers its set `uid` as
+    /// `(set id, version, values)` when `uid` is one of its set filters and the set exists;
+    /// `create` makes the set when missing.
+    pub(super) async fn table_members(
+        &self,
+        tx: &mut sqlx::Transaction<'_, D::Db>,
+        slot: &mut Slot,
+        pipeline_id: &str,
+        transform_uid: &str,
+        create: bool,
+    ) -> Result<Option<(i64, i64, ValueSet)>> {
+        if !Self::lock_set_filter(tx, pipeline_id, transform_uid).await? {
+            return Ok(None);
+        }
+        let row = Self::set_row(tx, pipeline_id, transform_uid, create).await?;
+        let row = if create { Some(row.ok_or(sqlx::Error::RowNotFound)?) } else { row };
+        let Some((set, version)) = row else {
+            return Ok(None);
+        };
+        let key = super::snapshot_key(pipeline_id, transform_uid, set, version);
+        let members = self.current_values(tx, slot, key).await?;
+        Ok(Some((set, version, members)))
+    }
+
     /// Redis mode: puts `members`, set `set` as of `at`, back into `slot`.
     pub(super) fn keep_redis(
         &self,

@@ -16,6 +16,26 @@ use crate::prices::{
 use crate::{Result, Store};
 
 impl<D: StoreBackend> Store<D> {
+    /// The rows of one statement per [`ROWS_PER_STATEMENT`] tokens of `tokens`, in order:
+    /// `select` writes the statement around a chunk's `VALUES` placeholders, one
+    /// `(chain, address)` row per token, which it joins as `v.column1` and `v.column2`.
+    async fn rows_per_token(
+        &self,
+        tokens: &[TokenRef],
+        select: impl Fn(&str) -> String + Send + Sync,
+    ) -> Result<Vec<Row<D>>> {
+        let mut rows = Vec::new();
+        for chunk in tokens.chunks(ROWS_PER_STATEMENT) {
+            let sql = select(&placeholders(chunk.len(), 2));
+            let mut query = sqlx::query(&sql);
+            for token in chunk {
+                query = query.bind(&token.chain).bind(&token.address);
+            }
+            rows.extend(query.fetch_all(&self.pool).await?);
+        }
+        Ok(rows)
+    }
+
     pub(crate) fn candle_row(row: &Row<D>) -> Result<(i64, Candle)> {
         Ok((row.try_get("window_start")?, crate::prices::candle_of(row)?))
     }
@@ -289,55 +309,46 @@ impl<D: StoreBackend> PriceStore for Store<D> {
     }
 
     async fn decimals(&self, tokens: &[TokenRef]) -> Result<HashMap<TokenRef, u32>> {
+        let rows = self
+            .rows_per_token(tokens, |values| {
+                format!(
+                    "SELECT p.chain, p.token, p.decimals FROM (VALUES {values}) AS v \
+                     {} price_tokens p ON p.chain = v.column1 AND p.token = v.column2",
+                    D::VALUES_JOIN
+                )
+            })
+            .await?;
         let mut out = HashMap::new();
-        for chunk in tokens.chunks(ROWS_PER_STATEMENT) {
-            let sql = format!(
-                "SELECT p.chain, p.token, p.decimals FROM (VALUES {}) AS v \
-                 {} price_tokens p ON p.chain = v.column1 AND p.token = v.column2",
-                placeholders(chunk.len(), 2),
-                D::VALUES_JOIN
+        for row in rows {
+            let decimals: i64 = row.try_get("decimals")?;
+            out.insert(
+                TokenRef { chain: row.try_get("chain")?, address: row.try_get("token")? },
+                u32::try_from(decimals).unwrap_or(0),
             );
-            let mut query = sqlx::query(&sql);
-            for token in chunk {
-                query = query.bind(&token.chain).bind(&token.address);
-            }
-            for row in query.fetch_all(&self.pool).await? {
-                let decimals: i64 = row.try_get("decimals")?;
-                out.insert(
-                    TokenRef { chain: row.try_get("chain")?, address: row.try_get("token")? },
-                    u32::try_from(decimals).unwrap_or(0),
-                );
-            }
         }
         Ok(out)
     }
 
     async fn pool_reserves(&self, tokens: &[TokenRef]) -> Result<Vec<PoolReserve>> {
+        let rows = self
+            .rows_per_token(tokens, |values| {
+                format!(
+                    "SELECT p.chain, p.token, p.pool, p.reserve, p.last_trade \
+                     FROM (VALUES {values}) AS v {} price_pools p \
+                     ON p.chain = v.column1 AND p.token = v.column2 \
+                     ORDER BY p.chain, p.token, p.pool",
+                    D::VALUES_JOIN
+                )
+            })
+            .await?;
         let mut out = Vec::new();
-        for chunk in tokens.chunks(ROWS_PER_STATEMENT) {
-            let sql = format!(
-                "SELECT p.chain, p.token, p.pool, p.reserve, p.last_trade \
-                 FROM (VALUES {}) AS v {} price_pools p \
-                 ON p.chain = v.column1 AND p.token = v.column2 \
-                 ORDER BY p.chain, p.token, p.pool",
-                placeholders(chunk.len(), 2),
-                D::VALUES_JOIN
-            );
-            let mut query = sqlx::query(&sql);
-            for token in chunk {
-                query = query.bind(&token.chain).bind(&token.address);
-            }
-            for row in query.fetch_all(&self.pool).await? {
-                out.push(PoolReserve {
-                    token: TokenRef {
-                        chain: row.try_get("chain")?,
-                        address: row.try_get("token")?,
-                    },
-                    pool: row.try_get("pool")?,
-                    reserve: amount_of(row.try_get("reserve")?)?,
-                    last_trade: order_of(row.try_get("last_trade")?)?,
-                });
-            }
+        for row in rows {
+            out.push(PoolReserve {
+                token: TokenRef { chain: row.try_get("chain")?, address: row.try_get("token")? },
+                pool: row.try_get("pool")?,
+                reserve: amount_of(row.try_get("reserve")?)?,
+                last_trade: order_of(row.try_get("last_trade")?)?,
+            });
         }
         Ok(out)
     }

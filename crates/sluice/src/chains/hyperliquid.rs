@@ -17,24 +17,16 @@ use super::ChainFileSettings;
 /// cannot be read, a JSON-RPC chain's setting, no stream of the chain in the catalog.
 pub fn config(chain: &ChainFileSettings, catalog: &Catalog) -> anyhow::Result<HyperliquidConfig> {
     let name = &chain.name;
-    let rpc_only = [
-        ("ws_url", chain.ws_url.is_some()),
-        ("start_block", chain.start_block.is_some()),
-        ("confirmations", chain.confirmations.is_some()),
-        ("finality", chain.finality.is_some()),
-        ("chain_id", chain.chain_id.is_some()),
-        ("max_block_range", chain.max_block_range.is_some()),
-        ("parallel_ranges", chain.parallel_ranges.is_some()),
-        ("stablecoins", chain.stablecoins.is_some()),
-        ("start_slot", chain.start_slot.is_some()),
-        ("commitment", chain.commitment.is_some()),
-        ("genesis_hash", chain.genesis_hash.is_some()),
-        ("max_slot_range", chain.max_slot_range.is_some()),
-        ("requests_per_second", chain.requests_per_second.is_some()),
-        ("max_concurrency", chain.max_concurrency.is_some()),
-        ("max_batch", chain.max_batch.is_some()),
-    ];
-    if let Some((setting, _)) = rpc_only.iter().find(|(_, set)| *set) {
+    let rpc_only = [("ws_url", chain.ws_url.is_some())]
+        .into_iter()
+        .chain(chain.evm_only())
+        .chain(chain.solana_only())
+        .chain([
+            ("requests_per_second", chain.requests_per_second.is_some()),
+            ("max_concurrency", chain.max_concurrency.is_some()),
+            ("max_batch", chain.max_batch.is_some()),
+        ]);
+    if let Some(setting) = super::first_set(rpc_only) {
         bail!(
             "chain {name} is read from a Hyperliquid node's files: {setting} is a JSON-RPC setting"
         );
