@@ -180,6 +180,26 @@ impl Caller {
             _ => Err(ApiError::NotFound(format!("Pipeline {id} not found"))),
         }
     }
+
+    /// Takes pipeline `id`'s turn, then loads it as [`Self::pipeline`] does and refuses a
+    /// query: how every route that changes a pipeline or its deployment starts. The guard
+    /// keeps any other change of the pipeline (an edit's redeploy, a pause) from
+    /// interleaving until it is dropped.
+    ///
+    /// # Errors
+    /// As [`Self::pipeline`], a 422 for a query, or no runtime to take the turn from.
+    pub async fn pipeline_in_turn(
+        &self,
+        state: &AppState,
+        id: &str,
+        needed: Permission,
+        query: crate::params::Query,
+    ) -> Result<(sluice_runtime::LifecycleGuard, Pipeline), ApiError> {
+        let lifecycle = state.lifecycle(id).await?;
+        let (pipeline, _) = self.pipeline(state, id, needed).await?;
+        query.expect_none()?;
+        Ok((lifecycle, pipeline))
+    }
 }
 
 #[cfg(test)]

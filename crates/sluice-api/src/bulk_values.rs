@@ -9,12 +9,26 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
+use sluice_core::filter_values::normalize;
 use sluice_core::validation::{Fields, Loc, Violation, Violations, parse_object, str_array};
 
 use crate::datasets::NamedEntriesRequest;
 use crate::error::ApiError;
 use crate::filter_values::{MAX_VALUE_BYTES, ValuesRequest, normalize_in_place};
+use crate::params::Query;
 use crate::state::AppState;
+
+/// The required `value` query parameter of a membership check, lowercased as stored values
+/// are.
+///
+/// # Errors
+/// 422 when the query is malformed, has other parameters or no `value`.
+pub(crate) fn value_to_check(query: Query) -> Result<String, ApiError> {
+    let mut params = query.parse()?;
+    let value = params.required_string("value", 0);
+    params.finish()?;
+    Ok(normalize(&value.unwrap_or_default()))
+}
 
 /// The body's bytes, read under the bulk limit.
 ///

@@ -20,7 +20,6 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use sluice_core::datasets::Dataset;
-use sluice_core::filter_values::normalize;
 use sluice_core::validation::{Fields, Loc, Violation, Violations};
 use utoipa::ToSchema;
 
@@ -472,10 +471,7 @@ pub async fn check_entry(
 ) -> Result<Json<ExistsBody>, ApiError> {
     let dataset_id = path.get("dataset_id").to_owned();
     caller.require_pipelines()?;
-    let mut params = query.parse()?;
-    let value = params.required_string("value", 0);
-    params.finish()?;
-    let value = normalize(&value.unwrap_or_default());
+    let value = bulk_values::value_to_check(query)?;
     let owner = &caller.0.user_id;
     let exists = if value.len() > MAX_VALUE_BYTES {
         // Too long to be stored, so not an entry; the dataset must still be the caller's.

@@ -119,9 +119,8 @@ pub async fn deploy(
 ) -> Result<Json<DeployBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     // In the pipeline's turn: a transform edit's automatic redeploy must not undo this call.
-    let mut lifecycle = state.lifecycle(&config_id).await?;
-    let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
-    query.expect_none()?;
+    let (mut lifecycle, pipeline) =
+        caller.pipeline_in_turn(&state, &config_id, Permission::Edit, query).await?;
     let deployed = lifecycle.deploy(&pipeline).await?;
     let sinks = deployed.sinks.into_iter().map(SinkConnection::from).collect();
     Ok(Json(DeployBody {
@@ -152,9 +151,8 @@ pub async fn pause(
     path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
-    let mut lifecycle = state.lifecycle(&config_id).await?;
-    caller.pipeline(&state, &config_id, Permission::Edit).await?;
-    query.expect_none()?;
+    let (mut lifecycle, _) =
+        caller.pipeline_in_turn(&state, &config_id, Permission::Edit, query).await?;
     let message = match lifecycle.pause().await? {
         Paused::Paused => format!("Pipeline {config_id} successfully paused"),
         Paused::AlreadyPaused => format!("Pipeline {config_id} is already paused"),
@@ -184,9 +182,8 @@ pub async fn teardown(
     path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
-    let mut lifecycle = state.lifecycle(&config_id).await?;
-    caller.pipeline(&state, &config_id, Permission::Edit).await?;
-    query.expect_none()?;
+    let (mut lifecycle, _) =
+        caller.pipeline_in_turn(&state, &config_id, Permission::Edit, query).await?;
     let message = if lifecycle.teardown().await? {
         format!("Pipeline {config_id} successfully torn down")
     } else {

@@ -355,10 +355,7 @@ pub async fn check_filter_value(
 ) -> Result<Json<MembershipBody>, ApiError> {
     let (config_id, transform_uid) =
         set_filter_of(&state, &caller, &path, Permission::Read).await?;
-    let mut params = query.parse()?;
-    let value = params.required_string("value", 0);
-    params.finish()?;
-    let value = normalize(&value.unwrap_or_default());
+    let value = bulk_values::value_to_check(query)?;
     // A value too long to be stored cannot be a member.
     let is_member = value.len() <= MAX_VALUE_BYTES
         && state.store.has_filter_value(&config_id, &transform_uid, &value).await?;

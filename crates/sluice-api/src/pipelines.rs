@@ -158,9 +158,8 @@ pub async fn update_pipeline(
 ) -> Result<Json<Pipeline>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     // A concurrent transform change must not be undone by this read-change-write.
-    let lifecycle = state.lifecycle(&config_id).await?;
-    let (previous, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
-    query.expect_none()?;
+    let (lifecycle, previous) =
+        caller.pipeline_in_turn(&state, &config_id, Permission::Edit, query).await?;
     let body = body.object()?;
     let valid = validate_pipeline_body(&body, &state.catalog, BodyMode::Update)?;
     caller.require_custom_transforms_for(&valid.spec.pipeline_config)?;
@@ -192,9 +191,8 @@ pub async fn delete_pipeline(
     path: PathParams,
 ) -> Result<Json<MessageBody>, ApiError> {
     let config_id = path.get("config_id").to_owned();
-    let lifecycle = state.lifecycle(&config_id).await?;
-    let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Manage).await?;
-    query.expect_none()?;
+    let (lifecycle, pipeline) =
+        caller.pipeline_in_turn(&state, &config_id, Permission::Manage, query).await?;
     // Deleting tears any deployment down first (workers, topics, offsets): docs/contract.md
     // §Pipeline deployment states.
     services::delete_pipeline(&state, lifecycle, pipeline).await?;

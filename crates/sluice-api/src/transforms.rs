@@ -65,9 +65,8 @@ pub async fn patch_transform(
 ) -> Result<Json<Transform>, ApiError> {
     let config_id = path.get("config_id").to_owned();
     let transform_uid = path.get("transform_uid").to_owned();
-    let lifecycle = state.lifecycle(&config_id).await?;
-    let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
-    query.expect_none()?;
+    let (lifecycle, pipeline) =
+        caller.pipeline_in_turn(&state, &config_id, Permission::Edit, query).await?;
     let mut body = body.object()?;
     let Some(index) =
         pipeline.pipeline_config.transforms.iter().position(|t| t.uid() == transform_uid)
@@ -147,9 +146,8 @@ pub async fn replace_transforms(
     body: JsonBody,
 ) -> Result<Json<Vec<Transform>>, ApiError> {
     let config_id = path.get("config_id").to_owned();
-    let lifecycle = state.lifecycle(&config_id).await?;
-    let (pipeline, _) = caller.pipeline(&state, &config_id, Permission::Edit).await?;
-    query.expect_none()?;
+    let (lifecycle, pipeline) =
+        caller.pipeline_in_turn(&state, &config_id, Permission::Edit, query).await?;
     let items = body.array()?;
     if items.is_empty() {
         return Err(ApiError::Validation(vec![Violation::new(

@@ -78,6 +78,21 @@ fn first_set(settings: impl IntoIterator<Item = (&'static str, bool)>) -> Option
 }
 
 impl ChainFileSettings {
+    /// Applies the table's JSON-RPC client settings (rate, concurrency, batch size; each at
+    /// least 1 where 0 would stall) over `rpc`'s defaults: EVM and Solana chains read them
+    /// alike.
+    fn apply_rpc(&self, rpc: &mut sluice_chains::rpc::RpcSettings) {
+        if let Some(rate) = self.requests_per_second {
+            rpc.requests_per_second = f64::from(rate);
+        }
+        if let Some(n) = self.max_concurrency {
+            rpc.max_concurrency = n.max(1);
+        }
+        if let Some(n) = self.max_batch {
+            rpc.max_batch = n.max(1);
+        }
+    }
+
     /// The settings only an EVM chain reads, each with whether this table sets it.
     fn evm_only(&self) -> [(&'static str, bool); 7] {
         [
@@ -325,15 +340,7 @@ fn solana_config(chain: &ChainFileSettings, catalog: &Catalog) -> anyhow::Result
             .parse::<Commitment>()
             .map_err(|reason| anyhow::anyhow!("chain {name}: {reason}"))?;
     }
-    if let Some(rate) = chain.requests_per_second {
-        config.rpc.requests_per_second = f64::from(rate);
-    }
-    if let Some(n) = chain.max_concurrency {
-        config.rpc.max_concurrency = n.max(1);
-    }
-    if let Some(n) = chain.max_batch {
-        config.rpc.max_batch = n.max(1);
-    }
+    chain.apply_rpc(&mut config.rpc);
     if let Some(n) = chain.max_slot_range {
         config.max_slot_range = n.clamp(1, 500_000);
     }
@@ -375,15 +382,7 @@ fn evm_config(chain: &ChainFileSettings, catalog: &Catalog) -> anyhow::Result<Ch
             bail!("chain {name}: finality {other:?} is not \"depth\" or \"finalized_tag\"")
         }
     };
-    if let Some(rate) = chain.requests_per_second {
-        config.rpc.requests_per_second = f64::from(rate);
-    }
-    if let Some(n) = chain.max_concurrency {
-        config.rpc.max_concurrency = n.max(1);
-    }
-    if let Some(n) = chain.max_batch {
-        config.rpc.max_batch = n.max(1);
-    }
+    chain.apply_rpc(&mut config.rpc);
     if let Some(n) = chain.max_block_range {
         config.max_block_range = n.max(1);
     }
