@@ -15,9 +15,9 @@
 //! before it). A dataset deleted and created again under the same name is a new dataset with a
 //! greater [`Dataset::seq`]: a late change to the old one is recognised and ignored.
 //!
-//! Running plans read datasets through a [`DatasetSlot`] (the index arrives after the
+//! Running plans read datasets through a `DatasetSlot` (the index arrives after the
 //! runtime started); with a shared set store the index also follows the store's change feed
-//! ([`FeedDatasets`]).
+//! (`FeedDatasets`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};

@@ -1,7 +1,7 @@
 //! One processed batch as records to write, shared by workers and dead-letter replay: the
 //! sink's records, the dead letters and the script log lines. The batch's [`Sink`] delivers
 //! them and settles its offsets ([`Sink::deliver`]). Also the replay of a pipeline's dead
-//! letters ([`replay`]), which its lifecycle owner runs.
+//! letters (`replay`), which its lifecycle owner runs.
 //!
 //! [`Sink`]: crate::sinks::Sink
 //! [`Sink::deliver`]: crate::sinks::Sink::deliver

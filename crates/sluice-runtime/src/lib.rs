@@ -101,7 +101,7 @@ pub struct RuntimeSettings {
     pub batch_size: usize,
     /// How long a quiet stream's shared reader waits for the log's append watch before it
     /// looks for new records anyway (a safety net: the watch wakes it on every append).
-    /// Idle workers themselves never poll ([`readers`]).
+    /// Idle workers themselves never poll (`readers`).
     pub idle_wait: Duration,
     /// First retry delay after a sink failure (`at_least_once`); doubles up to `max_backoff`.
     pub initial_backoff: Duration,
@@ -149,7 +149,7 @@ pub enum Paused {
 }
 
 /// The running side of Sluice, one per process: a facade over this process's pipelines
-/// ([`Node`]), their lifecycle owners and the placement of their workers.
+/// (`Node`), their lifecycle owners and the placement of their workers.
 pub struct Runtime {
     node: Arc<Node>,
     placement: Arc<dyn Placement>,

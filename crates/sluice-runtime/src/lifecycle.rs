@@ -272,7 +272,7 @@ impl LifecycleGuard {
     }
 
     /// Feeds the dead letters not replayed yet through the pipeline's current transforms
-    /// ([`delivery::replay`]). `None` when the pipeline is not deployed; works on a paused
+    /// (`delivery::replay`). `None` when the pipeline is not deployed; works on a paused
     /// pipeline too. The pipeline's other changes wait: a teardown must not remove the
     /// topics under the replay.
     ///

@@ -2,7 +2,7 @@
 //! clock, a [`MetricSample`], plus totals since the process started (for Prometheus).
 //!
 //! Workers add to the current minute in memory ([`PipelineMetrics`]); a background job
-//! ([`MetricsHub::run_jobs`]) writes each finished minute to the store every
+//! (`MetricsHub::run_jobs`) writes each finished minute to the store every
 //! [`FLUSH_EVERY`] and deletes samples older than [`RETENTION`] every [`RETENTION_EVERY`]. A
 //! deployment that stops (pause, teardown, redeploy with other workers, shutdown) writes what
 //! it has at once. Reads merge the stored minutes with the ones not written yet, so they see

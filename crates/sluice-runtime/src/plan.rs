@@ -357,7 +357,7 @@ impl BoundPlan {
 
     /// The first stage when it is a set filter, with its live set: what a worker's shared
     /// reader evaluates together with the other pipelines on the stream
-    /// ([`crate::readers`]), so the worker runs the plan from stage 1.
+    /// (`crate::readers`), so the worker runs the plan from stage 1.
     pub fn first_set_filter(&self) -> Option<(&SetFilter, &Arc<SetHandle>)> {
         match (self.plan.stages.first(), self.sets.first()) {
             (Some(Stage::SetFilter { filter, .. }), Some(set)) => Some((filter, set)),

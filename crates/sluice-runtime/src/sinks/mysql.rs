@@ -3,7 +3,7 @@
 //! in one transaction ([`super::sql`] has the exactly-once rule).
 //!
 //! The rows travel as SQL text over the text protocol, escaped here, in statements of up
-//! to [`STATEMENT_BYTES`]: a prepared statement per batch would cost a round trip more and
+//! to `STATEMENT_BYTES`: a prepared statement per batch would cost a round trip more and
 //! a placeholder per value (at most 65,535 of them).
 
 use std::fmt::Write as _;
