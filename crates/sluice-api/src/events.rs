@@ -5,7 +5,7 @@
 //!
 //! Visibility: the store returns the events of the caller's organization, service-wide
 //! events and, for operators, node events; a pipeline's events are then kept only when the
-//! caller can read the pipeline ([`Visibility`]).
+//! caller can read the pipeline (`Visibility`).
 
 mod settings;
 

@@ -151,7 +151,7 @@ impl AppState {
     /// The runtime, or 503 in a process that runs no pipelines.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`].
+    /// `ApiError::Unavailable`.
     pub fn runtime(&self) -> Result<&Arc<Runtime>, error::ApiError> {
         self.runtime.as_ref().ok_or_else(|| {
             error::ApiError::Unavailable("this process runs no pipelines".to_owned())
@@ -163,7 +163,7 @@ impl AppState {
     /// reading what the change depends on, and hold it until the change is done.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] in a process that runs no pipelines; a store failure.
+    /// `ApiError::Unavailable` in a process that runs no pipelines; a store failure.
     pub async fn lifecycle(
         &self,
         pipeline_id: &str,
@@ -175,7 +175,7 @@ impl AppState {
     /// store orders the changes of every node itself).
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] in a process that runs no pipelines.
+    /// `ApiError::Unavailable` in a process that runs no pipelines.
     pub async fn lifecycle_here(
         &self,
         pipeline_id: &str,
