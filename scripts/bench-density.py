@@ -98,6 +98,21 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def minor_faults(pid):
+    """Minor page faults of a process so far (/proc/PID/stat): first touches of fresh memory."""
+    with open("/proc/%d/stat" % pid) as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+def peak_rss_mib(pid):
+    """The process's peak resident memory (VmHWM), MiB."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
 def threads_and_rss(pid):
     threads, rss = None, None
     with open("/proc/%d/status" % pid) as f:
@@ -416,6 +431,7 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
         ingest_seconds = time.time() - started
         time.sleep(2)
         node_cpu = cpu_seconds(node.pid)
+        faults = minor_faults(node.pid)
         broker_cpu = cpu_seconds(broker.process.pid) if broker else None
         profile = start_profile(tag, node, broker)
         started = time.time()
@@ -459,6 +475,10 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
         wall = time.time() - started
         stop_profile(profile)
         node_cpu = cpu_seconds(node.pid) - node_cpu
+        faults = minor_faults(node.pid) - faults
+        # Rounds (batches through the transforms, each a delivery and a commit) per pipeline:
+        # what the per-pipeline cost of the drain scales with.
+        rounds = sum(delivered_counts(node, "sluice_pipeline_processing_latency_seconds_count").values())
         broker_cpu = cpu_seconds(broker.process.pid) - broker_cpu if broker else None
         # Outside the measured window: every sink holds exactly its expected records.
         for pipeline, expected in pending_all.items():
@@ -466,10 +486,11 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
             assert not sink_holds(pipeline, expected + 1), "sink of %s holds more than %d" % (pipeline, expected)
         print("  [%s] %d records drained by %d pipeline(s) in %.1f s: node %.1f CPU s (%.0f records per "
               "CPU second), of which resuming them %.1f CPU s (%.0f records per CPU second without)%s; "
-              "ingest %.0f records/s"
+              "%.1f rounds per pipeline; %d minor faults, peak RSS %.0f MiB; ingest %.0f records/s"
               % (tag, records, filters, wall, node_cpu, records / node_cpu, resume_cpu,
                  records / max(node_cpu - resume_cpu, 0.01),
-                 "; broker %.1f CPU s" % broker_cpu if broker else "", records / ingest_seconds), flush=True)
+                 "; broker %.1f CPU s" % broker_cpu if broker else "", rounds / filters,
+                 faults, peak_rss_mib(node.pid), records / ingest_seconds), flush=True)
         return node_cpu, wall, broker_cpu, records / ingest_seconds, resume_cpu
     finally:
         pool.shutdown()
@@ -479,11 +500,12 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
         shutil.rmtree(node.data_dir, ignore_errors=True)
 
 
-def delivered_counts(node):
-    """Records each pipeline delivered to its sink, by id (`/metrics`)."""
+def delivered_counts(node, metric="sluice_pipeline_messages_sent_total"):
+    """Records each pipeline delivered to its sink, by id (`/metrics`); or another
+    per-pipeline counter of `/metrics`."""
     status, text = call(node.base, "GET", "/metrics", timeout=30)  # text: not JSON
     assert status == 200, text
-    prefix = 'sluice_pipeline_messages_sent_total{config_id="'
+    prefix = metric + '{config_id="'
     counts = {}
     for line in text.splitlines():
         if line.startswith(prefix):

@@ -532,6 +532,10 @@ impl SharedStream {
                 windows.nothing_at = Some((from, wakes));
                 return Ok(Chunk { pushes, more: false, kind: ChunkKind::Own(Vec::new()) });
             }
+            tracing::trace!(
+                topic = %self.topic, partition, from, records = records.len(),
+                runs = windows.runs.len(), held = ?windows.held, "shared reader: log read"
+            );
             let segment = Arc::new(Segment::new(from, records, asked));
             let batches = if shared { WINDOW_BATCHES } else { 1 };
             windows.push(run, segment.clone(), batches * self.batch_size);
