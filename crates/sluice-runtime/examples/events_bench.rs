@@ -136,7 +136,8 @@ fn process_cpu_secs() -> f64 {
     let after = &stat[stat.rfind(')').expect("/proc/self/stat has the command in parentheses")..];
     let fields: Vec<&str> = after.split_whitespace().collect();
     // After ')': state is field 3, so utime (14) and stime (15) are at 11 and 12.
-    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
     ticks as f64 / 100.0
 }
 
