@@ -118,7 +118,15 @@ async fn a_burst_spanning_many_statements_is_stored_whole_and_in_order(
     let org = store.ensure_identity("org-burst", "t", "u", false).await.unwrap().org.id;
     let now = Utc::now();
     let keyed = |n: usize| {
-        NewEvent::node(now, "node.lost", Severity::Error, "n1", format!("{n}"), json!({}), "k".into())
+        NewEvent::node(
+            now,
+            "node.lost",
+            Severity::Error,
+            "n1",
+            format!("{n}"),
+            json!({}),
+            "k".into(),
+        )
     };
     let mut burst: Vec<NewEvent> = (0..1007)
         .map(|n| {
