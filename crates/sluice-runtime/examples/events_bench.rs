@@ -2,14 +2,15 @@
 //!
 //! `cargo run --release -p sluice-runtime --example events_bench -- [--records N]
 //! [--rounds R] [--events N] [--rate R] [--database URL] [--phase all|drain|write]
-//! [--drain-events both|on|off] [--time-scale K] [--callgrind-dumps]`
+//! [--drain-events both|on|off] [--time-scale K] [--callgrind-dumps] [--side-rate N]
+//! [--monitor-ms M]`
 //!
 //! - **drain, side by side**: the same pipeline (base/erc20_token_transfer, no transform,
 //!   managed sink, one worker) drains `--records` (default 500 000) appended records,
 //!   `--rounds` times (default 3) without service events and as many times with them,
 //!   alternating: a recorder storing into the same SQLite store, the monitor sampling every
-//!   100 ms (ten times the default), and a side task emitting 1 000 events/s, as a busy
-//!   service would. Each run is a fresh data directory. Reports, per run and as medians with
+//!   100 ms (ten times the default; `--monitor-ms`), and a side task emitting 1 000 events/s
+//!   (`--side-rate`, in hundreds; 0 for none), as a busy service would. Each run is a fresh data directory. Reports, per run and as medians with
 //!   their spread, the drain rate by wall clock and by the CPU time the whole process spent
 //!   during the drain (user + system, every thread: the workers, the recorder, the monitor,
 //!   SQLite). CPU time is what the events cost the machine; unlike the wall clock it does not
@@ -75,6 +76,10 @@ struct Args {
     drain_events: Option<bool>,
     time_scale: u32,
     callgrind_dumps: bool,
+    /// Events per second the side task emits (0: no side task).
+    side_rate: u32,
+    /// The monitor's sampling period, in milliseconds.
+    monitor_ms: u64,
 }
 
 fn args() -> Args {
@@ -88,6 +93,8 @@ fn args() -> Args {
         drain_events: None,
         time_scale: 1,
         callgrind_dumps: false,
+        side_rate: 1000,
+        monitor_ms: 100,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -122,6 +129,8 @@ fn args() -> Args {
                 args.time_scale = value.parse().expect("--time-scale K (a whole number ≥ 1)");
                 assert!(args.time_scale >= 1, "--time-scale K must be at least 1");
             }
+            "--side-rate" => args.side_rate = value.parse().expect("--side-rate EVENTS_PER_SEC"),
+            "--monitor-ms" => args.monitor_ms = value.parse().expect("--monitor-ms MS"),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -205,12 +214,8 @@ struct DrainRun {
 
 /// One drain of `records` records; with events, the clocked tasks' periods are stretched
 /// `time_scale` times.
-async fn drain(
-    records: usize,
-    with_events: bool,
-    time_scale: u32,
-    callgrind_dumps: bool,
-) -> Result<DrainRun, BoxError> {
+async fn drain(args: &Args, with_events: bool) -> Result<DrainRun, BoxError> {
+    let (records, time_scale) = (args.records, args.time_scale);
     let dir = tempfile::tempdir()?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store: Arc<dyn MetadataStore> = Arc::new(
@@ -223,7 +228,7 @@ async fn drain(
             .settings(RuntimeSettings::default());
     let recorder = with_events.then(|| {
         let settings = EventSettings {
-            interval: Duration::from_millis(100) * time_scale,
+            interval: Duration::from_millis(args.monitor_ms) * time_scale,
             ..EventSettings::default()
         };
         Recorder::start(store.clone(), clock.clone(), settings)
@@ -247,17 +252,19 @@ async fn drain(
         let batch = (from..(from + 5000).min(records)).map(record).collect();
         runtime.ingest("base", "erc20_token_transfer", false, batch).await?;
     }
-    if callgrind_dumps {
+    if args.callgrind_dumps {
         callgrind_dump("drain-start");
     }
-    // A busy service: 1,000 events/s from elsewhere while the pipeline drains.
-    let side = recorder.clone().map(|recorder| {
+    // A busy service: 1,000 events/s (`--side-rate`) from elsewhere while the pipeline drains,
+    // ten every 10 ms or as many as the rate asks.
+    let per_tick = (args.side_rate / 100) as usize;
+    let side = recorder.clone().filter(|_| per_tick > 0).map(|recorder| {
         let org = identity.org.id.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(10) * time_scale);
             loop {
                 tick.tick().await;
-                for _ in 0..10 {
+                for _ in 0..per_tick {
                     recorder.emit(NewEvent::pipeline(
                         recorder.now(),
                         "pipeline.updated",
@@ -290,7 +297,7 @@ async fn drain(
     if let Some(side) = side {
         side.abort();
     }
-    if callgrind_dumps {
+    if args.callgrind_dumps {
         callgrind_dump("drain-end");
     }
     let events_stored =
@@ -326,8 +333,7 @@ async fn drains(args: &Args) -> Result<(), BoxError> {
             None => vec![true, false],
         };
         for with_events in order {
-            let run =
-                drain(args.records, with_events, args.time_scale, args.callgrind_dumps).await?;
+            let run = drain(args, with_events).await?;
             println!(
                 "{}",
                 serde_json::json!({
