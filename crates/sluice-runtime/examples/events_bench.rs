@@ -1,21 +1,39 @@
-//! The events benchmark (docs/events.md, BENCHMARKS.md §25).
+//! The events benchmark (docs/events.md, BENCHMARKS.md "Service events").
 //!
 //! `cargo run --release -p sluice-runtime --example events_bench -- [--records N]
-//! [--rounds R] [--events N] [--rate R] [--database URL]`
+//! [--rounds R] [--events N] [--rate R] [--database URL] [--phase all|drain|write]
+//! [--drain-events both|on|off] [--time-scale K] [--callgrind-dumps] [--side-rate N]
+//! [--monitor-ms M]`
 //!
 //! - **drain, side by side**: the same pipeline (base/erc20_token_transfer, no transform,
 //!   managed sink, one worker) drains `--records` (default 500 000) appended records,
 //!   `--rounds` times (default 3) without service events and as many times with them,
 //!   alternating: a recorder storing into the same SQLite store, the monitor sampling every
-//!   100 ms (ten times the default), and a side task emitting 1 000 events/s, as a busy
-//!   service would. Each run is a fresh data directory. Reports the median drain rate of
-//!   each and their ratio.
+//!   100 ms (ten times the default; `--monitor-ms`), and a side task emitting 1 000 events/s
+//!   (`--side-rate`, in hundreds; 0 for none), as a busy service would. Each run is a fresh data directory. Reports, per run and as medians with
+//!   their spread, the drain rate by wall clock and by the CPU time the whole process spent
+//!   during the drain (user + system, every thread: the workers, the recorder, the monitor,
+//!   SQLite). CPU time is what the events cost the machine; unlike the wall clock it does not
+//!   grow when other processes take the cores.
 //! - **write and read back**: a recorder emits `--events` (default 100 000) events at
 //!   `--rate` per second (default 10 000), paced every millisecond; reports how many were
 //!   stored and dropped, and the time until the last was stored; then reads them all back
 //!   with `list_events` pages of 1 000 and reports the rate. With `--database postgres://…`
 //!   the same on PostgreSQL (the database must exist and be empty of Sluice tables or be a
 //!   Sluice store).
+//!
+//! `--phase drain` runs only the drains, `--phase write` only the write and read back.
+//! `--drain-events on|off` runs only the drains with (or without) events.
+//!
+//! **Counting instructions** (`scripts/bench-events --callgrind`): under `valgrind
+//! --tool=callgrind`, `--callgrind-dumps` asks callgrind (through `callgrind_control`) to dump
+//! its counters right before the drain starts and right after the last record is sent, so the
+//! dump named `drain-end` holds the instructions every thread of the process executed during
+//! the drain alone. Under callgrind the program runs tens of times slower, so the tasks that
+//! run by the clock (the monitor's samples, the side task's 1 000 events/s, the wait for the
+//! drain's end) would do tens of times more work per record than at native speed;
+//! `--time-scale K` stretches their periods by K so that, at a slowdown of K, they do per
+//! record what they do natively.
 //!
 //! Prints one JSON line per measurement.
 
@@ -40,19 +58,50 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    All,
+    Drain,
+    Write,
+}
+
 struct Args {
     records: usize,
     rounds: usize,
     events: usize,
     rate: usize,
     database: Option<String>,
+    phase: Phase,
+    /// Which drains to run: `None` both, alternating; `Some(true)` only with events.
+    drain_events: Option<bool>,
+    time_scale: u32,
+    callgrind_dumps: bool,
+    /// Events per second the side task emits (0: no side task).
+    side_rate: u32,
+    /// The monitor's sampling period, in milliseconds.
+    monitor_ms: u64,
 }
 
 fn args() -> Args {
-    let mut args =
-        Args { records: 500_000, rounds: 3, events: 100_000, rate: 10_000, database: None };
+    let mut args = Args {
+        records: 500_000,
+        rounds: 3,
+        events: 100_000,
+        rate: 10_000,
+        database: None,
+        phase: Phase::All,
+        drain_events: None,
+        time_scale: 1,
+        callgrind_dumps: false,
+        side_rate: 1000,
+        monitor_ms: 100,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--callgrind-dumps" {
+            args.callgrind_dumps = true;
+            continue;
+        }
         let value = it.next().unwrap_or_default();
         match flag.as_str() {
             "--records" => args.records = value.parse().expect("--records N"),
@@ -60,10 +109,56 @@ fn args() -> Args {
             "--events" => args.events = value.parse().expect("--events N"),
             "--rate" => args.rate = value.parse().expect("--rate N"),
             "--database" => args.database = Some(value),
+            "--phase" => {
+                args.phase = match value.as_str() {
+                    "all" => Phase::All,
+                    "drain" => Phase::Drain,
+                    "write" => Phase::Write,
+                    other => panic!("--phase all|drain|write, not {other:?}"),
+                }
+            }
+            "--drain-events" => {
+                args.drain_events = match value.as_str() {
+                    "both" => None,
+                    "on" => Some(true),
+                    "off" => Some(false),
+                    other => panic!("--drain-events both|on|off, not {other:?}"),
+                }
+            }
+            "--time-scale" => {
+                args.time_scale = value.parse().expect("--time-scale K (a whole number ≥ 1)");
+                assert!(args.time_scale >= 1, "--time-scale K must be at least 1");
+            }
+            "--side-rate" => args.side_rate = value.parse().expect("--side-rate EVENTS_PER_SEC"),
+            "--monitor-ms" => args.monitor_ms = value.parse().expect("--monitor-ms MS"),
             other => panic!("unknown flag {other}"),
         }
     }
     args
+}
+
+/// CPU time this process has used so far, every thread (user + system), from
+/// `/proc/self/stat`; Linux reports it in clock ticks of 1/100 s (`USER_HZ`).
+fn process_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat is readable");
+    // The command name (field 2) may hold spaces; the fields after it follow its ')'.
+    let after = &stat[stat.rfind(')').expect("/proc/self/stat has the command in parentheses")..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // After ')': state is field 3, so utime (14) and stime (15) are at 11 and 12.
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    ticks as f64 / 100.0
+}
+
+/// Asks callgrind to dump its counters (and start counting afresh), named `hint`; waits
+/// until it did. Only under `valgrind --tool=callgrind`.
+fn callgrind_dump(hint: &str) {
+    let status = std::process::Command::new("callgrind_control")
+        .args(["-d", hint, &std::process::id().to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("callgrind_control runs (valgrind is installed)");
+    assert!(status.success(), "callgrind_control -d {hint} failed: is this run under callgrind?");
 }
 
 fn record(n: usize) -> StreamRecord {
@@ -105,8 +200,22 @@ fn spec() -> PipelineSpec {
     }
 }
 
-/// One drain of `records` records; answers records per second.
-async fn drain(records: usize, with_events: bool) -> Result<f64, BoxError> {
+/// What one drain measured.
+struct DrainRun {
+    /// Records per second of wall clock.
+    rate: f64,
+    /// Records per CPU second of the whole process during the drain.
+    cpu_rate: f64,
+    secs: f64,
+    cpu_secs: f64,
+    /// Events the recorder stored during the drain (0 without events).
+    events_stored: u64,
+}
+
+/// One drain of `records` records; with events, the clocked tasks' periods are stretched
+/// `time_scale` times.
+async fn drain(args: &Args, with_events: bool) -> Result<DrainRun, BoxError> {
+    let (records, time_scale) = (args.records, args.time_scale);
     let dir = tempfile::tempdir()?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store: Arc<dyn MetadataStore> = Arc::new(
@@ -118,8 +227,10 @@ async fn drain(records: usize, with_events: bool) -> Result<f64, BoxError> {
         Runtime::builder(store.clone(), log.clone(), Arc::new(Catalog::default()), clock.clone())
             .settings(RuntimeSettings::default());
     let recorder = with_events.then(|| {
-        let settings =
-            EventSettings { interval: Duration::from_millis(100), ..EventSettings::default() };
+        let settings = EventSettings {
+            interval: Duration::from_millis(args.monitor_ms) * time_scale,
+            ..EventSettings::default()
+        };
         Recorder::start(store.clone(), clock.clone(), settings)
     });
     if let Some(recorder) = &recorder {
@@ -141,14 +252,19 @@ async fn drain(records: usize, with_events: bool) -> Result<f64, BoxError> {
         let batch = (from..(from + 5000).min(records)).map(record).collect();
         runtime.ingest("base", "erc20_token_transfer", false, batch).await?;
     }
-    // A busy service: 1,000 events/s from elsewhere while the pipeline drains.
-    let side = recorder.clone().map(|recorder| {
+    if args.callgrind_dumps {
+        callgrind_dump("drain-start");
+    }
+    // A busy service: 1,000 events/s (`--side-rate`) from elsewhere while the pipeline drains,
+    // ten every 10 ms or as many as the rate asks.
+    let per_tick = (args.side_rate / 100) as usize;
+    let side = recorder.clone().filter(|_| per_tick > 0).map(|recorder| {
         let org = identity.org.id.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            let mut tick = tokio::time::interval(Duration::from_millis(10) * time_scale);
             loop {
                 tick.tick().await;
-                for _ in 0..10 {
+                for _ in 0..per_tick {
                     recorder.emit(NewEvent::pipeline(
                         recorder.now(),
                         "pipeline.updated",
@@ -162,6 +278,8 @@ async fn drain(records: usize, with_events: bool) -> Result<f64, BoxError> {
             }
         })
     });
+    let stored_before = recorder.as_ref().map_or(0, |recorder| recorder.stored());
+    let cpu_start = process_cpu_secs();
     let start = Instant::now();
     runtime.deploy(&pipeline).await?;
     loop {
@@ -172,19 +290,92 @@ async fn drain(records: usize, with_events: bool) -> Result<f64, BoxError> {
         if sent as usize >= records {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(Duration::from_millis(2) * time_scale).await;
     }
     let secs = start.elapsed().as_secs_f64();
+    let cpu_secs = process_cpu_secs() - cpu_start;
     if let Some(side) = side {
         side.abort();
     }
+    if args.callgrind_dumps {
+        callgrind_dump("drain-end");
+    }
+    let events_stored =
+        recorder.as_ref().map_or(0, |recorder| recorder.stored().saturating_sub(stored_before));
     runtime.shutdown().await;
-    Ok(records as f64 / secs)
+    Ok(DrainRun {
+        rate: records as f64 / secs,
+        cpu_rate: records as f64 / cpu_secs.max(0.01),
+        secs,
+        cpu_secs,
+        events_stored,
+    })
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
+}
+
+/// The smallest and the largest of `values`.
+fn spread(values: &[f64]) -> (f64, f64) {
+    values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)))
+}
+
+/// The drains, alternating (or only those `only` names); prints each and the medians.
+async fn drains(args: &Args) -> Result<(), BoxError> {
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for round in 0..args.rounds {
+        // Alternating, so drift of the machine spreads over both.
+        let order = match args.drain_events {
+            Some(only) => vec![only],
+            None if round % 2 == 0 => vec![false, true],
+            None => vec![true, false],
+        };
+        for with_events in order {
+            let run = drain(args, with_events).await?;
+            println!(
+                "{}",
+                serde_json::json!({
+                    "bench": "drain_run", "events": with_events,
+                    "records_per_sec": run.rate.round(),
+                    "records_per_cpu_sec": run.cpu_rate.round(),
+                    "secs": (run.secs * 1000.0).round() / 1000.0,
+                    "cpu_secs": (run.cpu_secs * 100.0).round() / 100.0,
+                    "events_stored": run.events_stored,
+                })
+            );
+            if with_events { on.push(run) } else { off.push(run) }
+        }
+    }
+    if off.is_empty() || on.is_empty() {
+        return Ok(());
+    }
+    let summary = |runs: &[DrainRun], pick: fn(&DrainRun) -> f64| {
+        let values: Vec<f64> = runs.iter().map(pick).collect();
+        let (lo, hi) = spread(&values);
+        (median(values), lo, hi)
+    };
+    let (off_wall, off_wall_lo, off_wall_hi) = summary(&off, |r| r.rate);
+    let (on_wall, on_wall_lo, on_wall_hi) = summary(&on, |r| r.rate);
+    let (off_cpu, off_cpu_lo, off_cpu_hi) = summary(&off, |r| r.cpu_rate);
+    let (on_cpu, on_cpu_lo, on_cpu_hi) = summary(&on, |r| r.cpu_rate);
+    let round3 = |x: f64| (x * 1000.0).round() / 1000.0;
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "drain", "records": args.records, "rounds": args.rounds,
+            "without_events": off_wall.round(), "with_events": on_wall.round(),
+            "ratio": round3(on_wall / off_wall),
+            "without_events_range": [off_wall_lo.round(), off_wall_hi.round()],
+            "with_events_range": [on_wall_lo.round(), on_wall_hi.round()],
+            "cpu_without_events": off_cpu.round(), "cpu_with_events": on_cpu.round(),
+            "cpu_ratio": round3(on_cpu / off_cpu),
+            "cpu_without_events_range": [off_cpu_lo.round(), off_cpu_hi.round()],
+            "cpu_with_events_range": [on_cpu_lo.round(), on_cpu_hi.round()],
+        })
+    );
+    Ok(())
 }
 
 /// Emits `count` events at `rate` per second, then reads them back.
@@ -261,28 +452,12 @@ async fn write_and_read(
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = args();
-    let (mut off, mut on) = (Vec::new(), Vec::new());
-    for round in 0..args.rounds {
-        // Alternating, so drift of the machine spreads over both.
-        let (first, second) = if round % 2 == 0 { (false, true) } else { (true, false) };
-        for with_events in [first, second] {
-            let rate = drain(args.records, with_events).await?;
-            println!(
-                "{}",
-                serde_json::json!({"bench": "drain_run", "events": with_events, "records_per_sec": rate.round()})
-            );
-            if with_events { on.push(rate) } else { off.push(rate) }
-        }
+    if args.phase != Phase::Write {
+        drains(&args).await?;
     }
-    let (off, on) = (median(off), median(on));
-    println!(
-        "{}",
-        serde_json::json!({
-            "bench": "drain", "records": args.records, "rounds": args.rounds,
-            "without_events": off.round(), "with_events": on.round(),
-            "ratio": (on / off * 1000.0).round() / 1000.0,
-        })
-    );
+    if args.phase == Phase::Drain {
+        return Ok(());
+    }
     let dir = tempfile::tempdir()?;
     let sqlite: Arc<dyn MetadataStore> = Arc::new(
         SqliteStore::open(&format!("sqlite://{}", dir.path().join("events.db").display())).await?,

@@ -85,6 +85,13 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// id committed later); `None` when [`Dialect::begin_write`] already serialises writers.
     const LOCK_EVENTS: Option<&'static str>;
 
+    /// Most events stored by one `INSERT` (12 values each). SQLite looks each `$N` up by
+    /// name in a list of every placeholder of the statement, so binding costs the square of
+    /// the placeholders per statement: 400 rows spent two thirds of a release build's time
+    /// binding and held the event writer under 10,000 events/s (BENCHMARKS.md, "Service
+    /// events"). PostgreSQL binds by position, and fewer, larger statements save round trips.
+    const EVENTS_PER_INSERT: usize;
+
     /// Selects whether the table named `$1` exists (a bool).
     const TABLE_EXISTS: &'static str;
 

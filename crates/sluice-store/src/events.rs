@@ -9,9 +9,6 @@ use sqlx::Row as _;
 use crate::dialect::{Row, StoreBackend};
 use crate::{Result, Store, StoreError};
 
-/// Most events stored by one statement.
-const INSERT_CHUNK: usize = 400;
-
 /// Which events a read returns. Visibility: service-wide events to everyone, operator
 /// events to operators, the rest to the members of their organization (a pipeline's events
 /// are narrowed to its readers by the caller, which knows who reads what).
@@ -199,7 +196,7 @@ impl<D: StoreBackend> EventStore for Store<D> {
             sqlx::query(lock).execute(&mut *tx).await?;
         }
         let mut stored = Vec::with_capacity(events.len());
-        for chunk in events.chunks(INSERT_CHUNK) {
+        for chunk in events.chunks(D::EVENTS_PER_INSERT) {
             let mut statement = String::from(
                 "INSERT INTO events (dedupe_key, time, org_id, scope, kind, severity, \
                  pipeline_id, job_id, chain, node, message, details) VALUES ",

@@ -92,6 +92,7 @@ impl crate::Dialect for PgDialect {
     /// arbitrary, fixed), so two never merge into the same candle at once.
     const LOCK_PRICES: Option<&'static str> = Some("SELECT pg_advisory_xact_lock(6105211300)");
     const LOCK_EVENTS: Option<&'static str> = Some("SELECT pg_advisory_xact_lock(6105211301)");
+    const EVENTS_PER_INSERT: usize = 400;
 
     /// Whether the table named `$1` exists (a bool).
     const TABLE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables \

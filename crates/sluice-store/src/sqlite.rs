@@ -86,6 +86,7 @@ impl crate::Dialect for SqliteDialect {
     /// `BEGIN IMMEDIATE` already serialises price writers.
     const LOCK_PRICES: Option<&'static str> = None;
     const LOCK_EVENTS: Option<&'static str> = None;
+    const EVENTS_PER_INSERT: usize = 16;
 
     /// Whether the table named `$1` exists (a bool).
     const TABLE_EXISTS: &str =

@@ -108,7 +108,67 @@ async fn destinations_keep_the_progress_of_kept_uids_and_start_new_ones_at_the_g
     assert!(store.all_thresholds().await.unwrap().is_empty());
 }
 
+/// A writer's whole batch (the recorder stores up to 1,000 at a time) goes in one call that
+/// spans many statements on SQLite (16 events each) and several on PostgreSQL (400), the last
+/// one partial: every event is stored, in order, and a keyed fact repeated across statements is
+/// still kept once.
+async fn a_burst_spanning_many_statements_is_stored_whole_and_in_order(
+    store: Arc<dyn MetadataStore>,
+) {
+    let org = store.ensure_identity("org-burst", "t", "u", false).await.unwrap().org.id;
+    let now = Utc::now();
+    let keyed = |n: usize| {
+        NewEvent::node(
+            now,
+            "node.lost",
+            Severity::Error,
+            "n1",
+            format!("{n}"),
+            json!({}),
+            "k".into(),
+        )
+    };
+    let mut burst: Vec<NewEvent> = (0..1007)
+        .map(|n| {
+            NewEvent::pipeline(
+                now,
+                "dead_letters.recorded",
+                Severity::Warning,
+                &org,
+                "p",
+                format!("{n}"),
+                json!({"count": n}),
+            )
+        })
+        .collect();
+    burst.insert(5, keyed(5));
+    burst.insert(900, keyed(900));
+    let stored = store.insert_events(&burst).await.unwrap();
+    assert_eq!(stored.len(), 1008, "all but the repeated keyed fact");
+    assert!(stored.windows(2).all(|w| w[0] < w[1]), "ids grow");
+
+    let mut read = Vec::new();
+    let mut after = 0;
+    loop {
+        let query = EventQuery {
+            org_id: Some(org.clone()),
+            after_id: Some(after),
+            limit: 300,
+            ..EventQuery::default()
+        };
+        let page = store.list_events(&query).await.unwrap();
+        let Some(last) = page.last() else { break };
+        after = last.id;
+        read.extend(page);
+    }
+    let messages: Vec<String> = read.iter().map(|e| e.message.clone()).collect();
+    let expected: Vec<String> = (0..1007).map(|n| n.to_string()).collect();
+    assert_eq!(messages, expected, "every pipeline event, in the order given");
+    assert_eq!(read[1006].details, json!({"count": 1006}));
+}
+
 on_both_backends!(|s| Arc::new(s) as Arc<dyn MetadataStore>;
     events_are_numbered_in_order_filtered_by_visibility_and_kept_once_per_key,
+    a_burst_spanning_many_statements_is_stored_whole_and_in_order,
     destinations_keep_the_progress_of_kept_uids_and_start_new_ones_at_the_given_event,
 );
