@@ -415,7 +415,7 @@ mod tests {
             uid: "sk-1".to_owned(),
         };
         let layout = Layout::new(&config, "erc20_token_transfer");
-        let record = br#"{"token_address":"0xA","token_name":"tab\there","token_symbol":"a\\b","from_address":"0x1","raw_amount_str":"1000003","raw_amount":1000003.0,"amount_str":"1.000003","amount":1.25,"transaction_hash":"0xt","transaction_index":-4,"log_index":9223372036854775807,"block_number":30000000,"block_timestamp":"2026-11-21T12:00:00.5+01:00","block_hash":"0xh","note":{"b":[1,"x\ny"],"a":null}}"#;
+        let record = br#"{"token_address":"0xA","token_name":"tab\there","token_symbol":"a\\b","from_address":"0x1","raw_amount_str":"1000003","raw_amount":1000003.0,"amount_str":"1.000003","amount":1.25,"transaction_hash":"0xt","transaction_index":-4,"log_index":9223372036854775807,"block_number":30000000,"block_timestamp":"2026-11-21T12:00:00.5+01:00","block_hash":"0xh","note":{"a":null,"b":[1,"x\ny"]}}"#;
         let super::super::sql::Converted::Row { key, cells } =
             layout.convert(b"0xt:1", record).unwrap()
         else {
