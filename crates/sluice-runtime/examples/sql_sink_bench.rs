@@ -111,6 +111,21 @@ fn tsv_line(out: &mut String, cells: &[Cell], mysql: bool) {
     out.push('\n');
 }
 
+/// The batches of `records`, made before the clock starts: a worker's come out of its
+/// script, whatever the sink; only what the sink does with them is timed.
+fn deliveries(records: Vec<NewRecord>, batch: usize, clock: &dyn Clock) -> Vec<Delivery> {
+    records
+        .chunks(batch)
+        .map(|chunk| Delivery {
+            out: chunk.to_vec(),
+            dead: Vec::new(),
+            logs: Vec::new(),
+            made_at: clock.now(),
+            origins: Vec::new(),
+        })
+        .collect()
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().collect();
@@ -184,19 +199,7 @@ async fn main() -> Result<(), BoxError> {
             .await?;
     }
     let group = format!("deploy.bench-{}", std::process::id());
-    // The deliveries are made before the clock starts: a worker's come out of its script,
-    // whatever the sink; only what the sink does with them is timed.
-    let deliveries: Vec<Delivery> = records
-        .chunks(batch)
-        .map(|chunk| Delivery {
-            out: chunk.to_vec(),
-            dead: Vec::new(),
-            logs: Vec::new(),
-            made_at: clock.now(),
-            origins: Vec::new(),
-        })
-        .collect();
-    drop(records);
+    let deliveries = deliveries(records, batch, clock.as_ref());
     let started = Instant::now();
     let cpu_started = cpu_seconds();
     let mut batches = 0;
