@@ -145,9 +145,7 @@ fn literal(out: &mut String, value: &str) {
 fn value(out: &mut String, cell: &Cell) {
     match cell {
         Cell::Null => out.push_str("NULL"),
-        Cell::Int(n) => {
-            let _ = write!(out, "{n}");
-        }
+        Cell::Int(n) => text::integer(out, *n),
         Cell::Float(f) => {
             let _ = write!(out, "{f:?}");
         }
@@ -265,7 +263,7 @@ impl MySqlBackend {
     }
 
     /// The INSERT statements of `rows`, each under [`STATEMENT_BYTES`].
-    fn inserts(&self, layout: &Layout, rows: &[Row]) -> Result<Vec<String>, SqlError> {
+    fn inserts(&self, layout: &Layout, rows: &[Row<'_>]) -> Result<Vec<String>, SqlError> {
         let columns: Vec<String> = layout.column_names().map(quote).collect();
         let head = format!(
             "INSERT INTO {} ({}) VALUES ",

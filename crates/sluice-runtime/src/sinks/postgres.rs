@@ -101,9 +101,7 @@ fn copy_escape(byte: u8) -> Option<&'static str> {
 fn copy_text(out: &mut String, cell: &Cell) {
     match cell {
         Cell::Null => out.push_str("\\N"),
-        Cell::Int(n) => {
-            let _ = write!(out, "{n}");
-        }
+        Cell::Int(n) => text::integer(out, *n),
         Cell::Float(f) => {
             let _ = write!(out, "{f:?}");
         }
@@ -214,7 +212,7 @@ impl PgBackend {
 
     /// The rows in COPY's text format, a chunk of about [`COPY_CHUNK_BYTES`] at a time: the
     /// next chunk is made while the database reads the last one.
-    fn copy_chunks(rows: &[Row]) -> impl Iterator<Item = String> + '_ {
+    fn copy_chunks<'r>(rows: &'r [Row<'_>]) -> impl Iterator<Item = String> + 'r {
         let mut rest = rows;
         std::iter::from_fn(move || {
             if rest.is_empty() {
@@ -392,7 +390,7 @@ mod tests {
     fn copy_text_escapes_what_copy_reads_specially() {
         let mut out = String::new();
         for cell in [
-            Cell::Text("a\tb\\c\nd".to_owned()),
+            Cell::Text("a\tb\\c\nd".into()),
             Cell::Null,
             Cell::Int(-3),
             Cell::Bool(true),
@@ -405,10 +403,60 @@ mod tests {
     }
 
     #[test]
+    fn copy_rows_of_a_record_are_the_exact_bytes_copy_reads() {
+        let config = SqlSinkConfig {
+            name: "out".to_owned(),
+            connection: "DB".to_owned(),
+            schema: None,
+            table: "transfers".to_owned(),
+            mode: SqlWriteMode::Insert,
+            create_table: true,
+            columns: sluice_core::pipeline::SqlColumns::Auto,
+            uid: "sk-1".to_owned(),
+        };
+        let layout = Layout::new(&config, "erc20_token_transfer");
+        let record = br#"{"token_address":"0xA","token_name":"tab\there","token_symbol":"a\\b","from_address":"0x1","raw_amount_str":"1000003","raw_amount":1000003.0,"amount_str":"1.000003","amount":1.25,"transaction_hash":"0xt","transaction_index":-4,"log_index":9223372036854775807,"block_number":30000000,"block_timestamp":"2026-11-21T12:00:00.5+01:00","block_hash":"0xh","note":{"a":null,"b":[1,"x\ny"]}}"#;
+        let super::super::sql::Converted::Row { key, cells } =
+            layout.convert(b"0xt:1", record).unwrap()
+        else {
+            panic!("a row")
+        };
+        let rows = [(key, cells)];
+        let text: String = PgBackend::copy_chunks(&rows).collect();
+        let names: Vec<&str> = layout.column_names().collect();
+        let got: Vec<(&str, &str)> =
+            names.iter().copied().zip(text.trim_end_matches('\n').split('\t')).collect();
+        let want = [
+            ("key", "0xt:1"),
+            ("token_address", "0xA"),
+            ("token_name", "tab\\there"),
+            ("token_symbol", "a\\\\b"),
+            ("from_address", "0x1"),
+            ("to_address", "\\N"),
+            ("raw_amount_str", "1000003"),
+            ("raw_amount", "1000003.0"),
+            ("amount_str", "1.000003"),
+            ("amount", "1.25"),
+            ("transaction_hash", "0xt"),
+            ("transaction_index", "-4"),
+            ("log_index", "9223372036854775807"),
+            ("block_number", "30000000"),
+            ("block_timestamp", "2026-11-21 11:00:00.500000+00"),
+            ("block_hash", "0xh"),
+            ("extra", r#"{"note":{"a":null,"b":[1,"x\\ny"]}}"#),
+        ];
+        let mut want: Vec<(&str, &str)> = want.to_vec();
+        want.sort_unstable();
+        let mut got = got;
+        got.sort_unstable();
+        assert_eq!(got, want);
+        assert!(text.ends_with('\n') && text.lines().count() == 1, "{text:?}");
+    }
+
+    #[test]
     fn copy_chunks_are_whole_rows_of_about_a_chunk_each_and_miss_none() {
-        let row =
-            |n: usize| (format!("k{n}"), vec![Cell::Text(format!("{n:0>1000}")), Cell::Int(7)]);
-        let rows: Vec<Row> = (0..3000).map(row).collect();
+        let row = |n: usize| ("k", vec![Cell::Text(format!("{n:0>1000}").into()), Cell::Int(7)]);
+        let rows: Vec<Row<'_>> = (0..3000).map(row).collect();
         let chunks: Vec<String> = PgBackend::copy_chunks(&rows).collect();
         assert_eq!(chunks.len(), 3, "3 MB of rows in chunks of 1 MiB");
         assert!(chunks.iter().all(|c| c.ends_with('\n') && c.len() < COPY_CHUNK_BYTES + 2048));

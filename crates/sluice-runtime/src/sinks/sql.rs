@@ -59,12 +59,13 @@ impl SqlError {
     }
 }
 
-/// A row: the record key and the cells, in the layout's column order.
-pub type Row = (String, Vec<Cell>);
+/// A row: the record key and the cells, in the layout's column order, borrowing from the
+/// record where they can.
+pub type Row<'a> = (&'a str, Vec<Cell<'a>>);
 
 /// A batch's records as the sink writes them.
-struct Rows {
-    rows: Vec<Row>,
+struct Rows<'a> {
+    rows: Vec<Row<'a>>,
     /// Block hashes the batch's reorg markers void.
     orphaned: Vec<String>,
     /// Records that cannot be rows, by index in the batch, with the reason.
@@ -74,7 +75,7 @@ struct Rows {
 /// One transaction of a sink.
 #[derive(Debug, Clone, Copy)]
 pub struct Write<'a> {
-    pub rows: &'a [Row],
+    pub rows: &'a [Row<'a>],
     /// Block hashes whose rows are deleted (after the rows are written).
     pub orphaned: &'a [String],
     /// Where the write brings its consumer: `(partition, next offset)` of `source` for
@@ -285,36 +286,31 @@ impl SqlSink {
 
     /// The rows of `records`, the block hashes their markers void, and the records that
     /// cannot be rows.
-    fn rows(&self, records: &[NewRecord]) -> Rows {
+    fn rows<'a>(&self, records: &'a [NewRecord]) -> Rows<'a> {
         let (mut rows, mut orphaned, mut refused) =
             (Vec::with_capacity(records.len()), Vec::new(), Vec::new());
-        let mut hashes: Vec<Option<String>> = Vec::with_capacity(records.len());
         for (index, record) in records.iter().enumerate() {
             match self.layout.convert(&record.key, &record.value) {
-                Ok(Converted::Row { key, cells }) => {
-                    hashes.push(self.row_block_hash(&cells));
-                    rows.push((key, cells));
-                }
+                Ok(Converted::Row { key, cells }) => rows.push((key, cells)),
                 Ok(Converted::Orphaned(hash)) => orphaned.push(hash),
                 Err(reason) => refused.push((index, reason)),
             }
         }
         let mut known = self.orphaned.lock().expect("orphaned set lock is never poisoned");
         known.extend(orphaned.iter().cloned());
-        if !known.is_empty() {
-            let mut hashes = hashes.into_iter();
-            rows.retain(|_| hashes.next().flatten().is_none_or(|hash| !known.contains(&hash)));
+        if let Some(index) = self.block_hash_column().filter(|_| !known.is_empty()) {
+            rows.retain(|(_, cells)| match &cells[index] {
+                Cell::Text(hash) => !known.contains(hash.as_ref()),
+                _ => true,
+            });
         }
         Rows { rows, orphaned, refused }
     }
 
-    fn row_block_hash(&self, cells: &[Cell]) -> Option<String> {
+    /// The index of the column holding a row's block hash, when it has one of its own.
+    fn block_hash_column(&self) -> Option<usize> {
         let Some(BlockHash::Column(name)) = &self.layout.block_hash else { return None };
-        let index = self.layout.columns.iter().position(|c| &c.name == name)?;
-        match &cells[index] {
-            Cell::Text(hash) => Some(hash.clone()),
-            _ => None,
-        }
+        self.layout.columns.iter().position(|c| &c.name == name)
     }
 
     /// The dead letter of a record the sink could not write (the same shape as the other

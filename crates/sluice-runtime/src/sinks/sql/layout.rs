@@ -2,6 +2,7 @@
 //! layout"): the record key, then typed columns (from the stream's schema with `columns:
 //! "auto"`, or the user's mapping), then what else the record carries as JSON.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use chrono::{DateTime, TimeZone, Utc};
@@ -48,18 +49,20 @@ pub struct Column {
     source: Source,
 }
 
-/// One value of a row, already checked against its column's type.
+/// One value of a row, already checked against its column's type. Text is borrowed from
+/// the record's bytes where the record holds it as it is (a JSON string without escapes),
+/// so a row costs no copy of its text before the database's format is written.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Cell {
+pub enum Cell<'a> {
     Null,
     Int(i64),
     Float(f64),
     Bool(bool),
     /// Text, a key, or a decimal number's digits.
-    Text(String),
+    Text(Cow<'a, str>),
     Time(DateTime<Utc>),
     /// A JSON document, serialized.
-    Json(String),
+    Json(Cow<'a, str>),
 }
 
 /// The table a sink writes and how records become its rows.
@@ -79,6 +82,9 @@ pub struct Layout {
     /// Every column reads the key, one top-level field, or the fields left over, of records
     /// without an envelope: [`Layout::convert`] can read the record's fields borrowed.
     flat: bool,
+    /// Of a flat layout: each top-level field with a column, and that column's index, sorted
+    /// by name (a record's fields are found by a binary search, not a scan per column).
+    flat_fields: Vec<(String, usize)>,
 }
 
 /// How a reorg marker finds the rows of its block.
@@ -92,10 +98,10 @@ pub enum BlockHash {
 
 /// What a record is for the sink.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Converted {
+pub enum Converted<'a> {
     Row {
-        key: String,
-        cells: Vec<Cell>,
+        key: &'a str,
+        cells: Vec<Cell<'a>>,
     },
     /// A reorg marker: the rows of this block hash are void.
     Orphaned(String),
@@ -170,8 +176,18 @@ impl Layout {
                 Source::Field(path) => path.len() == 1,
                 Source::Time | Source::Record => false,
             });
+        let mut flat_fields: Vec<(String, usize)> = columns
+            .iter()
+            .enumerate()
+            .filter_map(|(index, c)| match &c.source {
+                Source::Field(path) if path.len() == 1 => Some((path[0].clone(), index)),
+                _ => None,
+            })
+            .collect();
+        flat_fields.sort();
         Self {
             flat,
+            flat_fields,
             schema: config.schema.clone(),
             table: config.table.clone(),
             mode: config.mode,
@@ -194,8 +210,8 @@ impl Layout {
     /// # Errors
     /// Why the record cannot be a row (a value its column's type cannot hold); the record is
     /// dead-lettered with it.
-    pub fn convert(&self, key: &[u8], value: &[u8]) -> Result<Converted, String> {
-        let key = std::str::from_utf8(key).map_err(|_| "the record key is not UTF-8")?.to_owned();
+    pub fn convert<'a>(&self, key: &'a [u8], value: &'a [u8]) -> Result<Converted<'a>, String> {
+        let key = std::str::from_utf8(key).map_err(|_| "the record key is not UTF-8")?;
         if self.flat {
             // The fields borrowed from the record's bytes, each parsed only as far as its
             // column needs; anything else (not an object, a key with escapes, a reorg
@@ -226,7 +242,7 @@ impl Layout {
         let mut cells = Vec::with_capacity(self.columns.len());
         for column in &self.columns {
             let cell = match &column.source {
-                Source::Key => Cell::Text(key.clone()),
+                Source::Key => Cell::Text(Cow::Borrowed(key)),
                 Source::Field(path) => {
                     let found = fields.and_then(|fields| lookup(fields, path));
                     self.cell(column, found.unwrap_or(&Value::Null))?
@@ -235,7 +251,7 @@ impl Layout {
                     .and_then(|top| streams::event_time(&self.entity, top))
                     .map_or(Cell::Null, Cell::Time),
                 Source::Extra => self.extra(top, fields),
-                Source::Record => Cell::Json(json_text(&record)?),
+                Source::Record => Cell::Json(Cow::Owned(json_text(&record)?)),
             };
             cells.push(cell);
         }
@@ -243,19 +259,33 @@ impl Layout {
     }
 
     /// The row of a record whose top-level fields are `fields` ([`Layout::flat`]).
-    fn flat_row(&self, key: String, fields: &[(&str, &RawValue)]) -> Result<Converted, String> {
+    fn flat_row<'a>(
+        &self,
+        key: &'a str,
+        fields: &[(&'a str, &'a RawValue)],
+    ) -> Result<Converted<'a>, String> {
+        // Each column's field, the last of its name winning (as a parse into a map keeps).
+        let mut found: Vec<Option<&'a RawValue>> = vec![None; self.columns.len()];
+        let mut uncovered = false;
+        for (name, raw) in fields {
+            match self.flat_column(name) {
+                Some(index) => found[index] = Some(raw),
+                None => uncovered = true,
+            }
+        }
         let mut cells = Vec::with_capacity(self.columns.len());
-        for column in &self.columns {
+        for (column, found) in self.columns.iter().zip(found) {
             let cell = match &column.source {
-                Source::Key => Cell::Text(key.clone()),
-                Source::Field(path) => match field(fields, &path[0]) {
+                Source::Key => Cell::Text(Cow::Borrowed(key)),
+                Source::Field(_) => match found {
                     Some(raw) => self.raw_cell(column, raw)?,
                     None => Cell::Null,
                 },
+                Source::Extra if !uncovered => Cell::Null,
                 Source::Extra => {
                     let mut extra = Map::new();
                     for (name, raw) in
-                        fields.iter().filter(|(name, _)| !self.covered.contains(*name))
+                        fields.iter().filter(|(name, _)| self.flat_column(name).is_none())
                     {
                         extra.insert((*name).to_owned(), parse(raw)?);
                     }
@@ -268,18 +298,25 @@ impl Layout {
         Ok(Converted::Row { key, cells })
     }
 
+    /// The index of the column of top-level field `name`, in a flat layout.
+    fn flat_column(&self, name: &str) -> Option<usize> {
+        self.flat_fields
+            .binary_search_by(|(field, _)| field.as_str().cmp(name))
+            .ok()
+            .map(|at| self.flat_fields[at].1)
+    }
+
     /// [`Layout::cell`] of a value still in its JSON text: strings, integers, floats and
     /// booleans read straight from it, the rest parsed first.
-    fn raw_cell(&self, column: &Column, raw: &RawValue) -> Result<Cell, String> {
+    fn raw_cell<'a>(&self, column: &Column, raw: &'a RawValue) -> Result<Cell<'a>, String> {
         let text = raw.get();
         let quoted = text.starts_with('"');
         let fast = match column.ty {
-            ColumnType::Key | ColumnType::Text if quoted => {
-                borrowed_str(text).map(|s| plain_text(s, &column.name).map(Cell::Text))
-            }
+            ColumnType::Key | ColumnType::Text if quoted => borrowed_str(text)
+                .map(|s| plain_text(s, &column.name).map(|s| Cell::Text(Cow::Borrowed(s)))),
             ColumnType::Numeric if quoted => borrowed_str(text).map(|s| {
                 if is_decimal(s) {
-                    Ok(Cell::Text(s.to_owned()))
+                    Ok(Cell::Text(Cow::Borrowed(s)))
                 } else {
                     self.cell(column, &Value::String(s.to_owned()))
                 }
@@ -287,9 +324,8 @@ impl Layout {
             ColumnType::Double if !quoted => {
                 serde_json::from_str::<f64>(text).ok().map(|n| Ok(Cell::Float(n)))
             }
-            ColumnType::BigInt if !quoted => {
-                serde_json::from_str::<i64>(text).ok().map(|n| Ok(Cell::Int(n)))
-            }
+            // A JSON integer is what `i64`'s parser reads (no sign `+`, no leading zeros).
+            ColumnType::BigInt if !quoted => text.parse::<i64>().ok().map(|n| Ok(Cell::Int(n))),
             ColumnType::Timestamp if quoted => borrowed_str(text)
                 .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
                 .map(|at| Ok(Cell::Time(at.to_utc()))),
@@ -305,7 +341,11 @@ impl Layout {
     }
 
     /// The fields without a column of their own, as one object (NULL when there are none).
-    fn extra(&self, top: Option<&Map<String, Value>>, fields: Option<&Map<String, Value>>) -> Cell {
+    fn extra(
+        &self,
+        top: Option<&Map<String, Value>>,
+        fields: Option<&Map<String, Value>>,
+    ) -> Cell<'static> {
         let mut extra = Map::new();
         if let Some(fields) = fields {
             for (name, value) in fields {
@@ -327,7 +367,7 @@ impl Layout {
         extra_cell(extra)
     }
 
-    fn cell(&self, column: &Column, value: &Value) -> Result<Cell, String> {
+    fn cell(&self, column: &Column, value: &Value) -> Result<Cell<'static>, String> {
         let wrong = |what: &str| {
             Err(format!("field for column '{}' is {}, expected {what}", column.name, kind(value)))
         };
@@ -336,8 +376,10 @@ impl Layout {
         }
         match column.ty {
             ColumnType::Key | ColumnType::Text => match value {
-                Value::String(text) => plain_text(text, &column.name).map(Cell::Text),
-                other => json_text(other).map(Cell::Text),
+                Value::String(text) => {
+                    plain_text(text, &column.name).map(|s| Cell::Text(Cow::Owned(s.to_owned())))
+                }
+                other => json_text(other).map(|s| Cell::Text(Cow::Owned(s))),
             },
             ColumnType::BigInt => match value {
                 Value::Number(n) if n.is_i64() => Ok(Cell::Int(n.as_i64().unwrap_or_default())),
@@ -365,23 +407,27 @@ impl Layout {
                     Value::Number(n) => n.to_string(),
                     _ => return wrong("a decimal number"),
                 };
-                if is_decimal(&text) { Ok(Cell::Text(text)) } else { wrong("a decimal number") }
+                if is_decimal(&text) {
+                    Ok(Cell::Text(Cow::Owned(text)))
+                } else {
+                    wrong("a decimal number")
+                }
             }
             ColumnType::Timestamp => match streams_time(value, self.time_unit) {
                 Some(at) => Ok(Cell::Time(at)),
                 None => wrong("an RFC 3339 time or a Unix time"),
             },
-            ColumnType::Json => json_text(value).map(Cell::Json),
+            ColumnType::Json => json_text(value).map(|s| Cell::Json(Cow::Owned(s))),
         }
     }
 }
 
 /// The `extra` column of the fields left over: NULL when there are none.
-fn extra_cell(extra: Map<String, Value>) -> Cell {
+fn extra_cell(extra: Map<String, Value>) -> Cell<'static> {
     if extra.is_empty() {
         return Cell::Null;
     }
-    json_text(&Value::Object(extra)).map_or(Cell::Null, Cell::Json)
+    json_text(&Value::Object(extra)).map_or(Cell::Null, |s| Cell::Json(Cow::Owned(s)))
 }
 
 /// A record's top-level fields, borrowed from its bytes, in the order they came.
@@ -412,9 +458,12 @@ fn field<'a>(fields: &[(&str, &'a RawValue)], name: &str) -> Option<&'a RawValue
     fields.iter().rev().find(|(field, _)| *field == name).map(|(_, raw)| *raw)
 }
 
-/// A JSON string without escapes, borrowed; `None` for any other text.
+/// A JSON string without escapes, borrowed; `None` for any other text. `text` is a value
+/// the record's parse cut out, checked already: between its quotes, without a backslash
+/// (and without a control character, which the parse refuses too), is the string itself.
 fn borrowed_str(text: &str) -> Option<&str> {
-    serde_json::from_str::<&str>(text).ok()
+    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
+    inner.bytes().all(|b| b != b'\\' && b >= 0x20).then_some(inner)
 }
 
 fn parse(raw: &RawValue) -> Result<Value, String> {
@@ -460,11 +509,11 @@ fn streams_time(value: &Value, unit: TimeUnit) -> Option<DateTime<Utc>> {
 }
 
 /// Text no database refuses: without NUL (neither PostgreSQL's text nor its jsonb holds one).
-fn plain_text(text: &str, column: &str) -> Result<String, String> {
+fn plain_text<'t>(text: &'t str, column: &str) -> Result<&'t str, String> {
     if text.contains('\0') {
         return Err(format!("field for column '{column}' holds a NUL character"));
     }
-    Ok(text.to_owned())
+    Ok(text)
 }
 
 fn json_text(value: &Value) -> Result<String, String> {
@@ -520,17 +569,17 @@ mod tests {
         assert_eq!(ty("token_address"), ColumnType::Text);
         let record = json!({"block_number": 7, "block_timestamp": "2026-11-21T12:00:00Z",
             "raw_amount_str": "1000000", "seen_by": "sluice"});
-        let Converted::Row { key, cells } =
-            layout.convert(b"0xab:1", record.to_string().as_bytes()).unwrap()
+        let record = record.to_string();
+        let Converted::Row { key, cells } = layout.convert(b"0xab:1", record.as_bytes()).unwrap()
         else {
             panic!("a row")
         };
         assert_eq!(key, "0xab:1");
         let cell = |name: &str| &cells[names.iter().position(|n| *n == name).unwrap()];
         assert_eq!(cell("block_number"), &Cell::Int(7));
-        assert_eq!(cell("raw_amount_str"), &Cell::Text("1000000".to_owned()));
+        assert_eq!(cell("raw_amount_str"), &Cell::Text("1000000".into()));
         assert_eq!(cell("token_name"), &Cell::Null);
-        assert_eq!(cell("extra"), &Cell::Json(r#"{"seen_by":"sluice"}"#.to_owned()));
+        assert_eq!(cell("extra"), &Cell::Json(r#"{"seen_by":"sluice"}"#.into()));
         let bad = json!({"block_number": "seven"});
         let error = layout.convert(b"k", bad.to_string().as_bytes()).unwrap_err();
         assert!(error.contains("block_number"), "{error}");
@@ -540,7 +589,8 @@ mod tests {
     fn reorg_markers_name_their_block_and_unknown_entities_keep_the_record() {
         let layout = Layout::new(&config(SqlColumns::Auto), "log");
         let marker = json!({"reorg": true, "block_hash": "0xdead", "block_number": 3});
-        let converted = layout.convert(b"k", marker.to_string().as_bytes()).unwrap();
+        let marker = marker.to_string();
+        let converted = layout.convert(b"k", marker.as_bytes()).unwrap();
         assert_eq!(converted, Converted::Orphaned("0xdead".to_owned()));
         let layout = Layout::new(&config(SqlColumns::Auto), "not_an_entity");
         assert_eq!(layout.column_names().collect::<Vec<_>>(), ["key", "time", "record"]);

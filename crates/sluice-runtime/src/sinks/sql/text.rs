@@ -18,6 +18,26 @@ pub fn escaped(out: &mut String, text: &str, escape: impl Fn(u8) -> Option<&'sta
     out.push_str(&text[start..]);
 }
 
+/// Appends `n` in decimal, as `Display` writes it, without the formatting machinery (two
+/// integers a row, on every row of a transfer).
+pub fn integer(out: &mut String, n: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push('-');
+    }
+    out.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
+}
+
 /// Appends `at` as `YYYY-MM-DD HH:MM:SS.ffffff` (UTC, microseconds), what both databases
 /// read for a timestamp; years outside 0–9999 go through chrono's formatter.
 pub fn time(out: &mut String, at: &DateTime<Utc>) {
@@ -65,6 +85,18 @@ mod tests {
         escaped(&mut out, "", tabs);
         escaped(&mut out, "plain", tabs);
         assert_eq!(out, "plain");
+    }
+
+    #[test]
+    fn integers_are_written_as_display_writes_them() {
+        for n in [0, 7, -7, 10, 1_000_003, -30_000_000, i64::MAX, i64::MIN] {
+            let mut out = String::from("|");
+            integer(&mut out, n);
+            assert_eq!(out, format!("|{n}"));
+        }
+        let mut out = String::new();
+        integer(&mut out, i64::MIN);
+        assert_eq!(out, "-9223372036854775808");
     }
 
     #[test]
