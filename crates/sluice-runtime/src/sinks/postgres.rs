@@ -404,16 +404,8 @@ mod tests {
 
     #[test]
     fn copy_rows_of_a_record_are_the_exact_bytes_copy_reads() {
-        let config = SqlSinkConfig {
-            name: "out".to_owned(),
-            connection: "DB".to_owned(),
-            schema: None,
-            table: "transfers".to_owned(),
-            mode: SqlWriteMode::Insert,
-            create_table: true,
-            columns: sluice_core::pipeline::SqlColumns::Auto,
-            uid: "sk-1".to_owned(),
-        };
+        let config =
+            super::super::sql::layout::tests::config(sluice_core::pipeline::SqlColumns::Auto);
         let layout = Layout::new(&config, "erc20_token_transfer");
         let record = br#"{"token_address":"0xA","token_name":"tab\there","token_symbol":"a\\b","from_address":"0x1","raw_amount_str":"1000003","raw_amount":1000003.0,"amount_str":"1.000003","amount":1.25,"transaction_hash":"0xt","transaction_index":-4,"log_index":9223372036854775807,"block_number":30000000,"block_timestamp":"2026-11-21T12:00:00.5+01:00","block_hash":"0xh","note":{"a":null,"b":[1,"x\ny"]}}"#;
         let super::super::sql::Converted::Row { key, cells } =

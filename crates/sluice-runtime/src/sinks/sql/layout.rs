@@ -537,12 +537,13 @@ fn is_decimal(text: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
     use sluice_core::pipeline::SqlColumns;
 
-    fn config(columns: SqlColumns) -> SqlSinkConfig {
+    /// A SQL sink of the table `transfers`, inserting, with `columns`.
+    pub(crate) fn config(columns: SqlColumns) -> SqlSinkConfig {
         SqlSinkConfig {
             name: "out".to_owned(),
             connection: "DB".to_owned(),
