@@ -21,21 +21,7 @@ pub fn escaped(out: &mut String, text: &str, escape: impl Fn(u8) -> Option<&'sta
 /// Appends `n` in decimal, as `Display` writes it, without the formatting machinery (two
 /// integers a row, on every row of a transfer).
 pub fn integer(out: &mut String, n: i64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut rest = n.unsigned_abs();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    if n < 0 {
-        out.push('-');
-    }
-    out.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// Appends `at` as `YYYY-MM-DD HH:MM:SS.ffffff` (UTC, microseconds), what both databases
