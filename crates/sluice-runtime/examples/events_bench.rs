@@ -37,6 +37,9 @@
 //!
 //! Prints one JSON line per measurement.
 
+#[path = "common/cpu.rs"]
+mod cpu;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,6 +55,8 @@ use sluice_core::streams::StreamRecord;
 use sluice_runtime::events::{EventSettings, Recorder};
 use sluice_runtime::{Counters, Runtime, RuntimeSettings};
 use sluice_store::{EventQuery, MetadataStore, SqliteStore};
+
+use self::cpu::process_cpu_secs;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -135,19 +140,6 @@ fn args() -> Args {
         }
     }
     args
-}
-
-/// CPU time this process has used so far, every thread (user + system), from
-/// `/proc/self/stat`; Linux reports it in clock ticks of 1/100 s (`USER_HZ`).
-fn process_cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat is readable");
-    // The command name (field 2) may hold spaces; the fields after it follow its ')'.
-    let after = &stat[stat.rfind(')').expect("/proc/self/stat has the command in parentheses")..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // After ')': state is field 3, so utime (14) and stime (15) are at 11 and 12.
-    let ticks: u64 =
-        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    ticks as f64 / 100.0
 }
 
 /// Asks callgrind to dump its counters (and start counting afresh), named `hint`; waits

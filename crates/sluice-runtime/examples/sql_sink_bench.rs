@@ -14,6 +14,9 @@
 //! own share of the wall time; the rest is waiting on the database), and the time making the
 //! records rows once, alone (the part of that CPU that is conversion).
 
+#[path = "common/cpu.rs"]
+mod cpu;
+
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::sync::Arc;
@@ -55,18 +58,6 @@ fn record(n: u64) -> (Vec<u8>, Vec<u8>) {
         "block_hash": format!("0x{:064x}", 30_000_000 + n / 100),
     });
     (format!("0x{n:064x}:{}", n % 10).into_bytes(), value.to_string().into_bytes())
-}
-
-/// The CPU time this process has used (user and system, every thread), from
-/// `/proc/self/stat` in clock ticks of 10 ms; 0 where there is no procfs.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command name (in parentheses, which may hold spaces): utime and
-    // stime are the 12th and 13th of them.
-    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let ticks: u64 =
-        rest.split_whitespace().skip(11).take(2).filter_map(|t| t.parse::<u64>().ok()).sum();
-    ticks as f64 / 100.0
 }
 
 /// One row as a line of a bulk loader's tab-separated input.
@@ -201,7 +192,7 @@ async fn main() -> Result<(), BoxError> {
     let group = format!("deploy.bench-{}", std::process::id());
     let deliveries = deliveries(records, batch, clock.as_ref());
     let started = Instant::now();
-    let cpu_started = cpu_seconds();
+    let cpu_started = cpu::process_cpu_secs();
     let mut batches = 0;
     for (index, delivery) in deliveries.iter().enumerate() {
         // Eight partitions, as a size-S worker reads them.
@@ -212,7 +203,7 @@ async fn main() -> Result<(), BoxError> {
         batches += 1;
     }
     let seconds = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds() - cpu_started;
+    let cpu = cpu::process_cpu_secs() - cpu_started;
     sink.close().await;
     println!(
         "{}",

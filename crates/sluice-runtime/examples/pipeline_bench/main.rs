@@ -36,6 +36,8 @@
 //! This file holds the arguments, the setup and the throughput phase; the latency phase is in
 //! `latency.rs`, the external sinks in `sinks.rs`, the record generator in `records.rs`.
 
+#[path = "../common/cpu.rs"]
+mod cpu;
 mod latency;
 mod records;
 mod sinks;
@@ -54,6 +56,7 @@ use sluice_core::streams::StreamRecord;
 use sluice_runtime::{Counters, Runtime, RuntimeSettings};
 use sluice_store::{MetadataStore, SqliteStore};
 
+use self::cpu::process_cpu_secs;
 use self::latency::latency;
 use self::records::{Generator, SplitMix};
 use self::sinks::external_sink;
@@ -81,8 +84,6 @@ const SAMPLE_SIZE: usize = 10_000;
 const OTHER_TOKENS: usize = 2_000;
 /// Interval between appends in the latency phase.
 const LATENCY_TICK: Duration = Duration::from_millis(10);
-/// `/proc/self/stat` counts CPU time in clock ticks; 100 per second on the Linux we run on.
-const CLOCK_TICKS_PER_SEC: f64 = 100.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -537,16 +538,6 @@ async fn throughput(
 
 async fn total_end(log: &dyn StreamLog, topic: &str) -> Result<u64, BoxError> {
     Ok(log.offsets(topic).await?.iter().map(|range| range.end).sum())
-}
-
-/// User + system CPU time of the whole process (every thread), in seconds.
-fn process_cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks = |index: usize| fields.get(index).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-    (ticks(11) + ticks(12)) as f64 / CLOCK_TICKS_PER_SEC
 }
 
 fn report(line: serde_json::Value, readable: &[String]) {
