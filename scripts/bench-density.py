@@ -113,6 +113,37 @@ def peak_rss_mib(pid):
     return None
 
 
+class RssTimeline:
+    """The node's resident memory sampled every `every` seconds on a thread of its own, with
+    how many records the sinks hold by then (one /metrics read per sample): which phase of
+    a drain the memory grows in."""
+
+    def __init__(self, node, every):
+        self.node, self.every, self.samples = node, every, []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.started = time.time()
+        self.thread.start()
+
+    def run(self):
+        while not self.stopped.is_set():
+            try:
+                _, rss = threads_and_rss(self.node.pid)
+                faults = minor_faults(self.node.pid)
+                sent = sum(delivered_counts(self.node).values())
+            except OSError:  # the node is gone (a drain that timed out)
+                return
+            self.samples.append((time.time() - self.started, rss / 2**20, sent, faults))
+            self.stopped.wait(self.every)
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join()
+        first_faults = self.samples[0][3] if self.samples else 0
+        return "; ".join("%.1fs %.0fMiB %d sent %dk faults" % (at, rss, sent, (faults - first_faults) // 1000)
+                         for at, rss, sent, faults in self.samples)
+
+
 def threads_and_rss(pid):
     threads, rss = None, None
     with open("/proc/%d/status" % pid) as f:
@@ -434,6 +465,7 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
         faults = minor_faults(node.pid)
         broker_cpu = cpu_seconds(broker.process.pid) if broker else None
         profile = start_profile(tag, node, broker)
+        timeline = RssTimeline(node, args.rss_every) if args.rss_every else None
         started = time.time()
         # Resumed `--resume-concurrency` at a time (a restarted node resumes 16 at a time;
         # 1 is an operator resuming them one after another).
@@ -474,6 +506,8 @@ def drain(args, binary, label, log, filters, bodies, records, repeat=1):
             time.sleep(0.1)
         wall = time.time() - started
         stop_profile(profile)
+        if timeline:
+            print("  [%s] RSS timeline: %s" % (tag, timeline.stop()), flush=True)
         node_cpu = cpu_seconds(node.pid) - node_cpu
         faults = minor_faults(node.pid) - faults
         # Rounds (batches through the transforms, each a delivery and a commit) per pipeline:
@@ -604,6 +638,8 @@ def main():
     parser.add_argument("--done-by", choices=("metrics", "sinks"), default="metrics",
                         help="throughput mode: how the drain's end is seen: each pipeline's "
                              "delivered count in /metrics (default), or reading the sinks")
+    parser.add_argument("--rss-every", type=float, default=0,
+                        help="seconds between samples of the node's RSS during each drain (0: none)")
     parser.add_argument("--modes", default="density,throughput")
     args = parser.parse_args()
     if args.kafka_pipelines is None:

@@ -21,9 +21,10 @@ use super::sql::{
 };
 
 const MAX_CONNECTIONS: u32 = 8;
-/// Largest INSERT statement sent (MySQL's `max_allowed_packet` is 16 MiB or more by default
-/// on MariaDB 10.11 and MySQL 8).
-const STATEMENT_BYTES: usize = 4 << 20;
+/// The size an INSERT statement is cut at (MySQL's `max_allowed_packet` is 16 MiB or more
+/// by default on MariaDB 10.11 and MySQL 8): small enough that a whole statement is in the
+/// socket's buffers at once, so the database runs it while the next is made.
+const STATEMENT_BYTES: usize = 1 << 18;
 /// Longest key a row can have (the key column is `VARCHAR(255)`, indexable in `upsert` mode).
 const MAX_KEY_CHARS: usize = 255;
 
@@ -262,8 +263,13 @@ impl MySqlBackend {
         Ok(())
     }
 
-    /// The INSERT statements of `rows`, each under [`STATEMENT_BYTES`].
-    fn inserts(&self, layout: &Layout, rows: &[Row<'_>]) -> Result<Vec<String>, SqlError> {
+    /// The INSERT statements of `rows`, each of about [`STATEMENT_BYTES`], made one at a
+    /// time as they are taken (the next one while the database runs the last).
+    fn inserts<'r>(
+        &self,
+        layout: &Layout,
+        mut rows: impl Iterator<Item = Row<'r>>,
+    ) -> impl Iterator<Item = Result<String, SqlError>> {
         let columns: Vec<String> = layout.column_names().map(quote).collect();
         let head = format!(
             "INSERT INTO {} ({}) VALUES ",
@@ -281,39 +287,38 @@ impl MySqlBackend {
         } else {
             String::new()
         };
-        let mut statements = Vec::new();
-        let mut sql = head.clone();
-        let mut in_statement = 0;
-        for (key, cells) in rows {
-            if key.chars().count() > MAX_KEY_CHARS {
-                return Err(SqlError {
-                    message: format!("record key longer than {MAX_KEY_CHARS} characters"),
-                    fault: Fault::Data,
-                });
-            }
-            if in_statement > 0 {
-                sql.push(',');
-            }
-            sql.push('(');
-            for (index, cell) in cells.iter().enumerate() {
-                if index > 0 {
+        std::iter::from_fn(move || {
+            let mut sql = String::new();
+            for (key, cells) in rows.by_ref() {
+                if key.chars().count() > MAX_KEY_CHARS {
+                    return Some(Err(SqlError {
+                        message: format!("record key longer than {MAX_KEY_CHARS} characters"),
+                        fault: Fault::Data,
+                    }));
+                }
+                if sql.is_empty() {
+                    sql.reserve(STATEMENT_BYTES + 4096);
+                    sql.push_str(&head);
+                } else {
                     sql.push(',');
                 }
-                value(&mut sql, cell);
+                sql.push('(');
+                for (index, cell) in cells.iter().enumerate() {
+                    if index > 0 {
+                        sql.push(',');
+                    }
+                    value(&mut sql, cell);
+                }
+                sql.push(')');
+                if sql.len() >= STATEMENT_BYTES {
+                    break;
+                }
             }
-            sql.push(')');
-            in_statement += 1;
-            if sql.len() >= STATEMENT_BYTES {
+            (!sql.is_empty()).then(|| {
                 sql.push_str(&tail);
-                statements.push(std::mem::replace(&mut sql, head.clone()));
-                in_statement = 0;
-            }
-        }
-        if in_statement > 0 {
-            sql.push_str(&tail);
-            statements.push(sql);
-        }
-        Ok(statements)
+                Ok(sql)
+            })
+        })
     }
 }
 
@@ -348,7 +353,6 @@ impl SqlBackend for MySqlBackend {
 
     async fn write(&self, layout: &Layout, write: Write<'_>) -> Result<Written, SqlError> {
         let fail = |e: sqlx::Error| classify(&e);
-        let statements = self.inserts(layout, write.rows)?;
         let position = write.position;
         let offsets = self.qualified(layout, OFFSETS_TABLE);
         let mut text = String::new();
@@ -371,10 +375,18 @@ impl SqlBackend for MySqlBackend {
         if already_applied(&stored, position.offsets) {
             return Ok(Written::AlreadyApplied);
         }
-        for statement in &statements {
-            (&mut *tx).execute(statement.as_str()).await.map_err(fail)?;
+        let mut statements = self.inserts(layout, write.rows.rows());
+        let mut next = statements.next().transpose()?;
+        while let Some(statement) = next {
+            // The next statement is made while the database runs this one.
+            let (done, made) = tokio::join!((&mut *tx).execute(statement.as_str()), async {
+                statements.next().transpose()
+            });
+            done.map_err(fail)?;
+            next = made?;
         }
-        if !write.orphaned.is_empty() {
+        let orphaned = write.rows.orphaned();
+        if !orphaned.is_empty() {
             let table = self.qualified(layout, &layout.table);
             let by = match &layout.block_hash {
                 Some(BlockHash::Column(column)) => quote(column),
@@ -385,7 +397,7 @@ impl SqlBackend for MySqlBackend {
             };
             if !by.is_empty() {
                 let mut hashes = String::new();
-                for (index, hash) in write.orphaned.iter().enumerate() {
+                for (index, hash) in orphaned.iter().enumerate() {
                     if index > 0 {
                         hashes.push(',');
                     }

@@ -19,7 +19,7 @@ use super::sql::{
 /// Connections a sink keeps: one per worker of the largest pod size.
 const MAX_CONNECTIONS: u32 = 8;
 /// Rows sent to `COPY` per message.
-const COPY_CHUNK_BYTES: usize = 1 << 20;
+const COPY_CHUNK_BYTES: usize = 1 << 18;
 
 #[derive(Debug)]
 pub struct PgBackend {
@@ -211,16 +211,17 @@ impl PgBackend {
     }
 
     /// The rows in COPY's text format, a chunk of about [`COPY_CHUNK_BYTES`] at a time: the
-    /// next chunk is made while the database reads the last one.
-    fn copy_chunks<'r>(rows: &'r [Row<'_>]) -> impl Iterator<Item = String> + 'r {
-        let mut rest = rows;
+    /// next chunk's rows are made (converted from their records, then written) while the
+    /// database reads the last one.
+    fn copy_chunks<'r>(
+        mut rows: impl Iterator<Item = Row<'r>> + 'r,
+    ) -> impl Iterator<Item = String> + 'r {
         std::iter::from_fn(move || {
-            if rest.is_empty() {
-                return None;
-            }
-            let mut out = String::with_capacity(COPY_CHUNK_BYTES + 4096);
-            let mut used = 0;
-            for (_, cells) in rest {
+            let mut out = String::new();
+            for (_, cells) in rows.by_ref() {
+                if out.is_empty() {
+                    out.reserve(COPY_CHUNK_BYTES + 4096);
+                }
                 for (index, cell) in cells.iter().enumerate() {
                     if index > 0 {
                         out.push('\t');
@@ -228,14 +229,33 @@ impl PgBackend {
                     copy_text(&mut out, cell);
                 }
                 out.push('\n');
-                used += 1;
                 if out.len() >= COPY_CHUNK_BYTES {
                     break;
                 }
             }
-            rest = &rest[used..];
-            Some(out)
+            (!out.is_empty()).then_some(out)
         })
+    }
+
+    /// Deletes the rows of the blocks `orphaned` names (reorg markers' block hashes).
+    async fn delete_orphaned(
+        tx: &mut PgConnection,
+        layout: &Layout,
+        table: &str,
+        orphaned: &[String],
+    ) -> Result<(), sqlx::Error> {
+        let by = match &layout.block_hash {
+            Some(BlockHash::Column(column)) => quote(column),
+            Some(BlockHash::InJson(column)) => format!("({} ->> 'block_hash')", quote(column)),
+            None => return Ok(()),
+        };
+        if !orphaned.is_empty() {
+            sqlx::query(&format!("DELETE FROM {table} WHERE {by} = ANY($1)"))
+                .bind(orphaned)
+                .execute(tx)
+                .await?;
+        }
+        Ok(())
     }
 }
 
@@ -295,7 +315,7 @@ impl SqlBackend for PgBackend {
         let table = qualified(layout, &layout.table);
         let columns: Vec<String> = layout.column_names().map(quote).collect();
         let columns = columns.join(", ");
-        if !write.rows.is_empty() {
+        if write.rows.may_have_rows() {
             let upsert = layout.mode == SqlWriteMode::Upsert;
             let target = if upsert {
                 // Rows of one key: the last one wins (ON CONFLICT cannot touch a row twice).
@@ -319,7 +339,7 @@ impl SqlBackend for PgBackend {
                 .copy_in_raw(&format!("COPY {target} ({columns}) FROM STDIN"))
                 .await
                 .map_err(fail)?;
-            for chunk in Self::copy_chunks(write.rows) {
+            for chunk in Self::copy_chunks(write.rows.rows()) {
                 copy.send(chunk.into_bytes()).await.map_err(fail)?;
             }
             copy.finish().await.map_err(fail)?;
@@ -343,20 +363,9 @@ impl SqlBackend for PgBackend {
                 .map_err(fail)?;
             }
         }
-        if !write.orphaned.is_empty() {
-            let by = match &layout.block_hash {
-                Some(BlockHash::Column(column)) => quote(column),
-                Some(BlockHash::InJson(column)) => format!("({} ->> 'block_hash')", quote(column)),
-                None => String::new(),
-            };
-            if !by.is_empty() {
-                sqlx::query(&format!("DELETE FROM {table} WHERE {by} = ANY($1)"))
-                    .bind(write.orphaned)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(fail)?;
-            }
-        }
+        Self::delete_orphaned(&mut tx, layout, &table, write.rows.orphaned())
+            .await
+            .map_err(fail)?;
         sqlx::query(&format!(
             "INSERT INTO {offsets} (consumer, source, part, next_offset, updated_at) \
              SELECT $1, $2, p, n, now() FROM unnest($3::int[], $4::bigint[]) AS t(p, n) \
@@ -414,7 +423,7 @@ mod tests {
             panic!("a row")
         };
         let rows = [(key, cells)];
-        let text: String = PgBackend::copy_chunks(&rows).collect();
+        let text: String = PgBackend::copy_chunks(rows.iter().cloned()).collect();
         let names: Vec<&str> = layout.column_names().collect();
         let got: Vec<(&str, &str)> =
             names.iter().copied().zip(text.trim_end_matches('\n').split('\t')).collect();
@@ -447,14 +456,18 @@ mod tests {
 
     #[test]
     fn copy_chunks_are_whole_rows_of_about_a_chunk_each_and_miss_none() {
+        // Rows of 1,003 bytes ("000…0\t7\n"): a chunk is cut at the row that reaches
+        // COPY_CHUNK_BYTES, so three chunks hold exactly `3 * per_chunk` rows.
         let row = |n: usize| ("k", vec![Cell::Text(format!("{n:0>1000}").into()), Cell::Int(7)]);
-        let rows: Vec<Row<'_>> = (0..3000).map(row).collect();
-        let chunks: Vec<String> = PgBackend::copy_chunks(&rows).collect();
-        assert_eq!(chunks.len(), 3, "3 MB of rows in chunks of 1 MiB");
+        let per_chunk = COPY_CHUNK_BYTES.div_ceil(1003);
+        let rows: Vec<Row<'_>> = (0..3 * per_chunk + 1).map(row).collect();
+        let chunks: Vec<String> = PgBackend::copy_chunks(rows.iter().cloned()).collect();
+        assert_eq!(chunks.len(), 4, "three full chunks and one row");
         assert!(chunks.iter().all(|c| c.ends_with('\n') && c.len() < COPY_CHUNK_BYTES + 2048));
+        assert_eq!(chunks[3].len(), 1003);
         let lines: Vec<&str> = chunks.iter().flat_map(|c| c.lines()).collect();
         assert_eq!(lines.len(), rows.len());
-        assert_eq!(lines[2999], format!("{:0>1000}\t7", 2999));
-        assert_eq!(PgBackend::copy_chunks(&[]).count(), 0);
+        assert_eq!(lines[3 * per_chunk], format!("{:0>1000}\t7", 3 * per_chunk));
+        assert_eq!(PgBackend::copy_chunks(std::iter::empty()).count(), 0);
     }
 }

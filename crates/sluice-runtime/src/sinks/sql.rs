@@ -14,6 +14,7 @@
 //! What differs between the databases is a [`SqlBackend`]: [`super::postgres`] and
 //! [`super::mysql`].
 
+pub mod batch;
 pub mod layout;
 pub mod text;
 
@@ -28,6 +29,7 @@ use tokio::sync::OnceCell;
 use super::external::{Batch, Sent, Transport, TransportError};
 use super::{Settle, Sink, SinkBuildError, SinkConnection, SinkError};
 use crate::delivery::{Delivery, SideTopics};
+pub use batch::BatchRows;
 pub use layout::{BlockHash, Cell, ColumnType, Converted, Layout};
 
 /// The table of positions, in the sink's schema (database).
@@ -63,21 +65,12 @@ impl SqlError {
 /// record where they can.
 pub type Row<'a> = (&'a str, Vec<Cell<'a>>);
 
-/// A batch's records as the sink writes them.
-struct Rows<'a> {
-    rows: Vec<Row<'a>>,
-    /// Block hashes the batch's reorg markers void.
-    orphaned: Vec<String>,
-    /// Records that cannot be rows, by index in the batch, with the reason.
-    refused: Vec<(usize, String)>,
-}
-
 /// One transaction of a sink.
 #[derive(Debug, Clone, Copy)]
 pub struct Write<'a> {
-    pub rows: &'a [Row<'a>],
-    /// Block hashes whose rows are deleted (after the rows are written).
-    pub orphaned: &'a [String],
+    /// The rows, made as they are taken; [`BatchRows::orphaned`] are the block hashes whose
+    /// rows are deleted (after the rows are written).
+    pub rows: &'a BatchRows<'a>,
     /// Where the write brings its consumer: `(partition, next offset)` of `source` for
     /// consumer `group`, stored in the same transaction.
     pub position: Settle<'a>,
@@ -244,7 +237,7 @@ pub struct SqlSink {
     prepared: OnceCell<()>,
     /// Block hashes reorg markers voided since the sink started: rows of those blocks that
     /// arrive later (from a partition read behind the marker's) are not written.
-    orphaned: Mutex<HashSet<String>>,
+    voided: Mutex<Arc<HashSet<String>>>,
 }
 
 impl SqlSink {
@@ -260,7 +253,7 @@ impl SqlSink {
             config,
             backend,
             prepared: OnceCell::new(),
-            orphaned: Mutex::new(HashSet::new()),
+            voided: Mutex::new(Arc::new(HashSet::new())),
         }
     }
 
@@ -284,33 +277,9 @@ impl SqlSink {
             .map(|_| ())
     }
 
-    /// The rows of `records`, the block hashes their markers void, and the records that
-    /// cannot be rows.
-    fn rows<'a>(&self, records: &'a [NewRecord]) -> Rows<'a> {
-        let (mut rows, mut orphaned, mut refused) =
-            (Vec::with_capacity(records.len()), Vec::new(), Vec::new());
-        for (index, record) in records.iter().enumerate() {
-            match self.layout.convert(&record.key, &record.value) {
-                Ok(Converted::Row { key, cells }) => rows.push((key, cells)),
-                Ok(Converted::Orphaned(hash)) => orphaned.push(hash),
-                Err(reason) => refused.push((index, reason)),
-            }
-        }
-        let mut known = self.orphaned.lock().expect("orphaned set lock is never poisoned");
-        known.extend(orphaned.iter().cloned());
-        if let Some(index) = self.block_hash_column().filter(|_| !known.is_empty()) {
-            rows.retain(|(_, cells)| match &cells[index] {
-                Cell::Text(hash) => !known.contains(hash.as_ref()),
-                _ => true,
-            });
-        }
-        Rows { rows, orphaned, refused }
-    }
-
-    /// The index of the column holding a row's block hash, when it has one of its own.
-    fn block_hash_column(&self) -> Option<usize> {
-        let Some(BlockHash::Column(name)) = &self.layout.block_hash else { return None };
-        self.layout.columns.iter().position(|c| &c.name == name)
+    /// The batch of `records`, its markers' block hashes added to those voided.
+    fn batch<'a>(&'a self, records: &'a [NewRecord]) -> BatchRows<'a> {
+        BatchRows::new(&self.layout, records, &self.voided)
     }
 
     /// The dead letter of a record the sink could not write (the same shape as the other
@@ -350,28 +319,33 @@ impl Sink for SqlSink {
         settle: Settle<'_>,
     ) -> Result<(), SinkError> {
         self.ready().await.map_err(|error| self.sink_error(error))?;
-        let Rows { rows, orphaned, refused } = self.rows(&delivery.out);
+        let batch = self.batch(&delivery.out);
         let position = settle;
-        let mut dead: Vec<NewRecord> = refused
-            .iter()
-            .filter_map(|(index, reason)| {
-                Some(self.dead_letter(delivery.out.get(*index)?, reason, delivery))
-            })
-            .collect();
-        if !rows.is_empty() || !orphaned.is_empty() {
-            let write = Write { rows: &rows, orphaned: &orphaned, position };
+        let mut dead = Vec::new();
+        if !batch.is_empty() {
+            let write = Write { rows: &batch, position };
             match self.backend.write(&self.layout, write).await {
-                Ok(_) => {}
+                Ok(_) => {
+                    dead = batch
+                        .refused()
+                        .iter()
+                        .filter_map(|(index, reason)| {
+                            Some(self.dead_letter(delivery.out.get(*index)?, reason, delivery))
+                        })
+                        .collect();
+                }
                 Err(error) if error.fault == Fault::Data => {
-                    // The database refuses the batch's values: its rows are dead letters, and
-                    // the position moves on with no rows.
-                    tracing::warn!(sink_uid = self.uid(), rows = rows.len(), %error, "database refused the batch; its records are dead-lettered");
+                    // The database refuses the batch's values: its records are dead letters,
+                    // and the position moves on with no rows.
+                    let records = delivery.out.len();
+                    tracing::warn!(sink_uid = self.uid(), records, %error, "database refused the batch; its records are dead-lettered");
                     dead = delivery
                         .out
                         .iter()
                         .map(|record| self.dead_letter(record, &error.message, delivery))
                         .collect();
-                    let empty = Write { rows: &[], orphaned: &[], position };
+                    let none = self.batch(&[]);
+                    let empty = Write { rows: &none, position };
                     self.backend
                         .write(&self.layout, empty)
                         .await
@@ -436,14 +410,11 @@ impl Transport for SqlSink {
             Fault::Data | Fault::Config => TransportError::rejected(error.message),
         };
         self.ready().await.map_err(failed)?;
-        let Rows { rows, orphaned, refused } = self.rows(batch.records);
+        let rows = self.batch(batch.records);
         let source = format!("backfill:{}", self.layout.table);
         let position = Settle { group: batch.id, source: &source, offsets: &[(0, 1)] };
-        self.backend
-            .write(&self.layout, Write { rows: &rows, orphaned: &orphaned, position })
-            .await
-            .map_err(failed)?;
-        Ok(Sent { rejected: refused })
+        self.backend.write(&self.layout, Write { rows: &rows, position }).await.map_err(failed)?;
+        Ok(Sent { rejected: rows.refused() })
     }
 
     fn connection(&self) -> Value {

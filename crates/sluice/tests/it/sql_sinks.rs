@@ -207,7 +207,9 @@ async fn exact_rows_and_a_reorg(kind: Kind) {
     let server = start(dir.path(), port);
     let (base, client) = (server.base.clone(), client());
     put_secret(&client, &base, "DB", &db.url).await;
-    let script = "function transform(record) { if (!record.reorg) { record.seen_by = 'sluice'; } return record; }";
+    // Record 7 leaves the script with a block number no BIGINT column holds.
+    let script = "function transform(record) { if (!record.reorg) { record.seen_by = 'sluice'; } \
+                  if (record.log_index === 7) { record.block_number = 'seven'; } return record; }";
     let body = pipeline(
         &db,
         json!({"uid": "sk-sql", "name": "rows", "connection": "DB", "table": "transfers"}),
@@ -215,7 +217,7 @@ async fn exact_rows_and_a_reorg(kind: Kind) {
         json!([{"type": "v8", "script": script}]),
         "S",
     );
-    let (_, status, deployed) = deploy(&client, &base, body).await;
+    let (id, status, deployed) = deploy(&client, &base, body).await;
     assert_eq!(status, 200, "{deployed}");
     let connection = &deployed["sinks"][0]["connection"];
     assert_eq!(connection["table"], "transfers", "{deployed}");
@@ -268,6 +270,18 @@ async fn exact_rows_and_a_reorg(kind: Kind) {
     push(&client, &base, &[transfer(5, HASH_A), transfer(6, HASH_B)], true).await;
     let keys = db.wait_rows("transfers", 3).await;
     assert!(keys.contains_key(&key_of(6)) && !keys.contains_key(&key_of(5)), "{keys:?}");
+    // A record that cannot be a row is a dead letter of the sink; the batch's other rows land.
+    push(&client, &base, &[transfer(7, HASH_B), transfer(8, HASH_B)], true).await;
+    let keys = db.wait_rows("transfers", 4).await;
+    assert!(keys.contains_key(&key_of(8)) && !keys.contains_key(&key_of(7)), "{keys:?}");
+    let url = format!("{base}/api/v1/beam/{id}/dead-letters");
+    let (status, page) = send(&client, Method::GET, &url, None).await;
+    assert_eq!(status, 200, "{page}");
+    let dead = page["dead_letters"].as_array().unwrap();
+    assert_eq!(dead.len(), 1, "{page}");
+    assert_eq!(dead[0]["key"], key_of(7), "{page}");
+    assert_eq!(dead[0]["sink_uid"], "sk-sql", "{page}");
+    assert!(dead[0]["error"].as_str().unwrap().contains("block_number"), "{page}");
     assert!(server.terminate());
 }
 

@@ -258,6 +258,20 @@ impl Layout {
         Ok(Converted::Row { key, cells })
     }
 
+    /// The block hash `value` voids, when it is a reorg marker of a layout whose rows know
+    /// their block. Only a record whose bytes can spell a `reorg` field (as such, or behind a
+    /// `\u` escape, the only JSON escape that makes letters) is parsed.
+    pub fn marker(&self, key: &[u8], value: &[u8]) -> Option<String> {
+        let spelled = |needle: &[u8]| memchr::memmem::find(value, needle).is_some();
+        if self.block_hash.is_none() || !(spelled(b"reorg") || spelled(b"\\u")) {
+            return None;
+        }
+        match self.convert(key, value) {
+            Ok(Converted::Orphaned(hash)) => Some(hash),
+            _ => None,
+        }
+    }
+
     /// The row of a record whose top-level fields are `fields` ([`Layout::flat`]).
     fn flat_row<'a>(
         &self,
