@@ -5,7 +5,6 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::io::Write as _;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -82,6 +81,15 @@ impl<'a> Object<'a> {
         }
     }
 
+    /// About the length of the object's JSON text (room for a record of it).
+    pub fn size(&self) -> usize {
+        let member = |value: &Member<'_>| match value {
+            Member::Raw(raw) => raw.get().len(),
+            Member::Made(text) => text.len(),
+        };
+        self.members.iter().map(|(key, value)| key.len() + member(value) + 4).sum::<usize>() + 2
+    }
+
     /// Sets `name` (replacing the line's copies).
     pub fn set(&mut self, name: &'static str, value: Vec<u8>) {
         self.members.push((Cow::Borrowed(name), Member::Made(value)));
@@ -117,7 +125,7 @@ impl<'a> Object<'a> {
 
 /// A JSON string.
 pub fn write_str(out: &mut Vec<u8>, text: &str) {
-    if text.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+    if sluice_core::json::find_string_special(text.as_bytes()).is_none() {
         out.push(b'"');
         out.extend_from_slice(text.as_bytes());
         out.push(b'"');
@@ -128,8 +136,8 @@ pub fn write_str(out: &mut Vec<u8>, text: &str) {
 }
 
 /// An integer.
-pub fn write_int(out: &mut Vec<u8>, n: impl fmt::Display) {
-    let _ = write!(out, "{n}");
+pub fn write_int(out: &mut Vec<u8>, n: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// An integer serde_json reads and writes back unchanged (not `-0`, within `i64`).
@@ -208,6 +216,7 @@ pub fn key_fields(entity: &str, payload: &Object<'_>) -> Map<String, Value> {
         let rest: Vec<&str> = path.collect();
         let leaf = match (rest.as_slice(), member) {
             ([], member) => member_value(member),
+            (rest, Member::Raw(raw)) => nested_raw(raw, rest),
             (rest, member) => nested(member_value(member), rest),
         };
         let mut leaf = leaf;
@@ -224,6 +233,25 @@ pub fn key_fields(entity: &str, payload: &Object<'_>) -> Map<String, Value> {
         }
     }
     fields
+}
+
+/// [`nested`] of a raw value, parsing only the members on the path (an order's whole
+/// `order` object parsed into a map cost more than the rest of its record).
+fn nested_raw(raw: &RawValue, path: &[&str]) -> Value {
+    let mut raw = raw;
+    for segment in path {
+        if !raw.get().starts_with('{') {
+            return Value::Null;
+        }
+        let Ok(object) = serde_json::from_str::<Object<'_>>(raw.get()) else {
+            return Value::Null;
+        };
+        match object.raw(segment) {
+            Some(inner) => raw = inner,
+            None => return Value::Null,
+        }
+    }
+    value(raw)
 }
 
 fn nested(mut value: Value, path: &[&str]) -> Value {
