@@ -359,10 +359,11 @@ impl<'de> Visitor<'de> for Picker<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
-        let mut map = Map::new();
-        let mut keys: Vec<std::borrow::Cow<'de, str>> = Vec::new();
-        // Past this many keys, a set finds a repeat (a linear search is cheaper before).
+        // Past this many keys, a set finds a repeat (a linear search is cheaper before: the
+        // keys' hashes first, so that the text of two keys is compared only when they match).
         const LINEAR: usize = 32;
+        let mut map = Map::new();
+        let mut keys: Vec<(u64, std::borrow::Cow<'de, str>)> = Vec::new();
         let mut set: Option<std::collections::HashSet<std::borrow::Cow<'de, str>>> = None;
         while let Some(Key(key)) = access.next_key::<Key<'de>>()? {
             let paths = self.paths.and_then(|paths| paths.member(&key));
@@ -375,13 +376,17 @@ impl<'de> Visitor<'de> for Picker<'_> {
             };
             let repeated = match &mut set {
                 Some(set) => !set.insert(key.clone()),
-                None if keys.contains(&key) => true,
                 None => {
-                    keys.push(key.clone());
-                    if keys.len() > LINEAR {
-                        set = Some(keys.drain(..).collect());
+                    let hash = fnv1a(key.as_bytes());
+                    if keys.iter().any(|(h, known)| *h == hash && *known == key) {
+                        true
+                    } else {
+                        keys.push((hash, key.clone()));
+                        if keys.len() > LINEAR {
+                            set = Some(keys.drain(..).map(|(_, key)| key).collect());
+                        }
+                        false
                     }
-                    false
                 }
             };
             if repeated {
@@ -395,6 +400,13 @@ impl<'de> Visitor<'de> for Picker<'_> {
         }
         Ok(if self.paths.is_some() { Value::Object(map) } else { Value::Null })
     }
+}
+
+/// FNV-1a, for telling short keys apart quickly.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Resolves the escapes of a JSON string's contents (the text between its quotes) and

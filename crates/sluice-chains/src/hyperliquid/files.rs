@@ -221,7 +221,9 @@ impl OpenFile {
             return Ok(Chunk { bytes: empty(buffer), partial: false });
         }
         let want = usize::try_from((len - offset).min(max as u64)).unwrap_or(max);
-        let mut bytes = empty(buffer);
+        // The buffer's old bytes are read over (and cut off after what was read): only
+        // growth is zeroed.
+        let mut bytes = buffer;
         bytes.resize(want, 0);
         let mut filled = 0;
         while filled < want {
