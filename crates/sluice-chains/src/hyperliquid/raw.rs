@@ -34,15 +34,17 @@ impl<'de> Deserialize<'de> for Text<'de> {
     }
 }
 
-/// A member's value: as the line wrote it, or JSON text made for the record.
-#[derive(Debug)]
+/// A member's value: as the line wrote it, JSON text made for the record, or an object of
+/// the line read once for several uses ([`Object::read_object`]).
+#[derive(Debug, Clone)]
 pub enum Member<'a> {
     Raw(&'a RawValue),
     Made(Vec<u8>),
+    Object(Object<'a>),
 }
 
 /// An object's members in the order the line wrote them.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Object<'a> {
     pub members: Vec<(Cow<'a, str>, Member<'a>)>,
 }
@@ -86,8 +88,21 @@ impl<'a> Object<'a> {
         let member = |value: &Member<'_>| match value {
             Member::Raw(raw) => raw.get().len(),
             Member::Made(text) => text.len(),
+            Member::Object(object) => object.size(),
         };
         self.members.iter().map(|(key, value)| key.len() + member(value) + 4).sum::<usize>() + 2
+    }
+
+    /// Reads the object at `name` (its last copy) once, for its key fields and its text.
+    pub fn read_object(&mut self, name: &str) {
+        let last = self.members.iter_mut().rev().find(|(key, _)| key == name);
+        if let Some((_, member)) = last
+            && let Member::Raw(raw) = member
+            && raw.get().starts_with('{')
+            && let Ok(object) = serde_json::from_str::<Object<'a>>(raw.get())
+        {
+            *member = Member::Object(object);
+        }
     }
 
     /// Sets `name` (replacing the line's copies).
@@ -107,15 +122,17 @@ impl<'a> Object<'a> {
             same
         });
         out.push(b'{');
-        for (index, (key, value)) in self.members.iter().enumerate() {
+        for (index, (key, value)) in self.members.into_iter().enumerate() {
             if index > 0 {
                 out.push(b',');
             }
-            write_str(out, key);
+            write_str(out, &key);
             out.push(b':');
             match value {
                 Member::Raw(raw) => write_value(out, raw)?,
-                Member::Made(text) => out.extend_from_slice(text),
+                Member::Made(text) => out.extend_from_slice(&text),
+                // What `write_value` makes of the object's text.
+                Member::Object(object) => object.write(out)?,
             }
         }
         out.push(b'}');
@@ -199,6 +216,13 @@ pub fn member_value(member: &Member<'_>) -> Value {
     match member {
         Member::Raw(raw) => value(raw),
         Member::Made(text) => serde_json::from_slice(text).unwrap_or(Value::Null),
+        Member::Object(object) => {
+            let mut text = Vec::with_capacity(object.size());
+            match object.clone().write(&mut text) {
+                Ok(()) => serde_json::from_slice(&text).unwrap_or(Value::Null),
+                Err(_) => Value::Null,
+            }
+        }
     }
 }
 
@@ -217,6 +241,11 @@ pub fn key_fields(entity: &str, payload: &Object<'_>) -> Map<String, Value> {
         let leaf = match (rest.as_slice(), member) {
             ([], member) => member_value(member),
             (rest, Member::Raw(raw)) => nested_raw(raw, rest),
+            ([segment, rest @ ..], Member::Object(object)) => match object.get(segment) {
+                Some(Member::Raw(raw)) => nested_raw(raw, rest),
+                Some(member) => nested(member_value(member), rest),
+                None => Value::Null,
+            },
             (rest, member) => nested(member_value(member), rest),
         };
         let mut leaf = leaf;

@@ -286,11 +286,13 @@ fn parsed_events<'a, E: Deserialize<'a>>(
     built: &mut Built,
     each: fn(&'a RawValue) -> Result<E, String>,
 ) -> Result<(Option<u64>, Vec<Result<E, String>>), String> {
+    // Text checked as UTF-8 once is read without checking each value again.
+    let text = std::str::from_utf8(line).ok();
     if layout != Layout::ByBlock {
-        if let Ok(event) = serde_json::from_slice::<E>(line) {
+        if let Some(Ok(event)) = text.map(serde_json::from_str::<E>) {
             return Ok((None, vec![Ok(event)]));
         }
-    } else if let Ok(batch) = serde_json::from_slice::<ByBlockOf<'_, E>>(line)
+    } else if let Some(Ok(batch)) = text.map(serde_json::from_str::<ByBlockOf<'_, E>>)
         && let (Some(number), Some(events)) =
             (batch.block_number.and_then(|raw| raw::value(raw).as_u64()), batch.events)
     {
@@ -394,6 +396,8 @@ fn order(
     block: Option<u64>,
 ) -> Result<StreamRecord, String> {
     let size = fields.size();
+    // The order object is read once, for its `oid` (a key field) and for the record's text.
+    fields.read_object("order");
     let time = fields.get("time").map(raw::member_value).ok_or_else(|| bad("no time"))?;
     let ms = time_ms(&time).ok_or_else(|| format!("time {time} is not a time"))?;
     let mut text = Vec::with_capacity(16);
