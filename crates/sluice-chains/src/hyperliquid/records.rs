@@ -236,8 +236,12 @@ pub fn build_fills_and_trades(
             Err(reason) => {
                 // Both streams stop at a bad event, as each does reading the line alone.
                 let reason = what(reason);
-                fills = fills.and_then(|_| Err(reason.clone()));
-                trades = trades.and_then(|_| Err(reason));
+                if fills.is_ok() {
+                    fills = Err(reason.clone());
+                }
+                if trades.is_ok() {
+                    trades = Err(reason);
+                }
                 continue;
             }
         };
