@@ -70,11 +70,20 @@ pub fn describe_path(path: &[LocItem]) -> String {
 /// # Errors
 /// [`JsonError::Syntax`] for malformed JSON, [`JsonError::DuplicateKey`] for a repeated key.
 pub fn parse(bytes: &[u8]) -> Result<Value, JsonError> {
+    parse_with(bytes, None)
+}
+
+/// [`parse`] building everything (`None`) or only what `paths` names ([`parse_picked`]).
+fn parse_with(bytes: &[u8], paths: Option<&Paths>) -> Result<Value, JsonError> {
     let duplicate = RefCell::new(None);
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let parsed = Strict { duplicate: &duplicate }
-        .deserialize(&mut deserializer)
-        .and_then(|value| deserializer.end().map(|()| value));
+    let parsed = match paths {
+        None => Strict { duplicate: &duplicate }.deserialize(&mut deserializer),
+        Some(paths) => {
+            Picker { duplicate: &duplicate, paths: Some(paths) }.deserialize(&mut deserializer)
+        }
+    }
+    .and_then(|value| deserializer.end().map(|()| value));
     match (parsed, duplicate.into_inner()) {
         (_, Some(path)) => Err(JsonError::DuplicateKey { path }),
         (Ok(value), None) => Ok(value),
@@ -233,18 +242,7 @@ impl Paths {
 /// # Errors
 /// As [`parse`].
 pub fn parse_picked(bytes: &[u8], paths: &Paths) -> Result<Value, JsonError> {
-    let duplicate = RefCell::new(None);
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let picker = Picker { duplicate: &duplicate, paths: Some(paths) };
-    let parsed = picker.deserialize(&mut deserializer).and_then(|value| {
-        deserializer.end()?;
-        Ok(value)
-    });
-    match (parsed, duplicate.into_inner()) {
-        (_, Some(path)) => Err(JsonError::DuplicateKey { path }),
-        (Ok(value), None) => Ok(value),
-        (Err(error), None) => Err(JsonError::Syntax(error)),
-    }
+    parse_with(bytes, Some(paths))
 }
 
 /// [`Strict`] that builds only the members on `paths` (none when `None`: the value is only
