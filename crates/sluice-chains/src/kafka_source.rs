@@ -7,7 +7,9 @@
 //! the source reads on. Each batch goes: records to the stream in one append, dead letters
 //! to their list, then the consumer group's offsets are committed. A crash anywhere before
 //! the commit makes the next start read the batch again (at least once; the records' keys
-//! make a redelivery visible to consumers, docs/streams.md).
+//! make a redelivery visible to consumers, docs/streams.md). Under load the next batch is
+//! polled and checked while one is written ([`KafkaSource::step`]); commits stay in order,
+//! each after its batch is durable.
 //!
 //! The consumer is assigned every partition of the topic (it does not join the group's
 //! rebalancing); the group holds the committed offsets. librdkafka does the fetching.

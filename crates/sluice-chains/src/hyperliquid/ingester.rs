@@ -2,8 +2,10 @@
 //! the byte offset past its last complete line.
 //!
 //! Exact resume, as the other ingesters' (see [`crate::sink`]): the lines a step reads from
-//! one file go to their stream in **one append**, each record carrying where its line ends
-//! (`node_file`, `node_offset`); then the positions of every stream are stored. At start the
+//! one file go to each stream made of them in **one append**, each record carrying where its
+//! line ends (`node_file`, `node_offset`); then the positions of every stream are stored.
+//! The fill files feed two streams, `fill` and the `trade` stream paired from the fills: one
+//! read of a line makes both, and each stream skips the lines it holds. At start the
 //! ingester reads the furthest position each stream holds and appends no line up to it
 //! again, and reads the files from the stored positions on. A `kill -9` between the append
 //! and the stored position therefore neither repeats nor skips a line's records.
