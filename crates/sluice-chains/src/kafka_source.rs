@@ -169,6 +169,11 @@ pub fn client_config(config: &KafkaSourceConfig) -> ClientConfig {
         // A broker that holds an idle fetch for the whole wait (tansu) adds it to every
         // batch once the source has caught up; Kafka answers as soon as records arrive.
         .set("fetch.wait.max.ms", "100")
+        // The source is slower than the fetching (every message is checked and made
+        // durable), so librdkafka's queue fills up; by default it then postpones the next
+        // fetch by a second, and the source, having drained the queue meanwhile, waits for
+        // it (most of the source's wall time in the benchmark, BENCHMARKS.md).
+        .set("fetch.queue.backoff.ms", "10")
         .set("client.id", "sluice-source");
     for (name, value) in &config.client {
         client.set(name, value);
