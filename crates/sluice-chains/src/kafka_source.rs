@@ -7,7 +7,9 @@
 //! the source reads on. Each batch goes: records to the stream in one append, dead letters
 //! to their list, then the consumer group's offsets are committed. A crash anywhere before
 //! the commit makes the next start read the batch again (at least once; the records' keys
-//! make a redelivery visible to consumers, docs/streams.md).
+//! make a redelivery visible to consumers, docs/streams.md). Under load the next batch is
+//! polled and checked while one is written ([`KafkaSource::step`]); commits stay in order,
+//! each after its batch is durable.
 //!
 //! The consumer is assigned every partition of the topic (it does not join the group's
 //! rebalancing); the group holds the committed offsets. librdkafka does the fetching.
@@ -124,6 +126,8 @@ pub struct KafkaSource {
     committed: Arc<std::sync::Mutex<HashMap<i32, i64>>>,
     /// Stops the lag thread.
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// A batch polled and checked while the previous one was written (see [`Self::step`]).
+    pending: Option<Batch>,
 }
 
 /// librdkafka's close of a consumer that has a group can wait for the coordinator (40 s
@@ -165,6 +169,11 @@ pub fn client_config(config: &KafkaSourceConfig) -> ClientConfig {
         // A broker that holds an idle fetch for the whole wait (tansu) adds it to every
         // batch once the source has caught up; Kafka answers as soon as records arrive.
         .set("fetch.wait.max.ms", "100")
+        // The source is slower than the fetching (every message is checked and made
+        // durable), so librdkafka's queue fills up; by default it then postpones the next
+        // fetch by a second, and the source, having drained the queue meanwhile, waits for
+        // it (most of the source's wall time in the benchmark, BENCHMARKS.md).
+        .set("fetch.queue.backoff.ms", "10")
         .set("client.id", "sluice-source");
     for (name, value) in &config.client {
         client.set(name, value);
@@ -193,6 +202,7 @@ impl KafkaSource {
             consumer: None,
             committed: Arc::default(),
             stop: Arc::default(),
+            pending: None,
         })
     }
 
@@ -224,7 +234,9 @@ impl KafkaSource {
                     failures = failures.saturating_add(1);
                     tracing::warn!(source = %name, %error, failures, "kafka source batch failed; reading again from the committed offsets");
                     self.status.error(Some(error.to_string()));
-                    // A new consumer starts at the committed offsets.
+                    // A new consumer starts at the committed offsets (a batch read ahead
+                    // is read again).
+                    self.pending = None;
                     close_in_background(self.consumer.take());
                     let delay =
                         Duration::from_millis(100 << failures.min(8)).min(Duration::from_secs(30));
@@ -280,52 +292,83 @@ impl KafkaSource {
         Ok(consumer)
     }
 
-    /// One batch: poll up to `max_batch` messages (waiting up to 100 ms for the first),
-    /// append the good ones, dead-letter the bad ones, commit. Answers the messages read.
+    /// One batch made durable: its good messages appended, its bad ones dead-lettered, then
+    /// its offsets committed. Answers the messages it held (0: the poll found none).
+    ///
+    /// Under load the next batch is polled and checked while this one's append is written:
+    /// a full batch (`max_batch` messages) starts its append, the next batch is read
+    /// meanwhile and kept for the next step, and only then is this one committed. A batch
+    /// that is not full is finished at once (a quiet topic waits for no further poll).
     ///
     /// # Errors
-    /// Kafka and log failures; nothing is committed then.
+    /// Kafka and log failures; nothing of the failed batch is committed then (a batch read
+    /// ahead is dropped and read again from the committed offsets).
     pub async fn step(&mut self) -> Result<usize, SourceError> {
         if self.consumer.is_none() {
+            self.pending = None;
             let consumer = crate::hyperliquid::ingester::blocking(|| self.connect())?;
             self.consumer = Some(consumer);
         }
-        let consumer = self.consumer.as_ref().expect("connected above");
+        let batch = match self.pending.take() {
+            Some(batch) => batch,
+            None => self.poll()?,
+        };
+        let read = batch.read;
+        if read == 0 {
+            return Ok(0);
+        }
+        if read < self.config.max_batch.max(1) {
+            self.finish(batch).await?;
+            return Ok(read);
+        }
+        // The append is handed to the log's writer at its first poll, before the next batch
+        // is read; the commit waits for both.
+        let (done, next) =
+            futures_util::future::join(self.finish(batch), async { self.poll() }).await;
+        done?;
+        self.pending = Some(next?).filter(|next| next.read > 0);
+        Ok(read)
+    }
+
+    /// Polls up to `max_batch` messages (waiting up to 100 ms for the first) and checks each.
+    fn poll(&self) -> Result<Batch, SourceError> {
+        let consumer = self.consumer.as_ref().expect("connected before polling");
         let max = self.config.max_batch.max(1);
-        let entity = self.config.entity.clone();
-        let mut records = Vec::new();
-        let mut dead = Vec::new();
-        let mut next: HashMap<i32, i64> = HashMap::new();
-        let mut read = 0;
+        let mut batch = Batch::default();
         let started = Instant::now();
         let polled: Result<(), rdkafka::error::KafkaError> =
             crate::hyperliquid::ingester::blocking(|| {
                 let mut wait = Duration::from_millis(100);
-                while read < max {
+                while batch.read < max {
                     let Some(message) = consumer.poll(wait) else { break };
                     wait = Duration::ZERO;
                     let message = message?;
-                    read += 1;
-                    next.insert(message.partition(), message.offset() + 1);
+                    batch.read += 1;
+                    batch.next_offset(message.partition(), message.offset() + 1);
                     let payload = message.payload().unwrap_or_default();
-                    match StreamRecord::parse(&entity, payload) {
-                        Ok(record) => records.push(record),
-                        Err(error) => dead.push(dead_letter(&message, payload, &error.to_string())),
+                    match StreamRecord::parse(&self.config.entity, payload) {
+                        Ok(record) => batch.records.push(record),
+                        Err(error) => {
+                            batch.dead.push(dead_letter(&message, payload, &error.to_string()));
+                        }
                     }
                 }
                 Ok(())
             });
         polled.map_err(|e| self.kafka_error(e))?;
-        let polled_at = Instant::now();
-        tracing::debug!(source = %self.config.name, read, poll_ms = (polled_at - started).as_millis() as u64, "kafka source poll");
-        if read == 0 {
-            return Ok(0);
-        }
+        tracing::debug!(source = %self.config.name, read = batch.read, poll_ms = started.elapsed().as_millis() as u64, "kafka source poll");
+        Ok(batch)
+    }
+
+    /// Appends a batch's records, dead-letters its bad messages, then commits its offsets.
+    async fn finish(&self, batch: Batch) -> Result<(), SourceError> {
+        let Batch { read, records, dead, next } = batch;
+        let started = Instant::now();
         let (appended, rejected) = (records.len() as u64, dead.len() as u64);
         // The newest record's block (records of a batch are in the topic's order).
         let block = records.last().and_then(|record| block_of(record.value()));
         if !records.is_empty() {
-            self.sink.append(&self.config.chain, &entity, false, records).await?;
+            self.sink.append(&self.config.chain, &self.config.entity, false, records).await?;
         }
         if !dead.is_empty() {
             let topic = dead_letter_topic(&self.config.name);
@@ -338,18 +381,38 @@ impl KafkaSource {
             list.add_partition_offset(&self.config.topic, *partition, Offset::Offset(*offset))
                 .map_err(|e| self.kafka_error(e))?;
         }
-        let consumer = self.consumer.as_ref().expect("connected above");
+        let consumer = self.consumer.as_ref().expect("connected before polling");
         let durable_at = Instant::now();
         crate::hyperliquid::ingester::blocking(|| consumer.commit(&list, CommitMode::Sync))
             .map_err(|e| self.kafka_error(format!("committing offsets: {e}")))?;
-        tracing::debug!(source = %self.config.name, read, append_ms = (durable_at - polled_at).as_millis() as u64, commit_ms = durable_at.elapsed().as_millis() as u64, "kafka source batch");
+        tracing::debug!(source = %self.config.name, read, append_ms = (durable_at - started).as_millis() as u64, commit_ms = durable_at.elapsed().as_millis() as u64, "kafka source batch");
         self.status.records.fetch_add(appended, Ordering::Relaxed);
         self.status.dead_letters.fetch_add(rejected, Ordering::Relaxed);
         if let Some(block) = block {
             self.status.block.fetch_max(block, Ordering::Relaxed);
         }
         self.committed.lock().expect("offsets lock is never poisoned").extend(next);
-        Ok(read)
+        Ok(())
+    }
+}
+
+/// Messages polled and checked, not yet durable.
+#[derive(Debug, Default)]
+struct Batch {
+    read: usize,
+    records: Vec<StreamRecord>,
+    dead: Vec<NewRecord>,
+    /// By partition, the offset past its last message.
+    next: Vec<(i32, i64)>,
+}
+
+impl Batch {
+    fn next_offset(&mut self, partition: i32, offset: i64) {
+        // Messages come in runs of one partition: the last entry is nearly always it.
+        match self.next.iter_mut().rev().find(|(p, _)| *p == partition) {
+            Some(entry) => entry.1 = offset,
+            None => self.next.push((partition, offset)),
+        }
     }
 }
 

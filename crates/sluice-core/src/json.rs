@@ -70,11 +70,20 @@ pub fn describe_path(path: &[LocItem]) -> String {
 /// # Errors
 /// [`JsonError::Syntax`] for malformed JSON, [`JsonError::DuplicateKey`] for a repeated key.
 pub fn parse(bytes: &[u8]) -> Result<Value, JsonError> {
+    parse_with(bytes, None)
+}
+
+/// [`parse`] building everything (`None`) or only what `paths` names ([`parse_picked`]).
+fn parse_with(bytes: &[u8], paths: Option<&Paths>) -> Result<Value, JsonError> {
     let duplicate = RefCell::new(None);
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let parsed = Strict { duplicate: &duplicate }
-        .deserialize(&mut deserializer)
-        .and_then(|value| deserializer.end().map(|()| value));
+    let parsed = match paths {
+        None => Strict { duplicate: &duplicate }.deserialize(&mut deserializer),
+        Some(paths) => {
+            Picker { duplicate: &duplicate, paths: Some(paths) }.deserialize(&mut deserializer)
+        }
+    }
+    .and_then(|value| deserializer.end().map(|()| value));
     match (parsed, duplicate.into_inner()) {
         (_, Some(path)) => Err(JsonError::DuplicateKey { path }),
         (Ok(value), None) => Ok(value),
@@ -186,6 +195,216 @@ impl<'de> Visitor<'de> for Strict<'_> {
         }
         Ok(Value::Object(map))
     }
+}
+
+/// Member paths of a document, for [`parse_picked`]: `payload.order.oid` steps into nested
+/// objects. A path that ends at a member takes its whole value.
+#[derive(Debug, Clone, Default)]
+pub struct Paths {
+    whole: bool,
+    members: Vec<(String, Paths)>,
+}
+
+impl Paths {
+    /// No path: a document parsed with it is only checked.
+    pub const fn new() -> Self {
+        Self { whole: false, members: Vec::new() }
+    }
+
+    /// Adds the member at `dotted` (`"a.b"`: the member `b` of the object at `a`).
+    pub fn add(&mut self, dotted: &str) {
+        let mut node = self;
+        for name in dotted.split('.') {
+            let index = match node.members.iter().position(|(known, _)| known == name) {
+                Some(index) => index,
+                None => {
+                    node.members.push((name.to_owned(), Paths::default()));
+                    node.members.len() - 1
+                }
+            };
+            node = &mut node.members[index].1;
+        }
+        node.whole = true;
+    }
+
+    fn member(&self, name: &str) -> Option<&Paths> {
+        self.members.iter().find(|(known, _)| known == name).map(|(_, paths)| paths)
+    }
+}
+
+/// Parses one JSON document as [`parse`] does, with the same errors (syntax, and a repeated
+/// key at any depth with its path), but builds only what `paths` names: the objects on the
+/// way hold only the members on a path, a path's last member is built whole, and anything
+/// else (a non-object where a path steps further, a member on no path) is read, checked and
+/// left `null`. For callers that read a few fields of a large document: it allocates for
+/// what they read, not for every string and map of the document.
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_picked(bytes: &[u8], paths: &Paths) -> Result<Value, JsonError> {
+    parse_with(bytes, Some(paths))
+}
+
+/// [`Strict`] that builds only the members on `paths` (none when `None`: the value is only
+/// checked). Keys are compared borrowed from the document, as [`Strict`] compares them
+/// unescaped.
+#[derive(Clone, Copy)]
+struct Picker<'a> {
+    duplicate: &'a RefCell<Option<Vec<LocItem>>>,
+    paths: Option<&'a Paths>,
+}
+
+/// An object key, borrowed when it has no escapes.
+struct Key<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> de::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, value: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Borrowed(value)))
+            }
+            fn visit_str<E>(self, value: &str) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Owned(value.to_owned())))
+            }
+            fn visit_string<E>(self, value: String) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Owned(value)))
+            }
+        }
+        deserializer.deserialize_string(KeyVisitor)
+    }
+}
+
+impl Picker<'_> {
+    /// Whether the value is built whole ([`Strict`]), in part (an object on a path) or not.
+    fn whole(self) -> bool {
+        self.paths.is_some_and(|paths| paths.whole)
+    }
+
+    fn prepend(self, item: LocItem) {
+        Strict { duplicate: self.duplicate }.prepend(item);
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Picker<'_> {
+    type Value = Value;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        if self.whole() {
+            return Strict { duplicate: self.duplicate }.deserialize(deserializer);
+        }
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Picker<'_> {
+    type Value = Value;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("any valid JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        self.deserialize(deserializer)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        // Nothing on a path is inside an array: its items are only checked.
+        let skip = Picker { paths: None, ..self };
+        let mut index = 0;
+        loop {
+            match seq.next_element_seed(skip) {
+                Ok(Some(_)) => index += 1,
+                Ok(None) => return Ok(Value::Null),
+                Err(error) => {
+                    self.prepend(LocItem::Index(index));
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
+        // Past this many keys, a set finds a repeat (a linear search is cheaper before: the
+        // keys' hashes first, so that the text of two keys is compared only when they match).
+        const LINEAR: usize = 32;
+        let mut map = Map::new();
+        let mut keys: Vec<(u64, std::borrow::Cow<'de, str>)> = Vec::new();
+        let mut set: Option<std::collections::HashSet<std::borrow::Cow<'de, str>>> = None;
+        while let Some(Key(key)) = access.next_key::<Key<'de>>()? {
+            let paths = self.paths.and_then(|paths| paths.member(&key));
+            let value = match access.next_value_seed(Picker { paths, ..self }) {
+                Ok(value) => value,
+                Err(error) => {
+                    self.prepend(LocItem::Field(key.into_owned()));
+                    return Err(error);
+                }
+            };
+            let repeated = match &mut set {
+                Some(set) => !set.insert(key.clone()),
+                None => {
+                    let hash = fnv1a(key.as_bytes());
+                    if keys.iter().any(|(h, known)| *h == hash && *known == key) {
+                        true
+                    } else {
+                        keys.push((hash, key.clone()));
+                        if keys.len() > LINEAR {
+                            set = Some(keys.drain(..).map(|(_, key)| key).collect());
+                        }
+                        false
+                    }
+                }
+            };
+            if repeated {
+                let key = key.into_owned();
+                *self.duplicate.borrow_mut() = Some(vec![LocItem::Field(key.clone())]);
+                return Err(de::Error::custom(format_args!("duplicate key {key:?}")));
+            }
+            if paths.is_some() {
+                map.insert(key.into_owned(), value);
+            }
+        }
+        Ok(if self.paths.is_some() { Value::Object(map) } else { Value::Null })
+    }
+}
+
+/// FNV-1a, for telling short keys apart quickly.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Resolves the escapes of a JSON string's contents (the text between its quotes) and
@@ -417,6 +636,76 @@ mod sse2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_picked_parse_fails_as_the_full_parse_and_builds_what_its_paths_name() {
+        let mut paths = Paths::new();
+        for path in ["a.b", "c", "p.q.r", "p.q", "s.t"] {
+            paths.add(path);
+        }
+        let many = |repeat: bool| {
+            let mut members: Vec<String> = (0..40).map(|i| format!("\"k{i}\":{i}")).collect();
+            if repeat {
+                members.push("\"k7\":1".into());
+            }
+            format!("{{\"a\":{{{}}}}}", members.join(","))
+        };
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let docs = [
+            r#"{"a":{"b":1,"x":[1,{"y":2,"y":3}]},"c":"z"}"#.to_owned(),
+            r#"{"a":1,"a":2}"#.to_owned(),
+            r#"{"\u0061":1,"a":2}"#.to_owned(),
+            r#"{"a":{"b":[1,2}}"#.to_owned(),
+            r#"{"a":1} x"#.to_owned(),
+            r#"[1,2,{"k":1,"k":2}]"#.to_owned(),
+            r#""text""#.to_owned(),
+            "1e400".to_owned(),
+            r#"{"a":"\ud800"}"#.to_owned(),
+            "{\"a\":\"\u{1}\"}".to_owned(),
+            r#"{"c":{"d":{"e":1}},"a":{"b":{"z":[true,null,-0.5,"s\n"]},"b2":2},"s":"x"}"#
+                .to_owned(),
+            r#"{"p":{"q":{"r":{"deep":[1]},"o":"x"}},"p2":1,"s":{"t":7,"u":{"v":1,"v":2}}}"#
+                .to_owned(),
+            r#"{"p":{"q":{"r":1}},"p":{}}"#.to_owned(),
+            r#"{"c":{"x":1},"c":2}"#.to_owned(),
+            many(false),
+            many(true),
+            deep,
+        ];
+        for doc in &docs {
+            let full = parse(doc.as_bytes());
+            let picked = parse_picked(doc.as_bytes(), &paths);
+            match (&full, &picked) {
+                (Ok(full), Ok(picked)) => {
+                    for pointer in ["/a/b", "/c", "/p/q", "/p/q/r", "/s/t"] {
+                        let want = full.pointer(pointer);
+                        // Only objects are stepped into: a path through anything else is cut.
+                        let reachable = pointer.rsplit_once('/').is_some_and(|(up, _)| {
+                            up.is_empty() || full.pointer(up).is_some_and(Value::is_object)
+                        });
+                        let want = want.filter(|_| reachable);
+                        assert_eq!(picked.pointer(pointer), want, "{doc} at {pointer}");
+                    }
+                    assert!(picked.pointer("/a/x").is_none() && picked.get("p2").is_none());
+                }
+                (Err(full), Err(picked)) => {
+                    assert_eq!(full.to_string(), picked.to_string(), "{doc}");
+                    assert_eq!(full.duplicate_path(), picked.duplicate_path(), "{doc}");
+                }
+                _ => panic!("{doc}: {full:?} but picked {picked:?}"),
+            }
+            assert_eq!(full.is_ok(), picked.is_ok());
+            if let (Ok(full), Ok(picked)) = (full, picked) {
+                assert_eq!(full.is_object(), picked.is_object(), "{doc}");
+            }
+        }
+        assert!(
+            parse_picked(many(true).as_bytes(), &Paths::new())
+                .unwrap_err()
+                .duplicate_path()
+                .is_some()
+        );
+    }
 
     #[test]
     fn the_word_at_a_time_search_finds_the_first_quote_or_backslash() {

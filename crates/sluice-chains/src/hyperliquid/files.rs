@@ -203,17 +203,28 @@ impl OpenFile {
     }
 
     /// Reads up to `max` bytes at `offset` and keeps the complete lines (all of it when
-    /// `to_end`: the file is finished, a last line without its newline counts).
+    /// `to_end`: the file is finished, a last line without its newline counts). The chunk's
+    /// bytes are `buffer`'s allocation (a reader passes the last chunk's back: fresh pages
+    /// for every read of a few MiB cost more than the read).
     ///
     /// # Errors
     /// A read error.
-    pub fn read(&self, offset: u64, max: usize, to_end: bool) -> std::io::Result<Chunk> {
+    pub fn read(
+        &self,
+        offset: u64,
+        max: usize,
+        to_end: bool,
+        buffer: Vec<u8>,
+    ) -> std::io::Result<Chunk> {
         let len = self.handle.metadata()?.len();
         if len <= offset {
-            return Ok(Chunk::default());
+            return Ok(Chunk { bytes: empty(buffer), partial: false });
         }
         let want = usize::try_from((len - offset).min(max as u64)).unwrap_or(max);
-        let mut bytes = vec![0u8; want];
+        // The buffer's old bytes are read over (and cut off after what was read): only
+        // growth is zeroed.
+        let mut bytes = buffer;
+        bytes.resize(want, 0);
         let mut filled = 0;
         while filled < want {
             let n = self.handle.read_at(&mut bytes[filled..], offset + filled as u64)?;
@@ -236,7 +247,7 @@ impl OpenFile {
             }
             // One line longer than `max`: read it whole.
             None if more => self.read_long_line(offset).map(|bytes| Chunk { bytes, partial: true }),
-            None => Ok(Chunk { partial: !bytes.is_empty(), bytes: Vec::new() }),
+            None => Ok(Chunk { partial: !bytes.is_empty(), bytes: empty(bytes) }),
         }
     }
 
@@ -288,6 +299,11 @@ impl OpenFile {
     }
 }
 
+fn empty(mut buffer: Vec<u8>) -> Vec<u8> {
+    buffer.clear();
+    buffer
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,13 +352,13 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("misc_events/hourly/20250601")).unwrap();
         std::fs::write(dir.path().join(rel), b"{\"a\":1}\n{\"b\":").unwrap();
         let file = OpenFile::open(dir.path(), FileRef::parse(rel).unwrap()).unwrap();
-        let chunk = file.read(0, 1024, false).unwrap();
+        let chunk = file.read(0, 1024, false, Vec::new()).unwrap();
         assert_eq!(chunk.bytes, b"{\"a\":1}\n");
         assert!(chunk.partial);
-        let chunk = file.read(8, 1024, false).unwrap();
+        let chunk = file.read(8, 1024, false, Vec::new()).unwrap();
         assert!(chunk.bytes.is_empty() && chunk.partial);
-        assert_eq!(file.read(8, 1024, true).unwrap().bytes, b"{\"b\":");
+        assert_eq!(file.read(8, 1024, true, Vec::new()).unwrap().bytes, b"{\"b\":");
         // A line longer than the read size is read whole.
-        assert_eq!(file.read(0, 3, false).unwrap().bytes, b"{\"a\":1}\n");
+        assert_eq!(file.read(0, 3, false, Vec::new()).unwrap().bytes, b"{\"a\":1}\n");
     }
 }

@@ -2,8 +2,10 @@
 //! the byte offset past its last complete line.
 //!
 //! Exact resume, as the other ingesters' (see [`crate::sink`]): the lines a step reads from
-//! one file go to their stream in **one append**, each record carrying where its line ends
-//! (`node_file`, `node_offset`); then the positions of every stream are stored. At start the
+//! one file go to each stream made of them in **one append**, each record carrying where its
+//! line ends (`node_file`, `node_offset`); then the positions of every stream are stored.
+//! The fill files feed two streams, `fill` and the `trade` stream paired from the fills: one
+//! read of a line makes both, and each stream skips the lines it holds. At start the
 //! ingester reads the furthest position each stream holds and appends no line up to it
 //! again, and reads the files from the stored positions on. A `kill -9` between the append
 //! and the stored position therefore neither repeats nor skips a line's records.
@@ -27,22 +29,46 @@ use crate::ingester::{Rounds, run_rounds};
 use crate::sink::ChainSink;
 use crate::status::ChainStatus;
 
-/// One stream and the file it is read from.
+/// A file being read and the streams made of its lines: one stream, or `fill` and the
+/// `trade` stream made from the same fills (one read of the fill files for both).
 #[derive(Debug)]
 struct Feed {
-    entity: String,
+    /// The first stream's source (the fills', when the trades are made on the way).
     source: Option<Source>,
     open: Option<OpenFile>,
     /// Past the last complete line read.
     offset: u64,
     /// Lines before `offset` (for `replica_cmds` heights).
     line: u64,
+    outputs: Vec<Output>,
+}
+
+/// One stream made of a feed's lines.
+#[derive(Debug)]
+struct Output {
+    entity: String,
     /// The furthest line end the stream holds: lines up to it are not appended again.
     written: Option<Position>,
     /// The furthest line end the stream held at start (lines up to it are read again).
     resumed_at: Option<Position>,
     /// Trades from fills: fills waiting for their other side.
     pairs: Pairs,
+}
+
+impl Feed {
+    fn new(entity: String, written: Option<Position>) -> Self {
+        let output = Output { entity, written, resumed_at: written, pairs: Pairs::default() };
+        Self { source: None, open: None, offset: 0, line: 0, outputs: vec![output] }
+    }
+
+    fn entity(&self) -> &str {
+        &self.outputs[0].entity
+    }
+
+    /// Where the next line starts, for comparing two feeds of one directory.
+    fn at(&self) -> Option<Position> {
+        self.open.as_ref().map(|open| (open.file.ordinal, self.offset))
+    }
 }
 
 /// The stored position: per stream, the file, the offset to read on from, and the lines
@@ -68,6 +94,8 @@ pub struct HyperliquidIngester {
     started: bool,
     /// The newest block number read, for the status.
     newest_block: Option<u64>,
+    /// The last read's bytes, for the next read.
+    buffer: Vec<u8>,
 }
 
 impl std::fmt::Debug for HyperliquidIngester {
@@ -97,7 +125,15 @@ impl HyperliquidIngester {
         sink: Arc<dyn ChainSink>,
         status: Arc<ChainStatus>,
     ) -> Self {
-        Self { config, sink, status, feeds: Vec::new(), started: false, newest_block: None }
+        Self {
+            config,
+            sink,
+            status,
+            feeds: Vec::new(),
+            started: false,
+            newest_block: None,
+            buffer: Vec::new(),
+        }
     }
 
     /// A new status for `config`, for the API to read.
@@ -154,24 +190,22 @@ impl HyperliquidIngester {
             for tail in self.sink.tails(&chain, &entity).await? {
                 written = written.max(record_position(&tail));
             }
-            let mut feed = Feed {
-                entity: entity.clone(),
-                source: None,
-                open: None,
-                offset: 0,
-                line: 0,
-                written,
-                resumed_at: written,
-                pairs: Pairs::default(),
-            };
+            let mut feed = Feed::new(entity.clone(), written);
             if let Some(at) = stored.feeds.get(&entity) {
                 self.resume_feed(&mut feed, at)?;
             } else if self.config.start == FileStart::Latest {
                 self.start_at_latest(&mut feed)?;
             }
-            tracing::info!(%chain, %entity, file = ?feed.open.as_ref().map(|o| &o.file.rel), offset = feed.offset, written = ?feed.written, "stream position");
+            tracing::info!(%chain, %entity, file = ?feed.open.as_ref().map(|o| &o.file.rel), offset = feed.offset, written = ?written, "stream position");
             self.feeds.push(feed);
         }
+        for feed in &mut self.feeds {
+            // As the first step would pick it (the joining below needs it).
+            if feed.source.is_none() {
+                feed.source = files::present_source(&self.config.data_dir, feed.entity());
+            }
+        }
+        join_trades_to_fills(&mut self.feeds);
         self.started = true;
         self.save().await
     }
@@ -180,7 +214,7 @@ impl HyperliquidIngester {
     fn resume_feed(&self, feed: &mut Feed, at: &StoredFeed) -> Result<(), ChainError> {
         let dir = &self.config.data_dir;
         let Some(file) = FileRef::parse(&at.file) else { return Ok(()) };
-        let source = files::sources(&feed.entity)
+        let source = files::sources(feed.entity())
             .iter()
             .copied()
             .find(|s| at.file.starts_with(&format!("{}/", s.dir)));
@@ -213,7 +247,7 @@ impl HyperliquidIngester {
     /// The end of the stream's newest file (its last complete line).
     fn start_at_latest(&self, feed: &mut Feed) -> Result<(), ChainError> {
         let dir = &self.config.data_dir;
-        let Some(source) = files::present_source(dir, &feed.entity) else { return Ok(()) };
+        let Some(source) = files::present_source(dir, feed.entity()) else { return Ok(()) };
         feed.source = Some(source);
         let Some(newest) = files::list(dir, &source, None).map_err(|e| io_error(dir, &e))?.pop()
         else {
@@ -233,7 +267,7 @@ impl HyperliquidIngester {
     fn open_first(&self, feed: &mut Feed) -> Result<bool, ChainError> {
         let dir = &self.config.data_dir;
         if feed.source.is_none() {
-            feed.source = files::present_source(dir, &feed.entity);
+            feed.source = files::present_source(dir, feed.entity());
         }
         let Some(source) = feed.source else { return Ok(false) };
         let Some(first) =
@@ -272,12 +306,15 @@ impl HyperliquidIngester {
             return Ok(false);
         }
         let open = feed.open.as_ref().expect("opened above");
-        let chunk = blocking(|| open.read(feed.offset, max, false))
+        let buffer = std::mem::take(&mut self.buffer);
+        let chunk = blocking(|| open.read(feed.offset, max, false, buffer))
             .map_err(|e| io_error(&dir.join(&open.file.rel), &e))?;
         if !chunk.bytes.is_empty() {
             self.write(feed, &chunk.bytes).await?;
+            self.buffer = chunk.bytes;
             return Ok(true);
         }
+        self.buffer = chunk.bytes;
         // Nothing new: has the node moved on to a newer file?
         let source = feed.source.expect("a feed with a file has a source");
         let current = open.file.clone();
@@ -288,7 +325,7 @@ impl HyperliquidIngester {
         let Some(next) = newer else { return Ok(false) };
         // The node writes a file to its end before it makes the next: read what it added
         // meanwhile, then take the rest (a last line without its newline) as final.
-        let rest = blocking(|| open.read(feed.offset, max, true))
+        let rest = blocking(|| open.read(feed.offset, max, true, Vec::new()))
             .map_err(|e| io_error(&dir.join(&current.rel), &e))?;
         if !rest.bytes.is_empty() {
             let mut bytes = rest.bytes;
@@ -303,15 +340,17 @@ impl HyperliquidIngester {
             // A final line without its newline: its offset is past the file's end.
             return Ok(true);
         }
-        let orphans = feed.pairs.clear(feed.resumed_at);
-        if orphans > 0 {
-            self.status.rejected(orphans as u64);
-            self.status.error(Some(format!(
-                "{}: {orphans} fills without the other side of their trade",
-                current.rel
-            )));
+        for output in &mut feed.outputs {
+            let orphans = output.pairs.clear(output.resumed_at);
+            if orphans > 0 {
+                self.status.rejected(orphans as u64);
+                self.status.error(Some(format!(
+                    "{}: {orphans} fills without the other side of their trade",
+                    current.rel
+                )));
+            }
         }
-        tracing::debug!(chain = %self.config.name, entity = %feed.entity, from = %current.rel, to = %next.rel, "next file");
+        tracing::debug!(chain = %self.config.name, entity = %feed.entity(), from = %current.rel, to = %next.rel, "next file");
         feed.open = Some(
             OpenFile::open(dir, next.clone()).map_err(|e| io_error(&dir.join(&next.rel), &e))?,
         );
@@ -320,19 +359,18 @@ impl HyperliquidIngester {
         Ok(true)
     }
 
-    /// Turns complete lines (read at the feed's offset) into records and appends them in
-    /// one append (the caller stores the new position).
+    /// Turns complete lines (read at the feed's offset) into records and appends them, one
+    /// append per stream (the caller stores the new position).
     async fn write(&mut self, feed: &mut Feed, bytes: &[u8]) -> Result<(), ChainError> {
         let open = feed.open.as_ref().expect("a feed that read has a file");
         let source = feed.source.expect("a feed with a file has a source");
         let (rel, ordinal) = (open.file.rel.clone(), open.file.ordinal);
-        let entity = feed.entity.clone();
-        let mut out: Vec<StreamRecord> = Vec::new();
-        let mut rejected = Vec::new();
+        let mut out: Vec<Vec<StreamRecord>> = vec![Vec::new(); feed.outputs.len()];
+        let mut rejected = vec![Vec::new(); feed.outputs.len()];
         let mut block = None;
         let mut position = feed.offset;
         blocking(|| {
-            for line in bytes.split_inclusive(|b| *b == b'\n') {
+            for line in lines(bytes) {
                 let start = position;
                 position += line.len() as u64;
                 let text = line.strip_suffix(b"\n").unwrap_or(line);
@@ -343,26 +381,53 @@ impl HyperliquidIngester {
                 let at =
                     LineAt { file: &rel, position: (ordinal, position), start, index: feed.line };
                 feed.line += 1;
-                match records::build(&entity, &source, text, &at, ordinal, &mut feed.pairs) {
-                    Ok(built) => {
-                        if Some(at.position) > feed.written {
-                            out.extend(built.records);
-                        }
-                        block = built.block.or(block);
+                let built = match feed.outputs.as_mut_slice() {
+                    [fills, trades] => {
+                        let entities = (fills.entity.as_str(), trades.entity.as_str());
+                        let (f, t) = records::build_fills_and_trades(
+                            entities,
+                            source.layout,
+                            text,
+                            &at,
+                            &mut trades.pairs,
+                        );
+                        vec![f, t]
                     }
-                    Err(reason) => rejected.push(format!("{rel} at byte {start}: {reason}")),
+                    outputs => outputs
+                        .iter_mut()
+                        .map(|o| {
+                            records::build(&o.entity, &source, text, &at, ordinal, &mut o.pairs)
+                        })
+                        .collect(),
+                };
+                for (index, built) in built.into_iter().enumerate() {
+                    match built {
+                        Ok(built) => {
+                            if Some(at.position) > feed.outputs[index].written {
+                                out[index].extend(built.records);
+                            }
+                            block = built.block.or(block);
+                        }
+                        Err(reason) => {
+                            rejected[index].push(format!("{rel} at byte {start}: {reason}"));
+                        }
+                    }
                 }
             }
         });
-        if !out.is_empty() {
-            self.sink.append(&self.config.name, &entity, false, out).await?;
+        for (output, out) in feed.outputs.iter().zip(out) {
+            if !out.is_empty() {
+                self.sink.append(&self.config.name, &output.entity, false, out).await?;
+            }
         }
         feed.offset = position;
-        feed.written = feed.written.max(Some((ordinal, position)));
-        if let Some(last) = rejected.last() {
-            tracing::warn!(chain = %self.config.name, %entity, lines = rejected.len(), error = %last, "node lines rejected");
-            self.status.rejected(rejected.len() as u64);
-            self.status.error(Some(last.clone()));
+        for (output, rejected) in feed.outputs.iter_mut().zip(rejected) {
+            output.written = output.written.max(Some((ordinal, position)));
+            if let Some(last) = rejected.last() {
+                tracing::warn!(chain = %self.config.name, entity = %output.entity, lines = rejected.len(), error = %last, "node lines rejected");
+                self.status.rejected(rejected.len() as u64);
+                self.status.error(Some(last.clone()));
+            }
         }
         if let Some((number, time_ms)) = block
             && Some(number) > self.newest_block
@@ -377,12 +442,16 @@ impl HyperliquidIngester {
         let mut stored = Stored::default();
         for feed in &self.feeds {
             let Some(open) = &feed.open else { continue };
-            // Fills still waiting for their other side are read again after a restart.
-            let offset = feed.pairs.earliest_start().unwrap_or(feed.offset).min(feed.offset);
-            stored.feeds.insert(
-                feed.entity.clone(),
-                StoredFeed { file: open.file.rel.clone(), offset, line: feed.line },
-            );
+            // Fills still waiting for their other side are read again after a restart (with
+            // the fills read on the way, which are not appended again).
+            let waiting = feed.outputs.iter().filter_map(|o| o.pairs.earliest_start()).min();
+            let offset = waiting.unwrap_or(feed.offset).min(feed.offset);
+            for output in &feed.outputs {
+                stored.feeds.insert(
+                    output.entity.clone(),
+                    StoredFeed { file: open.file.rel.clone(), offset, line: feed.line },
+                );
+            }
         }
         let value = serde_json::to_value(&stored).expect("positions serialize");
         self.sink.save_position(&self.config.name, &value).await?;
@@ -416,17 +485,45 @@ impl HyperliquidIngester {
     }
 }
 
+/// The lines of `bytes`, each with its newline (the last one without, when it has none).
+fn lines(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut start = 0;
+    let ends = memchr::memchr_iter(b'\n', bytes).map(|at| at + 1).chain([bytes.len()]);
+    ends.filter_map(move |end| {
+        let line = (end > start).then(|| &bytes[start..end]);
+        start = end;
+        line
+    })
+}
+
 fn placeholder() -> Feed {
-    Feed {
-        entity: String::new(),
-        source: None,
-        open: None,
-        offset: 0,
-        line: 0,
-        written: None,
-        resumed_at: None,
-        pairs: Pairs::default(),
+    Feed { source: None, open: None, offset: 0, line: 0, outputs: Vec::new() }
+}
+
+/// Makes the `trade` stream that pairs fills read the fill stream's files with it: one feed
+/// from the earlier of their two positions (each stream skips the lines it holds). Feeds of
+/// other directories, or whose files are not known yet, stay apart.
+fn join_trades_to_fills(feeds: &mut Vec<Feed>) {
+    let find = |feeds: &[Feed], entity: &str| feeds.iter().position(|f| f.entity() == entity);
+    let (Some(fill), Some(trade)) = (find(feeds, "fill"), find(feeds, "trade")) else { return };
+    let same_dir = match (feeds[fill].source, feeds[trade].source) {
+        (Some(f), Some(t)) => !f.trades_from_fills && t.trades_from_fills && f.dir == t.dir,
+        _ => false,
+    };
+    if !same_dir || feeds[fill].open.is_some() != feeds[trade].open.is_some() {
+        return;
     }
+    let mut trades = feeds.remove(trade);
+    let fill = find(feeds, "fill").expect("found above");
+    let fills = &mut feeds[fill];
+    let mut outputs = std::mem::take(&mut trades.outputs);
+    if trades.at() < fills.at() {
+        // Read from the trades' position with the fills' source.
+        trades.source = fills.source;
+        trades.outputs = std::mem::take(&mut fills.outputs);
+        *fills = trades;
+    }
+    fills.outputs.append(&mut outputs);
 }
 
 /// Where a record's line ends, from its `node_file` and `node_offset` (`None` for records
@@ -442,3 +539,6 @@ impl Rounds for HyperliquidIngester {
         HyperliquidIngester::step(self).await
     }
 }
+
+#[cfg(test)]
+mod tests;

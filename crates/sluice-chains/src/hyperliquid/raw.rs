@@ -5,7 +5,6 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::io::Write as _;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -35,15 +34,17 @@ impl<'de> Deserialize<'de> for Text<'de> {
     }
 }
 
-/// A member's value: as the line wrote it, or JSON text made for the record.
-#[derive(Debug)]
+/// A member's value: as the line wrote it, JSON text made for the record, or an object of
+/// the line read once for several uses ([`Object::read_object`]).
+#[derive(Debug, Clone)]
 pub enum Member<'a> {
     Raw(&'a RawValue),
     Made(Vec<u8>),
+    Object(Object<'a>),
 }
 
 /// An object's members in the order the line wrote them.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Object<'a> {
     pub members: Vec<(Cow<'a, str>, Member<'a>)>,
 }
@@ -82,6 +83,28 @@ impl<'a> Object<'a> {
         }
     }
 
+    /// About the length of the object's JSON text (room for a record of it).
+    pub fn size(&self) -> usize {
+        let member = |value: &Member<'_>| match value {
+            Member::Raw(raw) => raw.get().len(),
+            Member::Made(text) => text.len(),
+            Member::Object(object) => object.size(),
+        };
+        self.members.iter().map(|(key, value)| key.len() + member(value) + 4).sum::<usize>() + 2
+    }
+
+    /// Reads the object at `name` (its last copy) once, for its key fields and its text.
+    pub fn read_object(&mut self, name: &str) {
+        let last = self.members.iter_mut().rev().find(|(key, _)| key == name);
+        if let Some((_, member)) = last
+            && let Member::Raw(raw) = member
+            && raw.get().starts_with('{')
+            && let Ok(object) = serde_json::from_str::<Object<'a>>(raw.get())
+        {
+            *member = Member::Object(object);
+        }
+    }
+
     /// Sets `name` (replacing the line's copies).
     pub fn set(&mut self, name: &'static str, value: Vec<u8>) {
         self.members.push((Cow::Borrowed(name), Member::Made(value)));
@@ -99,15 +122,26 @@ impl<'a> Object<'a> {
             same
         });
         out.push(b'{');
-        for (index, (key, value)) in self.members.iter().enumerate() {
+        for (index, (key, value)) in self.members.into_iter().enumerate() {
             if index > 0 {
                 out.push(b',');
             }
-            write_str(out, key);
+            match key {
+                // A key borrowed from the line had no escapes, and JSON text holds no quote or
+                // control character unescaped: it is already what `write_str` would write.
+                Cow::Borrowed(key) => {
+                    out.push(b'"');
+                    out.extend_from_slice(key.as_bytes());
+                    out.push(b'"');
+                }
+                Cow::Owned(key) => write_str(out, &key),
+            }
             out.push(b':');
             match value {
                 Member::Raw(raw) => write_value(out, raw)?,
-                Member::Made(text) => out.extend_from_slice(text),
+                Member::Made(text) => out.extend_from_slice(&text),
+                // What `write_value` makes of the object's text.
+                Member::Object(object) => object.write(out)?,
             }
         }
         out.push(b'}');
@@ -117,7 +151,7 @@ impl<'a> Object<'a> {
 
 /// A JSON string.
 pub fn write_str(out: &mut Vec<u8>, text: &str) {
-    if text.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+    if sluice_core::json::find_string_special(text.as_bytes()).is_none() {
         out.push(b'"');
         out.extend_from_slice(text.as_bytes());
         out.push(b'"');
@@ -128,8 +162,8 @@ pub fn write_str(out: &mut Vec<u8>, text: &str) {
 }
 
 /// An integer.
-pub fn write_int(out: &mut Vec<u8>, n: impl fmt::Display) {
-    let _ = write!(out, "{n}");
+pub fn write_int(out: &mut Vec<u8>, n: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// An integer serde_json reads and writes back unchanged (not `-0`, within `i64`).
@@ -183,7 +217,25 @@ pub fn write_value(out: &mut Vec<u8>, raw: &RawValue) -> Result<(), String> {
 
 /// A value parsed (for the few fields a record's key and time are read from).
 pub fn value(raw: &RawValue) -> Value {
-    serde_json::from_str(raw.get()).unwrap_or(Value::Null)
+    let text = raw.get();
+    // What serde_json makes of the two common cases, without a parser for each.
+    match text.as_bytes().first() {
+        Some(b'"') if !text.contains('\\') => {
+            return Value::String(text[1..text.len() - 1].to_owned());
+        }
+        Some(b'-') if plain_integer(text) => {
+            if let Ok(n) = text.parse::<i64>() {
+                return Value::from(n);
+            }
+        }
+        Some(b'0'..=b'9') if plain_integer(text) => {
+            if let Ok(n) = text.parse::<u64>() {
+                return Value::from(n);
+            }
+        }
+        _ => {}
+    }
+    serde_json::from_str(text).unwrap_or(Value::Null)
 }
 
 /// A member's value parsed.
@@ -191,6 +243,13 @@ pub fn member_value(member: &Member<'_>) -> Value {
     match member {
         Member::Raw(raw) => value(raw),
         Member::Made(text) => serde_json::from_slice(text).unwrap_or(Value::Null),
+        Member::Object(object) => {
+            let mut text = Vec::with_capacity(object.size());
+            match object.clone().write(&mut text) {
+                Ok(()) => serde_json::from_slice(&text).unwrap_or(Value::Null),
+                Err(_) => Value::Null,
+            }
+        }
     }
 }
 
@@ -208,6 +267,12 @@ pub fn key_fields(entity: &str, payload: &Object<'_>) -> Map<String, Value> {
         let rest: Vec<&str> = path.collect();
         let leaf = match (rest.as_slice(), member) {
             ([], member) => member_value(member),
+            (rest, Member::Raw(raw)) => nested_raw(raw, rest),
+            ([segment, rest @ ..], Member::Object(object)) => match object.get(segment) {
+                Some(Member::Raw(raw)) => nested_raw(raw, rest),
+                Some(member) => nested(member_value(member), rest),
+                None => Value::Null,
+            },
             (rest, member) => nested(member_value(member), rest),
         };
         let mut leaf = leaf;
@@ -224,6 +289,25 @@ pub fn key_fields(entity: &str, payload: &Object<'_>) -> Map<String, Value> {
         }
     }
     fields
+}
+
+/// [`nested`] of a raw value, parsing only the members on the path (an order's whole
+/// `order` object parsed into a map cost more than the rest of its record).
+fn nested_raw(raw: &RawValue, path: &[&str]) -> Value {
+    let mut raw = raw;
+    for segment in path {
+        if !raw.get().starts_with('{') {
+            return Value::Null;
+        }
+        let Ok(object) = serde_json::from_str::<Object<'_>>(raw.get()) else {
+            return Value::Null;
+        };
+        match object.raw(segment) {
+            Some(inner) => raw = inner,
+            None => return Value::Null,
+        }
+    }
+    value(raw)
 }
 
 fn nested(mut value: Value, path: &[&str]) -> Value {

@@ -44,11 +44,53 @@ pub struct Built {
 pub fn time_ms(value: &Value) -> Option<i64> {
     match value {
         Value::Number(n) => n.as_i64(),
-        Value::String(text) => chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%M:%S%.f")
-            .ok()
-            .map(|t| t.and_utc().timestamp_millis()),
+        Value::String(text) => plain_time_ms(text).or_else(|| {
+            chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%M:%S%.f")
+                .ok()
+                .map(|t| t.and_utc().timestamp_millis())
+        }),
         _ => None,
     }
+}
+
+/// The node's own spelling, `YYYY-MM-DDTHH:MM:SS` with 1 to 9 digits of fraction or none,
+/// read without chrono's format parser (its cost showed in profiles: a time per order
+/// status and per block); `None` for anything else, which chrono then reads (the same
+/// format accepts more: no leap second here, a longer fraction).
+fn plain_time_ms(text: &str) -> Option<i64> {
+    let b = text.as_bytes();
+    let separators = [(4, b'-'), (7, b'-'), (10, b'T'), (13, b':'), (16, b':')];
+    if b.len() < 19 || separators.iter().any(|(at, c)| b[*at] != *c) {
+        return None;
+    }
+    let number = |digits: &[u8]| {
+        digits
+            .iter()
+            .try_fold(0u32, |n, c| c.is_ascii_digit().then(|| n * 10 + u32::from(c - b'0')))
+    };
+    let nanos = match &b[19..] {
+        [] => 0,
+        [b'.', digits @ ..] if (1..=9).contains(&digits.len()) => {
+            number(digits)? * 10u32.pow(9 - digits.len() as u32)
+        }
+        _ => return None,
+    };
+    let second = number(&b[17..19])?;
+    if second > 59 {
+        return None;
+    }
+    let date = chrono::NaiveDate::from_ymd_opt(
+        i32::try_from(number(&b[0..4])?).ok()?,
+        number(&b[5..7])?,
+        number(&b[8..10])?,
+    )?;
+    let time = chrono::NaiveTime::from_hms_nano_opt(
+        number(&b[11..13])?,
+        number(&b[14..16])?,
+        second,
+        nanos,
+    )?;
+    Some(date.and_time(time).and_utc().timestamp_millis())
 }
 
 fn bad(what: impl Into<String>) -> String {
@@ -127,22 +169,36 @@ pub fn build(
         built.block = Some((height, time));
         return Ok(built);
     }
+    if source.trades_from_fills || entity == "fill" {
+        let (block, parts) = parsed_events(source.layout, line, &mut built, fill_parts)?;
+        for (index, part) in parts.into_iter().enumerate() {
+            let what = event_error(block, index);
+            let (raw::Text(user), fields) = part.map_err(what)?;
+            if source.trades_from_fills {
+                if let Some(trade) = paired(&user, &fields, at, pairs).map_err(what)? {
+                    built.records.push(trade.record(entity, at, block).map_err(what)?);
+                }
+            } else {
+                let size = fields.size();
+                let record = fill_record(entity, user, fields, size, at, block).map_err(what)?;
+                built.records.push(record);
+            }
+        }
+        return Ok(built);
+    }
+    if entity == "order" {
+        let (block, parts) = parsed_events(source.layout, line, &mut built, order_fields)?;
+        for (index, part) in parts.into_iter().enumerate() {
+            let what = event_error(block, index);
+            let fields = part.map_err(what)?;
+            built.records.push(order(entity, fields, at, block).map_err(what)?);
+        }
+        return Ok(built);
+    }
     let (block, events) = events(source.layout, line, &mut built)?;
     for (index, event) in events.into_iter().enumerate() {
-        let what = |reason: String| {
-            if block.is_some() { format!("event {index}: {reason}") } else { reason }
-        };
-        if source.trades_from_fills {
-            let (user, fields) = fill_parts(event).map_err(what)?;
-            let side = Side::read(user, &fields).map_err(what)?;
-            if let Some(trade) = pairs.add(side, at) {
-                built.records.push(trade.record(entity, at, block).map_err(what)?);
-            }
-            continue;
-        }
+        let what = event_error(block, index);
         let record = match entity {
-            "fill" => fill(entity, event, at, block),
-            "order" => order(entity, event, at, block),
             "misc_event" | "trade" => {
                 let event: Value = serde_json::from_str(event.get()).map_err(|e| e.to_string())?;
                 let payload = if entity == "trade" { trade(event) } else { misc_event(event) };
@@ -154,6 +210,103 @@ pub fn build(
         built.records.push(record);
     }
     Ok(built)
+}
+
+/// A fill line's records for the `fill` stream and the trades its fills pair into, from one
+/// read of the line: each result is what [`build`] answers for that stream (`fill_source`
+/// and its trades twin read the same directory).
+pub fn build_fills_and_trades(
+    (fill_entity, trade_entity): (&str, &str),
+    layout: Layout,
+    line: &[u8],
+    at: &LineAt<'_>,
+    pairs: &mut Pairs,
+) -> (Result<Built, String>, Result<Built, String>) {
+    let mut fills = Built::default();
+    let (block, parts) = match parsed_events(layout, line, &mut fills, fill_parts) {
+        Ok(read) => read,
+        Err(reason) => return (Err(reason.clone()), Err(reason)),
+    };
+    let trades = Built { records: Vec::new(), block: fills.block };
+    let (mut fills, mut trades) = (Ok(fills), Ok(trades));
+    for (index, part) in parts.into_iter().enumerate() {
+        let what = event_error(block, index);
+        let (user, fields) = match part {
+            Ok((raw::Text(user), fields)) => (user, fields),
+            Err(reason) => {
+                // Both streams stop at a bad event, as each does reading the line alone.
+                let reason = what(reason);
+                if fills.is_ok() {
+                    fills = Err(reason.clone());
+                }
+                if trades.is_ok() {
+                    trades = Err(reason);
+                }
+                continue;
+            }
+        };
+        // The trade side first: it borrows the fields the fill record then takes.
+        if let Ok(built) = &mut trades {
+            match paired(&user, &fields, at, pairs)
+                .and_then(|trade| trade.map(|t| t.record(trade_entity, at, block)).transpose())
+            {
+                Ok(record) => built.records.extend(record),
+                Err(reason) => trades = Err(what(reason)),
+            }
+        }
+        if let Ok(built) = &mut fills {
+            let size = fields.size();
+            match fill_record(fill_entity, user, fields, size, at, block) {
+                Ok(record) => built.records.push(record),
+                Err(reason) => fills = Err(what(reason)),
+            }
+        }
+    }
+    (fills, trades)
+}
+
+/// Adds a fill to the waiting ones; the trade when it completes a pair.
+fn paired(
+    user: &str,
+    fields: &raw::Object<'_>,
+    at: &LineAt<'_>,
+    pairs: &mut Pairs,
+) -> Result<Option<Trade>, String> {
+    Ok(pairs.add(Side::read(user, fields)?, at))
+}
+
+/// How an event's error is told: with its place in a by-block line.
+fn event_error(block: Option<u64>, index: usize) -> impl Fn(String) -> String + Copy {
+    move |reason| if block.is_some() { format!("event {index}: {reason}") } else { reason }
+}
+
+/// A line's events, each read as an `E` by `each`: in the same pass as the line when the
+/// whole line reads so, else the long way ([`events`], then `each` per event), which makes
+/// the same values or the same errors.
+#[allow(clippy::type_complexity)]
+fn parsed_events<'a, E: Deserialize<'a>>(
+    layout: Layout,
+    line: &'a [u8],
+    built: &mut Built,
+    each: fn(&'a RawValue) -> Result<E, String>,
+) -> Result<(Option<u64>, Vec<Result<E, String>>), String> {
+    // Text checked as UTF-8 once is read without checking each value again.
+    let text = std::str::from_utf8(line).ok();
+    if layout != Layout::ByBlock {
+        if let Some(Ok(event)) = text.map(serde_json::from_str::<E>) {
+            return Ok((None, vec![Ok(event)]));
+        }
+    } else if let Some(Ok(batch)) = text.map(serde_json::from_str::<ByBlockOf<'_, E>>)
+        && let (Some(number), Some(events)) =
+            (batch.block_number.and_then(|raw| raw::value(raw).as_u64()), batch.events)
+    {
+        if let Some(time) = batch.block_time.and_then(|raw| time_ms(&raw::value(raw))) {
+            built.block = Some((number, time));
+        }
+        return Ok((Some(number), events.into_iter().map(Ok).collect()));
+    }
+    let (block, events) = events(layout, line, built)?;
+    Ok((block, events.into_iter().map(each).collect()))
 }
 
 /// A line's events: a by-block line's list (its block noted in `built`), else the line.
@@ -196,37 +349,45 @@ fn events<'a>(
     Ok((Some(number), events))
 }
 
-/// A by-block line's members this reads.
+/// A by-block line's members this reads, its events read as `E`.
 #[derive(Deserialize)]
-struct ByBlock<'a> {
+#[serde(bound(deserialize = "E: Deserialize<'de>, 'de: 'a"))]
+struct ByBlockOf<'a, E> {
     #[serde(borrow, default)]
     block_number: Option<&'a RawValue>,
     #[serde(borrow, default)]
     block_time: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    events: Option<Vec<&'a RawValue>>,
+    #[serde(default = "Option::default")]
+    events: Option<Vec<E>>,
 }
+
+type ByBlock<'a> = ByBlockOf<'a, &'a RawValue>;
 
 /// A fill line's event: `[user, {fill in the API's fills format}]`.
-fn fill_parts(event: &RawValue) -> Result<(Cow<'_, str>, raw::Object<'_>), String> {
-    let (raw::Text(user), fields): (raw::Text<'_>, raw::Object<'_>) =
-        serde_json::from_str(event.get()).map_err(|_| bad("a fill is not [user, fill]"))?;
-    Ok((user, fields))
+type FillParts<'a> = (raw::Text<'a>, raw::Object<'a>);
+
+fn fill_parts(event: &RawValue) -> Result<FillParts<'_>, String> {
+    serde_json::from_str(event.get()).map_err(|_| bad("a fill is not [user, fill]"))
 }
 
-/// A fill: its fields with `user` added.
-fn fill(
+fn order_fields(event: &RawValue) -> Result<raw::Object<'_>, String> {
+    serde_json::from_str(event.get()).map_err(|_| bad("an order status is not an object"))
+}
+
+/// A fill's record from its parts (`size`: the event's length, for the text's capacity).
+fn fill_record(
     entity: &str,
-    event: &RawValue,
+    user: Cow<'_, str>,
+    mut fields: raw::Object<'_>,
+    size: usize,
     at: &LineAt<'_>,
     block: Option<u64>,
 ) -> Result<StreamRecord, String> {
-    let (user, mut fields) = fill_parts(event)?;
     let mut name = Vec::with_capacity(user.len() + 2);
     raw::write_str(&mut name, &user);
     fields.set("user", name);
     let keys = raw::key_fields(entity, &fields);
-    let mut text = raw::envelope(at.file, at.position.1, block, event.get().len() + 16);
+    let mut text = raw::envelope(at.file, at.position.1, block, size + 16);
     fields.write(&mut text)?;
     raw::finish(entity, text, &keys)
 }
@@ -234,19 +395,20 @@ fn fill(
 /// An order status, its time as Unix ms.
 fn order(
     entity: &str,
-    event: &RawValue,
+    mut fields: raw::Object<'_>,
     at: &LineAt<'_>,
     block: Option<u64>,
 ) -> Result<StreamRecord, String> {
-    let mut fields: raw::Object<'_> =
-        serde_json::from_str(event.get()).map_err(|_| bad("an order status is not an object"))?;
+    let size = fields.size();
+    // The order object is read once, for its `oid` (a key field) and for the record's text.
+    fields.read_object("order");
     let time = fields.get("time").map(raw::member_value).ok_or_else(|| bad("no time"))?;
     let ms = time_ms(&time).ok_or_else(|| format!("time {time} is not a time"))?;
     let mut text = Vec::with_capacity(16);
     raw::write_int(&mut text, ms);
     fields.set("time", text);
     let keys = raw::key_fields(entity, &fields);
-    let mut text = raw::envelope(at.file, at.position.1, block, event.get().len());
+    let mut text = raw::envelope(at.file, at.position.1, block, size);
     fields.write(&mut text)?;
     raw::finish(entity, text, &keys)
 }
@@ -270,7 +432,7 @@ pub struct Side {
 }
 
 impl Side {
-    fn read(user: Cow<'_, str>, fields: &raw::Object<'_>) -> Result<Self, String> {
+    fn read(user: &str, fields: &raw::Object<'_>) -> Result<Self, String> {
         let mut text = Vec::with_capacity(256);
         let mut ends = [0; 10];
         for (index, name) in TRADE_FIELDS.iter().chain(&SIDE_FIELDS).enumerate() {
@@ -282,7 +444,7 @@ impl Side {
         }
         let parsed = |name: &str| fields.raw(name).map(raw::value).unwrap_or(Value::Null);
         Ok(Self {
-            user: user.into_owned(),
+            user: user.to_owned(),
             tid: parsed("tid").as_u64(),
             buy: parsed("side").as_str() == Some("B"),
             crossed: parsed("crossed").as_bool() == Some(true),

@@ -45,7 +45,9 @@ impl StreamRecord {
     /// [`InvalidRecord`]: malformed JSON, not an object, a repeated key at any depth, a
     /// missing or invalid key field, a missing or invalid time.
     pub fn parse(entity: &str, value: &[u8]) -> Result<Self, InvalidRecord> {
-        let object = match crate::json::parse(value) {
+        // Every byte is checked as `json::parse` checks it; only the fields the checks read
+        // are built (a map of every field cost more than the rest of a Kafka source's work).
+        let object = match crate::json::parse_picked(value, checked_paths(entity)) {
             Ok(Value::Object(object)) => object,
             Ok(_) => return Err(InvalidRecord::NotObject),
             Err(crate::json::JsonError::DuplicateKey { path }) => {
@@ -114,6 +116,32 @@ impl StreamRecord {
     /// The key and the JSON text, for appending.
     pub fn into_parts(self) -> (String, Vec<u8>) {
         (self.key, self.value)
+    }
+}
+
+/// The fields [`StreamRecord::checked`] reads of an `entity` record: its key fields and time
+/// field, at the top and under the envelope (nothing for an entity without a schema).
+fn checked_paths(entity: &str) -> &'static crate::json::Paths {
+    static PATHS: std::sync::OnceLock<Vec<crate::json::Paths>> = std::sync::OnceLock::new();
+    static NONE: crate::json::Paths = crate::json::Paths::new();
+    let all = PATHS.get_or_init(|| {
+        super::entity_schemas()
+            .iter()
+            .map(|schema| {
+                let mut paths = crate::json::Paths::default();
+                for field in schema.key_fields.iter().chain([&schema.time_field]) {
+                    paths.add(field);
+                    if let Some(envelope) = schema.envelope {
+                        paths.add(&format!("{envelope}.{field}"));
+                    }
+                }
+                paths
+            })
+            .collect()
+    });
+    match super::entity_schemas().iter().position(|schema| schema.entity == entity) {
+        Some(index) => &all[index],
+        None => &NONE,
     }
 }
 

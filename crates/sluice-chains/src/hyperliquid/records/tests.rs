@@ -138,3 +138,42 @@ fn records_are_written_byte_for_byte_as_a_parsed_map_writes_them() {
     assert_eq!(built.records[0].value(), via_map("order", Some(6), payload).as_slice());
     assert_eq!(built.records[0].key(), "42:open:1764059598111");
 }
+
+#[test]
+fn node_times_read_directly_are_what_chrono_reads() {
+    let chrono_ms = |text: &str| {
+        chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%M:%S%.f")
+            .ok()
+            .map(|t| t.and_utc().timestamp_millis())
+    };
+    for text in [
+        "2025-11-25T08:33:18.508962742",
+        "2025-11-25T08:33:18.1",
+        "2025-11-25T08:33:18.999",
+        "2025-11-25T08:33:18",
+        "1970-01-01T00:00:00.000000001",
+        "2024-02-29T23:59:59.9999999",
+        "2025-02-29T00:00:00",
+        "2025-13-01T00:00:00",
+        "2025-11-25T24:00:00",
+        "2025-11-25T08:60:00",
+        "2025-11-25T08:33:60",
+        "2025-11-25T08:33:18.",
+        "2025-11-25T08:33:18.1234567891",
+        "2025-11-25T08:33:18Z",
+        "2025-11-25 08:33:18",
+        "+2025-11-25T08:33:18",
+        "2025-1-25T08:33:18.5",
+        "0000-01-01T00:00:00",
+        "9999-12-31T23:59:59.5",
+        "yesterday",
+        "",
+    ] {
+        let value = Value::String(text.to_owned());
+        assert_eq!(time_ms(&value), chrono_ms(text), "{text:?}");
+        if let Some(ms) = plain_time_ms(text) {
+            assert_eq!(Some(ms), chrono_ms(text), "{text:?} read directly");
+        }
+    }
+    assert!(plain_time_ms("2025-11-25T08:33:18.508962742").is_some(), "the node's spelling");
+}
