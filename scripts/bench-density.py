@@ -550,12 +550,16 @@ def delivered_counts(node, metric="sluice_pipeline_messages_sent_total"):
 
 def start_profile(tag, node, broker):
     """With BENCH_DENSITY_PERF_DIR set, `perf record` of the node (and the broker) during the
-    drain, into that directory (`perf report -i DIR/TAG-node.data`)."""
+    drain, into that directory (`perf report -i DIR/TAG-node.data`): CPU samples, or each
+    event BENCH_DENSITY_PERF_EVENT names (`page-faults`: where fresh memory is first
+    touched)."""
     out = os.environ.get("BENCH_DENSITY_PERF_DIR")
     if not out:
         return []
+    event = os.environ.get("BENCH_DENSITY_PERF_EVENT")
+    sampling = ["-e", event] if event else ["-F", "499"]
     targets = [("node", node.pid)] + ([("broker", broker.process.pid)] if broker else [])
-    return [subprocess.Popen(["perf", "record", "-q", "-F", "499", "-g", "-p", str(pid), "-o",
+    return [subprocess.Popen(["perf", "record", "-q"] + sampling + ["-g", "-p", str(pid), "-o",
                               os.path.join(out, "%s-%s.data" % (tag, name))],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for name, pid in targets]
