@@ -78,12 +78,17 @@ const HOLD_BATCHES: u64 = 32;
 
 /// A run that received no batch for this long is not catching up (it is paused, slow or
 /// failing): no one holds back for it.
-const HOLD_ACTIVE: Duration = Duration::from_millis(20);
+const HOLD_ACTIVE: Duration = Duration::from_millis(100);
 
 /// The longest a partition's readers hold back in any [`HOLD_PERIOD`]: a run behind that is
 /// slow for its own reasons (a slow sink) costs the others at most a fifth of their time.
 const HOLD_BUDGET: Duration = Duration::from_secs(1);
 const HOLD_PERIOD: Duration = Duration::from_secs(5);
+
+/// Holding back is counted in wall time, once however many workers wait in it: each
+/// worker's look counts the time since the last look of any, up to this much (a gap longer
+/// than it means no one was holding in between).
+const HOLD_LOOK: Duration = Duration::from_millis(5);
 
 /// Batches one read from the log brings while several workers read the stream: each worker
 /// then takes a segment's worth in one step ([`ROUND_BATCHES`] in the worker), so a hundred
@@ -193,6 +198,8 @@ struct Windows {
     /// Time spent holding back since `held_since` ([`HOLD_BUDGET`]).
     held: Duration,
     held_since: Option<Instant>,
+    /// When a reader last decided to hold back ([`HOLD_LOOK`]).
+    held_look: Option<Instant>,
     /// The last read of the log found nothing at this offset, and the follower's wake count
     /// was this when it started ([`SharedStream::wakes`]): until the follower wakes (the log
     /// says something was appended, or `idle_wait` passed), another read there would find
@@ -285,12 +292,21 @@ impl Windows {
                 run.segments.front().is_some_and(|first| first.from <= end) && end < run.end
             })
         };
-        self.runs.iter().any(|run| {
+        let hold = self.runs.iter().any(|run| {
             run.end < from
                 && from - run.end <= reach
                 && run.pushed_at.elapsed() < HOLD_ACTIVE
                 && !caught_up(run.end)
-        })
+        });
+        if hold {
+            // The several workers at this run's end each look every millisecond while they
+            // hold: the time since the last look of any is held time, counted once.
+            let now = Instant::now();
+            if let Some(last) = self.held_look.replace(now) {
+                self.held += now.saturating_duration_since(last).min(HOLD_LOOK);
+            }
+        }
+        hold
     }
 
     fn stalest(&self) -> Option<usize> {
@@ -491,7 +507,6 @@ impl SharedStream {
             return Ok(Chunk { pushes, more: false, kind: ChunkKind::Own(Vec::new()) });
         }
         let mut reading = part.reading.lock().await;
-        let mut held: Option<Instant> = None;
         let (pushes, wakes) = loop {
             // Read by the worker this one waited for, perhaps.
             if let Some(chunk) = part.slice(from, max) {
@@ -504,16 +519,12 @@ impl SharedStream {
                 if windows.nothing_at == Some((from, wakes)) {
                     return Ok(Chunk { pushes, more: false, kind: ChunkKind::Own(Vec::new()) });
                 }
-                if let Some(started) = held.take() {
-                    windows.held += started.elapsed();
-                }
                 windows.hold(from, self.batch_size)
             };
             if !hold {
                 break (pushes, wakes);
             }
             drop(reading);
-            held = Some(Instant::now());
             tokio::time::sleep(Duration::from_millis(1)).await;
             reading = part.reading.lock().await;
         };

@@ -79,6 +79,23 @@ fn holding_back_stops_when_the_budget_of_the_period_is_spent() {
 }
 
 #[test]
+fn held_time_is_wall_time_counted_once_however_many_workers_hold() {
+    let mut windows = two_runs(1_000, 900);
+    // A hundred workers look one after another: what is counted is at most the time that
+    // passed, not a hundred workers' waits.
+    let started = Instant::now();
+    for _ in 0..100 {
+        assert!(windows.hold(1_000, BATCH));
+    }
+    assert!(windows.held <= started.elapsed(), "{:?}", windows.held);
+    // A look long after the last one counts at most HOLD_LOOK (no one held in between).
+    windows.held_look = Some(Instant::now() - HOLD_PERIOD / 2);
+    let before = windows.held;
+    assert!(windows.hold(1_000, BATCH));
+    assert!(windows.held - before <= HOLD_LOOK, "{:?}", windows.held - before);
+}
+
+#[test]
 fn the_window_drops_the_least_recently_read_batches_never_the_newest_and_keeps_marks() {
     let mut windows = Windows::default();
     let old = windows.run_at(0);
