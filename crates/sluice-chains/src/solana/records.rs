@@ -5,7 +5,7 @@
 use chrono::{DateTime, SecondsFormat};
 use sluice_core::streams::{RecordWriter, StreamRecord};
 
-use super::block::{self, Account, Block, Instruction, Meta, TokenBalance, Version};
+use super::block::{self, Account, Block, Instruction, TokenBalance, Version};
 use crate::ChainError;
 
 /// The entity a Solana ingester writes.
@@ -71,10 +71,11 @@ fn transaction(
     entry: &block::Entry<'_>,
     timestamp: &str,
 ) -> Result<StreamRecord, ChainError> {
-    let meta: Meta<'_> = match entry.meta {
-        Some(raw) => serde_json::from_str(raw.get()).map_err(|error| malformed(slot, &error))?,
-        None => return Err(malformed(slot, &format!("transaction {index} has no meta"))),
+    let Some(meta) = &entry.meta else {
+        return Err(malformed(slot, &format!("transaction {index} has no meta")));
     };
+    let fee =
+        meta.fee.ok_or_else(|| malformed(slot, &format!("transaction {index} has no fee")))?;
     let tx = &entry.transaction;
     let message = &tx.message;
     let accounts = block::accounts(message, meta.loaded_addresses.as_ref());
@@ -91,15 +92,25 @@ fn transaction(
     let inner_sets = meta.inner_instructions.as_deref().unwrap_or_default();
     check_indexes(slot, accounts.len(), message, inner_sets)?;
 
-    // About the record's size: the metadata's text, each account as an object, the
-    // instructions, the rest.
-    let estimate = entry.meta.map_or(0, |raw| raw.get().len())
-        + accounts.len() * 96
-        + message
-            .instructions
+    // About the record's size: each account as an object, the instructions, the logs,
+    // balances and token balances, the rest.
+    let instructions_size = |list: &[Instruction<'_>]| {
+        list.iter().map(|i| i.accounts.len() * 4 + i.data.len() + 96).sum::<usize>()
+    };
+    let estimate = accounts.len() * 112
+        + instructions_size(&message.instructions)
+        + inner_sets.iter().map(|set| instructions_size(&set.instructions) + 32).sum::<usize>()
+        + meta
+            .log_messages
+            .as_deref()
+            .unwrap_or_default()
             .iter()
-            .map(|i| i.accounts.len() * 4 + i.data.len() + 96)
+            .map(|l| l.len() + 3)
             .sum::<usize>()
+        + (meta.pre_balances.len() + meta.post_balances.len()) * 16
+        + (meta.pre_token_balances.as_ref().map_or(0, Vec::len)
+            + meta.post_token_balances.as_ref().map_or(0, Vec::len))
+            * 320
         + 1024;
     let mut w =
         RecordWriter::with_capacity(ENTITY, estimate).map_err(|error| malformed(slot, &error))?;
@@ -110,7 +121,7 @@ fn transaction(
     w.str("block_timestamp", timestamp);
     w.serialize("compute_units_consumed", &meta.compute_units_consumed);
     w.serialize("err", &meta.err);
-    w.u64("fee", meta.fee);
+    w.u64("fee", fee);
     w.raw("inner_instructions", |out| {
         list(out, inner_sets, |out, set| {
             out.extend_from_slice(b"{\"index\":");
@@ -385,6 +396,18 @@ mod tests {
                 assert_eq!(serde_json::to_vec(&value).unwrap(), record.value(), "{name}");
             }
         }
+    }
+
+    #[test]
+    fn a_non_vote_without_a_fee_is_malformed_and_a_vote_without_one_is_left_out() {
+        let mut block: Value = serde_json::from_str(&fixture("slot-100000000.json")).unwrap();
+        // Transaction 0 is a vote, 3 is not.
+        block["transactions"][0]["meta"].as_object_mut().unwrap().remove("fee");
+        let records = build(100_000_000, &block.to_string(), None).unwrap().records;
+        assert_eq!(records.len(), 4);
+        block["transactions"][3]["meta"].as_object_mut().unwrap().remove("fee");
+        let error = build(100_000_000, &block.to_string(), None).unwrap_err();
+        assert!(error.to_string().contains("transaction 3 has no fee"), "{error}");
     }
 
     #[test]
