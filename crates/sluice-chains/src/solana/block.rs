@@ -130,7 +130,7 @@ pub struct Instruction<'a> {
     pub stack_height: Option<u32>,
 }
 
-/// A non-vote transaction's status metadata.
+/// A transaction's status metadata (a vote's is read but not used).
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Meta<'a> {
