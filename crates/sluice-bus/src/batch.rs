@@ -1,8 +1,9 @@
 //! Record batches: how the embedded log stores records, many to a database entry (as Kafka
 //! stores record batches in its segments).
 //!
-//! An append puts its records for one partition into batches of up to [`BATCH_BYTES`]; every
-//! record of a batch has the batch's append time. Layout, little-endian:
+//! An append puts its records for one partition into batches of at most [`BATCH_BYTES`]
+//! stored (a single larger record gets a batch of its own); every record of a batch has the
+//! batch's append time. Layout, little-endian:
 //!
 //! ```text
 //! version u8 (1) | count u32 | timestamp_ms i64 | crc32 u32 (of the body)
@@ -20,9 +21,68 @@ const VERSION: u8 = 1;
 const HEADER: usize = 1 + 4 + 8 + 4;
 const RECORD_HEADER: usize = 8;
 
-/// A batch is closed once its body reaches this size (a single larger record still gets a
-/// batch of its own). Small enough that a read of a few records copies little.
-pub(crate) const BATCH_BYTES: usize = 256 * 1024;
+/// The most a stored batch of more than one record holds: with the database's own leaf
+/// header (24 bytes for one entry of this table) it fits a 256 KiB page. A batch even a
+/// little larger takes a 512 KiB page, written whole at the commit: twice the bytes to disk.
+/// Small enough that a read of a few records copies little.
+pub(crate) const BATCH_BYTES: usize = 256 * 1024 - 64;
+
+/// The stored size of one record in a batch: its lengths, key and value.
+pub(crate) fn record_bytes(key_len: usize, value_len: usize) -> usize {
+    RECORD_HEADER + key_len + value_len
+}
+
+/// How many of `records` (key and value lengths, in append order) the next batch takes: as
+/// many as fit [`BATCH_BYTES`], and at least one. Answers the count and the batch's stored
+/// size.
+pub(crate) fn next_batch(records: impl Iterator<Item = (usize, usize)>) -> (usize, usize) {
+    let (mut count, mut size) = (0, HEADER);
+    for (key_len, value_len) in records {
+        let record = record_bytes(key_len, value_len);
+        if count > 0 && size + record > BATCH_BYTES {
+            break;
+        }
+        count += 1;
+        size += record;
+    }
+    (count, size)
+}
+
+/// Writes a batch into `stored`, whose length is the batch's stored size ([`next_batch`]),
+/// as the database's own page memory: no copy of the batch is built first.
+///
+/// # Panics
+/// When the records do not fill `stored` exactly (the caller sized it for them).
+pub(crate) fn write<'r>(
+    stored: &mut [u8],
+    timestamp_ms: i64,
+    records: impl Iterator<Item = (&'r [u8], &'r [u8])>,
+) {
+    let mut at = HEADER;
+    let mut count = 0u32;
+    for (key, value) in records {
+        stored[at..at + 4].copy_from_slice(&(key.len() as u32).to_le_bytes());
+        stored[at + 4..at + RECORD_HEADER].copy_from_slice(&(value.len() as u32).to_le_bytes());
+        at += RECORD_HEADER;
+        stored[at..at + key.len()].copy_from_slice(key);
+        at += key.len();
+        stored[at..at + value.len()].copy_from_slice(value);
+        at += value.len();
+        count += 1;
+    }
+    assert_eq!(at, stored.len(), "a batch is written into exactly its stored size");
+    let crc = crc32fast::hash(&stored[HEADER..]);
+    stored[..HEADER].copy_from_slice(&header_bytes(count, timestamp_ms, crc));
+}
+
+fn header_bytes(count: u32, timestamp_ms: i64, crc: u32) -> [u8; HEADER] {
+    let mut header = [0u8; HEADER];
+    header[0] = VERSION;
+    header[1..5].copy_from_slice(&count.to_le_bytes());
+    header[5..13].copy_from_slice(&timestamp_ms.to_le_bytes());
+    header[13..17].copy_from_slice(&crc.to_le_bytes());
+    header
+}
 
 /// The size a record counts for in a partition's retained bytes (`max_bytes` retention):
 /// its key and value and 12 bytes of overhead. The same as before batches, so retention
@@ -31,24 +91,23 @@ pub(crate) fn accounted_size(key_len: usize, value_len: usize) -> u64 {
     (12 + key_len + value_len) as u64
 }
 
-/// Builds one stored batch.
+/// Builds one stored batch in a buffer of its own (the conversion of a legacy log, which
+/// does not know a batch's records in advance).
 pub(crate) struct BatchBuilder {
     buf: Vec<u8>,
     count: u32,
+    timestamp_ms: i64,
 }
 
 impl BatchBuilder {
     pub(crate) fn new(timestamp_ms: i64) -> Self {
         let mut buf = Vec::with_capacity(HEADER + 4096);
-        buf.push(VERSION);
-        buf.extend_from_slice(&0u32.to_le_bytes());
-        buf.extend_from_slice(&timestamp_ms.to_le_bytes());
-        buf.extend_from_slice(&0u32.to_le_bytes());
-        Self { buf, count: 0 }
+        buf.resize(HEADER, 0);
+        Self { buf, count: 0, timestamp_ms }
     }
 
     pub(crate) fn push(&mut self, key: &[u8], value: &[u8]) {
-        self.buf.reserve(RECORD_HEADER + key.len() + value.len());
+        self.buf.reserve(record_bytes(key.len(), value.len()));
         self.buf.extend_from_slice(&(key.len() as u32).to_le_bytes());
         self.buf.extend_from_slice(&(value.len() as u32).to_le_bytes());
         self.buf.extend_from_slice(key);
@@ -60,16 +119,15 @@ impl BatchBuilder {
         self.count
     }
 
-    /// Whether the batch is full (the next record starts a new one).
-    pub(crate) fn is_full(&self) -> bool {
-        self.buf.len() - HEADER >= BATCH_BYTES
+    /// Whether a record of these lengths may join the batch ([`BATCH_BYTES`]).
+    pub(crate) fn fits(&self, key_len: usize, value_len: usize) -> bool {
+        self.count == 0 || self.buf.len() + record_bytes(key_len, value_len) <= BATCH_BYTES
     }
 
     /// The stored bytes.
     pub(crate) fn finish(mut self) -> Vec<u8> {
         let crc = crc32fast::hash(&self.buf[HEADER..]);
-        self.buf[1..5].copy_from_slice(&self.count.to_le_bytes());
-        self.buf[13..17].copy_from_slice(&crc.to_le_bytes());
+        self.buf[..HEADER].copy_from_slice(&header_bytes(self.count, self.timestamp_ms, crc));
         self.buf
     }
 }
@@ -228,12 +286,32 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_is_full_past_its_size() {
+    fn a_batch_stays_within_its_size_and_a_large_record_gets_one_alone() {
         let mut builder = BatchBuilder::new(0);
         let value = vec![b'x'; 1000];
-        while !builder.is_full() {
+        while builder.fits(1, value.len()) {
             builder.push(b"k", &value);
         }
-        assert_eq!(builder.count(), (BATCH_BYTES as u32).div_ceil(1009));
+        assert_eq!(builder.count() as usize, (BATCH_BYTES - HEADER) / 1009);
+        assert!(builder.finish().len() <= BATCH_BYTES);
+        let lengths = [(1, 1000); 300];
+        let (count, size) = next_batch(lengths.iter().copied());
+        assert_eq!((count, size), ((BATCH_BYTES - HEADER) / 1009, HEADER + count * 1009));
+        assert_eq!(
+            next_batch([(1, BATCH_BYTES), (1, 1)].into_iter()),
+            (1, HEADER + 9 + BATCH_BYTES)
+        );
+        let empty = BatchBuilder::new(0);
+        assert!(empty.fits(1, BATCH_BYTES));
+    }
+
+    #[test]
+    fn a_batch_written_in_place_is_the_built_one() {
+        let records: [(&[u8], &[u8]); 3] = [(b"k1", b"one"), (b"", b""), (b"k3", b"three")];
+        let (count, size) = next_batch(records.iter().map(|(k, v)| (k.len(), v.len())));
+        assert_eq!(count, 3);
+        let mut stored = vec![0u8; size];
+        write(&mut stored, -7, records.iter().copied());
+        assert_eq!(Bytes::from(stored), built(&records));
     }
 }

@@ -28,6 +28,9 @@ use sluice_chains::solana::block::Block;
 use sluice_chains::solana::records;
 use sluice_core::clock::SystemClock;
 
+#[path = "../../sluice-runtime/examples/common/cpu.rs"]
+mod cpu;
+
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -121,6 +124,7 @@ async fn run(path: &str, rounds: usize) {
         .unwrap();
         let sink = LogPositions::new(log.clone());
         let started = Instant::now();
+        let cpu_started = cpu::process_cpu_secs();
         let (mut count, mut bytes, mut build_seconds) = (0usize, 0usize, 0.0f64);
         // The ingester's step: `max_concurrency × max_batch` blocks (32 by default).
         let per_append = std::env::var("SOLANA_BENCH_BLOCKS_PER_APPEND")
@@ -141,6 +145,7 @@ async fn run(path: &str, rounds: usize) {
             sink.append("solana", records::ENTITY, false, appended).await.unwrap();
         }
         let seconds = started.elapsed().as_secs_f64();
+        let cpu_seconds = cpu::process_cpu_secs() - cpu_started;
         let input: usize = lines.iter().map(|l| l.len()).sum();
         // Not part of the timed work: reading the answers into the borrowed block alone.
         let parsed = Instant::now();
@@ -150,7 +155,7 @@ async fn run(path: &str, rounds: usize) {
         }
         let parse_seconds = parsed.elapsed().as_secs_f64();
         println!(
-            "{{\"tool\": \"sluice\", \"round\": {round}, \"non_vote_transactions\": {count}, \"seconds\": {seconds:.4}, \"per_second\": {:.0}, \"build_seconds\": {build_seconds:.4}, \"append_seconds\": {:.4}, \"parse_only_seconds\": {parse_seconds:.4}, \"input_mb\": {:.1}, \"records_mb\": {:.1}}}",
+            "{{\"tool\": \"sluice\", \"round\": {round}, \"non_vote_transactions\": {count}, \"seconds\": {seconds:.4}, \"per_second\": {:.0}, \"cpu_seconds\": {cpu_seconds:.2}, \"build_seconds\": {build_seconds:.4}, \"append_seconds\": {:.4}, \"parse_only_seconds\": {parse_seconds:.4}, \"input_mb\": {:.1}, \"records_mb\": {:.1}}}",
             count as f64 / seconds,
             seconds - build_seconds,
             input as f64 / 1e6,

@@ -180,7 +180,10 @@ const SOLANA_TRANSACTION_FIELDS: &[(&str, &str)] = &[
     ("version", "string, legacy or 0"),
     ("recent_block_hash", "string, base58"),
     ("account_keys", "array of objects {pubkey, signer, writable, source}"),
-    ("instructions", "array of objects {program_id, accounts, data, stack_height}"),
+    (
+        "instructions",
+        "array of objects {program_id, accounts (indexes into account_keys), data, stack_height}",
+    ),
     ("inner_instructions", "array of objects {index, instructions}"),
     ("log_messages", "array of strings, or null"),
     ("pre_balances", "array of integers, lamports"),

@@ -211,8 +211,9 @@ impl SolanaFeed {
             json!({"program_id": COMPUTE_BUDGET, "accounts": [], "data": random_base58(rng, 9),
                 "stack_height": null}),
             json!({"program_id": main_program,
-                "accounts": account_keys.iter().filter(|k| !read_only.contains(&k.as_str()))
-                    .cloned().collect::<Vec<_>>(),
+                "accounts": account_keys.iter().enumerate()
+                    .filter(|(_, k)| !read_only.contains(&k.as_str()))
+                    .map(|(index, _)| index).collect::<Vec<_>>(),
                 "data": random_base58(rng, 12), "stack_height": null}),
         ];
         let fee = SIGNATURE_FEE * signature_count as u64 + priority_fee / 10;

@@ -78,7 +78,7 @@ fn convert_topic(db: &Database, topic: &str) -> Result<()> {
                 o.partition == partition
                     && o.timestamp_ms == timestamp_ms
                     && o.base + u64::from(o.builder.count()) == offset
-                    && !o.builder.is_full()
+                    && o.builder.fits(record_key.len(), record_value.len())
             });
             if !continues {
                 if let Some(done) = open.take() {

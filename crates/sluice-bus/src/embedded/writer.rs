@@ -13,7 +13,7 @@ use super::{
     GROUPS, PARTITION_STATE, PartitionState, StoredTopic, TOPICS, batches_table,
     batches_table_name, corrupt,
 };
-use crate::batch::{self, BatchBuilder};
+use crate::batch;
 use crate::record::partition_for_key;
 use crate::{BusError, NewRecord, Position, Result, TopicConfig};
 
@@ -141,7 +141,7 @@ impl Writer {
     }
 
     /// Appends `records`, each to its key's partition: per partition, in batches of up to
-    /// [`batch::BATCH_BYTES`], stamped with one append time.
+    /// [`batch::BATCH_BYTES`] ([`batch::next_batch`]), stamped with one append time.
     pub(super) fn append(
         &mut self,
         txn: &WriteTransaction,
@@ -166,26 +166,24 @@ impl Writer {
             let state = &mut states[partition as usize];
             // Append time never goes back within a partition, so seek by time can bisect.
             let timestamp_ms = now.max(state.last_timestamp_ms);
-            let mut builder = BatchBuilder::new(timestamp_ms);
-            let mut base = state.next_offset;
-            for &i in group {
-                let record = &records[i];
-                builder.push(&record.key, &record.value);
-                positions[i] = Position { partition, offset: state.next_offset };
-                state.next_offset += 1;
-                state.bytes += batch::accounted_size(record.key.len(), record.value.len());
-                if builder.is_full() {
-                    let full = std::mem::replace(&mut builder, BatchBuilder::new(timestamp_ms));
-                    table
-                        .insert((partition, base), full.finish().as_slice())
-                        .map_err(redb::Error::from)?;
-                    base = state.next_offset;
-                }
-            }
-            if builder.count() > 0 {
-                table
-                    .insert((partition, base), builder.finish().as_slice())
+            let mut rest = group;
+            while !rest.is_empty() {
+                let lengths = rest.iter().map(|&i| (records[i].key.len(), records[i].value.len()));
+                let (count, size) = batch::next_batch(lengths);
+                let (members, after) = rest.split_at(count);
+                // Written straight into the database's page: no copy of the batch first.
+                let mut stored = table
+                    .insert_reserve((partition, state.next_offset), size)
                     .map_err(redb::Error::from)?;
+                let parts = members.iter().map(|&i| (&records[i].key[..], &records[i].value[..]));
+                batch::write(stored.as_mut(), timestamp_ms, parts);
+                for &i in members {
+                    let record = &records[i];
+                    positions[i] = Position { partition, offset: state.next_offset };
+                    state.next_offset += 1;
+                    state.bytes += batch::accounted_size(record.key.len(), record.value.len());
+                }
+                rest = after;
             }
             state.last_timestamp_ms = timestamp_ms;
             partitions.insert((topic, partition), state.row()).map_err(redb::Error::from)?;

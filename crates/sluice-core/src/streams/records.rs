@@ -280,6 +280,20 @@ impl RecordWriter {
         }
     }
 
+    /// A field whose value `write` appends to the record's text itself, for a producer with
+    /// its own writer for a large nested value (the Solana ingester's instructions, say);
+    /// not a key or time field. `write` must append exactly one JSON value in serde_json's
+    /// compact form, each object key once and in ascending order (so the text stays what
+    /// [`RecordWriter::serialize`] would write): it is not parsed again here.
+    pub fn raw(&mut self, name: &'static str, write: impl FnOnce(&mut Vec<u8>)) {
+        self.name(name);
+        write(&mut self.text);
+        self.key_part(name, || None);
+        if name == self.schema.time_field {
+            self.time_ok = Some(false);
+        }
+    }
+
     /// The record, checked.
     ///
     /// # Errors

@@ -157,14 +157,20 @@ async fn real_mainnet_blocks_become_exact_records_without_the_votes() {
         .map(|i| {
             json!({
                 "program_id": keys[i["programIdIndex"].as_u64().unwrap() as usize],
-                "accounts": i["accounts"].as_array().unwrap().iter()
-                    .map(|a| keys[a.as_u64().unwrap() as usize].clone()).collect::<Vec<_>>(),
+                "accounts": i["accounts"],
                 "data": i["data"],
                 "stack_height": Value::Null,
             })
         })
         .collect();
     assert_eq!(record["instructions"], json!(instructions));
+    // Instruction accounts are indexes into `account_keys`, which resolve them.
+    for instruction in record["instructions"].as_array().unwrap() {
+        for index in instruction["accounts"].as_array().unwrap() {
+            let index = index.as_u64().unwrap() as usize;
+            assert_eq!(record["account_keys"][index]["pubkey"], keys[index]);
+        }
+    }
     assert_eq!(record["instructions"][1]["program_id"], "11111111111111111111111111111111");
 
     // The version-0 transaction: the loaded addresses follow the message's keys.
