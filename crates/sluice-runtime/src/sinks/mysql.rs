@@ -303,12 +303,7 @@ impl MySqlBackend {
                     sql.push(',');
                 }
                 sql.push('(');
-                for (index, cell) in cells.iter().enumerate() {
-                    if index > 0 {
-                        sql.push(',');
-                    }
-                    value(&mut sql, cell);
-                }
+                text::row(&mut sql, &cells, ',', value);
                 sql.push(')');
                 if sql.len() >= STATEMENT_BYTES {
                     break;

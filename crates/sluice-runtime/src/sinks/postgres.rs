@@ -222,12 +222,7 @@ impl PgBackend {
                 if out.is_empty() {
                     out.reserve(COPY_CHUNK_BYTES + 4096);
                 }
-                for (index, cell) in cells.iter().enumerate() {
-                    if index > 0 {
-                        out.push('\t');
-                    }
-                    copy_text(&mut out, cell);
-                }
+                text::row(&mut out, &cells, '\t', copy_text);
                 out.push('\n');
                 if out.len() >= COPY_CHUNK_BYTES {
                     break;

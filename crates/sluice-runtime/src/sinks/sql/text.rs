@@ -4,6 +4,19 @@
 
 use chrono::{DateTime, Datelike, Timelike, Utc};
 
+use super::Cell;
+
+/// Appends `cells`, each written by `cell` and separated by `separator`: one row of a
+/// backend's text.
+pub fn row(out: &mut String, cells: &[Cell<'_>], separator: char, cell: fn(&mut String, &Cell)) {
+    for (index, value) in cells.iter().enumerate() {
+        if index > 0 {
+            out.push(separator);
+        }
+        cell(out, value);
+    }
+}
+
 /// Appends `text` to `out`, each byte that `escape` names replaced by its escape. Only ASCII
 /// bytes may be escaped, so the runs between them stay whole UTF-8.
 pub fn escaped(out: &mut String, text: &str, escape: impl Fn(u8) -> Option<&'static str>) {
