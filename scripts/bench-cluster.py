@@ -13,9 +13,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import cluster  # noqa: E402
+from cluster import free_port, load_average, log_summary, percentile, proc_figures  # noqa: E402
 
 KEY = "slk_benchcluster000000000000000000000000000000"
 SECRETS_KEY = "5e" * 32
@@ -28,13 +30,7 @@ SCRIPT = (
 
 
 def call(method, url, body=None, timeout=120):
-    data = body.encode() if isinstance(body, str) else body
-    request = urllib.request.Request(url, data=data, method=method, headers={"x-api-key": KEY})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"null")
+    return cluster.call(method, url, body, timeout, key=KEY)
 
 
 def records(start, count):
@@ -121,13 +117,6 @@ def start_nodes(args, run, count, sets=None):
                           sets))
     wait_for_nodes(nodes[0].base, count)
     return nodes
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def create_pipeline(args, base):
@@ -242,35 +231,9 @@ def record_key(n):
     return "0x%064x:%d" % (n, n % 50)
 
 
-def load_average():
-    return " ".join(open("/proc/loadavg").read().split()[:3])
-
-
-def proc_figures(pid):
-    """(threads, RSS MiB, CPU seconds) of a process, from /proc."""
-    threads, rss = None, None
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                threads = int(line.split()[1])
-            elif line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) / 1024
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return threads, rss, cpu
-
-
 def serve_pid(node):
     """The pid of `sluice serve` under `taskset` (taskset execs it: the same pid)."""
     return node.process.pid
-
-
-def percentile(values, p):
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(p / 100 * len(ordered) + 0.5)) - 1))]
 
 
 def create_set_pipeline(base, index):
@@ -393,30 +356,6 @@ def read_sink(base, pipeline, offset, seen, foreign):
         offset = page["next_offset"]
         if not page["records"]:
             return offset
-
-
-def log_summary(path):
-    """(error lines, warning lines, the first distinct ones) of a node's log."""
-    import re
-    ansi = re.compile(r"\x1b\[[0-9;]*m")
-    errors, warnings, firsts = 0, 0, []
-    try:
-        with open(path, errors="replace") as f:
-            for line in f:
-                line = ansi.sub("", line)
-                if " ERROR " in line:
-                    errors += 1
-                elif " WARN " in line:
-                    warnings += 1
-                else:
-                    continue
-                message = line.strip()[:300]
-                # One example per message (the timestamp in front differs).
-                if len(firsts) < 8 and not any(message[28:110] == m[28:110] for m in firsts):
-                    firsts.append(message)
-    except OSError:
-        pass
-    return errors, warnings, firsts
 
 
 def failover_many(args):

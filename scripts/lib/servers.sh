@@ -122,9 +122,9 @@ start_private_postgres() {
     started=0
     for attempt in 1 2 3; do
         pg_port="$(free_port)"
-        if as_pg "$pg_bin/pg_ctl" -D "$pg_data" -l "$pg_log" -w -t 60 \
-            -o "-p $pg_port -k $tmp -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
-            start >/dev/null; then
+        # Kept in pg_options for a caller that restarts the server (scripts/chaos).
+        pg_options="-p $pg_port -k $tmp -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+        if as_pg "$pg_bin/pg_ctl" -D "$pg_data" -l "$pg_log" -w -t 60 -o "$pg_options" start >/dev/null; then
             started=1
             break
         fi
@@ -270,17 +270,21 @@ start_test_redis() {
     echo "Redis running: $SLUICE_TEST_REDIS_URL"
 }
 
-# moto's server mode: SNS (and SQS, to read what a topic delivered) and S3 on one port. boto3
-# comes with it; the SNS tests read their queue through it.
-start_test_moto() {
-    section "sns and s3 (moto)"
-    local tools moto_venv moto_port
-    tools="$(test_tools_dir)"
-    moto_venv="$tools/moto-venv"
+# Sets moto_venv to a virtualenv with moto's server (and boto3), made once in the tools directory.
+ensure_moto_venv() {
+    moto_venv="$(test_tools_dir)/moto-venv"
     if ! "$moto_venv/bin/python" -c 'import moto, boto3' 2>/dev/null; then
         python3 -m venv "$moto_venv"
         "$moto_venv/bin/pip" install --quiet 'moto[server]==5.1.4'
     fi
+}
+
+# moto's server mode: SNS (and SQS, to read what a topic delivered) and S3 on one port. boto3
+# comes with it; the SNS tests read their queue through it.
+start_test_moto() {
+    section "sns and s3 (moto)"
+    local moto_port
+    ensure_moto_venv
     export SLUICE_TEST_MOTO_PYTHON="$moto_venv/bin/python"
     moto_port="$(free_port)"
     "$moto_venv/bin/moto_server" -H 127.0.0.1 -p "$moto_port" >"$tmp/moto.log" 2>&1 &
