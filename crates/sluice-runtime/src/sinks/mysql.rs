@@ -370,6 +370,7 @@ impl SqlBackend for MySqlBackend {
         if already_applied(&stored, position.offsets) {
             return Ok(Written::AlreadyApplied);
         }
+        write.rows.skip_written(&stored);
         let mut statements = self.inserts(layout, write.rows.rows());
         let mut next = statements.next().transpose()?;
         while let Some(statement) = next {

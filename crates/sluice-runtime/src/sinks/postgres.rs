@@ -307,6 +307,7 @@ impl SqlBackend for PgBackend {
         if already_applied(&stored, position.offsets) {
             return Ok(Written::AlreadyApplied);
         }
+        write.rows.skip_written(&stored);
         let table = qualified(layout, &layout.table);
         let columns: Vec<String> = layout.column_names().map(quote).collect();
         let columns = columns.join(", ");

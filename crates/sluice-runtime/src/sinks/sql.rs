@@ -28,7 +28,7 @@ use tokio::sync::OnceCell;
 
 use super::external::{Batch, Sent, Transport, TransportError};
 use super::{Settle, Sink, SinkBuildError, SinkConnection, SinkError};
-use crate::delivery::{Delivery, SideTopics};
+use crate::delivery::{Delivery, Origin, SideTopics};
 pub use batch::BatchRows;
 pub use layout::{BlockHash, Cell, ColumnType, Converted, Layout};
 
@@ -278,8 +278,8 @@ impl SqlSink {
     }
 
     /// The batch of `records`, its markers' block hashes added to those voided.
-    fn batch<'a>(&'a self, records: &'a [NewRecord]) -> BatchRows<'a> {
-        BatchRows::new(&self.layout, records, &self.voided)
+    fn batch<'a>(&'a self, records: &'a [NewRecord], origins: &'a [Origin]) -> BatchRows<'a> {
+        BatchRows::new(&self.layout, records, origins, &self.voided)
     }
 
     /// The dead letter of a record the sink could not write (the same shape as the other
@@ -311,6 +311,11 @@ impl Sink for SqlSink {
         None
     }
 
+    /// A batch that begins before the position the database holds skips what is written.
+    fn wants_origins(&self) -> bool {
+        true
+    }
+
     async fn deliver(
         &self,
         log: &Arc<dyn StreamLog>,
@@ -319,7 +324,7 @@ impl Sink for SqlSink {
         settle: Settle<'_>,
     ) -> Result<(), SinkError> {
         self.ready().await.map_err(|error| self.sink_error(error))?;
-        let batch = self.batch(&delivery.out);
+        let batch = self.batch(&delivery.out, &delivery.origins);
         let position = settle;
         let mut dead = Vec::new();
         if !batch.is_empty() {
@@ -344,7 +349,7 @@ impl Sink for SqlSink {
                         .iter()
                         .map(|record| self.dead_letter(record, &error.message, delivery))
                         .collect();
-                    let none = self.batch(&[]);
+                    let none = self.batch(&[], &[]);
                     let empty = Write { rows: &none, position };
                     self.backend
                         .write(&self.layout, empty)
@@ -410,7 +415,7 @@ impl Transport for SqlSink {
             Fault::Data | Fault::Config => TransportError::rejected(error.message),
         };
         self.ready().await.map_err(failed)?;
-        let rows = self.batch(batch.records);
+        let rows = self.batch(batch.records, &[]);
         let source = format!("backfill:{}", self.layout.table);
         let position = Settle { group: batch.id, source: &source, offsets: &[(0, 1)] };
         self.backend.write(&self.layout, Write { rows: &rows, position }).await.map_err(failed)?;

@@ -707,6 +707,86 @@ async fn mysql_sink_resumes_from_the_position_its_transaction_committed() {
     resumes_from_the_databases_positions(Kind::Mysql).await;
 }
 
+/// Two writers of one batch's range: while a worker runs, another writer of the same
+/// pipeline (a worker whose node was stopped or cut off long enough for its work to move,
+/// then came back) commits rows and positions inside the range the worker reads next. The
+/// worker's transaction finds the database's position inside its batch and must write only
+/// what lies after it (found by the chaos run, scripts/chaos: rows written twice after a
+/// node was stopped).
+async fn a_batch_overlapping_anothers_writes_only_its_rest(kind: Kind) {
+    let db = UserDb::new(kind, "sql_overlap").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let server = start(dir.path(), port);
+    let (base, client) = (server.base.clone(), client());
+    put_secret(&client, &base, "DB", &db.url).await;
+    let sink = json!({"name": "rows", "connection": "DB", "table": "overlap"});
+    let (id, status, deployed) =
+        deploy(&client, &base, pipeline(&db, sink, false, json!([]), "S")).await;
+    assert_eq!(status, 200, "{deployed}");
+    // A first record, written: the worker runs and has read the database's positions (it
+    // does so once, when it starts). It is offset 0 of its partition in a fresh stream.
+    let first = 1000;
+    push(&client, &base, &[transfer(first, HASH_B)], false).await;
+    db.wait_rows("overlap", 1).await;
+    let first_partition = sluice_bus::partition_for_key(key_of(first).as_bytes(), 8);
+    // Each next record's offset: the count of the records of its partition before it.
+    let mut by_partition: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for n in 0..40 {
+        let partition = sluice_bus::partition_for_key(key_of(n).as_bytes(), 8);
+        by_partition.entry(partition).or_default().push(n);
+    }
+    // The other writer: the first half of each partition's next records, and the positions.
+    let (mut statements, mut manual) = (Vec::new(), BTreeSet::new());
+    for (partition, numbers) in &by_partition {
+        let half = numbers.len().div_ceil(2);
+        for n in &numbers[..half] {
+            manual.insert(key_of(*n));
+            statements.push(format!(
+                "INSERT INTO overlap ({}, token_symbol) VALUES ('{}', 'MANUAL')",
+                if kind == Kind::Postgres { "\"key\"" } else { "`key`" },
+                key_of(*n)
+            ));
+        }
+        statements.push(if *partition == first_partition {
+            format!(
+                "UPDATE sluice_sink_offsets SET next_offset = {} WHERE consumer = 'deploy.{id}' \
+                 AND source = 'base.erc20_token_transfer' AND part = {partition}",
+                half + 1
+            )
+        } else {
+            format!(
+                "INSERT INTO sluice_sink_offsets (consumer, source, part, next_offset) \
+                 VALUES ('deploy.{id}', 'base.erc20_token_transfer', {partition}, {half})"
+            )
+        });
+    }
+    for statement in &statements {
+        db.texts(statement).await;
+    }
+    let records: Vec<Value> = (0..40).map(|n| transfer(n, HASH_B)).collect();
+    push(&client, &base, &records, false).await;
+    // 41 rows; had the first halves been written again, 61 (and no wait would see 41).
+    let keys = db.wait_rows("overlap", 41).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let keys = db.keys("overlap").await.unwrap_or(keys);
+    assert_eq!(keys.len(), 41, "{keys:?}");
+    assert!(keys.values().all(|n| *n == 1), "written twice: {keys:?}");
+    let symbols = db.texts("SELECT token_symbol FROM overlap WHERE token_symbol = 'MANUAL'").await;
+    assert_eq!(symbols.len(), manual.len(), "the other writer's rows were not written again");
+    assert!(server.terminate());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_batch_overlapping_another_writers_commit_writes_only_its_rest() {
+    a_batch_overlapping_anothers_writes_only_its_rest(Kind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mysql_batch_overlapping_another_writers_commit_writes_only_its_rest() {
+    a_batch_overlapping_anothers_writes_only_its_rest(Kind::Mysql).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_database_user_without_the_privileges_is_a_422_saying_which() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,20 +7,31 @@
 //! markers in a first pass that parses only a record that can be one: a marker's `reorg`
 //! field is spelled out in its bytes (`"reorg"`), or hidden behind a `\u` escape.
 //! Everything else is converted once, by [`BatchRows::rows`], while the backend sends.
+//!
+//! A batch may begin before the position the database holds: another worker of the same
+//! pipeline (on a node that was stopped or cut off long enough for its work to move) wrote
+//! part of it while this one read it. The backend reads that position under its lock and
+//! tells [`BatchRows::skip_written`]; rows of records before it are then not written again.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use sluice_bus::NewRecord;
 
 use super::Row;
 use super::layout::{BlockHash, Cell, Converted, Layout};
+use crate::delivery::Origin;
 
 /// The records of one batch (or a backfill chunk), to be written as one transaction.
 #[derive(Debug)]
 pub struct BatchRows<'a> {
     layout: &'a Layout,
     records: &'a [NewRecord],
+    /// Where each record came from (empty when not known: a backfill chunk).
+    origins: &'a [Origin],
+    /// `(partition, next offset)` the database held when the write began: records before
+    /// it are not rows again ([`BatchRows::skip_written`]).
+    written: OnceLock<Vec<(u32, u64)>>,
     /// The indexes of the batch's reorg markers (ascending), none of them a row.
     markers: Vec<usize>,
     /// The block hashes the batch's markers void, in the batch's order.
@@ -40,11 +51,12 @@ struct Progress {
 }
 
 impl<'a> BatchRows<'a> {
-    /// The batch of `records`; `voided` holds the block hashes earlier markers voided and
-    /// gains the batch's own.
+    /// The batch of `records`, which came from `origins` (index by index, or empty);
+    /// `voided` holds the block hashes earlier markers voided and gains the batch's own.
     pub fn new(
         layout: &'a Layout,
         records: &'a [NewRecord],
+        origins: &'a [Origin],
         voided: &Mutex<Arc<HashSet<String>>>,
     ) -> Self {
         let (mut markers, mut orphaned) = (Vec::new(), Vec::new());
@@ -72,6 +84,8 @@ impl<'a> BatchRows<'a> {
         Self {
             layout,
             records,
+            origins,
+            written: OnceLock::new(),
             markers,
             orphaned,
             voided,
@@ -113,6 +127,26 @@ impl<'a> BatchRows<'a> {
         self.progress.lock().expect("progress lock is never poisoned").refused.clone()
     }
 
+    /// Tells the batch the positions the database holds (`(partition, next offset)`, read
+    /// under the write's lock): a record whose origin is before its partition's position was
+    /// written by an earlier transaction and is not a row of this one. Its refusal, if it
+    /// cannot be a row, is still reported (dead letters are at least once).
+    pub fn skip_written(&self, stored: &[(u32, u64)]) {
+        if !self.origins.is_empty() && !stored.is_empty() {
+            drop(self.written.set(stored.to_vec()));
+        }
+    }
+
+    /// Whether record `index` is before the position the database held.
+    fn written(&self, index: usize) -> bool {
+        let (Some(stored), Some(origin)) = (self.written.get(), self.origins.get(index)) else {
+            return false;
+        };
+        stored
+            .iter()
+            .any(|&(partition, next)| partition == origin.partition && origin.offset < next)
+    }
+
     /// Whether `cells` belong to a block a marker voided.
     fn voided(&self, cells: &[Cell<'_>]) -> bool {
         self.hash_column.is_some_and(|index| match &cells[index] {
@@ -151,7 +185,9 @@ impl<'a> Iterator for Rows<'_, 'a> {
                 continue;
             }
             match batch.layout.convert(&record.key, &record.value) {
-                Ok(Converted::Row { key, cells }) if !batch.voided(&cells) => {
+                Ok(Converted::Row { key, cells })
+                    if !batch.voided(&cells) && !batch.written(index) =>
+                {
                     return Some((key, cells));
                 }
                 Ok(_) => {}
@@ -205,7 +241,7 @@ mod tests {
             record("m1", r#"{"reorg":true,"block_hash":"0xa"}"#),
             record("m2", r#"{"re\u006frg":true,"block_hash":"0xc"}"#),
         ];
-        let batch = BatchRows::new(&layout, &records, &voided);
+        let batch = BatchRows::new(&layout, &records, &[], &voided);
         assert_eq!(batch.orphaned(), ["0xa", "0xc"]);
         assert!(batch.may_have_rows());
         let keys: Vec<&str> = batch.rows().map(|(key, _)| key).collect();
@@ -215,10 +251,43 @@ mod tests {
         assert_eq!(refused[0].0, 2);
 
         let later = [transfer("0xc", 3), transfer("0xd", 4)];
-        let batch = BatchRows::new(&layout, &later, &voided);
+        let batch = BatchRows::new(&layout, &later, &[], &voided);
         assert!(batch.orphaned().is_empty());
         let keys: Vec<&str> = batch.rows().map(|(key, _)| key).collect();
         assert_eq!(keys, ["0x4:0"]);
+    }
+
+    #[test]
+    fn records_before_the_position_the_database_holds_are_not_rows_again() {
+        let layout = Layout::new(&config(SqlColumns::Auto), "erc20_token_transfer");
+        let voided = Mutex::new(Arc::new(HashSet::new()));
+        // Offsets 10..13 of partition 0 and 20..21 of partition 1, as a worker read them.
+        let records = [
+            transfer("0xa", 1),
+            transfer("0xa", 2),
+            record("bad", r#"{"log_index":"x"}"#),
+            transfer("0xa", 3),
+            transfer("0xa", 4),
+        ];
+        let origin = |partition, offset| Origin { partition, offset, timestamp_ms: 0 };
+        let origins = [origin(0, 10), origin(0, 11), origin(0, 12), origin(1, 20), origin(0, 13)];
+        let keys = |batch: &BatchRows<'_>| -> Vec<String> {
+            batch.rows().map(|(key, _)| key.to_owned()).collect()
+        };
+        // Another worker wrote partition 0 up to offset 12 (not 12 itself); partition 1 not
+        // at all.
+        let batch = BatchRows::new(&layout, &records, &origins, &voided);
+        batch.skip_written(&[(0, 12), (1, 5)]);
+        assert_eq!(keys(&batch), ["0x3:0", "0x4:0"]);
+        let refused: Vec<usize> = batch.refused().into_iter().map(|(index, _)| index).collect();
+        assert_eq!(refused, [2], "a refusal is reported whoever wrote its batch");
+        // Nothing held yet, or no origins known: every record is a row.
+        let fresh = BatchRows::new(&layout, &records, &origins, &voided);
+        fresh.skip_written(&[]);
+        assert_eq!(keys(&fresh).len(), 4);
+        let unknown = BatchRows::new(&layout, &records, &[], &voided);
+        unknown.skip_written(&[(0, 100), (1, 100)]);
+        assert_eq!(keys(&unknown).len(), 4);
     }
 
     #[test]
@@ -231,18 +300,18 @@ mod tests {
             record("bad2", r#"{"block_number":true}"#),
         ];
         // Not taken at all (the database already held the batch).
-        let untouched = BatchRows::new(&layout, &records, &voided);
+        let untouched = BatchRows::new(&layout, &records, &[], &voided);
         let indexes = |refused: Vec<(usize, String)>| -> Vec<usize> {
             refused.into_iter().map(|(index, _)| index).collect()
         };
         assert_eq!(indexes(untouched.refused()), [0, 2]);
         // Taken in part, then the rest.
-        let partly = BatchRows::new(&layout, &records, &voided);
+        let partly = BatchRows::new(&layout, &records, &[], &voided);
         assert_eq!(partly.rows().next().map(|(key, _)| key), Some("0x1:0"));
         assert_eq!(indexes(partly.refused()), [0, 2]);
         assert_eq!(indexes(partly.refused()), [0, 2]);
         // Taken whole.
-        let whole = BatchRows::new(&layout, &records, &voided);
+        let whole = BatchRows::new(&layout, &records, &[], &voided);
         assert_eq!(whole.rows().count(), 1);
         assert_eq!(indexes(whole.refused()), [0, 2]);
     }
