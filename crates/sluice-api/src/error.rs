@@ -61,7 +61,7 @@ impl ApiError {
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Store(StoreError::Redis(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Store(error) if error.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
             Self::Store(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::OutOfRange(_) => StatusCode::RANGE_NOT_SATISFIABLE,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -98,6 +98,9 @@ impl IntoResponse for ApiError {
                     StoreError::Redis(_) => {
                         "the set store (Redis) is not reachable; retry when it is back"
                     }
+                    error if error.is_unavailable() => {
+                        "the metadata store (database) is not reachable; retry when it is back"
+                    }
                     _ => "internal server error",
                 };
                 (status, Json(ErrorBody { detail: detail.to_owned() })).into_response()
@@ -127,4 +130,28 @@ pub async fn json_for_bare_errors(response: Response) -> Response {
     let (body_parts, body) = body.into_parts();
     parts.headers.extend(body_parts.headers);
     Response::from_parts(parts, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_store_that_cannot_be_reached_is_a_503_saying_so() {
+        let error = ApiError::Store(StoreError::Unreachable {
+            url: "postgres://db/sluice".into(),
+            reason: "connection refused".into(),
+        });
+        assert_eq!(error.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let response = error.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body["detail"],
+            "the metadata store (database) is not reachable; retry when it is back"
+        );
+        let corrupt = ApiError::Store(StoreError::Corrupt { what: "a row", detail: "x".into() });
+        assert_eq!(corrupt.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
 }

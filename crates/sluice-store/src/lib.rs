@@ -98,6 +98,31 @@ pub enum StoreError {
     Unreachable { url: String, reason: String },
 }
 
+impl StoreError {
+    /// Whether the database or Redis could not be reached or is going away (a connection
+    /// refused, cut or timed out; a server shutting down or starting up): a fault of the
+    /// moment, which an API call answers with 503 rather than 500.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::Redis(_) | Self::Unreachable { .. } => true,
+            Self::Database(error) => match error {
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed => true,
+                // SQLSTATE 08 (connection exception) and 57P (operator intervention:
+                // shutdown, crash shutdown, cannot connect now).
+                sqlx::Error::Database(db) => {
+                    db.code().is_some_and(|code| code.starts_with("08") || code.starts_with("57P"))
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// Every role of the metadata store, as one handle: what the API and the runtime hold
@@ -253,5 +278,30 @@ pub(crate) fn io_reason(error: &std::io::Error) -> String {
         kind @ (ConnectionRefused | ConnectionReset | HostUnreachable | NetworkUnreachable
         | TimedOut) => kind.to_string(),
         _ => error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreError;
+
+    #[test]
+    fn a_database_that_cannot_be_reached_is_unavailable_and_other_errors_are_not() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        for unavailable in [
+            StoreError::Database(sqlx::Error::Io(io)),
+            StoreError::Database(sqlx::Error::PoolTimedOut),
+            StoreError::Database(sqlx::Error::PoolClosed),
+            StoreError::Unreachable { url: "postgres://db".into(), reason: "refused".into() },
+        ] {
+            assert!(unavailable.is_unavailable(), "{unavailable}");
+        }
+        for other in [
+            StoreError::Database(sqlx::Error::RowNotFound),
+            StoreError::Corrupt { what: "a pipeline", detail: "bad json".into() },
+            StoreError::UnsupportedUrl("ftp://x".into()),
+        ] {
+            assert!(!other.is_unavailable(), "{other}");
+        }
     }
 }
