@@ -4,6 +4,10 @@
 //! SHA-256 and its first [`PREFIX_LEN`] characters; a request's key finds candidates by
 //! prefix and is accepted when its hash equals a candidate's, compared in constant time.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
@@ -95,12 +99,68 @@ pub async fn authenticate(headers: &HeaderMap, state: &AppState) -> Result<Princ
         .to_str()
         .map_err(|_| ApiError::Unauthorized("Invalid API key"))?;
     let hash = hash_key(key);
-    let candidates = state.store.api_key_candidates(prefix(key)).await?;
-    candidates
+    let candidates = match state.store.api_key_candidates(prefix(key)).await {
+        Ok(candidates) => candidates,
+        // The database cannot be reached: a key this node accepted a moment ago still is,
+        // so calls that need nothing else from it (ingest, sink reads) go on.
+        Err(error) if error.is_unavailable() => {
+            return state.recent_keys.recall(&hash).ok_or(ApiError::Store(error));
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let found = candidates
         .into_iter()
         .find(|candidate| bool::from(candidate.hash.as_bytes().ct_eq(hash.as_bytes())))
-        .map(|candidate| candidate.principal)
-        .ok_or(ApiError::Unauthorized("Invalid API key"))
+        .map(|candidate| candidate.principal);
+    match found {
+        Some(principal) => {
+            state.recent_keys.remember(hash, &principal);
+            Ok(principal)
+        }
+        None => {
+            state.recent_keys.forget(&hash);
+            Err(ApiError::Unauthorized("Invalid API key"))
+        }
+    }
+}
+
+/// How long a key that authenticated is still accepted while the database cannot be reached.
+pub const RECENT_KEY_TTL: Duration = Duration::from_secs(300);
+
+/// Keys remembered at most (a full map first drops what is older than [`RECENT_KEY_TTL`],
+/// then remembers no more until then).
+const RECENT_KEYS: usize = 10_000;
+
+/// The keys (by hash) that authenticated on this node in the last [`RECENT_KEY_TTL`], with
+/// their principals: what [`authenticate`] answers from while the database cannot be
+/// reached. A key revoked in that window keeps working until the database is back.
+#[derive(Debug, Default)]
+pub struct RecentKeys {
+    keys: Mutex<HashMap<String, (Principal, Instant)>>,
+}
+
+impl RecentKeys {
+    fn remember(&self, hash: String, principal: &Principal) {
+        let mut keys = self.keys.lock().expect("recent keys lock is never poisoned");
+        if keys.len() >= RECENT_KEYS && !keys.contains_key(&hash) {
+            keys.retain(|_, (_, at)| at.elapsed() < RECENT_KEY_TTL);
+            if keys.len() >= RECENT_KEYS {
+                return;
+            }
+        }
+        keys.insert(hash, (principal.clone(), Instant::now()));
+    }
+
+    fn forget(&self, hash: &str) {
+        self.keys.lock().expect("recent keys lock is never poisoned").remove(hash);
+    }
+
+    fn recall(&self, hash: &str) -> Option<Principal> {
+        let keys = self.keys.lock().expect("recent keys lock is never poisoned");
+        keys.get(hash)
+            .filter(|(_, at)| at.elapsed() < RECENT_KEY_TTL)
+            .map(|(principal, _)| principal.clone())
+    }
 }
 
 /// Whether `headers` carry `Authorization: Bearer <token>` with exactly `token` (compared in
@@ -216,5 +276,30 @@ mod tests {
         assert_eq!(hash.len(), 64);
         assert_ne!(hash, hash_key(&b));
         assert_eq!(prefix(&a).len(), PREFIX_LEN);
+    }
+
+    #[test]
+    fn a_key_that_authenticated_is_recalled_until_it_is_refused_or_too_old() {
+        let principal = Principal {
+            user_id: "u".into(),
+            team_id: "t".into(),
+            org_id: "o".into(),
+            is_operator: false,
+            is_org_admin: false,
+            flags: sluice_core::identity::OrgFlags::default(),
+        };
+        let recent = RecentKeys::default();
+        assert_eq!(recent.recall("h1"), None, "never seen");
+        recent.remember("h1".into(), &principal);
+        assert_eq!(recent.recall("h1"), Some(principal.clone()));
+        assert_eq!(recent.recall("h2"), None);
+        recent.forget("h1");
+        assert_eq!(recent.recall("h1"), None, "a key the store refused is not recalled");
+        // One seen longer ago than the TTL is not recalled.
+        let old = Instant::now().checked_sub(RECENT_KEY_TTL + Duration::from_secs(1));
+        if let Some(old) = old {
+            recent.keys.lock().unwrap().insert("h3".into(), (principal.clone(), old));
+            assert_eq!(recent.recall("h3"), None);
+        }
     }
 }

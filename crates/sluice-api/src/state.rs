@@ -68,6 +68,8 @@ pub struct AppState {
     /// Where service events go and are read from (the runtime's recorder); `None`: the
     /// event endpoints answer 503.
     pub events: Option<Arc<sluice_runtime::events::Recorder>>,
+    /// Keys that authenticated lately, accepted while the database cannot be reached.
+    pub(crate) recent_keys: Arc<crate::auth::RecentKeys>,
     pub(crate) openapi_json: axum::body::Bytes,
     /// The query parameters each route declares in the document: any other is a 422.
     pub(crate) query_names: Arc<params::QueryNames>,
@@ -100,6 +102,7 @@ impl AppState {
             secrets: None,
             egress: None,
             backfills: None,
+            recent_keys: Arc::default(),
             openapi_json: openapi_json.into(),
             query_names,
         }
