@@ -1,0 +1,708 @@
+//! The set-history role ([`SetHistoryStore`]): every change of a set filter's values, kept
+//! as the values it actually added and removed, and membership at a past time or block
+//! answered by undoing the changes made since (docs/set-filter.md, "Set history").
+//!
+//! A change is written by the filter-value writer in the transaction of the change itself
+//! ([`Store::record_set_change`]), so the history never disagrees with the set. Answering
+//! "was X in the set at T" walks backwards from the set as it is now: the first change after
+//! T that added X means X was not there at T, the first that removed X means it was, and no
+//! such change means the answer is today's. So pruning old changes costs nothing but the
+//! reach: a set's *horizon* (table `filter_set_history_horizons`) says the point before which
+//! changes are missing, and a question about a point before it is refused.
+//!
+//! The value lists are encoded the way `sluice_filter::ValueSet` keeps values: a varint
+//! header `len << 1 | packed` then the payload, where a `0x` value of lowercase hex is
+//! packed to its bytes (an address takes 21 bytes instead of 42).
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::Row as _;
+
+use crate::dialect::StoreBackend;
+use crate::{FilterValueStore, Result, Store, StoreError};
+
+/// What a change did to a set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetChangeKind {
+    /// `POST …/filter-values` (and a pipeline's inline `set_values` at create).
+    Add,
+    /// `DELETE …/filter-values`.
+    Remove,
+    /// `PUT …/filter-values`.
+    Replace,
+}
+
+impl SetChangeKind {
+    /// The name stored and shown: `add`, `remove`, `replace`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Add => "add",
+            Self::Remove => "remove",
+            Self::Replace => "replace",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        [Self::Add, Self::Remove, Self::Replace].into_iter().find(|kind| kind.as_str() == text)
+    }
+}
+
+/// When a change took effect: its time and the source stream's head then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangeStamp {
+    pub at: DateTime<Utc>,
+    /// The highest block (slot) ingested into the pipeline's source stream when the change
+    /// was made; `None` when the process making it does not know (no ingester of that chain).
+    pub position: Option<i64>,
+}
+
+impl ChangeStamp {
+    /// Now, at an unknown position: what the store's own writers without a clock use.
+    #[must_use]
+    pub fn now() -> Self {
+        Self { at: Utc::now(), position: None }
+    }
+}
+
+/// The values one change added and removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangedValues {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+}
+
+/// One recorded change of a set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetChange {
+    /// Grows with every change of any set; the paging cursor.
+    pub id: i64,
+    pub changed_at: DateTime<Utc>,
+    pub kind: SetChangeKind,
+    /// Values in the request (repeats included).
+    pub given: u64,
+    /// Values that were not in the set before.
+    pub added: u64,
+    /// Values that were in the set and are not after.
+    pub removed: u64,
+    /// Values in the set after the change.
+    pub count_after: u64,
+    /// See [`ChangeStamp::position`].
+    pub position: Option<i64>,
+    /// The values themselves, when asked for.
+    pub values: Option<ChangedValues>,
+}
+
+/// One page of a set's changes, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetChangePage {
+    pub changes: Vec<SetChange>,
+    /// Pass as `before` for the next (older) page; `None` when no change is older.
+    pub next: Option<i64>,
+}
+
+/// A point in a set's past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryPoint {
+    /// The set as it was at this instant: changes made after it are undone.
+    Time(DateTime<Utc>),
+    /// The set that applied to this block of the source stream: changes made when the
+    /// stream's head was at this block or later are undone.
+    Block(i64),
+}
+
+/// Whether a value was in a set at a past point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PastMembership {
+    Known(bool),
+    /// The history does not reach the point: changes before `reach` are not recorded.
+    BeyondHistory(Reach),
+}
+
+/// The earliest point a set's history answers for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Times from this one on.
+    Time(DateTime<Utc>),
+    /// Blocks from this one on.
+    Block(i64),
+    /// No block: the changes before the horizon have no known position, and no recorded
+    /// change has one either.
+    NoBlock,
+}
+
+/// Changes read per query while replaying.
+const REPLAY_PAGE: i64 = 1_000;
+
+/// The history of set filters' values. Every method is one transaction, except
+/// [`SetHistoryStore::was_filter_value`], which reads the set and its history consistently.
+#[async_trait]
+pub trait SetHistoryStore: Send + Sync + 'static {
+    /// Up to `limit` (at least 1) changes of one transform's set older than change `before`
+    /// (`None`: from the newest), newest first, with their values when `with_values`.
+    ///
+    /// # Errors
+    /// A database failure, or a stored row this code cannot read.
+    async fn set_changes(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        before: Option<i64>,
+        limit: u32,
+        with_values: bool,
+    ) -> Result<SetChangePage>;
+
+    /// Whether `value` (normalised by the caller) was in one transform's set at `at`.
+    ///
+    /// # Errors
+    /// A database failure, or a stored row this code cannot read.
+    async fn was_filter_value(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        value: &str,
+        at: HistoryPoint,
+    ) -> Result<PastMembership>;
+
+    /// Deletes the changes made before `before`, moving each set's horizon past them;
+    /// answers how many were deleted.
+    ///
+    /// # Errors
+    /// A database failure; nothing is deleted then.
+    async fn prune_set_history(&self, before: DateTime<Utc>) -> Result<u64>;
+}
+
+/// The horizon of one set: the latest time and position of the changes not recorded (`None`
+/// fields: no horizon, or no known position).
+#[derive(Debug, Default)]
+struct Horizon {
+    /// Whether any horizon row applies.
+    exists: bool,
+    time_ms: Option<i64>,
+    /// Some row's changes have no known position.
+    unknown_position: bool,
+    position: Option<i64>,
+}
+
+#[async_trait]
+impl<D: StoreBackend> SetHistoryStore for Store<D> {
+    async fn set_changes(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        before: Option<i64>,
+        limit: u32,
+        with_values: bool,
+    ) -> Result<SetChangePage> {
+        let limit = limit.max(1);
+        let values = if with_values { ", added_values, removed_values" } else { "" };
+        let rows = sqlx::query(&format!(
+            "SELECT id, changed_ms, kind, given, added, removed, count_after, position{values} \
+             FROM filter_set_changes WHERE pipeline_id = $1 AND transform_uid = $2 AND id < $3 \
+             ORDER BY id DESC LIMIT $4"
+        ))
+        .bind(pipeline_id)
+        .bind(transform_uid)
+        .bind(before.unwrap_or(i64::MAX))
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.pool)
+        .await?;
+        let more = rows.len() > limit as usize;
+        let mut changes = Vec::with_capacity(rows.len().min(limit as usize));
+        for row in rows.iter().take(limit as usize) {
+            let values = if with_values {
+                let added: Vec<u8> = row.try_get("added_values")?;
+                let removed: Vec<u8> = row.try_get("removed_values")?;
+                Some(ChangedValues {
+                    added: decode_values(&added)?,
+                    removed: decode_values(&removed)?,
+                })
+            } else {
+                None
+            };
+            let kind: String = row.try_get("kind")?;
+            changes.push(SetChange {
+                id: row.try_get("id")?,
+                changed_at: time_of(row.try_get("changed_ms")?)?,
+                kind: SetChangeKind::parse(&kind).ok_or_else(|| corrupt(format!("kind {kind}")))?,
+                given: count(row.try_get("given")?),
+                added: count(row.try_get("added")?),
+                removed: count(row.try_get("removed")?),
+                count_after: count(row.try_get("count_after")?),
+                position: row.try_get("position")?,
+                values,
+            });
+        }
+        let next = if more { changes.last().map(|change| change.id) } else { None };
+        Ok(SetChangePage { changes, next })
+    }
+
+    async fn was_filter_value(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        value: &str,
+        at: HistoryPoint,
+    ) -> Result<PastMembership> {
+        // The set now and the changes since must be of one moment: read the changes, then
+        // the set, and start again if a change was made in between (writers are rare).
+        loop {
+            let horizon = self.horizon(pipeline_id, transform_uid).await?;
+            let marks = self.change_marks(pipeline_id, transform_uid).await?;
+            if let Some(reach) = beyond(&horizon, &marks, at) {
+                return Ok(PastMembership::BeyondHistory(reach));
+            }
+            let first = first_undone(&horizon, &marks, at);
+            let now = self.has_filter_value(pipeline_id, transform_uid, value).await?;
+            let last = marks.last().map(|mark| mark.id);
+            if self.last_change_id(pipeline_id, transform_uid).await? != last {
+                continue;
+            }
+            let Some(first) = first else {
+                return Ok(PastMembership::Known(now));
+            };
+            let answer = self.first_touch(pipeline_id, transform_uid, value, first).await?;
+            return Ok(PastMembership::Known(answer.unwrap_or(now)));
+        }
+    }
+
+    async fn prune_set_history(&self, before: DateTime<Utc>) -> Result<u64> {
+        let cutoff = before.timestamp_millis();
+        let mut tx = D::begin_write(&self.pool).await?;
+        let pruned = sqlx::query(
+            "SELECT pipeline_id, transform_uid, MAX(changed_ms) AS reaches_ms, \
+             MAX(position) AS reaches_position, COUNT(position) AS positioned, COUNT(*) AS n \
+             FROM filter_set_changes WHERE changed_ms < $1 GROUP BY pipeline_id, transform_uid",
+        )
+        .bind(cutoff)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut deleted = 0;
+        for row in &pruned {
+            let pipeline_id: String = row.try_get("pipeline_id")?;
+            let uid: String = row.try_get("transform_uid")?;
+            let reaches_ms: i64 = row.try_get("reaches_ms")?;
+            let position: Option<i64> = row.try_get("reaches_position")?;
+            let old = sqlx::query(
+                "SELECT reaches_ms, reaches_position FROM filter_set_history_horizons \
+                 WHERE pipeline_id = $1 AND transform_uid = $2",
+            )
+            .bind(&pipeline_id)
+            .bind(&uid)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let (mut ms, mut pos) = (reaches_ms, position);
+            if let Some(old) = old {
+                ms = ms.max(old.try_get("reaches_ms")?);
+                pos = pos.max(old.try_get("reaches_position")?);
+            }
+            Self::set_horizon(&mut tx, &pipeline_id, &uid, ms, pos).await?;
+            deleted += count(row.try_get("n")?);
+        }
+        sqlx::query("DELETE FROM filter_set_changes WHERE changed_ms < $1")
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(deleted)
+    }
+}
+
+/// The id, time and position of one recorded change.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    id: i64,
+    changed_ms: i64,
+    position: Option<i64>,
+}
+
+/// The earliest point the history answers for, when `at` is before it.
+fn beyond(horizon: &Horizon, marks: &[Mark], at: HistoryPoint) -> Option<Reach> {
+    if !horizon.exists {
+        return None;
+    }
+    match at {
+        HistoryPoint::Time(time) => {
+            let floor = horizon.time_ms?;
+            (time.timestamp_millis() < floor)
+                .then(|| DateTime::from_timestamp_millis(floor).map_or(Reach::NoBlock, Reach::Time))
+        }
+        HistoryPoint::Block(block) => {
+            // Changes with no known position before the horizon happened before every
+            // recorded change, so before the first recorded position.
+            let mut floor = horizon.position;
+            if horizon.unknown_position {
+                match marks.iter().find_map(|mark| mark.position) {
+                    Some(first) => floor = floor.max(Some(first)),
+                    None => return Some(Reach::NoBlock),
+                }
+            }
+            let floor = floor?;
+            (block <= floor).then_some(Reach::Block(floor.saturating_add(1)))
+        }
+    }
+}
+
+/// The first recorded change made after `at` (`None`: none; the set now is the answer).
+///
+/// A change without a position is taken to have been made at the position of the change
+/// before it (or of the horizon): positions only grow, so it was made at that block or later.
+fn first_undone(horizon: &Horizon, marks: &[Mark], at: HistoryPoint) -> Option<i64> {
+    match at {
+        HistoryPoint::Time(time) => {
+            let ms = time.timestamp_millis();
+            marks.iter().find(|mark| mark.changed_ms > ms).map(|mark| mark.id)
+        }
+        HistoryPoint::Block(block) => {
+            let mut effective = horizon.position;
+            marks
+                .iter()
+                .find(|mark| {
+                    effective = mark.position.or(effective);
+                    effective.is_some_and(|position| position >= block)
+                })
+                .map(|mark| mark.id)
+        }
+    }
+}
+
+impl<D: StoreBackend> Store<D> {
+    /// Records one change of the set of `pipeline_id`'s `uid` in `tx`, the change's own
+    /// transaction: `added` and `removed` are the values it actually added and removed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn record_set_change(
+        tx: &mut sqlx::Transaction<'_, D::Db>,
+        pipeline_id: &str,
+        uid: &str,
+        stamp: &ChangeStamp,
+        kind: SetChangeKind,
+        given: usize,
+        added: &[&str],
+        removed: &[&str],
+        count_after: usize,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO filter_set_changes (pipeline_id, transform_uid, changed_ms, kind, given, \
+             added, removed, count_after, position, added_values, removed_values) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(pipeline_id)
+        .bind(uid)
+        .bind(stamp.at.timestamp_millis())
+        .bind(kind.as_str())
+        .bind(given as i64)
+        .bind(added.len() as i64)
+        .bind(removed.len() as i64)
+        .bind(count_after as i64)
+        .bind(stamp.position)
+        .bind(encode_values(added))
+        .bind(encode_values(removed))
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// Forgets the history of a set whose transform left its pipeline: a transform brought
+    /// back under the same uid starts from an empty set, and its history from `at` (the
+    /// pipeline update that removed it).
+    pub(crate) async fn forget_set_history(
+        tx: &mut sqlx::Transaction<'_, D::Db>,
+        pipeline_id: &str,
+        uid: &str,
+        at: DateTime<Utc>,
+    ) -> Result<()> {
+        sqlx::query("DELETE FROM filter_set_changes WHERE pipeline_id = $1 AND transform_uid = $2")
+            .bind(pipeline_id)
+            .bind(uid)
+            .execute(&mut **tx)
+            .await?;
+        Self::set_horizon(tx, pipeline_id, uid, at.timestamp_millis(), None).await
+    }
+
+    async fn set_horizon(
+        tx: &mut sqlx::Transaction<'_, D::Db>,
+        pipeline_id: &str,
+        uid: &str,
+        reaches_ms: i64,
+        reaches_position: Option<i64>,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO filter_set_history_horizons (pipeline_id, transform_uid, reaches_ms, \
+             reaches_position) VALUES ($1, $2, $3, $4) ON CONFLICT (pipeline_id, transform_uid) \
+             DO UPDATE SET reaches_ms = excluded.reaches_ms, \
+             reaches_position = excluded.reaches_position",
+        )
+        .bind(pipeline_id)
+        .bind(uid)
+        .bind(reaches_ms)
+        .bind(reaches_position)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// The horizon of a set: its own row and its pipeline's (empty uid), combined.
+    async fn horizon(&self, pipeline_id: &str, uid: &str) -> Result<Horizon> {
+        let rows = sqlx::query(
+            "SELECT reaches_ms, reaches_position FROM filter_set_history_horizons \
+             WHERE pipeline_id = $1 AND (transform_uid = $2 OR transform_uid = '')",
+        )
+        .bind(pipeline_id)
+        .bind(uid)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut horizon = Horizon::default();
+        for row in &rows {
+            horizon.exists = true;
+            horizon.time_ms = horizon.time_ms.max(Some(row.try_get("reaches_ms")?));
+            let position: Option<i64> = row.try_get("reaches_position")?;
+            horizon.unknown_position |= position.is_none();
+            horizon.position = horizon.position.max(position);
+        }
+        Ok(horizon)
+    }
+
+    /// Every recorded change of a set, oldest first, without its values.
+    async fn change_marks(&self, pipeline_id: &str, uid: &str) -> Result<Vec<Mark>> {
+        let rows = sqlx::query(
+            "SELECT id, changed_ms, position FROM filter_set_changes \
+             WHERE pipeline_id = $1 AND transform_uid = $2 ORDER BY id",
+        )
+        .bind(pipeline_id)
+        .bind(uid)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Mark {
+                    id: row.try_get("id")?,
+                    changed_ms: row.try_get("changed_ms")?,
+                    position: row.try_get("position")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn last_change_id(&self, pipeline_id: &str, uid: &str) -> Result<Option<i64>> {
+        let row = sqlx::query(
+            "SELECT MAX(id) AS last FROM filter_set_changes \
+             WHERE pipeline_id = $1 AND transform_uid = $2",
+        )
+        .bind(pipeline_id)
+        .bind(uid)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.try_get("last")?)
+    }
+
+    /// Whether `value` was in the set just before change `first`, from the first change
+    /// from `first` on that added (then it was not) or removed it (then it was); `None` when
+    /// no change since touched it.
+    async fn first_touch(
+        &self,
+        pipeline_id: &str,
+        uid: &str,
+        value: &str,
+        first: i64,
+    ) -> Result<Option<bool>> {
+        let needle = encode_values(&[value]);
+        let mut from = first;
+        loop {
+            let rows = sqlx::query(
+                "SELECT id, added_values, removed_values FROM filter_set_changes \
+                 WHERE pipeline_id = $1 AND transform_uid = $2 AND id >= $3 ORDER BY id LIMIT $4",
+            )
+            .bind(pipeline_id)
+            .bind(uid)
+            .bind(from)
+            .bind(REPLAY_PAGE)
+            .fetch_all(&self.pool)
+            .await?;
+            for row in &rows {
+                let added: Vec<u8> = row.try_get("added_values")?;
+                if holds(&added, &needle)? {
+                    return Ok(Some(false));
+                }
+                let removed: Vec<u8> = row.try_get("removed_values")?;
+                if holds(&removed, &needle)? {
+                    return Ok(Some(true));
+                }
+            }
+            match rows.last() {
+                Some(last) if rows.len() as i64 == REPLAY_PAGE => {
+                    from = last.try_get::<i64, _>("id")? + 1;
+                }
+                _ => return Ok(None),
+            }
+        }
+    }
+}
+
+fn count(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+fn corrupt(detail: String) -> StoreError {
+    StoreError::Corrupt { what: "filter set history", detail }
+}
+
+fn time_of(ms: i64) -> Result<DateTime<Utc>> {
+    DateTime::from_timestamp_millis(ms).ok_or_else(|| corrupt(format!("time {ms} ms")))
+}
+
+/// Longest hex payload packed, in bytes (as `sluice_filter::ValueSet` packs).
+const MAX_PACKED: usize = 64;
+
+/// `values`, each as a varint header `len << 1 | packed` and its payload.
+pub(crate) fn encode_values(values: &[&str]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.iter().map(|value| value.len() / 2 + 2).sum());
+    for value in values {
+        match packed_hex(value) {
+            Some(bytes) => {
+                write_varint(&mut out, (bytes.len() << 1) | 1);
+                out.extend_from_slice(&bytes);
+            }
+            None => {
+                write_varint(&mut out, value.len() << 1);
+                out.extend_from_slice(value.as_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// The bytes of `0x` followed by an even number (2 to 128) of lowercase hex digits.
+fn packed_hex(value: &str) -> Option<Vec<u8>> {
+    let digits = value.strip_prefix("0x")?.as_bytes();
+    if digits.is_empty() || digits.len() % 2 != 0 || digits.len() > MAX_PACKED * 2 {
+        return None;
+    }
+    let nibble = |digit: u8| match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        _ => None,
+    };
+    digits.chunks_exact(2).map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?)).collect()
+}
+
+fn write_varint(out: &mut Vec<u8>, mut value: usize) {
+    while value >= 0x80 {
+        out.push((value as u8 & 0x7f) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// The entries of an encoded list: `(packed, payload)` each.
+fn entries(bytes: &[u8]) -> impl Iterator<Item = Result<(bool, &[u8])>> + '_ {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at >= bytes.len() {
+            return None;
+        }
+        let mut tag = 0usize;
+        let mut shift = 0;
+        loop {
+            let Some(&byte) = bytes.get(at) else {
+                return Some(Err(corrupt("a value list ends inside a header".to_owned())));
+            };
+            at += 1;
+            if shift > 56 {
+                return Some(Err(corrupt("a value header is too long".to_owned())));
+            }
+            tag |= usize::from(byte & 0x7f) << shift;
+            shift += 7;
+            if byte < 0x80 {
+                break;
+            }
+        }
+        let end = at + (tag >> 1);
+        let Some(payload) = bytes.get(at..end) else {
+            return Some(Err(corrupt("a value list ends inside a value".to_owned())));
+        };
+        at = end;
+        Some(Ok((tag & 1 == 1, payload)))
+    })
+}
+
+/// Decodes a list written by [`encode_values`].
+pub(crate) fn decode_values(bytes: &[u8]) -> Result<Vec<String>> {
+    entries(bytes)
+        .map(|entry| {
+            let (packed, payload) = entry?;
+            if packed {
+                let mut text = String::with_capacity(2 + payload.len() * 2);
+                text.push_str("0x");
+                for byte in payload {
+                    text.push_str(&format!("{byte:02x}"));
+                }
+                Ok(text)
+            } else {
+                String::from_utf8(payload.to_vec())
+                    .map_err(|_| corrupt("a value is not UTF-8".to_owned()))
+            }
+        })
+        .collect()
+}
+
+/// Whether the encoded list `bytes` holds the one value encoded as `needle`.
+fn holds(bytes: &[u8], needle: &[u8]) -> Result<bool> {
+    let mut it = entries(needle);
+    let Some(Ok((packed, payload))) = it.next() else { return Ok(false) };
+    for entry in entries(bytes) {
+        if entry? == (packed, payload) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_lists_round_trip_and_pack_lowercase_hex() {
+        let long = "x".repeat(300);
+        let values = ["0xabcdef", "0xABCD", "0xabc", "usdc", "", "0x", long.as_str()];
+        let bytes = encode_values(&values);
+        assert_eq!(decode_values(&bytes).unwrap(), values);
+        let address = format!("0x{}", "ab".repeat(20));
+        assert_eq!(encode_values(&[&address]).len(), 21);
+        assert!(holds(&bytes, &encode_values(&["usdc"])).unwrap());
+        assert!(!holds(&bytes, &encode_values(&["0xabcd"])).unwrap());
+        assert!(decode_values(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    fn mark(id: i64, changed_ms: i64, position: Option<i64>) -> Mark {
+        Mark { id, changed_ms, position }
+    }
+
+    #[test]
+    fn changes_without_a_position_take_the_one_before() {
+        let horizon = Horizon::default();
+        let marks = [mark(1, 10, None), mark(2, 20, Some(100)), mark(3, 30, None)];
+        let at = |block| first_undone(&horizon, &marks, HistoryPoint::Block(block));
+        assert_eq!(at(50), Some(2));
+        assert_eq!(at(100), Some(2));
+        assert_eq!(at(101), None, "change 3 counts as made at block 100");
+        let at = |ms| first_undone(&horizon, &marks, HistoryPoint::Time(time_of(ms).unwrap()));
+        assert_eq!(at(10), Some(2));
+        assert_eq!(at(9), Some(1));
+        assert_eq!(at(30), None);
+    }
+
+    #[test]
+    fn points_before_the_horizon_are_beyond_the_history() {
+        let unknown =
+            Horizon { exists: true, time_ms: Some(1_000), unknown_position: true, position: None };
+        let time = |ms| HistoryPoint::Time(time_of(ms).unwrap());
+        assert_eq!(beyond(&unknown, &[], time(999)), Some(Reach::Time(time_of(1_000).unwrap())));
+        assert_eq!(beyond(&unknown, &[], time(1_000)), None);
+        assert_eq!(beyond(&unknown, &[], HistoryPoint::Block(5)), Some(Reach::NoBlock));
+        let marks = [mark(1, 2_000, None), mark(2, 3_000, Some(40))];
+        assert_eq!(beyond(&unknown, &marks, HistoryPoint::Block(40)), Some(Reach::Block(41)));
+        assert_eq!(beyond(&unknown, &marks, HistoryPoint::Block(41)), None);
+        assert_eq!(beyond(&Horizon::default(), &[], HistoryPoint::Block(0)), None);
+    }
+}
