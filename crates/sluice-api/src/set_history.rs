@@ -100,7 +100,7 @@ pub struct SetChangePageBody {
     params(
         ("config_id" = String, Path, description = "Pipeline id"),
         ("transform_uid" = String, Path, description = "Uid of a redis_set_filter transform"),
-        ("cursor" = Option<i64>, Query, description = "`cursor` of the previous page; omit for the newest changes"),
+        ("cursor" = Option<i64>, Query, minimum = 1, description = "`cursor` of the previous page; omit for the newest changes"),
         ("count" = Option<i64>, Query, minimum = 1, maximum = 1000, description = "Page size, 1 to 1,000; default 100"),
         ("values" = Option<bool>, Query, description = "Include each change's added and removed values; default false"),
     ),
