@@ -131,6 +131,9 @@ pub enum Reach {
     NoBlock,
 }
 
+/// Readings of a set and its changes before one is answered although a change came between.
+const CONSISTENT_READ_TRIES: u32 = 8;
+
 /// Changes read per query while replaying.
 const REPLAY_PAGE: i64 = 1_000;
 
@@ -245,8 +248,11 @@ impl<D: StoreBackend> SetHistoryStore for Store<D> {
         at: HistoryPoint,
     ) -> Result<PastMembership> {
         // The set now and the changes since must be of one moment: read the changes, then
-        // the set, and start again if a change was made in between (writers are rare).
+        // the set, and start again if a change was made in between. Writers of one set are
+        // rare; under a storm of them the last reading is answered after a few tries.
+        let mut attempt = 0;
         loop {
+            attempt += 1;
             let horizon = self.horizon(pipeline_id, transform_uid).await?;
             let marks = self.change_marks(pipeline_id, transform_uid).await?;
             if let Some(reach) = beyond(&horizon, &marks, at) {
@@ -255,7 +261,9 @@ impl<D: StoreBackend> SetHistoryStore for Store<D> {
             let first = first_undone(&horizon, &marks, at);
             let now = self.has_filter_value(pipeline_id, transform_uid, value).await?;
             let last = marks.last().map(|mark| mark.id);
-            if self.last_change_id(pipeline_id, transform_uid).await? != last {
+            if attempt < CONSISTENT_READ_TRIES
+                && self.last_change_id(pipeline_id, transform_uid).await? != last
+            {
                 continue;
             }
             let Some(first) = first else {

@@ -525,6 +525,22 @@ mod tests {
     }
 
     #[test]
+    fn set_history_is_kept_90_days_unless_a_flag_or_the_file_says_1_to_36500() {
+        assert_eq!(Settings::resolve(&ServeArgs::default()).unwrap().set_history_days, 90);
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = ServeArgs::default();
+        args.store.config = Some(file(&dir, "set_history_days = 30\n"));
+        assert_eq!(Settings::resolve(&args).unwrap().set_history_days, 30);
+        args.set_history_days = Some(7);
+        assert_eq!(Settings::resolve(&args).unwrap().set_history_days, 7, "the flag wins");
+        for days in [0, MAX_SET_HISTORY_DAYS + 1] {
+            args.set_history_days = Some(days);
+            let error = Settings::resolve(&args).unwrap_err().to_string();
+            assert!(error.contains("set_history_days must be 1 to 36500"), "{days}: {error}");
+        }
+    }
+
+    #[test]
     fn metrics_settings_come_from_the_file_and_short_tokens_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let mut args = ServeArgs::default();
