@@ -11,7 +11,7 @@ use crate::dialect::Query;
 use crate::dialect::{Row, StoreBackend};
 use crate::filter_values::sorted_unique;
 use crate::redis_sets::{LogState, SetRef};
-use crate::set_history::{ChangeStamp, SetChangeKind};
+use crate::set_history::{ChangeLists, ChangeStamp, SetChangeKind};
 use crate::{Result, Store, StoreError};
 
 pub(crate) const PIPELINE_COLUMNS: &str = "p.id, p.organization_id, p.owner_user_id, p.name, \
@@ -215,7 +215,7 @@ impl<D: StoreBackend> PipelineStore for Store<D> {
                 let set = SetRef { pipeline_id: &pipeline.id, transform_uid: uid, id: set };
                 let mut members = sluice_filter::ValueSet::with_capacity(values.len());
                 redis.add(set, &mut members, LogState::default(), &values).await?;
-                let values: Vec<&str> = values.iter().map(String::as_str).collect();
+                let count = values.len();
                 Self::record_set_change(
                     &mut tx,
                     &pipeline.id,
@@ -223,9 +223,8 @@ impl<D: StoreBackend> PipelineStore for Store<D> {
                     &stamp,
                     kind,
                     given(),
-                    &values,
-                    &[],
-                    values.len(),
+                    ChangeLists::added(&values),
+                    count,
                 )
                 .await?;
                 continue;
@@ -240,8 +239,7 @@ impl<D: StoreBackend> PipelineStore for Store<D> {
                 &stamp,
                 kind,
                 given(),
-                &unique,
-                &[],
+                ChangeLists::added(&unique),
                 unique.len(),
             )
             .await?;

@@ -10,13 +10,16 @@
 //! reach: a set's *horizon* (table `filter_set_history_horizons`) says the point before which
 //! changes are missing, and a question about a point before it is refused.
 //!
-//! The value lists are encoded the way `sluice_filter::ValueSet` keeps values: a varint
-//! header `len << 1 | packed` then the payload, where a `0x` value of lowercase hex is
-//! packed to its bytes (an address takes 21 bytes instead of 42).
+//! The value lists are encoded compactly, in parts (`set_history/lists.rs`).
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::Row as _;
+
+mod lists;
+
+pub(crate) use lists::ChangeLists;
+use lists::{decode_values, encode_values, holds};
 
 use crate::dialect::StoreBackend;
 use crate::{FilterValueStore, Result, Store, StoreError};
@@ -134,8 +137,9 @@ pub enum Reach {
 /// Readings of a set and its changes before one is answered although a change came between.
 const CONSISTENT_READ_TRIES: u32 = 8;
 
-/// Changes read per query while replaying.
-const REPLAY_PAGE: i64 = 1_000;
+/// Parts of value lists read per query while replaying (each at most about
+/// 2 × [`lists::PART_BYTES`]).
+const REPLAY_PAGE: i64 = 64;
 
 /// The history of set filters' values. Every method is one transaction, except
 /// [`SetHistoryStore::was_filter_value`], which reads the set and its history consistently.
@@ -198,12 +202,11 @@ impl<D: StoreBackend> SetHistoryStore for Store<D> {
         with_values: bool,
     ) -> Result<SetChangePage> {
         let limit = limit.max(1);
-        let values = if with_values { ", added_values, removed_values" } else { "" };
-        let rows = sqlx::query(&format!(
-            "SELECT id, changed_ms, kind, given, added, removed, count_after, position{values} \
+        let rows = sqlx::query(
+            "SELECT id, changed_ms, kind, given, added, removed, count_after, position \
              FROM filter_set_changes WHERE pipeline_id = $1 AND transform_uid = $2 AND id < $3 \
-             ORDER BY id DESC LIMIT $4"
-        ))
+             ORDER BY id DESC LIMIT $4",
+        )
         .bind(pipeline_id)
         .bind(transform_uid)
         .bind(before.unwrap_or(i64::MAX))
@@ -214,12 +217,7 @@ impl<D: StoreBackend> SetHistoryStore for Store<D> {
         let mut changes = Vec::with_capacity(rows.len().min(limit as usize));
         for row in rows.iter().take(limit as usize) {
             let values = if with_values {
-                let added: Vec<u8> = row.try_get("added_values")?;
-                let removed: Vec<u8> = row.try_get("removed_values")?;
-                Some(ChangedValues {
-                    added: decode_values(&added)?,
-                    removed: decode_values(&removed)?,
-                })
+                Some(self.change_values(row.try_get("id")?).await?)
             } else {
                 None
             };
@@ -376,7 +374,7 @@ fn first_undone(horizon: &Horizon, marks: &[Mark], at: HistoryPoint) -> Option<i
 
 impl<D: StoreBackend> Store<D> {
     /// Records one change of the set of `pipeline_id`'s `uid` in `tx`, the change's own
-    /// transaction: `added` and `removed` are the values it actually added and removed.
+    /// transaction, with the values it actually added and removed (`lists`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn record_set_change(
         tx: &mut sqlx::Transaction<'_, D::Db>,
@@ -385,29 +383,60 @@ impl<D: StoreBackend> Store<D> {
         stamp: &ChangeStamp,
         kind: SetChangeKind,
         given: usize,
-        added: &[&str],
-        removed: &[&str],
+        lists: ChangeLists,
         count_after: usize,
     ) -> Result<()> {
-        sqlx::query(
+        let (added, removed) = lists.counts();
+        let row = sqlx::query(
             "INSERT INTO filter_set_changes (pipeline_id, transform_uid, changed_ms, kind, given, \
-             added, removed, count_after, position, added_values, removed_values) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+             added, removed, count_after, position) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
         )
         .bind(pipeline_id)
         .bind(uid)
         .bind(stamp.at.timestamp_millis())
         .bind(kind.as_str())
         .bind(given as i64)
-        .bind(added.len() as i64)
-        .bind(removed.len() as i64)
+        .bind(added as i64)
+        .bind(removed as i64)
         .bind(count_after as i64)
         .bind(stamp.position)
-        .bind(encode_values(added))
-        .bind(encode_values(removed))
-        .execute(&mut **tx)
+        .fetch_one(&mut **tx)
         .await?;
+        let id: i64 = row.try_get("id")?;
+        let (added, removed) = lists.into_parts();
+        let parts = added.len().max(removed.len());
+        let (mut added, mut removed) = (added.into_iter(), removed.into_iter());
+        for part in 0..parts {
+            sqlx::query(
+                "INSERT INTO filter_set_change_values (change_id, part, added_values, \
+                 removed_values) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(id)
+            .bind(part as i64)
+            .bind(added.next().unwrap_or_default())
+            .bind(removed.next().unwrap_or_default())
+            .execute(&mut **tx)
+            .await?;
+        }
         Ok(())
+    }
+
+    /// The values change `id` added and removed.
+    async fn change_values(&self, id: i64) -> Result<ChangedValues> {
+        let rows = sqlx::query(
+            "SELECT added_values, removed_values FROM filter_set_change_values \
+             WHERE change_id = $1 ORDER BY part",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut values = ChangedValues::default();
+        for row in &rows {
+            values.added.extend(decode_values(&row.try_get::<Vec<u8>, _>("added_values")?)?);
+            values.removed.extend(decode_values(&row.try_get::<Vec<u8>, _>("removed_values")?)?);
+        }
+        Ok(values)
     }
 
     /// Forgets the history of a set whose transform left its pipeline: a transform brought
@@ -514,15 +543,21 @@ impl<D: StoreBackend> Store<D> {
         first: i64,
     ) -> Result<Option<bool>> {
         let needle = encode_values(&[value]);
-        let mut from = first;
+        let (mut change, mut part) = (first, 0);
         loop {
+            // A value is never both added and removed by one change, so the first part that
+            // holds it, in change order, decides.
             let rows = sqlx::query(
-                "SELECT id, added_values, removed_values FROM filter_set_changes \
-                 WHERE pipeline_id = $1 AND transform_uid = $2 AND id >= $3 ORDER BY id LIMIT $4",
+                "SELECT v.change_id, v.part, v.added_values, v.removed_values \
+                 FROM filter_set_change_values v JOIN filter_set_changes c ON c.id = v.change_id \
+                 WHERE c.pipeline_id = $1 AND c.transform_uid = $2 \
+                 AND (v.change_id > $3 OR (v.change_id = $3 AND v.part >= $4)) \
+                 ORDER BY v.change_id, v.part LIMIT $5",
             )
             .bind(pipeline_id)
             .bind(uid)
-            .bind(from)
+            .bind(change)
+            .bind(part)
             .bind(REPLAY_PAGE)
             .fetch_all(&self.pool)
             .await?;
@@ -538,7 +573,8 @@ impl<D: StoreBackend> Store<D> {
             }
             match rows.last() {
                 Some(last) if rows.len() as i64 == REPLAY_PAGE => {
-                    from = last.try_get::<i64, _>("id")? + 1;
+                    change = last.try_get("change_id")?;
+                    part = last.try_get::<i64, _>("part")? + 1;
                 }
                 _ => return Ok(None),
             }
@@ -550,7 +586,7 @@ fn count(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
-fn corrupt(detail: String) -> StoreError {
+pub(crate) fn corrupt(detail: String) -> StoreError {
     StoreError::Corrupt { what: "filter set history", detail }
 }
 
@@ -558,129 +594,9 @@ fn time_of(ms: i64) -> Result<DateTime<Utc>> {
     DateTime::from_timestamp_millis(ms).ok_or_else(|| corrupt(format!("time {ms} ms")))
 }
 
-/// Longest hex payload packed, in bytes (as `sluice_filter::ValueSet` packs).
-const MAX_PACKED: usize = 64;
-
-/// `values`, each as a varint header `len << 1 | packed` and its payload.
-pub(crate) fn encode_values(values: &[&str]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(values.iter().map(|value| value.len() / 2 + 2).sum());
-    for value in values {
-        match packed_hex(value) {
-            Some(bytes) => {
-                write_varint(&mut out, (bytes.len() << 1) | 1);
-                out.extend_from_slice(&bytes);
-            }
-            None => {
-                write_varint(&mut out, value.len() << 1);
-                out.extend_from_slice(value.as_bytes());
-            }
-        }
-    }
-    out
-}
-
-/// The bytes of `0x` followed by an even number (2 to 128) of lowercase hex digits.
-fn packed_hex(value: &str) -> Option<Vec<u8>> {
-    let digits = value.strip_prefix("0x")?.as_bytes();
-    if digits.is_empty() || digits.len() % 2 != 0 || digits.len() > MAX_PACKED * 2 {
-        return None;
-    }
-    let nibble = |digit: u8| match digit {
-        b'0'..=b'9' => Some(digit - b'0'),
-        b'a'..=b'f' => Some(digit - b'a' + 10),
-        _ => None,
-    };
-    digits.chunks_exact(2).map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?)).collect()
-}
-
-fn write_varint(out: &mut Vec<u8>, mut value: usize) {
-    while value >= 0x80 {
-        out.push((value as u8 & 0x7f) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
-/// The entries of an encoded list: `(packed, payload)` each.
-fn entries(bytes: &[u8]) -> impl Iterator<Item = Result<(bool, &[u8])>> + '_ {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        if at >= bytes.len() {
-            return None;
-        }
-        let mut tag = 0usize;
-        let mut shift = 0;
-        loop {
-            let Some(&byte) = bytes.get(at) else {
-                return Some(Err(corrupt("a value list ends inside a header".to_owned())));
-            };
-            at += 1;
-            if shift > 56 {
-                return Some(Err(corrupt("a value header is too long".to_owned())));
-            }
-            tag |= usize::from(byte & 0x7f) << shift;
-            shift += 7;
-            if byte < 0x80 {
-                break;
-            }
-        }
-        let end = at + (tag >> 1);
-        let Some(payload) = bytes.get(at..end) else {
-            return Some(Err(corrupt("a value list ends inside a value".to_owned())));
-        };
-        at = end;
-        Some(Ok((tag & 1 == 1, payload)))
-    })
-}
-
-/// Decodes a list written by [`encode_values`].
-pub(crate) fn decode_values(bytes: &[u8]) -> Result<Vec<String>> {
-    entries(bytes)
-        .map(|entry| {
-            let (packed, payload) = entry?;
-            if packed {
-                let mut text = String::with_capacity(2 + payload.len() * 2);
-                text.push_str("0x");
-                for byte in payload {
-                    text.push_str(&format!("{byte:02x}"));
-                }
-                Ok(text)
-            } else {
-                String::from_utf8(payload.to_vec())
-                    .map_err(|_| corrupt("a value is not UTF-8".to_owned()))
-            }
-        })
-        .collect()
-}
-
-/// Whether the encoded list `bytes` holds the one value encoded as `needle`.
-fn holds(bytes: &[u8], needle: &[u8]) -> Result<bool> {
-    let mut it = entries(needle);
-    let Some(Ok((packed, payload))) = it.next() else { return Ok(false) };
-    for entry in entries(bytes) {
-        if entry? == (packed, payload) {
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn value_lists_round_trip_and_pack_lowercase_hex() {
-        let long = "x".repeat(300);
-        let values = ["0xabcdef", "0xABCD", "0xabc", "usdc", "", "0x", long.as_str()];
-        let bytes = encode_values(&values);
-        assert_eq!(decode_values(&bytes).unwrap(), values);
-        let address = format!("0x{}", "ab".repeat(20));
-        assert_eq!(encode_values(&[&address]).len(), 21);
-        assert!(holds(&bytes, &encode_values(&["usdc"])).unwrap());
-        assert!(!holds(&bytes, &encode_values(&["0xabcd"])).unwrap());
-        assert!(decode_values(&bytes[..bytes.len() - 1]).is_err());
-    }
 
     fn mark(id: i64, changed_ms: i64, position: Option<i64>) -> Mark {
         Mark { id, changed_ms, position }

@@ -8,7 +8,7 @@ use super::SCAN_PAGE;
 use crate::dialect::StoreBackend;
 use crate::filter_sets::{Loaded, Slot};
 use crate::redis_sets::{LogState, RedisSets, SetRef};
-use crate::set_history::{ChangeStamp, SetChangeKind};
+use crate::set_history::{ChangeLists, ChangeStamp, SetChangeKind};
 use crate::set_snapshots::SnapshotKey;
 use crate::{Result, Store, StoreError};
 
@@ -127,8 +127,7 @@ impl<D: StoreBackend> Store<D> {
             .map(String::as_str)
             .filter(|value| members.contains(value) != add && seen.insert(value))
             .collect();
-        let (added, removed): (&[&str], &[&str]) =
-            if add { (&touched, &[]) } else { (&[], &touched) };
+        let lists = if add { ChangeLists::added(&touched) } else { ChangeLists::removed(&touched) };
         let (changed, at) = if add {
             redis.add(set, &mut members, at, values).await?
         } else {
@@ -142,8 +141,7 @@ impl<D: StoreBackend> Store<D> {
             stamp,
             kind,
             values.len(),
-            added,
-            removed,
+            lists,
             count,
         )
         .await?;

@@ -7,7 +7,7 @@ use sluice_filter::ValueSet;
 use super::snapshot_key;
 use crate::dialect::StoreBackend;
 use crate::redis_sets::SetRef;
-use crate::set_history::{ChangeStamp, SetChangeKind};
+use crate::set_history::{ChangeLists, ChangeStamp, SetChangeKind};
 use crate::{Result, Store, StoreError};
 
 /// The three writes of a set, each recording itself in the set history with `stamp`.
@@ -53,8 +53,7 @@ impl<D: StoreBackend> Store<D> {
             stamp,
             kind,
             values.len(),
-            &new,
-            &[],
+            ChangeLists::added(&new),
             count,
         )
         .await?;
@@ -115,8 +114,7 @@ impl<D: StoreBackend> Store<D> {
             stamp,
             kind,
             given,
-            &[],
-            &present,
+            ChangeLists::removed(&present),
             count,
         )
         .await?;
@@ -148,20 +146,9 @@ impl<D: StoreBackend> Store<D> {
         slot.loaded = None;
         let kind = SetChangeKind::Replace;
         if values.is_empty() {
-            let gone: Vec<String> = before.values().collect();
-            let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
-            Self::record_set_change(
-                &mut tx,
-                pipeline_id,
-                transform_uid,
-                stamp,
-                kind,
-                0,
-                &[],
-                &gone,
-                0,
-            )
-            .await?;
+            let gone = ChangeLists::removed(before.values());
+            Self::record_set_change(&mut tx, pipeline_id, transform_uid, stamp, kind, 0, gone, 0)
+                .await?;
             // As on the tables: an emptied set is dropped, and its next write makes a
             // new one.
             Self::drop_set(&mut tx, id).await?;
@@ -174,8 +161,7 @@ impl<D: StoreBackend> Store<D> {
             return Ok(0);
         }
         let (members, at) = redis.replace(set, values).await?;
-        let (new, gone) = difference(&before, &members, values);
-        let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
+        let lists = difference(&before, &members, values);
         let count = members.len();
         Self::record_set_change(
             &mut tx,
@@ -184,8 +170,7 @@ impl<D: StoreBackend> Store<D> {
             stamp,
             kind,
             values.len(),
-            &new,
-            &gone,
+            lists,
             count,
         )
         .await?;
@@ -212,29 +197,19 @@ impl<D: StoreBackend> Store<D> {
             return Ok(0);
         }
         if values.is_empty() {
-            let mut gone = Vec::new();
+            let mut gone = ChangeLists::default();
             if let Some((set, version)) =
                 Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
             {
                 let key = snapshot_key(pipeline_id, transform_uid, set, version);
-                gone = self.current_values(&mut tx, &mut slot, key).await?.values().collect();
+                let members = self.current_values(&mut tx, &mut slot, key).await?;
+                gone = ChangeLists::removed(members.values());
                 slot.loaded = None;
                 Self::drop_set(&mut tx, set).await?;
             }
-            let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
             let kind = SetChangeKind::Replace;
-            Self::record_set_change(
-                &mut tx,
-                pipeline_id,
-                transform_uid,
-                stamp,
-                kind,
-                0,
-                &[],
-                &gone,
-                0,
-            )
-            .await?;
+            Self::record_set_change(&mut tx, pipeline_id, transform_uid, stamp, kind, 0, gone, 0)
+                .await?;
             tx.commit().await?;
             return Ok(0);
         }
@@ -270,12 +245,11 @@ impl<D: StoreBackend> Store<D> {
         }
         D::insert_values(&mut tx, set, &mut new.iter().copied()).await?;
         let version = Self::mark_written(&mut tx, set, new.len() as i64 - removed as i64).await?;
-        let gone: Vec<String> = if stale == 0 {
-            Vec::new()
+        let lists = if stale == 0 {
+            ChangeLists::added(&new)
         } else {
-            members.values().filter(|value| !wanted.contains(value)).collect()
+            ChangeLists::of(&new, members.values().filter(|value| !wanted.contains(value)))
         };
-        let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
         let (kind, given, count) = (SetChangeKind::Replace, values.len(), wanted.len());
         Self::record_set_change(
             &mut tx,
@@ -284,8 +258,7 @@ impl<D: StoreBackend> Store<D> {
             stamp,
             kind,
             given,
-            &new,
-            &gone,
+            lists,
             count,
         )
         .await?;
@@ -297,17 +270,11 @@ impl<D: StoreBackend> Store<D> {
 }
 
 /// What a replace of `before` by `values` (now `after`) added, in request order, and removed.
-fn difference<'v>(
-    before: &ValueSet,
-    after: &ValueSet,
-    values: &'v [String],
-) -> (Vec<&'v str>, Vec<String>) {
+fn difference(before: &ValueSet, after: &ValueSet, values: &[String]) -> ChangeLists {
     let mut seen = ValueSet::with_capacity(values.len());
     let new = values
         .iter()
         .map(String::as_str)
-        .filter(|value| !before.contains(value) && seen.insert(value))
-        .collect();
-    let gone = before.values().filter(|value| !after.contains(value)).collect();
-    (new, gone)
+        .filter(|value| !before.contains(value) && seen.insert(value));
+    ChangeLists::of(new, before.values().filter(|value| !after.contains(value)))
 }

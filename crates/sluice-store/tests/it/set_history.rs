@@ -16,12 +16,14 @@ on_both_backends!(
     changes_page_newest_first_with_exact_counts_and_values,
     pruning_moves_the_horizon_and_older_points_are_refused,
     a_removed_transform_forgets_its_history,
+    a_change_of_many_values_is_kept_whole_in_parts,
 );
 
 on_redis_sets!(
     |store| Arc::new(store) as Arc<dyn MetadataStore>;
     membership_at_past_times_and_blocks_undoes_the_later_changes,
     changes_page_newest_first_with_exact_counts_and_values,
+    a_change_of_many_values_is_kept_whole_in_parts,
 );
 
 fn t(minutes: i64) -> DateTime<Utc> {
@@ -124,6 +126,21 @@ async fn changes_page_newest_first_with_exact_counts_and_values(store: Arc<dyn M
     assert_eq!((cleared[0].removed, removed), (2, strings(&["0xaa", "dd"])));
     assert!(was(store.as_ref(), &p.id, "dd", HistoryPoint::Block(399)).await);
     assert!(!was(store.as_ref(), &p.id, "dd", HistoryPoint::Block(401)).await);
+}
+
+async fn a_change_of_many_values_is_kept_whole_in_parts(store: Arc<dyn MetadataStore>) {
+    let (_, p) = stored_pipeline(store.as_ref()).await;
+    let values: Vec<String> = (0..150_000).map(|n| format!("0x{n:040x}")).collect();
+    let (kind, last) = (SetChangeKind::Add, values.last().unwrap().clone());
+    store.change_filter_values(&p.id, "f1", &values, kind, stamp(10, Some(100))).await.unwrap();
+    change(store.as_ref(), &p.id, SetChangeKind::Replace, &["0x00"], stamp(20, Some(200))).await;
+    let page = store.set_changes(&p.id, "f1", None, 2, true).await.unwrap();
+    let replace = page.changes[0].values.clone().unwrap();
+    assert_eq!((replace.added.len(), replace.removed.len()), (1, 150_000));
+    assert_eq!(page.changes[1].values.clone().unwrap().added, values);
+    assert!(was(store.as_ref(), &p.id, &last, HistoryPoint::Block(150)).await);
+    assert!(!was(store.as_ref(), &p.id, &last, HistoryPoint::Block(201)).await);
+    assert!(!was(store.as_ref(), &p.id, &last, HistoryPoint::Block(100)).await);
 }
 
 async fn pruning_moves_the_horizon_and_older_points_are_refused(store: Arc<dyn MetadataStore>) {
