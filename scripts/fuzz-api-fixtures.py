@@ -28,8 +28,10 @@ accepts beyond its defaults, each with the reason (see docs/api.md, "Fuzzing"):
     entity that must be a catalog pair, user and team ids that must exist, NDJSON lines
     with the entity's key and time fields, price ranges whose start must precede the end
     and lie within retention, backfill windows whose start must precede the end, filter
-    columns the table must have, sink secrets that must exist, and the sinks of notification
-    destinations (checked as a pipeline's sink: URLs the sink can use, secrets that exist).
+    columns the table must have, sink secrets that must exist, the sinks of notification
+    destinations (checked as a pipeline's sink: URLs the sink can use, secrets that exist),
+    and a set-filter membership check's `at`, an RFC 3339 time or a block number that must
+    lie within the set history.
 """
 
 import json
@@ -126,6 +128,7 @@ SEMANTIC_422 = [
     ("POST", "/api/v1/developer/prices/history"),
     ("POST", "/api/v1/beam/backfills"),
     ("PUT", "/api/v1/notifications"),
+    ("GET", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/check"),
 ]
 OUT_OF_RANGE_416 = [
     ("GET", "/api/v1/beam/{config_id}/dead-letters"),

@@ -20,7 +20,7 @@ use axum::extract::rejection::BytesRejection;
 use serde::{Deserialize, Serialize};
 use sluice_core::filter_values::normalize;
 use sluice_core::permission::Permission;
-use sluice_core::pipeline::Transform;
+use sluice_core::pipeline::{Pipeline, Transform};
 use sluice_core::validation::{Loc, Violation};
 use utoipa::ToSchema;
 
@@ -94,7 +94,7 @@ async fn check_set_filter(
     config_id: &str,
     uid: &str,
     needed: Permission,
-) -> Result<(), ApiError> {
+) -> Result<Pipeline, ApiError> {
     let (pipeline, _) = caller.pipeline(state, config_id, needed).await?;
     match pipeline.pipeline_config.transforms.iter().find(|t| t.uid() == uid) {
         None => {
@@ -106,7 +106,7 @@ async fn check_set_filter(
                 "transform {uid} is a v8 script; only redis_set_filter transforms have filter values"
             ),
         )])),
-        Some(Transform::SetFilter { .. }) => Ok(()),
+        Some(Transform::SetFilter { .. }) => Ok(pipeline),
     }
 }
 
@@ -122,16 +122,27 @@ pub(crate) fn normalize_in_place(value: &mut String) {
 
 /// The pipeline id and transform uid of the request's path, once [`check_set_filter`] has
 /// passed with `needed`: every filter-values route starts with this.
-async fn set_filter_of(
+pub(crate) async fn set_filter_of(
     state: &AppState,
     caller: &Caller,
     path: &PathParams,
     needed: Permission,
 ) -> Result<(String, String), ApiError> {
+    let (config_id, transform_uid, _) = set_filter_in(state, caller, path, needed).await?;
+    Ok((config_id, transform_uid))
+}
+
+/// [`set_filter_of`], with the stored pipeline.
+async fn set_filter_in(
+    state: &AppState,
+    caller: &Caller,
+    path: &PathParams,
+    needed: Permission,
+) -> Result<(String, String, Pipeline), ApiError> {
     let config_id = path.get("config_id").to_owned();
     let transform_uid = path.get("transform_uid").to_owned();
-    check_set_filter(state, caller, &config_id, &transform_uid, needed).await?;
-    Ok((config_id, transform_uid))
+    let pipeline = check_set_filter(state, caller, &config_id, &transform_uid, needed).await?;
+    Ok((config_id, transform_uid, pipeline))
 }
 
 /// Applies one change request (`POST`, `PUT` or `DELETE`) to the set filter of the path:
@@ -145,13 +156,16 @@ async fn change_values(
     body: Result<Bytes, BytesRejection>,
     change: ValuesChange,
 ) -> Result<u64, ApiError> {
-    let (config_id, transform_uid) = set_filter_of(state, caller, path, Permission::Edit).await?;
+    let (config_id, transform_uid, pipeline) =
+        set_filter_in(state, caller, path, Permission::Edit).await?;
     query.expect_none()?;
     let values = read_values(state, body, change != ValuesChange::Replace)?;
     let given = values.len();
     let org_id = caller.0.org_id.clone();
     let (id, uid) = (config_id.clone(), transform_uid.clone());
-    let count = services::change_filter_values(state, org_id, id, uid, values, change).await?;
+    let source = pipeline.pipeline_config.source;
+    let count =
+        services::change_filter_values(state, org_id, id, uid, values, change, source).await?;
     match change {
         ValuesChange::Add => {
             tracing::info!(config_id = %config_id, transform_uid = ?transform_uid, given, added = count, "filter values added");
@@ -327,8 +341,8 @@ pub async fn remove_filter_values(
     Ok(Json(RemovedBody { removed }))
 }
 
-/// Whether a value is in a set filter; the value is lowercased first, as records' values are
-/// (read permission).
+/// Whether a value is in a set filter, now or, with `at`, at a past time or block (from the
+/// set history); the value is lowercased first, as records' values are (read permission).
 #[utoipa::path(
     get, path = "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/check",
     tag = "filter-values",
@@ -336,13 +350,14 @@ pub async fn remove_filter_values(
         ("config_id" = String, Path, description = "Pipeline id"),
         ("transform_uid" = String, Path, description = "Uid of a redis_set_filter transform"),
         ("value" = String, Query, description = "The value to look up"),
+        ("at" = Option<String>, Query, description = "A past point: an RFC 3339 time, or a block (slot) number of the source stream; omit for now"),
     ),
     responses(
-        (status = 200, description = "The lowercased value and whether it is in the set", body = MembershipBody),
+        (status = 200, description = "The lowercased value and whether it is in the set (at `at`)", body = MembershipBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 403, description = "Pipeline service not enabled", body = ErrorBody),
         (status = 404, description = "No such pipeline (or no read permission) or transform", body = ErrorBody),
-        (status = 422, description = "Not a set filter, or `value` missing", body = ValidationErrorBody),
+        (status = 422, description = "Not a set filter, `value` missing, `at` malformed, or `at` before the set history's reach", body = ValidationErrorBody),
         (status = 503, description = "The set store (Redis, with --sets) is not reachable", body = ErrorBody),
     ),
     security(("api_key" = []))
@@ -355,10 +370,14 @@ pub async fn check_filter_value(
 ) -> Result<Json<MembershipBody>, ApiError> {
     let (config_id, transform_uid) =
         set_filter_of(&state, &caller, &path, Permission::Read).await?;
-    let value = bulk_values::value_to_check(query)?;
-    // A value too long to be stored cannot be a member.
-    let is_member = value.len() <= MAX_VALUE_BYTES
-        && state.store.has_filter_value(&config_id, &transform_uid, &value).await?;
+    let (value, at) = crate::set_history::value_and_point(query)?;
+    let (id, uid) = (config_id.as_str(), transform_uid.as_str());
+    // A value too long to be stored cannot be a member (nor have been one).
+    let is_member = match at {
+        _ if value.len() > MAX_VALUE_BYTES => false,
+        None => state.store.has_filter_value(id, uid, &value).await?,
+        Some(at) => crate::set_history::was_member(&state, id, uid, &value, at).await?,
+    };
     Ok(Json(MembershipBody { value, is_member }))
 }
 

@@ -31,6 +31,7 @@ mod router;
 pub mod scripts;
 pub mod secrets;
 pub mod services;
+pub mod set_history;
 pub mod sharing;
 pub mod sources;
 pub mod state;

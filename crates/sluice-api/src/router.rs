@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 use crate::state::{AppState, Limits};
 use crate::{
     account, backfills, chains, datasets, deployments, events, filter_values, nodes, openapi_rules,
-    ops, pipelines, prices, secrets, sharing, sources, stats, streams, transforms,
+    ops, pipelines, prices, secrets, set_history, sharing, sources, stats, streams, transforms,
 };
 
 #[derive(OpenApi)]
@@ -78,6 +78,7 @@ pub(crate) fn routes_with_doc(limits: &Limits) -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(filter_values::check_filter_value))
         .routes(routes!(filter_values::count_filter_values))
+        .routes(routes!(set_history::list_set_changes))
         .layer(DefaultBodyLimit::max(limits.max_filter_values_body_bytes));
     // Entry changes carry up to 250,000 values: the bulk-values limit, as for filter values.
     let dataset_entries = OpenApiRouter::new()

@@ -18,9 +18,10 @@ use chrono::{DateTime, Utc};
 use sluice_core::datasets::{Dataset, DatasetChange, DatasetRef};
 use sluice_core::deployment::DeploymentState;
 use sluice_core::filter_values::FilterValuesChange;
-use sluice_core::pipeline::Pipeline;
+use sluice_core::pipeline::{Pipeline, Source};
 use sluice_core::validation::{Loc, Violation};
 use sluice_runtime::LifecycleGuard;
+use sluice_store::{ChangeStamp, SetChangeKind};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -182,7 +183,8 @@ pub enum ValuesChange {
 
 /// Applies `change` with `values` (normalised) to the set of transform `uid` of pipeline
 /// `pipeline_id` in the pipeline's turn, then tells the set indexes, so running workers
-/// filter with it at their next batch.
+/// filter with it at their next batch. The change is recorded in the set's history at the
+/// time of the turn and the head of `source`'s stream ([`stream_head`]).
 ///
 /// On several nodes the change does not keep other nodes' changes out with the database
 /// lock: the store's row lock on the pipeline, taken in the transaction that writes the
@@ -198,25 +200,29 @@ pub async fn change_filter_values(
     uid: String,
     values: Vec<String>,
     change: ValuesChange,
+    source: Source,
 ) -> Result<u64, ApiError> {
     let state = state.clone();
     detached(async move {
         let _turn = state.lifecycle_here(&pipeline_id).await?;
+        // Stamped once the pipeline's changes are ours: stamps grow with the changes.
+        let stamp = ChangeStamp { at: state.clock.now(), position: stream_head(&state, &source) };
         let (id, uid) = (pipeline_id.as_str(), uid.as_str());
         let store = &state.store;
         let (count, heard) = match change {
             ValuesChange::Add => (
-                store.add_filter_values(id, uid, &values).await?,
+                store.change_filter_values(id, uid, &values, SetChangeKind::Add, stamp).await?,
                 FilterValuesChange::Added(&values),
             ),
             ValuesChange::Replace => {
                 let before = store.filter_value_count(id, uid).await?;
-                let after = store.replace_filter_values(id, uid, &values).await?;
+                let kind = SetChangeKind::Replace;
+                let after = store.change_filter_values(id, uid, &values, kind, stamp).await?;
                 crate::events::values_replaced(&state, &org_id, id, uid, before, after);
                 (after, FilterValuesChange::Replaced(&values))
             }
             ValuesChange::Remove => (
-                store.remove_filter_values(id, uid, &values).await?,
+                store.change_filter_values(id, uid, &values, SetChangeKind::Remove, stamp).await?,
                 FilterValuesChange::Removed(&values),
             ),
         };
@@ -227,6 +233,21 @@ pub async fn change_filter_values(
         Ok(count)
     })
     .await
+}
+
+/// The head of `source`'s stream as this process knows it: the highest block (slot) its
+/// ingester of that chain has appended to the finalized streams, or to the zerolag ones for
+/// a zerolag source; `None` when this process runs no ingester of the chain (the push
+/// endpoint, the demo feed, a Kafka source, another node's ingester). The position a
+/// filter-value change is recorded at (docs/set-filter.md, "Set history").
+pub fn stream_head(state: &AppState, source: &Source) -> Option<i64> {
+    let chains = state.chains.as_ref()?;
+    let status = chains
+        .statuses()
+        .into_iter()
+        .find(|status| status.chain == source.chain && status.source.is_none())?;
+    let block = if source.is_zerolag { status.zerolag_ingested } else { status.ingested };
+    block.and_then(|block| i64::try_from(block).ok())
 }
 
 /// The longest a filter-value change waits for this node's index to hold it.

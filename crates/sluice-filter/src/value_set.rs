@@ -300,6 +300,18 @@ impl ValueSet {
         offsets.map(move |offset| rehash(arena, offset))
     }
 
+    /// Every value, as the text it was inserted as after lowercasing (a packed `0x…` value
+    /// comes back in lowercase hex), in no order. Used where a set's values must be listed
+    /// from memory, such as the values a replace removes (the store's set history).
+    pub fn values(&self) -> impl Iterator<Item = String> + '_ {
+        let arena = &self.arena;
+        let offsets: Box<dyn Iterator<Item = usize> + '_> = match &self.slots {
+            Slots::Narrow(table) => Box::new(table.offsets()),
+            Slots::Wide(table) => Box::new(table.offsets()),
+        };
+        offsets.map(move |offset| decode_entry(entry_at(arena, offset)))
+    }
+
     /// Removes every value, keeping the allocated memory.
     pub fn clear(&mut self) {
         self.arena.clear();
@@ -612,6 +624,21 @@ fn entry_at(arena: &[u8], offset: usize) -> (bool, &[u8]) {
     (tag & 1 == 1, &arena[start..start + (tag >> 1)])
 }
 
+/// The text of an entry: packed bytes as `0x` and lowercase hex, others as stored.
+fn decode_entry((packed, payload): (bool, &[u8])) -> String {
+    if !packed {
+        return String::from_utf8_lossy(payload).into_owned();
+    }
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(2 + payload.len() * 2);
+    text.push_str("0x");
+    for byte in payload {
+        text.push(char::from(HEX[usize::from(byte >> 4)]));
+        text.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    }
+    text
+}
+
 fn entry_size(arena: &[u8], offset: usize) -> usize {
     let (tag, header) = read_varint(arena, offset);
     header + (tag >> 1)
@@ -782,6 +809,15 @@ mod tests {
         }
         let found = probes.iter().zip(&prepared).filter(|(v, p)| set.contains_probe(p, v)).count();
         assert_eq!(found, 5);
+    }
+
+    #[test]
+    fn values_lists_every_live_value_in_its_text() {
+        let mut set: ValueSet = ["0xabcd", "0x0A", "usdc", "0x0a", "gone"].into_iter().collect();
+        assert!(set.remove("gone"));
+        let mut values: Vec<String> = set.values().collect();
+        values.sort();
+        assert_eq!(values, ["0x0A", "0x0a", "0xabcd", "usdc"]);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 mod postgres;
 mod sets;
 mod sqlite;
+mod writes;
 
 use std::future::Future;
 
@@ -14,9 +15,9 @@ use sluice_filter::ValueSet;
 use sqlx::Row as _;
 
 use crate::dialect::{Dialect, StoreBackend};
-use crate::redis_sets::SetRef;
+use crate::set_history::{ChangeStamp, SetChangeKind};
 use crate::set_snapshots::SnapshotKey;
-use crate::{Result, Store, StoreError};
+use crate::{Result, Store};
 
 /// The filter-value statements that are only fast written per database (a JSON array on
 /// SQLite, `COPY` and arrays on PostgreSQL), implemented beside this module in `sqlite.rs` and
@@ -121,6 +122,22 @@ pub trait FilterValueStore: Send + Sync + 'static {
         values: &[String],
     ) -> Result<u64>;
 
+    /// [`FilterValueStore::add_filter_values`], [`FilterValueStore::remove_filter_values`] or
+    /// [`FilterValueStore::replace_filter_values`] (by `kind`), recorded in the set history
+    /// (docs/set-filter.md, "Set history") as made at `stamp`. The three methods record their
+    /// change as made now, at an unknown position.
+    ///
+    /// # Errors
+    /// As the method `kind` names.
+    async fn change_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        values: &[String],
+        kind: SetChangeKind,
+        stamp: ChangeStamp,
+    ) -> Result<u64>;
+
     /// Up to `limit` (at least 1) values of one transform that were added after cursor
     /// `after` (`None`: from the start), oldest first. Paging with [`FilterValuePage::next`]
     /// while others add values neither skips nor repeats a value; values added meanwhile
@@ -217,31 +234,7 @@ impl<D: StoreBackend> FilterValueStore for Store<D> {
         transform_uid: &str,
         values: &[String],
     ) -> Result<u64> {
-        if let Some(redis) = &self.redis {
-            return self.redis_change(redis, pipeline_id, transform_uid, values, true).await;
-        }
-        let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
-        let mut tx = D::begin_write(&self.pool).await?;
-        if values.is_empty() {
-            return Ok(0);
-        }
-        let found =
-            self.table_members(&mut tx, &mut slot, pipeline_id, transform_uid, true).await?;
-        let Some((set, version, mut members)) = found else {
-            return Ok(0);
-        };
-        // The set decides what is new, repeats within the request included, as the
-        // backend draws the values; the rows are appended in request order.
-        let mut new = values.iter().map(String::as_str).filter(|value| members.insert(value));
-        let added = D::insert_values(&mut tx, set, &mut new).await?;
-        let version = if added == 0 {
-            version
-        } else {
-            Self::mark_written(&mut tx, set, added as i64).await?
-        };
-        tx.commit().await?;
-        self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, members);
-        Ok(added)
+        self.add_stamped(pipeline_id, transform_uid, values, &ChangeStamp::now()).await
     }
 
     async fn remove_filter_values(
@@ -250,36 +243,7 @@ impl<D: StoreBackend> FilterValueStore for Store<D> {
         transform_uid: &str,
         values: &[String],
     ) -> Result<u64> {
-        if let Some(redis) = &self.redis {
-            return self.redis_change(redis, pipeline_id, transform_uid, values, false).await;
-        }
-        let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
-        let mut tx = D::begin_write(&self.pool).await?;
-        let found =
-            self.table_members(&mut tx, &mut slot, pipeline_id, transform_uid, false).await?;
-        let Some((set, version, mut members)) = found else {
-            return Ok(0);
-        };
-        let present: Vec<&str> =
-            values.iter().map(String::as_str).filter(|value| members.remove(value)).collect();
-        let version = if present.is_empty() {
-            version
-        } else {
-            let removed = D::delete_values(&mut tx, set, &present, true).await?;
-            if removed != present.len() as u64 {
-                return Err(StoreError::Corrupt {
-                    what: "filter values",
-                    detail: format!(
-                        "set {set}: {} values to remove were in memory, {removed} rows in the table",
-                        present.len()
-                    ),
-                });
-            }
-            Self::mark_written(&mut tx, set, -(removed as i64)).await?
-        };
-        tx.commit().await?;
-        self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, members);
-        Ok(present.len() as u64)
+        self.remove_stamped(pipeline_id, transform_uid, values, &ChangeStamp::now()).await
     }
 
     async fn replace_filter_values(
@@ -288,87 +252,28 @@ impl<D: StoreBackend> FilterValueStore for Store<D> {
         transform_uid: &str,
         values: &[String],
     ) -> Result<u64> {
-        if let Some(redis) = &self.redis {
-            let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
-            slot.loaded = None;
-            let mut tx = D::begin_write(&self.pool).await?;
-            let create = !values.is_empty();
-            let Some(id) =
-                Self::redis_set_for_write(redis, &mut tx, pipeline_id, transform_uid, create)
-                    .await?
-            else {
-                return Ok(0);
-            };
-            let set = SetRef { pipeline_id, transform_uid, id };
-            if values.is_empty() {
-                // As on the tables: an emptied set is dropped, and its next write makes a
-                // new one.
-                Self::drop_set(&mut tx, id).await?;
-                tx.commit().await?;
-                // The set is gone either way (its id is no longer named); other nodes'
-                // indexes find that by its version if the feed entry is not written.
-                if let Err(error) = redis.drop_set(set, true).await {
-                    tracing::warn!(%error, pipeline_id, transform_uid, "an emptied set's values stay in Redis under an id nothing names");
-                }
-                return Ok(0);
+        self.replace_stamped(pipeline_id, transform_uid, values, &ChangeStamp::now()).await
+    }
+
+    async fn change_filter_values(
+        &self,
+        pipeline_id: &str,
+        transform_uid: &str,
+        values: &[String],
+        kind: SetChangeKind,
+        stamp: ChangeStamp,
+    ) -> Result<u64> {
+        match kind {
+            SetChangeKind::Add => {
+                self.add_stamped(pipeline_id, transform_uid, values, &stamp).await
             }
-            let (members, at) = redis.replace(set, values).await?;
-            tx.commit().await?;
-            let count = members.len() as u64;
-            self.keep_redis(pipeline_id, transform_uid, &mut slot, id, at, members);
-            return Ok(count);
-        }
-        let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
-        slot.loaded = None;
-        let mut tx = D::begin_write(&self.pool).await?;
-        if !Self::lock_set_filter(&mut tx, pipeline_id, transform_uid).await? {
-            return Ok(0);
-        }
-        if values.is_empty() {
-            if let Some((set, _)) =
-                Self::set_row(&mut tx, pipeline_id, transform_uid, false).await?
-            {
-                Self::drop_set(&mut tx, set).await?;
+            SetChangeKind::Remove => {
+                self.remove_stamped(pipeline_id, transform_uid, values, &stamp).await
             }
-            tx.commit().await?;
-            return Ok(0);
+            SetChangeKind::Replace => {
+                self.replace_stamped(pipeline_id, transform_uid, values, &stamp).await
+            }
         }
-        let (set, version) = Self::set_row(&mut tx, pipeline_id, transform_uid, true)
-            .await?
-            .ok_or(sqlx::Error::RowNotFound)?;
-        let members = self
-            .current_values(
-                &mut tx,
-                &mut slot,
-                snapshot_key(pipeline_id, transform_uid, set, version),
-            )
-            .await?;
-        // Only the difference is written: values in both sets keep their rows (and so
-        // their cursor position), and re-sending a mostly unchanged list writes little.
-        let mut wanted = ValueSet::with_capacity(values.len());
-        let kept: Vec<&str> =
-            values.iter().map(String::as_str).filter(|value| wanted.insert(value)).collect();
-        let new: Vec<&str> =
-            kept.iter().copied().filter(|value| !members.contains(value)).collect();
-        let stale = members.len() - (kept.len() - new.len());
-        let mut removed = 0;
-        if stale > 0 {
-            removed = D::delete_values(&mut tx, set, &kept, false).await?;
-        }
-        if removed != stale as u64 {
-            return Err(StoreError::Corrupt {
-                what: "filter values",
-                detail: format!(
-                    "set {set}: {stale} stale values in memory, {removed} rows deleted"
-                ),
-            });
-        }
-        D::insert_values(&mut tx, set, &mut new.iter().copied()).await?;
-        let version = Self::mark_written(&mut tx, set, new.len() as i64 - removed as i64).await?;
-        tx.commit().await?;
-        let count = wanted.len() as u64;
-        self.sets.put_back(pipeline_id, transform_uid, &mut slot, set, version, wanted);
-        Ok(count)
     }
 
     async fn list_filter_values(
@@ -563,7 +468,12 @@ impl<D: StoreBackend> FilterValueStore for Store<D> {
     }
 }
 
-fn snapshot_key(pipeline_id: &str, transform_uid: &str, set_id: i64, version: i64) -> SnapshotKey {
+pub(crate) fn snapshot_key(
+    pipeline_id: &str,
+    transform_uid: &str,
+    set_id: i64,
+    version: i64,
+) -> SnapshotKey {
     SnapshotKey {
         pipeline_id: pipeline_id.to_owned(),
         transform_uid: transform_uid.to_owned(),

@@ -45,6 +45,7 @@ mod postgres;
 pub mod prices;
 mod redis_sets;
 pub mod secrets;
+pub mod set_history;
 mod set_snapshots;
 mod sqlite;
 mod store;
@@ -71,6 +72,10 @@ pub use redis_sets::{
     DatasetFeedChange, DatasetFeedEntry, FeedEntry, RedisSets, SetFeed, SetFeedChange, SetFeedEntry,
 };
 pub use secrets::{SecretStore, Secrets, SecretsError};
+pub use set_history::{
+    ChangeStamp, ChangedValues, HistoryPoint, PastMembership, Reach, SetChange, SetChangeKind,
+    SetChangePage, SetHistoryStore,
+};
 pub use sqlite::{SqliteDialect, SqliteStore};
 pub use store::Store;
 
@@ -132,6 +137,7 @@ pub trait MetadataStore:
     IdentityStore
     + PipelineStore
     + FilterValueStore
+    + SetHistoryStore
     + DeploymentStore
     + DatasetStore
     + MetricsStore
@@ -154,6 +160,7 @@ where
     T: IdentityStore
         + PipelineStore
         + FilterValueStore
+        + SetHistoryStore
         + DeploymentStore
         + DatasetStore
         + MetricsStore

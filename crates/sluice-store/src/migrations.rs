@@ -182,6 +182,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             postgres: include_str!("migrations/0018_events.postgres.sql"),
         },
     },
+    Migration {
+        version: 19,
+        name: "filter_set_history",
+        sql: Sql::PerBackend {
+            sqlite: include_str!("migrations/0019_filter_set_history.sqlite.sql"),
+            postgres: include_str!("migrations/0019_filter_set_history.postgres.sql"),
+        },
+    },
 ];
 
 pub(crate) const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice_schema_migrations (\

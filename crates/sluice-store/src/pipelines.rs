@@ -11,6 +11,7 @@ use crate::dialect::Query;
 use crate::dialect::{Row, StoreBackend};
 use crate::filter_values::sorted_unique;
 use crate::redis_sets::{LogState, SetRef};
+use crate::set_history::{ChangeLists, ChangeStamp, SetChangeKind};
 use crate::{Result, Store, StoreError};
 
 pub(crate) const PIPELINE_COLUMNS: &str = "p.id, p.organization_id, p.owner_user_id, p.name, \
@@ -197,7 +198,11 @@ impl<D: StoreBackend> PipelineStore for Store<D> {
             .bind(viewer_team)
             .execute(&mut *tx)
             .await?;
+        // Inline values are the set's first change, made when the pipeline was.
+        let stamp = ChangeStamp { at: pipeline.created_at, position: None };
+        let kind = SetChangeKind::Add;
         for (uid, values) in filter_values {
+            let given = || values.len();
             let (set, _) = Self::set_row(&mut tx, &pipeline.id, uid, true)
                 .await?
                 .ok_or(sqlx::Error::RowNotFound)?;
@@ -210,11 +215,34 @@ impl<D: StoreBackend> PipelineStore for Store<D> {
                 let set = SetRef { pipeline_id: &pipeline.id, transform_uid: uid, id: set };
                 let mut members = sluice_filter::ValueSet::with_capacity(values.len());
                 redis.add(set, &mut members, LogState::default(), &values).await?;
+                let count = values.len();
+                Self::record_set_change(
+                    &mut tx,
+                    &pipeline.id,
+                    uid,
+                    &stamp,
+                    kind,
+                    given(),
+                    ChangeLists::added(&values),
+                    count,
+                )
+                .await?;
                 continue;
             }
-            let added =
-                D::insert_values(&mut tx, set, &mut sorted_unique(values).into_iter()).await?;
+            let unique = sorted_unique(values);
+            let added = D::insert_values(&mut tx, set, &mut unique.iter().copied()).await?;
             Self::mark_written(&mut tx, set, added as i64).await?;
+            Self::record_set_change(
+                &mut tx,
+                &pipeline.id,
+                uid,
+                &stamp,
+                kind,
+                given(),
+                ChangeLists::added(&unique),
+                unique.len(),
+            )
+            .await?;
         }
         tx.commit().await?;
         Ok(())
@@ -295,6 +323,7 @@ impl<D: StoreBackend> PipelineStore for Store<D> {
             if !kept.contains(&uid.as_str()) {
                 let set: i64 = row.try_get("id")?;
                 Self::drop_set(&mut tx, set).await?;
+                Self::forget_set_history(&mut tx, &pipeline.id, &uid, pipeline.updated_at).await?;
                 dropped.push((uid, set));
             }
         }

@@ -60,7 +60,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut background = background_tasks(&runtime, &catalog, args.demo);
     let warehouse =
         start_warehouse(&settings, &store, &runtime, &catalog, &clock, &secrets, &recorder).await?;
-    background.push(tokio::spawn(snapshot_sets(store.clone())));
+    let history =
+        chrono::Duration::days(i64::try_from(settings.set_history_days).unwrap_or(i64::MAX));
+    background.push(tokio::spawn(set_upkeep(store.clone(), clock.clone(), history)));
     let chains = crate::chains::start(chain_configs, sources, &runtime)?;
     background.extend(chains.tasks);
     if let Some(status) = &chains.status {
@@ -345,12 +347,22 @@ async fn open_log(
 /// How often snapshots of large filter-value sets that changed are written.
 const SET_SNAPSHOT_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Writes the snapshots of changed large filter-value sets every minute.
-async fn snapshot_sets(store: Arc<dyn MetadataStore>) {
+/// Every minute: writes the snapshots of changed large filter-value sets, and deletes the
+/// set-history changes older than `history` (docs/set-filter.md, "Set history").
+async fn set_upkeep(
+    store: Arc<dyn MetadataStore>,
+    clock: Arc<dyn Clock>,
+    history: chrono::Duration,
+) {
     let mut tick = tokio::time::interval(SET_SNAPSHOT_INTERVAL);
     tick.tick().await;
     loop {
         tick.tick().await;
+        match store.prune_set_history(clock.now() - history).await {
+            Ok(0) => {}
+            Ok(pruned) => tracing::info!(pruned, "set-history changes past retention deleted"),
+            Err(error) => tracing::warn!(%error, "set-history retention run failed"),
+        }
         match store.save_set_snapshots().await {
             Ok(0) => {}
             Ok(written) => tracing::info!(written, "filter-value set snapshots written"),

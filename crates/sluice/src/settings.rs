@@ -112,6 +112,10 @@ pub struct ServeArgs {
     /// cluster follows its change feed (see docs/scaling.md).
     #[arg(long = "sets", env = "SLUICE_SETS_URL", value_name = "URL")]
     pub sets_url: Option<String>,
+    /// Days the history of set-filter values is kept (`GET …/filter-values/changes`,
+    /// `check?at=`; see docs/set-filter.md) [default: 90].
+    #[arg(long, env = "SLUICE_SET_HISTORY_DAYS", value_name = "DAYS")]
+    pub set_history_days: Option<u64>,
 }
 
 /// The config file: every setting, all optional.
@@ -141,6 +145,7 @@ struct FileSettings {
     node_name: Option<String>,
     node_timeout_secs: Option<u64>,
     sets: Option<String>,
+    set_history_days: Option<u64>,
     #[serde(default)]
     events: crate::events::EventFileSettings,
 }
@@ -185,6 +190,8 @@ pub struct Settings {
     pub node_timeout_secs: u64,
     /// Where set-filter values live when not in the store's tables (`redis://…`).
     pub sets_url: Option<String>,
+    /// Days set-filter value changes are kept (docs/set-filter.md, "Set history").
+    pub set_history_days: u64,
     /// Service events: retention, thresholds and sampling (`[events]`, docs/events.md).
     pub events: sluice_runtime::events::EventSettings,
 }
@@ -196,6 +203,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_DATA_DIR: &str = "./sluice-data";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 pub const DEFAULT_MAX_FILTER_VALUES_BODY_BYTES: usize = 128 * 1024 * 1024;
+/// Longest set-history retention: about 100 years, far inside what a time can hold.
+pub const MAX_SET_HISTORY_DAYS: u64 = 36_500;
 
 impl Settings {
     /// Resolves `serve` settings.
@@ -250,6 +259,10 @@ impl Settings {
         if let Some(name) = &node_name {
             check_node_name(name)?;
         }
+        let set_history_days = args.set_history_days.or(file.set_history_days).unwrap_or(90);
+        if !(1..=MAX_SET_HISTORY_DAYS).contains(&set_history_days) {
+            bail!("set_history_days must be 1 to {MAX_SET_HISTORY_DAYS}");
+        }
         let sets_url = args.sets_url.clone().or(file.sets);
         if let Some(url) = &sets_url {
             check_sets_url(url)?;
@@ -288,6 +301,7 @@ impl Settings {
             node_name,
             node_timeout_secs,
             sets_url,
+            set_history_days,
             events: crate::events::resolve(&file.events)?,
         })
     }
@@ -508,6 +522,22 @@ mod tests {
         assert_eq!(settings.max_filter_values_body_bytes, DEFAULT_MAX_FILTER_VALUES_BODY_BYTES);
         assert_eq!(settings.metrics_token, None);
         assert_eq!(settings.metrics_listen, None);
+    }
+
+    #[test]
+    fn set_history_is_kept_90_days_unless_a_flag_or_the_file_says_1_to_36500() {
+        assert_eq!(Settings::resolve(&ServeArgs::default()).unwrap().set_history_days, 90);
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = ServeArgs::default();
+        args.store.config = Some(file(&dir, "set_history_days = 30\n"));
+        assert_eq!(Settings::resolve(&args).unwrap().set_history_days, 30);
+        args.set_history_days = Some(7);
+        assert_eq!(Settings::resolve(&args).unwrap().set_history_days, 7, "the flag wins");
+        for days in [0, MAX_SET_HISTORY_DAYS + 1] {
+            args.set_history_days = Some(days);
+            let error = Settings::resolve(&args).unwrap_err().to_string();
+            assert!(error.contains("set_history_days must be 1 to 36500"), "{days}: {error}");
+        }
     }
 
     #[test]

@@ -117,6 +117,17 @@ impl Harness {
         harness
     }
 
+    /// This harness, with `chains` as its chain ingesters (whose heads filter-value changes
+    /// are recorded at).
+    #[must_use]
+    pub fn showing_chains(
+        mut self,
+        chains: Arc<dyn sluice_api::chains::ChainStatusSource>,
+    ) -> Self {
+        self.state = self.state.with_chains(chains);
+        self
+    }
+
     /// A harness whose dataset changes go to `listener`.
     pub async fn with_dataset_listener(
         listener: Arc<dyn sluice_core::datasets::DatasetListener>,

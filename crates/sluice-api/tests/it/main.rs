@@ -21,6 +21,7 @@ mod prices;
 mod rabbitmq_sink;
 mod scripts;
 mod services;
+mod set_history;
 mod sink_outage;
 mod spec;
 mod stats;

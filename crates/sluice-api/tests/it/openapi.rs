@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use crate::harness::Harness;
 
 /// Every route the service serves, as `(method, path)`.
-const ROUTES: [(&str, &str); 64] = [
+const ROUTES: [(&str, &str); 65] = [
     ("post", "/api/v1/warehouse/tables/{table}/rows"),
     ("post", "/api/v1/beam/backfills"),
     ("get", "/api/v1/beam/backfills"),
@@ -32,6 +32,7 @@ const ROUTES: [(&str, &str); 64] = [
     ("put", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
     ("delete", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values"),
     ("get", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/check"),
+    ("get", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/changes"),
     ("get", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/count"),
     ("post", "/api/v1/beam/{config_id}/deploy"),
     ("post", "/api/v1/beam/{config_id}/pause"),

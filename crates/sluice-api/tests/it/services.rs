@@ -72,6 +72,12 @@ async fn a_dropped_change_is_still_committed_and_told_to_the_in_memory_copies() 
         "f1".to_owned(),
         values,
         ValuesChange::Add,
+        sluice_core::pipeline::Source {
+            source_type: sluice_core::pipeline::SourceType::Pubsub,
+            chain: "base".to_owned(),
+            entity: "log".to_owned(),
+            is_zerolag: false,
+        },
     );
     drop_after_first_poll(change).await;
     assert_eq!(until_heard(&heard, 1).await, [format!("{id}/f1: Added([\"0xaa\", \"0xbb\"])")]);

@@ -401,6 +401,9 @@ pub fn probe(method: &str, template: &str, owned: &Owned, who: &str) -> Option<P
         ("get", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/count") => {
             ("", None, NotFound)
         }
+        ("get", "/api/v1/beam/{config_id}/transforms/{transform_uid}/filter-values/changes") => {
+            ("?count=10&values=true", None, NotFound)
+        }
         (
             "post",
             "/api/v1/beam/{config_id}/deploy"

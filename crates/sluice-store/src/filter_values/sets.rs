@@ -8,6 +8,7 @@ use super::SCAN_PAGE;
 use crate::dialect::StoreBackend;
 use crate::filter_sets::{Loaded, Slot};
 use crate::redis_sets::{LogState, RedisSets, SetRef};
+use crate::set_history::{ChangeLists, ChangeStamp, SetChangeKind};
 use crate::set_snapshots::SnapshotKey;
 use crate::{Result, Store, StoreError};
 
@@ -103,8 +104,10 @@ impl<D: StoreBackend> Store<D> {
         pipeline_id: &str,
         transform_uid: &str,
         values: &[String],
-        add: bool,
+        kind: SetChangeKind,
+        stamp: &ChangeStamp,
     ) -> Result<u64> {
+        let add = kind == SetChangeKind::Add;
         let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
         let mut tx = D::begin_write(&self.pool).await?;
         if add && values.is_empty() {
@@ -117,11 +120,31 @@ impl<D: StoreBackend> Store<D> {
         };
         let (mut members, at) = Self::redis_members(redis, &mut slot, id).await?;
         let set = SetRef { pipeline_id, transform_uid, id };
+        // What the change does, each value once, before it is done to `members`.
+        let mut seen = ValueSet::with_capacity(values.len());
+        let touched: Vec<&str> = values
+            .iter()
+            .map(String::as_str)
+            .filter(|value| members.contains(value) != add && seen.insert(value))
+            .collect();
+        let lists = if add { ChangeLists::added(&touched) } else { ChangeLists::removed(&touched) };
         let (changed, at) = if add {
             redis.add(set, &mut members, at, values).await?
         } else {
             redis.remove(set, &mut members, at, values).await?
         };
+        let count = members.len();
+        Self::record_set_change(
+            &mut tx,
+            pipeline_id,
+            transform_uid,
+            stamp,
+            kind,
+            values.len(),
+            lists,
+            count,
+        )
+        .await?;
         tx.commit().await?;
         self.keep_redis(pipeline_id, transform_uid, &mut slot, id, at, members);
         Ok(changed)

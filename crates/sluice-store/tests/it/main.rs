@@ -98,3 +98,4 @@ mod nodes;
 mod prices;
 mod redis_log;
 mod set_feed;
+mod set_history;

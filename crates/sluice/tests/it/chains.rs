@@ -64,7 +64,7 @@ impl Anvil {
         self.try_call(method, params).await.expect("anvil answers")
     }
 
-    async fn head(&self) -> u64 {
+    pub(crate) async fn head(&self) -> u64 {
         let n = self.call("eth_blockNumber", json!([])).await;
         u64::from_str_radix(n.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
     }
@@ -158,7 +158,7 @@ async fn chain_status(client: &reqwest::Client, base: &str) -> Value {
     body["items"][0].clone()
 }
 
-async fn wait_ingested(client: &reqwest::Client, base: &str, block: u64) -> Value {
+pub(crate) async fn wait_ingested(client: &reqwest::Client, base: &str, block: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let status = chain_status(client, base).await;

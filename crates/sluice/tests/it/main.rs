@@ -20,6 +20,7 @@ mod process;
 mod readme;
 mod scripts;
 mod serve;
+mod set_history;
 mod solana;
 mod sql_sinks;
 mod start;
