@@ -639,6 +639,33 @@ async fn a_backfill_into_postgres_lands_the_window_in_the_pipelines_table() {
     assert!(server.terminate());
 }
 
+/// Records `numbers` by partition (of 8), in order: in a fresh stream, each one's offset is
+/// the count of those before it in its partition.
+fn by_partition(numbers: std::ops::Range<u64>) -> BTreeMap<u32, Vec<u64>> {
+    let mut by_partition: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for n in numbers {
+        let partition = sluice_bus::partition_for_key(key_of(n).as_bytes(), 8);
+        by_partition.entry(partition).or_default().push(n);
+    }
+    by_partition
+}
+
+/// The row of record `n` as another writer wrote it: its key, `token_symbol` MANUAL.
+fn manual_row(kind: Kind, table: &str, n: u64) -> String {
+    let key = if kind == Kind::Postgres { "\"key\"" } else { "`key`" };
+    format!("INSERT INTO {table} ({key}, token_symbol) VALUES ('{}', 'MANUAL')", key_of(n))
+}
+
+/// `table` holds `rows` keys, each once, and `manual` rows of the other writer (which the
+/// sink must not have written again).
+async fn assert_once(db: &UserDb, table: &str, rows: usize, manual: usize) {
+    let keys = db.keys(table).await.unwrap_or_default();
+    assert_eq!(keys.len(), rows, "{keys:?}");
+    assert!(keys.values().all(|n| *n == 1), "written twice: {keys:?}");
+    let sql = format!("SELECT token_symbol FROM {table} WHERE token_symbol = 'MANUAL'");
+    assert_eq!(db.texts(&sql).await.len(), manual, "the other writer's rows were written again");
+}
+
 /// The crash window itself, made on purpose: the database holds rows and positions the
 /// stream log never heard of (a sink that committed, then died before the log's commit).
 /// The deploy that resumes must start from the database's positions, not write them again.
@@ -660,22 +687,14 @@ async fn resumes_from_the_databases_positions(kind: Kind) {
     // count of the records of its partition before it.
     let records: Vec<Value> = (0..40).map(|n| transfer(n, HASH_B)).collect();
     push(&client, &base, &records, false).await;
-    let mut by_partition: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-    for n in 0..40 {
-        let partition = sluice_bus::partition_for_key(key_of(n).as_bytes(), 8);
-        by_partition.entry(partition).or_default().push(n);
-    }
+    let by_partition = by_partition(0..40);
     // The even partitions' records "were written" by a sink that died before the log's
     // commit: rows marked MANUAL, positions at their partitions' ends.
     let (mut statements, mut manual) = (Vec::new(), BTreeSet::new());
     for (partition, numbers) in by_partition.iter().filter(|(p, _)| *p % 2 == 0) {
         for n in numbers {
             manual.insert(key_of(*n));
-            statements.push(format!(
-                "INSERT INTO resumed ({}, token_symbol) VALUES ('{}', 'MANUAL')",
-                if kind == Kind::Postgres { "\"key\"" } else { "`key`" },
-                key_of(*n)
-            ));
+            statements.push(manual_row(kind, "resumed", *n));
         }
         statements.push(format!(
             "INSERT INTO sluice_sink_offsets (consumer, source, part, next_offset) \
@@ -690,10 +709,8 @@ async fn resumes_from_the_databases_positions(kind: Kind) {
     let (status, deployed) =
         send(&client, Method::POST, &format!("{base}/api/v1/beam/{id}/deploy"), None).await;
     assert_eq!(status, 200, "{deployed}");
-    let keys = db.wait_rows("resumed", 40).await;
-    assert!(keys.values().all(|n| *n == 1), "written twice: {keys:?}");
-    let symbols = db.texts("SELECT token_symbol FROM resumed WHERE token_symbol = 'MANUAL'").await;
-    assert_eq!(symbols.len(), manual.len(), "the even partitions were not written again");
+    db.wait_rows("resumed", 40).await;
+    assert_once(&db, "resumed", 40, manual.len()).await;
     assert!(server.terminate());
 }
 
@@ -731,22 +748,14 @@ async fn a_batch_overlapping_anothers_writes_only_its_rest(kind: Kind) {
     db.wait_rows("overlap", 1).await;
     let first_partition = sluice_bus::partition_for_key(key_of(first).as_bytes(), 8);
     // Each next record's offset: the count of the records of its partition before it.
-    let mut by_partition: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-    for n in 0..40 {
-        let partition = sluice_bus::partition_for_key(key_of(n).as_bytes(), 8);
-        by_partition.entry(partition).or_default().push(n);
-    }
+    let by_partition = by_partition(0..40);
     // The other writer: the first half of each partition's next records, and the positions.
     let (mut statements, mut manual) = (Vec::new(), BTreeSet::new());
     for (partition, numbers) in &by_partition {
         let half = numbers.len().div_ceil(2);
         for n in &numbers[..half] {
             manual.insert(key_of(*n));
-            statements.push(format!(
-                "INSERT INTO overlap ({}, token_symbol) VALUES ('{}', 'MANUAL')",
-                if kind == Kind::Postgres { "\"key\"" } else { "`key`" },
-                key_of(*n)
-            ));
+            statements.push(manual_row(kind, "overlap", *n));
         }
         statements.push(if *partition == first_partition {
             format!(
@@ -767,13 +776,9 @@ async fn a_batch_overlapping_anothers_writes_only_its_rest(kind: Kind) {
     let records: Vec<Value> = (0..40).map(|n| transfer(n, HASH_B)).collect();
     push(&client, &base, &records, false).await;
     // 41 rows; had the first halves been written again, 61 (and no wait would see 41).
-    let keys = db.wait_rows("overlap", 41).await;
+    db.wait_rows("overlap", 41).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let keys = db.keys("overlap").await.unwrap_or(keys);
-    assert_eq!(keys.len(), 41, "{keys:?}");
-    assert!(keys.values().all(|n| *n == 1), "written twice: {keys:?}");
-    let symbols = db.texts("SELECT token_symbol FROM overlap WHERE token_symbol = 'MANUAL'").await;
-    assert_eq!(symbols.len(), manual.len(), "the other writer's rows were not written again");
+    assert_once(&db, "overlap", 41, manual.len()).await;
     assert!(server.terminate());
 }
 
