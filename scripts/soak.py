@@ -527,6 +527,16 @@ def main():
                                                                   summary["latency_from_ack_ms"]["p99"],
                                                                   summary["latency_from_ack_ms"]["max"],
                                                                   summary["latency_from_send_ms"]["p99"]))))
+        reference = [r for r in rows if r["minute"] == args.reference_minute]
+        if reference and rows:
+            ref, end = reference[0], rows[-1]
+            later = [r for r in rows if r["minute"] >= args.reference_minute]
+            print("minute %d → %d: RSS %.1f → %.1f MiB (%+.1f %%; %.1f–%.1f from minute %d), fds %d → %d "
+                  "(max %d), threads %d → %d (max %d)"
+                  % (ref["minute"], end["minute"], ref["rss_mib"], end["rss_mib"],
+                     (end["rss_mib"] / ref["rss_mib"] - 1) * 100, min(r["rss_mib"] for r in later),
+                     max(r["rss_mib"] for r in later), args.reference_minute, ref["fds"], end["fds"],
+                     max(r["fds"] for r in later), ref["threads"], end["threads"], max(r["threads"] for r in later)))
         print("API calls: %d, failed %d; node log: %d errors, %d warnings; threads by name: %s"
               % (len(exerciser.calls), len(exerciser.failed()), summary["node_log"][0], summary["node_log"][1],
                  ", ".join("%s %d" % kv for kv in sorted(names.items(), key=lambda kv: -kv[1]))))
