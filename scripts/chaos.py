@@ -721,6 +721,7 @@ def check(cluster, pipelines, feed, webhooks, grace, timeout):
             "pipeline": p.index, "shape": p.label(), "must": len(must), "delivered": len(delivered),
             "lost": len(must - delivered), "lost_first": sorted(must - delivered)[:10],
             "duplicates": sum(c - 1 for c in p.seen.values() if c > 1),
+            "duplicates_first": sorted(n for n, c in p.seen.items() if c > 1)[:10],
             "unexpected": len(delivered - must - may), "unexpected_first": sorted(delivered - must - may)[:10],
             "foreign": p.foreign, "uncertain_values": len(p.uncertain)})
     return results
@@ -844,6 +845,17 @@ def report(args, cluster, pipelines, feed, api, faults, results):
     if lost:
         failed.append("%d acknowledged records lost" % lost)
     exactly_once = [r for r in results if r["shape"].startswith("steady/postgres")]
+    answered = {}
+    for first, count, acknowledged, at in feed.requests:
+        for n in range(first, first + count):
+            answered[n] = (acknowledged, at)
+    for r in exactly_once:
+        for n in r["duplicates_first"]:
+            acknowledged, at = answered.get(n, (None, None))
+            during = ", ".join("%s %s" % (e["kind"], e["target"]) for e in faults.active_at(at)) if at else "?"
+            log("  written twice by the PostgreSQL sink: n=%d, its request %s at %s, during: %s"
+                % (n, "acknowledged" if acknowledged else "not acknowledged",
+                   time.strftime("%H:%M:%S", time.gmtime(at)) if at else "?", during or "no fault"))
     if any(r["duplicates"] for r in exactly_once):
         failed.append("the PostgreSQL sink wrote %d rows twice" % sum(r["duplicates"] for r in exactly_once))
     unexpected = sum(r["unexpected"] for r in results)
