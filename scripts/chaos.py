@@ -749,6 +749,9 @@ def main():
     parser.add_argument("--redis-restarts-empty", action="store_true",
                         help="run Redis without persistence: a restart loses every set's values")
     parser.add_argument("--delivery-timeout", type=float, default=300)
+    parser.add_argument("--report-sql-duplicates", action="store_true",
+                        help="report rows the PostgreSQL sink wrote twice instead of failing on them "
+                             "(an open defect: RELIABILITY.md, Chaos)")
     parser.add_argument("--failover-limit", type=float, default=10,
                         help="seconds a node kill's pipelines may take to run again on live nodes")
     parser.add_argument("--node-log", default="warn")
@@ -857,7 +860,11 @@ def report(args, cluster, pipelines, feed, api, faults, results):
                 % (n, "acknowledged" if acknowledged else "not acknowledged",
                    time.strftime("%H:%M:%S", time.gmtime(at)) if at else "?", during or "no fault"))
     if any(r["duplicates"] for r in exactly_once):
-        failed.append("the PostgreSQL sink wrote %d rows twice" % sum(r["duplicates"] for r in exactly_once))
+        message = "the PostgreSQL sink wrote %d rows twice" % sum(r["duplicates"] for r in exactly_once)
+        if args.report_sql_duplicates:
+            log("NOT FAILED (--report-sql-duplicates): " + message)
+        else:
+            failed.append(message)
     unexpected = sum(r["unexpected"] for r in results)
     if unexpected:
         failed.append("%d records delivered that no set held (or a removal not applied after %.0f s)"

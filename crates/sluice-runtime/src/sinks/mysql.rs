@@ -362,7 +362,24 @@ impl SqlBackend for MySqlBackend {
             "SELECT part, next_offset FROM {offsets} WHERE consumer = {consumer} AND source = {source} AND part IN ({}) FOR UPDATE",
             if parts.is_empty() { "-1".to_owned() } else { parts.join(",") }
         );
-        let stored = (&mut *tx).fetch_all(select.as_str()).await.map_err(fail)?;
+        let mut stored = (&mut *tx).fetch_all(select.as_str()).await.map_err(fail)?;
+        if stored.len() < parts.len() {
+            // `FOR UPDATE` locks no row that is not there: a partition's first write makes its
+            // row (position 0) and locks it, so that a second writer of the pipeline waits
+            // for the first and then sees its position.
+            let mut sorted: Vec<&(u32, u64)> = position.offsets.iter().collect();
+            sorted.sort_unstable();
+            let rows: Vec<String> = sorted
+                .iter()
+                .map(|(part, _)| format!("({consumer}, {source}, {part}, 0)"))
+                .collect();
+            let make = format!(
+                "INSERT IGNORE INTO {offsets} (consumer, source, part, next_offset) VALUES {}",
+                rows.join(",")
+            );
+            (&mut *tx).execute(make.as_str()).await.map_err(fail)?;
+            stored = (&mut *tx).fetch_all(select.as_str()).await.map_err(fail)?;
+        }
         let stored: Vec<(u32, u64)> = stored
             .iter()
             .map(|row| (row.get::<i32, _>(0) as u32, row.get::<i64, _>(1) as u64))

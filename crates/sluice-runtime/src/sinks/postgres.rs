@@ -232,6 +232,42 @@ impl PgBackend {
         })
     }
 
+    /// Locks the rows of `parts` of `(consumer, source)` in `offsets` and answers their
+    /// positions. `FOR UPDATE` locks no row that is not there, so a partition's first write
+    /// makes its row (position 0) first: a second writer of the pipeline then waits for the
+    /// first and sees its position (rows made in partition order: no deadlock).
+    async fn lock_positions(
+        tx: &mut PgConnection,
+        offsets: &str,
+        consumer: &str,
+        source: &str,
+        parts: &[i32],
+    ) -> Result<Vec<(u32, u64)>, sqlx::Error> {
+        let lock = format!(
+            "SELECT part, next_offset FROM {offsets} WHERE consumer = $1 AND source = $2 AND part = ANY($3) FOR UPDATE"
+        );
+        let mut stored =
+            sqlx::query(&lock).bind(consumer).bind(source).bind(parts).fetch_all(&mut *tx).await?;
+        if stored.len() < parts.len() {
+            sqlx::query(&format!(
+                "INSERT INTO {offsets} (consumer, source, part, next_offset, updated_at) \
+                 SELECT $1, $2, p, 0, now() FROM unnest($3::int[]) AS t(p) ORDER BY p \
+                 ON CONFLICT (consumer, source, part) DO NOTHING"
+            ))
+            .bind(consumer)
+            .bind(source)
+            .bind(parts)
+            .execute(&mut *tx)
+            .await?;
+            stored =
+                sqlx::query(&lock).bind(consumer).bind(source).bind(parts).fetch_all(tx).await?;
+        }
+        Ok(stored
+            .iter()
+            .map(|row| (row.get::<i32, _>(0) as u32, row.get::<i64, _>(1) as u64))
+            .collect())
+    }
+
     /// Deletes the rows of the blocks `orphaned` names (reorg markers' block hashes).
     async fn delete_orphaned(
         tx: &mut PgConnection,
@@ -291,19 +327,10 @@ impl SqlBackend for PgBackend {
         let position = write.position;
         let parts: Vec<i32> = position.offsets.iter().map(|(p, _)| *p as i32).collect();
         let nexts: Vec<i64> = position.offsets.iter().map(|(_, n)| *n as i64).collect();
-        let stored = sqlx::query(&format!(
-            "SELECT part, next_offset FROM {offsets} WHERE consumer = $1 AND source = $2 AND part = ANY($3) FOR UPDATE"
-        ))
-        .bind(position.group)
-        .bind(position.source)
-        .bind(&parts)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(fail)?;
-        let stored: Vec<(u32, u64)> = stored
-            .iter()
-            .map(|row| (row.get::<i32, _>(0) as u32, row.get::<i64, _>(1) as u64))
-            .collect();
+        let stored =
+            Self::lock_positions(&mut tx, &offsets, position.group, position.source, &parts)
+                .await
+                .map_err(fail)?;
         if already_applied(&stored, position.offsets) {
             return Ok(Written::AlreadyApplied);
         }

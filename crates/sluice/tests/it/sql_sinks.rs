@@ -792,6 +792,59 @@ async fn a_mysql_batch_overlapping_another_writers_commit_writes_only_its_rest()
     a_batch_overlapping_anothers_writes_only_its_rest(Kind::Mysql).await;
 }
 
+/// Two writers of a partition's first rows: the other writer's transaction has made the
+/// partition's row of `sluice_sink_offsets` (with its rows) but not committed when the worker
+/// writes the same range. `FOR UPDATE` alone locks no row that is not there yet, so the
+/// worker must make the row itself, wait for the other writer, and then write only what lies
+/// after its position (found by the chaos run: rows written twice with every other guard in
+/// place). InnoDB's locking read already waits for another transaction's uncommitted row, so
+/// this is PostgreSQL's test.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_partitions_first_write_waits_for_another_writers_uncommitted_one() {
+    let db = UserDb::new(Kind::Postgres, "sql_first_write").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let server = start(dir.path(), port);
+    let (base, client) = (server.base.clone(), client());
+    put_secret(&client, &base, "DB", &db.url).await;
+    let sink = json!({"name": "rows", "connection": "DB", "table": "first_write"});
+    let (id, status, deployed) =
+        deploy(&client, &base, pipeline(&db, sink, false, json!([]), "S")).await;
+    assert_eq!(status, 200, "{deployed}");
+    // The other writer, open: the first half of each partition's records and the positions
+    // (no row of the offsets table exists yet).
+    let mut other = db.pg.as_ref().unwrap().begin().await.unwrap();
+    let mut manual = 0;
+    for (partition, numbers) in &by_partition(0..40) {
+        let half = numbers.len().div_ceil(2);
+        for n in &numbers[..half] {
+            sqlx::query(&manual_row(Kind::Postgres, "first_write", *n))
+                .execute(&mut *other)
+                .await
+                .unwrap();
+            manual += 1;
+        }
+        sqlx::query(&format!(
+            "INSERT INTO sluice_sink_offsets (consumer, source, part, next_offset) \
+             VALUES ('deploy.{id}', 'base.erc20_token_transfer', {partition}, {half})"
+        ))
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    }
+    let records: Vec<Value> = (0..40).map(|n| transfer(n, HASH_B)).collect();
+    push(&client, &base, &records, false).await;
+    // The worker reads the records and reaches the offsets table in milliseconds; then the
+    // other writer commits.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    other.commit().await.unwrap();
+    // 40 rows; written whole behind the other writer, 60 (and no wait would see 40).
+    db.wait_rows("first_write", 40).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_once(&db, "first_write", 40, manual).await;
+    assert!(server.terminate());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_database_user_without_the_privileges_is_a_422_saying_which() {
     let dir = tempfile::tempdir().unwrap();
