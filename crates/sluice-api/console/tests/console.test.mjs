@@ -674,6 +674,12 @@ test('the console at work', { timeout: 300_000 }, async (t) => {
     // Filtered to one kind: only that kind is listed.
     await page.getByLabel('Kind').fill('pipeline.paused');
     await page.getByRole('button', { name: 'Filter' }).click();
+    // The page renders anew for the filter: until it has, the old table (or none, while it
+    // loads) is there, and so is the old live marker.
+    await page.waitForFunction(() => {
+      const rows = [...document.querySelectorAll('#events tbody tr')];
+      return rows.length >= 1 && rows.every((r) => r.dataset.kind === 'pipeline.paused');
+    }, null, { timeout: 30_000 });
     await page.locator('#events-live[data-state="live"]').waitFor();
     const kinds = await page.locator('#events tbody tr').evaluateAll((rows) => rows.map((r) => r.dataset.kind));
     assert.ok(kinds.length >= 1 && kinds.every((k) => k === 'pipeline.paused'), kinds.join(','));
