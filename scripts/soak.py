@@ -39,7 +39,7 @@ TEMPLATE = ('{"sent":%.6f,"n":%d,"block_number":%d,"block_timestamp":"%s","trans
             '"amount":1.0,"usd_amount":1.0}')
 SCRIPT = "function transform(record) { record.scripted = true; return record; }"
 # Columns of the per-minute table: (name, format).
-COLUMNS = (("minute", "%d"), ("rss_mib", "%.1f"), ("anon_mib", "%.1f"), ("fds", "%d"), ("threads", "%d"),
+COLUMNS = (("minute", "%d"), ("rss_mib", "%.1f"), ("rss_peak_mib", "%.1f"), ("anon_mib", "%.1f"), ("fds", "%d"), ("threads", "%d"),
            ("cpu_pct", "%.1f"), ("disk_mib", "%.1f"), ("ingested_mib", "%.1f"),
            ("acked_per_s", "%.0f"), ("read", "%d"), ("p50_ms", "%.1f"), ("p99_ms", "%.1f"),
            ("max_ms", "%.1f"), ("api_ok", "%d"), ("api_failed", "%d"), ("load", "%s"))
@@ -66,6 +66,30 @@ def rss_anon_mib(pid):
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) / 1024
     return None
+
+
+class PeakSampler:
+    """The highest RSS a process reaches, read every second: a minute's one sample misses a
+    peak of a few seconds. `take()` answers the peak since the last take."""
+
+    def __init__(self, pid):
+        self.pid, self.peak, self.lock = pid, 0.0, threading.Lock()
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop_event.wait(1.0):
+            try:
+                _, rss, _ = proc_figures(self.pid)
+            except OSError:
+                return
+            with self.lock:
+                self.peak = max(self.peak, rss or 0.0)
+
+    def take(self):
+        with self.lock:
+            peak, self.peak = self.peak, 0.0
+        return peak
 
 
 def disk_bytes(path):
@@ -401,6 +425,8 @@ def main():
         for reader in readers.values():
             reader.thread.start()
         _, _, cpu_before = proc_figures(pid)
+        peaks = PeakSampler(pid)
+        peaks.thread.start()
         began = time.time()
         feed.thread.start()
         exerciser.thread.start()
@@ -419,7 +445,7 @@ def main():
             from_ack, _ = latencies(readers.values(), feed, last, now)
             calls = exerciser.calls[last_calls:]
             row = {"minute": minute, "time": time.strftime("%H:%M:%S", time.gmtime(now)),
-                   "rss_mib": rss, "anon_mib": rss_anon_mib(pid), "fds": open_fds(pid), "threads": threads,
+                   "rss_mib": rss, "rss_peak_mib": max(peaks.take(), rss), "anon_mib": rss_anon_mib(pid), "fds": open_fds(pid), "threads": threads,
                    "cpu_pct": (cpu - cpu_before) / (now - last) * 100, "disk_mib": disk_bytes(data_dir) / 2**20,
                    "ingested_mib": ingested / 2**20, "acked_per_s": acked / (now - last), "read": len(from_ack),
                    "p50_ms": percentile(from_ack, 50), "p99_ms": percentile(from_ack, 99),
@@ -432,6 +458,7 @@ def main():
             last, last_requests, last_calls, cpu_before = now, requests, len(exerciser.calls), cpu
         feed.stop_event.set()
         exerciser.stop_event.set()
+        peaks.stop_event.set()
         feed.thread.join()
         exerciser.thread.join()
         seconds = time.time() - began
@@ -531,11 +558,12 @@ def main():
         if reference and rows:
             ref, end = reference[0], rows[-1]
             later = [r for r in rows if r["minute"] >= args.reference_minute]
-            print("minute %d → %d: RSS %.1f → %.1f MiB (%+.1f %%; %.1f–%.1f from minute %d), fds %d → %d "
-                  "(max %d), threads %d → %d (max %d)"
+            print("minute %d → %d: RSS %.1f → %.1f MiB (%+.1f %%; %.1f–%.1f from minute %d, peak %.1f "
+                  "read every second), fds %d → %d (max %d), threads %d → %d (max %d)"
                   % (ref["minute"], end["minute"], ref["rss_mib"], end["rss_mib"],
                      (end["rss_mib"] / ref["rss_mib"] - 1) * 100, min(r["rss_mib"] for r in later),
-                     max(r["rss_mib"] for r in later), args.reference_minute, ref["fds"], end["fds"],
+                     max(r["rss_mib"] for r in later), args.reference_minute,
+                     max(r["rss_peak_mib"] for r in later), ref["fds"], end["fds"],
                      max(r["fds"] for r in later), ref["threads"], end["threads"], max(r["threads"] for r in later)))
         print("API calls: %d, failed %d; node log: %d errors, %d warnings; threads by name: %s"
               % (len(exerciser.calls), len(exerciser.failed()), summary["node_log"][0], summary["node_log"][1],

@@ -1,5 +1,6 @@
 //! The archiver: reads every finalized chain stream that has a table and appends its records
-//! to the warehouse, every [`ArchiverSettings::flush_every`] (`--warehouse-flush-secs`).
+//! to the warehouse, every [`ArchiverSettings::flush_every`] (`--warehouse-flush-secs`), and
+//! sooner for a table once [`ArchiverSettings::flush_records`] records wait in its stream.
 //!
 //! Where it reads from is the table's manifest (the offsets of the last append), not a
 //! consumer group: the rows and the offsets they came from are committed together, so a
@@ -31,8 +32,18 @@ pub const ARCHIVER_GROUP: &str = "sluice-warehouse-archiver";
 pub struct ArchiverSettings {
     /// How often buffered records are written (default 60 s).
     pub flush_every: Duration,
-    /// Most rows one append writes (bounds the archiver's memory).
+    /// Records waiting in a busy table's stream (one whose last flush archived this many or
+    /// more) that start its flush before `flush_every` has passed. A busy stream is then archived as it comes, an append or so at a time, not in
+    /// one flush a minute of hundreds of megabytes, whose memory showed as that much more RSS
+    /// for the seconds it took.
+    pub flush_records: u64,
+    /// How often the streams are checked for `flush_records` (at most `flush_every`).
+    pub check_every: Duration,
+    /// Most rows one append writes.
     pub max_rows_per_append: usize,
+    /// Most bytes of records one append gathers: an append holds its rows in memory to sort
+    /// them, so this bounds the archiver's memory whatever the records' size.
+    pub max_bytes_per_append: usize,
     /// Records read per partition per read call.
     pub read_batch: usize,
 }
@@ -41,7 +52,10 @@ impl Default for ArchiverSettings {
     fn default() -> Self {
         Self {
             flush_every: Duration::from_secs(60),
+            flush_records: 65_536,
+            check_every: Duration::from_secs(5),
             max_rows_per_append: 500_000,
+            max_bytes_per_append: 32 << 20,
             read_batch: 10_000,
         }
     }
@@ -95,29 +109,75 @@ impl Archiver {
         Self { warehouse, log, tables, settings }
     }
 
-    /// Archives until `stop` turns true, then once more (what was read is written).
+    /// Archives until `stop` turns true, then once more (what was read is written). Every
+    /// table is drained each [`ArchiverSettings::flush_every`]; a busy one also in between,
+    /// once `flush_records` records wait. A table is busy when its last drain came at a pace
+    /// of `flush_records` or more a flush (and until its first drain): a quiet table costs no
+    /// reads between flushes (on Kafka, its stream's ends are requests).
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        let settings = self.settings;
+        let started = tokio::time::Instant::now();
+        // Per table: whether it is busy, and when it was last drained.
+        let mut paces = vec![(true, started); self.tables.len()];
+        let mut flushed = started;
         loop {
             let stopping = tokio::select! {
-                () = tokio::time::sleep(self.settings.flush_every) => false,
+                () = tokio::time::sleep(settings.check_every.min(settings.flush_every)) => false,
                 _ = stop.changed() => true,
             };
-            match self.drain().await {
-                Ok(rows) if rows > 0 => {
-                    tracing::info!(rows, "archived chain records into the warehouse")
+            let due = stopping || flushed.elapsed() >= settings.flush_every;
+            let mut archived = 0;
+            for (table, (busy, drained)) in self.tables.iter().zip(&mut paces) {
+                let early = !due && *busy && self.waiting(table).await >= settings.flush_records;
+                if !(due || early) {
+                    continue;
                 }
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::warn!(%error, "archiving failed; the next flush tries again")
+                match self.drain_table(table).await {
+                    Ok(rows) => {
+                        let since = drained.elapsed().as_secs_f64().max(1e-3);
+                        let per_flush = rows as f64 / since * settings.flush_every.as_secs_f64();
+                        *busy = per_flush >= settings.flush_records as f64;
+                        *drained = tokio::time::Instant::now();
+                        archived += rows;
+                    }
+                    Err(error) => {
+                        tracing::warn!(table = %table.name, %error, "archiving failed; the next flush tries again");
+                    }
                 }
             }
-            if let Err(error) = self.compact().await {
-                tracing::warn!(%error, "compacting the warehouse failed; the next flush tries again");
+            if due {
+                flushed = tokio::time::Instant::now();
+                if archived > 0 {
+                    tracing::info!(rows = archived, "archived chain records into the warehouse");
+                }
+            }
+            if due || archived > 0 {
+                if let Err(error) = self.compact().await {
+                    tracing::warn!(%error, "compacting the warehouse failed; the next flush tries again");
+                }
             }
             if stopping || *stop.borrow() {
                 return;
             }
         }
+    }
+
+    /// The records `table`'s stream holds past what was archived (0 when it cannot be read
+    /// now: the next flush tries).
+    async fn waiting(&self, table: &Table) -> u64 {
+        let (Ok(manifest), Ok(ranges)) =
+            (self.warehouse.manifest(&table.name), self.log.offsets(&table.stream()).await)
+        else {
+            return 0;
+        };
+        ranges
+            .iter()
+            .enumerate()
+            .map(|(p, range)| {
+                let archived = manifest.offsets.get(&(p as u32)).copied().unwrap_or(0);
+                range.end.saturating_sub(archived.max(range.start))
+            })
+            .sum()
     }
 
     /// Appends everything the streams hold past each table's manifest; answers the rows
@@ -177,20 +237,25 @@ impl Archiver {
             })
             .collect();
         let mut archived = 0;
+        let settings = &self.settings;
         loop {
             let mut rows = Vec::new();
+            let mut bytes = 0;
             let mut moved = false;
             for (partition, from) in &mut next {
                 let end = ranges.get(*partition as usize).map_or(0, |range| range.end);
-                while rows.len() < self.settings.max_rows_per_append && *from < end {
-                    let want = self
-                        .settings
+                while rows.len() < settings.max_rows_per_append
+                    && bytes < settings.max_bytes_per_append
+                    && *from < end
+                {
+                    let want = settings
                         .read_batch
-                        .min(self.settings.max_rows_per_append - rows.len())
+                        .min(settings.max_rows_per_append - rows.len())
                         .min(usize::try_from(end - *from).unwrap_or(usize::MAX));
                     let records = self.log.read(&topic, *partition, *from, want).await?;
                     let Some(last) = records.last().map(|r| r.offset) else { break };
                     for record in records {
+                        bytes += record.value.len();
                         let text = utf8_text(&record.value);
                         let time = match block_time(table.entity, &text) {
                             Ok(time) => time,

@@ -9,7 +9,7 @@
 
 use std::fmt;
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom, Write as _};
+use std::io::{self, Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -19,6 +19,9 @@ use futures_util::TryStreamExt as _;
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
 use parquet::file::reader::{ChunkReader, Length};
+
+/// What writes an object's bytes for [`Storage::put_with`].
+pub type Fill<'a> = dyn FnMut(&mut (dyn io::Write + Send)) -> io::Result<()> + 'a;
 
 /// A place for whole files.
 pub trait Storage: Send + Sync + fmt::Debug {
@@ -30,6 +33,21 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// # Errors
     /// When it cannot be written.
     fn put(&self, path: &str, bytes: Vec<u8>) -> io::Result<()>;
+
+    /// Writes the object at `path` from what `write` writes to the writer it is given, as
+    /// [`Storage::put`] does (durably, replacing what was there, whole or not at all);
+    /// answers its length. A local directory writes straight into the file beside its name,
+    /// so a large object is never whole in memory; object storage gathers it and puts it.
+    ///
+    /// # Errors
+    /// When `write` fails (nothing is written then), or the object cannot be written.
+    fn put_with(&self, path: &str, write: &mut Fill<'_>) -> io::Result<u64> {
+        let mut bytes = Vec::new();
+        write(&mut bytes)?;
+        let length = bytes.len() as u64;
+        self.put(path, bytes)?;
+        Ok(length)
+    }
 
     /// The whole object at `path`; `None` when there is none.
     ///
@@ -115,16 +133,32 @@ impl Storage for LocalStorage {
     }
 
     fn put(&self, path: &str, bytes: Vec<u8>) -> io::Result<()> {
+        self.put_with(path, &mut |file| file.write_all(&bytes)).map(|_| ())
+    }
+
+    fn put_with(&self, path: &str, write: &mut Fill<'_>) -> io::Result<u64> {
         let target = self.root.join(path);
         let dir = target.parent().unwrap_or(&self.root).to_owned();
         std::fs::create_dir_all(&dir)?;
         let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let temp = dir.join(format!("{name}.partial-{}", std::process::id()));
-        let mut file = File::create(&temp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
+        let written = (|| {
+            let mut file = io::BufWriter::with_capacity(1 << 20, File::create(&temp)?);
+            write(&mut file)?;
+            let file = file.into_inner().map_err(io::IntoInnerError::into_error)?;
+            file.sync_all()?;
+            file.metadata().map(|m| m.len())
+        })();
+        let length = match written {
+            Ok(length) => length,
+            Err(error) => {
+                let _ = std::fs::remove_file(&temp);
+                return Err(error);
+            }
+        };
         std::fs::rename(&temp, &target)?;
-        File::open(&dir)?.sync_all()
+        File::open(&dir)?.sync_all()?;
+        Ok(length)
     }
 
     fn get(&self, path: &str) -> io::Result<Option<Bytes>> {

@@ -31,10 +31,30 @@ use crate::tables::{ColumnKind, KEY_COLUMN, RECORD_COLUMN, TIME_COLUMN, Table};
 pub use compaction::{
     COMPACT_MIN_FILES, COMPACTED_FILE_ROWS, Compacted, RETIRE_AFTER_US, Retired, SMALL_FILE_ROWS,
 };
-pub(crate) use sluice_columnar::encode_file;
+use sluice_columnar::FileEncoder;
 pub use sluice_columnar::{ROW_GROUP_ROWS, Row};
 
 const MANIFEST: &str = "_manifest.json";
+
+/// How a file is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fetch {
+    /// The column chunks it reads fetched first, from object storage in as few requests as
+    /// can be (a scan).
+    Ahead,
+    /// Each page as it is reached, in small batches: a merge holds a batch of every file it
+    /// merges, and no more of any.
+    AsRead,
+}
+
+impl Fetch {
+    fn batch_rows(self) -> usize {
+        match self {
+            Fetch::Ahead => 8_192,
+            Fetch::AsRead => 1_024,
+        }
+    }
+}
 
 /// What can go wrong with the warehouse.
 #[derive(Debug, thiserror::Error)]
@@ -300,10 +320,10 @@ impl Warehouse {
             let day = day_of(rows[start].time_us);
             let relative = format!("date={day}/part-{:08}-{n:04}.parquet", manifest.version);
             let path = format!("{}/{relative}", table.name);
-            let file =
-                encode_file(table, &rows[start..end]).map_err(pq_at(&*self.storage, &path))?;
-            let bytes = file.len() as u64;
-            self.storage.put(&path, file).map_err(io_at(&*self.storage, &path))?;
+            let day_rows = &rows[start..end];
+            let bytes = self.write_file(table, &path, |file| {
+                file.write(day_rows).map_err(pq_at(&*self.storage, &path))
+            })?;
             manifest.files.push(FileEntry {
                 path: relative,
                 rows: (end - start) as u64,
@@ -320,6 +340,36 @@ impl Warehouse {
         }
         self.commit(&table.name, &manifest)?;
         Ok(manifest)
+    }
+
+    /// Writes the parquet file `path` of `table` with the rows `fill` writes (in time order)
+    /// into the encoder it is given, straight into storage ([`Storage::put_with`]); answers
+    /// the file's length. Nothing is written when `fill` fails, and its error is answered.
+    fn write_file(
+        &self,
+        table: &Table,
+        path: &str,
+        mut fill: impl FnMut(&mut FileEncoder<'_, &mut (dyn std::io::Write + Send)>) -> Result<()>,
+    ) -> Result<u64> {
+        let mut failed = None;
+        let written = self.storage.put_with(path, &mut |sink| {
+            let outcome = (|| {
+                let mut file =
+                    FileEncoder::new(table, sink).map_err(pq_at(&*self.storage, path))?;
+                fill(&mut file)?;
+                file.finish().map_err(pq_at(&*self.storage, path))?;
+                Ok(())
+            })();
+            outcome.map_err(|error: WarehouseError| {
+                failed = Some(error);
+                std::io::Error::other("the file's rows could not be written")
+            })
+        });
+        match (written, failed) {
+            (Ok(length), _) => Ok(length),
+            (Err(_), Some(error)) => Err(error),
+            (Err(error), None) => Err(io_at(&*self.storage, path)(error)),
+        }
     }
 
     fn commit(&self, table: &str, manifest: &Manifest) -> Result<()> {
@@ -368,7 +418,8 @@ impl Warehouse {
                 _ => true,
             };
             let extra = filter.as_ref().map(|(column, _, _)| column.as_str());
-            let (reader, read, skipped) = self.read_file(table, entry, meets, extra)?;
+            let (reader, read, skipped) =
+                self.read_file(table, entry, meets, extra, Fetch::Ahead)?;
             stats.row_groups_read += read;
             stats.row_groups_skipped += skipped;
             let Some(reader) = reader else { continue };
@@ -398,15 +449,15 @@ impl Warehouse {
     }
 
     /// A reader of one file of `table`: the row groups `meets` keeps, decoding the time, key
-    /// and record columns and `extra`; from object storage, their column chunks come in as few
-    /// requests as can be. Answers it (`None` when no row group is kept) with the row groups
-    /// kept and skipped.
+    /// and record columns and `extra`, read as `fetch` says. Answers it (`None` when no row
+    /// group is kept) with the row groups kept and skipped.
     fn read_file(
         &self,
         table: &Table,
         entry: &FileEntry,
         meets: impl Fn(&RowGroupMetaData) -> bool,
         extra: Option<&str>,
+        fetch: Fetch,
     ) -> Result<(Option<ParquetRecordBatchReader>, usize, usize)> {
         let path = format!("{}/{}", table.name, entry.path);
         let file = ObjectReader::open(&self.storage, &path, entry.bytes)
@@ -430,7 +481,7 @@ impl Warehouse {
             })
             .map(|(i, _)| i)
             .collect();
-        let ranges = groups
+        let ranges: Vec<_> = groups
             .iter()
             .flat_map(|g| {
                 let group = metadata.row_group(*g);
@@ -440,13 +491,15 @@ impl Warehouse {
                 })
             })
             .collect();
-        file.prefetch(ranges).map_err(io_at(&*self.storage, &path))?;
+        if fetch == Fetch::Ahead {
+            file.prefetch(ranges).map_err(io_at(&*self.storage, &path))?;
+        }
         let mask = ProjectionMask::roots(metadata.file_metadata().schema_descr(), indices);
         let read = groups.len();
         let reader = builder
             .with_row_groups(groups)
             .with_projection(mask)
-            .with_batch_size(8192)
+            .with_batch_size(fetch.batch_rows())
             .build()
             .map_err(pq_at(&*self.storage, &path))?;
         Ok((Some(reader), read, skipped))

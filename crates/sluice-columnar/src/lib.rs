@@ -1,6 +1,7 @@
 //! `sluice-columnar` owns the columnar layout of stream records: a table's typed columns,
 //! from the stream schemas of `sluice_core::streams` ([`tables`]), the one-pass read of a
-//! record's top-level fields ([`fields`]), and the parquet file of rows ([`encode_file`]).
+//! record's top-level fields ([`fields`]), and the parquet file of rows ([`FileEncoder`],
+//! [`encode_file`]).
 //! The warehouse (`sluice-backfill`) and the object-storage sink (`sluice-runtime`) write
 //! their files with it, so a file of either reads the same. It does no I/O and must not
 //! depend on the runtime, the store or the API.
@@ -59,36 +60,75 @@ pub fn block_time(
     };
     event_time(entity, &map).ok_or("without a block time")
 }
+/// Rows per arrow batch handed to the parquet writer, which gathers them into row groups of
+/// [`ROW_GROUP_ROWS`]: a batch copies its rows' text once more, so a small one keeps that copy
+/// small.
+const WRITE_BATCH_ROWS: usize = 8_192;
+
+/// A parquet file of a table's layout, written as its rows come (in time order). What it holds
+/// is the row group being encoded, compressed, and one batch of rows, never the file's rows:
+/// a file of a million rows written into a local file takes tens of megabytes, not the
+/// hundreds its records' text does.
+pub struct FileEncoder<'t, W: std::io::Write + Send> {
+    table: &'t Table,
+    writer: ArrowWriter<W>,
+}
+
+impl<'t, W: std::io::Write + Send> FileEncoder<'t, W> {
+    /// A file of `table`'s layout written into `sink`.
+    ///
+    /// # Errors
+    /// A schema parquet cannot write.
+    pub fn new(table: &'t Table, sink: W) -> Result<Self, parquet::errors::ParquetError> {
+        let mut props = WriterProperties::builder()
+            .set_max_row_group_size(ROW_GROUP_ROWS)
+            .set_compression(parquet::basic::Compression::SNAPPY);
+        // The key and the record are unique per row: a dictionary of them never pays, and
+        // min/max statistics of them help no query (scans prune by time).
+        for unique in [KEY_COLUMN, RECORD_COLUMN] {
+            let column = parquet::schema::types::ColumnPath::from(unique);
+            props = props
+                .set_column_dictionary_enabled(column.clone(), false)
+                .set_column_statistics_enabled(
+                    column,
+                    parquet::file::properties::EnabledStatistics::None,
+                );
+        }
+        let writer = ArrowWriter::try_new(sink, table.schema.clone(), Some(props.build()))?;
+        Ok(Self { table, writer })
+    }
+
+    /// Writes `rows`, which follow the rows written before in time.
+    ///
+    /// # Errors
+    /// A row group parquet cannot write.
+    pub fn write(&mut self, rows: &[Row]) -> Result<(), parquet::errors::ParquetError> {
+        for slice in rows.chunks(WRITE_BATCH_ROWS) {
+            self.writer.write(&batch_of(self.table, slice)?)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the file (its last row group and footer) and answers its sink.
+    ///
+    /// # Errors
+    /// A row group or footer parquet cannot write.
+    pub fn finish(self) -> Result<W, parquet::errors::ParquetError> {
+        self.writer.into_inner()
+    }
+}
+
 /// `rows` (sorted by time) as the bytes of one parquet file of `table`'s layout.
 ///
 /// # Errors
 /// A row group parquet cannot write.
 pub fn encode_file(table: &Table, rows: &[Row]) -> Result<Vec<u8>, parquet::errors::ParquetError> {
-    let mut props = WriterProperties::builder()
-        .set_max_row_group_size(ROW_GROUP_ROWS)
-        .set_compression(parquet::basic::Compression::SNAPPY);
-    // The key and the record are unique per row: a dictionary of them never pays, and
-    // min/max statistics of them help no query (scans prune by time).
-    for unique in [KEY_COLUMN, RECORD_COLUMN] {
-        let column = parquet::schema::types::ColumnPath::from(unique);
-        props = props
-            .set_column_dictionary_enabled(column.clone(), false)
-            .set_column_statistics_enabled(
-                column,
-                parquet::file::properties::EnabledStatistics::None,
-            );
-    }
-    let props = props.build();
     // About a fifth of the records' JSON, from the measured 590 → 105 bytes a row: room for
     // the file from the start rather than doubling into it.
     let estimate = rows.iter().map(|r| r.record.len()).sum::<usize>() / 5;
-    let mut writer =
-        ArrowWriter::try_new(Vec::with_capacity(estimate), table.schema.clone(), Some(props))?;
-    for slice in rows.chunks(ROW_GROUP_ROWS) {
-        let batch = batch_of(table, slice)?;
-        writer.write(&batch)?;
-    }
-    writer.into_inner()
+    let mut encoder = FileEncoder::new(table, Vec::with_capacity(estimate))?;
+    encoder.write(rows)?;
+    encoder.finish()
 }
 
 /// The arrow batch of `rows`: every column from the record's JSON.

@@ -13,7 +13,9 @@ use std::collections::{BTreeMap, HashSet};
 use arrow_array::{StringArray, TimestampMicrosecondArray};
 use serde::{Deserialize, Serialize};
 
-use super::{FileEntry, Result, Row, Warehouse, column, day_of, encode_file, io_at, pq_at};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
+
+use super::{Fetch, FileEntry, Result, Row, Warehouse, column, day_of, io_at, pq_at};
 use crate::tables::{KEY_COLUMN, RECORD_COLUMN, TIME_COLUMN, Table};
 
 /// A file under this many rows is small.
@@ -68,28 +70,12 @@ impl Warehouse {
             let mut merged: HashSet<usize> = HashSet::new();
             let mut written = Vec::new();
             for (n, group) in groups.iter().enumerate() {
-                let mut rows = Vec::new();
-                for index in group {
-                    rows.extend(self.read_rows(table, &manifest.files[*index])?);
-                }
-                rows.sort_by(|a, b| a.time_us.cmp(&b.time_us).then_with(|| a.key.cmp(&b.key)));
-                let (Some(first), Some(last)) = (rows.first(), rows.last()) else { continue };
-                let relative = format!(
-                    "date={}/part-{:08}-{n:04}.parquet",
-                    day_of(first.time_us),
-                    manifest.version
-                );
-                let path = format!("{}/{relative}", table.name);
-                let file = encode_file(table, &rows).map_err(pq_at(&*self.storage, &path))?;
-                let bytes = file.len() as u64;
-                self.storage.put(&path, file).map_err(io_at(&*self.storage, &path))?;
-                written.push(FileEntry {
-                    path: relative,
-                    rows: rows.len() as u64,
-                    min_time_us: first.time_us,
-                    max_time_us: last.time_us,
-                    bytes,
-                });
+                let entries: Vec<&FileEntry> =
+                    group.iter().map(|index| &manifest.files[*index]).collect();
+                let Some(file) = self.merge(table, &entries, manifest.version, n)? else {
+                    continue;
+                };
+                written.push(file);
                 merged.extend(group.iter().copied());
             }
             let files = std::mem::take(&mut manifest.files);
@@ -114,24 +100,128 @@ impl Warehouse {
         Ok(done)
     }
 
-    /// Every row of one file of `table`.
-    fn read_rows(&self, table: &Table, entry: &FileEntry) -> Result<Vec<Row>> {
-        let (reader, _, _) = self.read_file(table, entry, |_| true, None)?;
-        let mut rows = Vec::with_capacity(entry.rows as usize);
-        for batch in reader.into_iter().flatten() {
-            let batch = batch?;
-            let times = column::<TimestampMicrosecondArray>(&batch, TIME_COLUMN)?;
-            let keys = column::<StringArray>(&batch, KEY_COLUMN)?;
-            let records = column::<StringArray>(&batch, RECORD_COLUMN)?;
-            for row in 0..batch.num_rows() {
-                rows.push(Row {
-                    key: keys.value(row).to_owned(),
-                    time_us: times.value(row),
-                    record: records.value(row).to_owned(),
-                });
+    /// Merges `files` (each in time order) into one file of commit `version`, the `n`th it
+    /// writes, in time order (then key order; rows equal in both keep the order of `files`),
+    /// as the rows come: what it holds is a batch of each file and the row group being
+    /// written, never the rows. Answers the file written, or `None` when the files hold no
+    /// rows (nothing is written then).
+    fn merge(
+        &self,
+        table: &Table,
+        files: &[&FileEntry],
+        version: u64,
+        n: usize,
+    ) -> Result<Option<FileEntry>> {
+        let mut cursors = Vec::with_capacity(files.len());
+        for entry in files {
+            if let Some(cursor) = Cursor::open(self, table, entry)? {
+                cursors.push(cursor);
             }
         }
-        Ok(rows)
+        let Some(first) = cursors.iter().map(Cursor::time).min() else { return Ok(None) };
+        let relative = format!("date={}/part-{version:08}-{n:04}.parquet", day_of(first));
+        let path = format!("{}/{relative}", table.name);
+        let (mut rows, mut last) = (0, first);
+        let bytes = self.write_file(table, &path, |file| {
+            let mut batch = Vec::with_capacity(MERGE_WRITE_ROWS);
+            while let Some(next) = earliest(&cursors) {
+                let row = cursors[next].row();
+                last = row.time_us;
+                batch.push(row);
+                if !cursors[next].advance()? {
+                    cursors.remove(next);
+                }
+                if batch.len() == MERGE_WRITE_ROWS || cursors.is_empty() {
+                    rows += batch.len() as u64;
+                    file.write(&batch).map_err(pq_at(&*self.storage, &path))?;
+                    batch.clear();
+                }
+            }
+            Ok(())
+        })?;
+        Ok(Some(FileEntry { path: relative, rows, min_time_us: first, max_time_us: last, bytes }))
+    }
+}
+
+/// Rows a merge gathers before it writes them.
+const MERGE_WRITE_ROWS: usize = 8_192;
+
+/// The index of the cursor whose row comes first (by time, then key; the first of equals).
+fn earliest(cursors: &[Cursor]) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (index, cursor) in cursors.iter().enumerate() {
+        let better = best
+            .is_none_or(|b| (cursor.time(), cursor.key()) < (cursors[b].time(), cursors[b].key()));
+        if better {
+            best = Some(index);
+        }
+    }
+    best
+}
+
+/// One file being merged, at a row.
+struct Cursor {
+    reader: ParquetRecordBatchReader,
+    times: TimestampMicrosecondArray,
+    keys: StringArray,
+    records: StringArray,
+    at: usize,
+}
+
+impl Cursor {
+    /// `entry` of `table` at its first row; `None` when it has none.
+    fn open(warehouse: &Warehouse, table: &Table, entry: &FileEntry) -> Result<Option<Self>> {
+        let (reader, _, _) = warehouse.read_file(table, entry, |_| true, None, Fetch::AsRead)?;
+        let Some(reader) = reader else { return Ok(None) };
+        let mut cursor = Self {
+            reader,
+            times: TimestampMicrosecondArray::from(Vec::<i64>::new()),
+            keys: StringArray::from(Vec::<&str>::new()),
+            records: StringArray::from(Vec::<&str>::new()),
+            at: 0,
+        };
+        Ok(cursor.next_batch()?.then_some(cursor))
+    }
+
+    /// Reads the next batch with rows; false at the file's end.
+    fn next_batch(&mut self) -> Result<bool> {
+        for batch in self.reader.by_ref() {
+            let batch = batch?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            self.times = column::<TimestampMicrosecondArray>(&batch, TIME_COLUMN)?.clone();
+            self.keys = column::<StringArray>(&batch, KEY_COLUMN)?.clone();
+            self.records = column::<StringArray>(&batch, RECORD_COLUMN)?.clone();
+            self.at = 0;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Moves to the next row; false at the file's end.
+    fn advance(&mut self) -> Result<bool> {
+        self.at += 1;
+        if self.at < self.times.len() {
+            return Ok(true);
+        }
+        self.next_batch()
+    }
+
+    fn time(&self) -> i64 {
+        self.times.value(self.at)
+    }
+
+    fn key(&self) -> &str {
+        self.keys.value(self.at)
+    }
+
+    fn row(&self) -> Row {
+        Row {
+            key: self.key().to_owned(),
+            time_us: self.time(),
+            record: self.records.value(self.at).to_owned(),
+        }
     }
 }
 
@@ -238,6 +328,56 @@ mod tests {
         assert_eq!(on_disk(), 3);
         assert_eq!(keys(&warehouse, &table, 0, 2000), all);
         assert!(warehouse.manifest(&table.name).unwrap().retired.is_empty());
+    }
+
+    #[test]
+    fn a_merge_writes_every_row_once_in_time_then_key_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let warehouse = Warehouse::open(dir.path()).unwrap();
+        let table = crate::tables::table(&Catalog::default(), "base.dex.trades").unwrap();
+        let at = |second: i64, key: String| Row {
+            record: format!(r#"{{"key": "{key}"}}"#),
+            key,
+            time_us: BASE_US + second * 1_000_000,
+        };
+        // Nine files of one day whose times interleave (file f holds the seconds f, f + 9,
+        // f + 18, ...), each also holding a row at every ninth second under a key that sorts
+        // the files the other way round; several read batches each and several merge batches.
+        let mut all = Vec::new();
+        for f in 0..9i64 {
+            let mut rows: Vec<Row> = (0..1_300)
+                .flat_map(|i| {
+                    let own = at(f + 9 * i, format!("k{:06}", f + 9 * i));
+                    let shared = at(9 * i, format!("s{:02}-{i:06}", 8 - f));
+                    [own, shared]
+                })
+                .collect();
+            rows.sort_by(|a, b| (a.time_us, &a.key).cmp(&(b.time_us, &b.key)));
+            all.extend(rows.iter().cloned());
+            warehouse.append(&table, rows, &[(0, f as u64 + 1)]).unwrap();
+        }
+        let done = warehouse.compact(&table, BASE_US).unwrap();
+        assert_eq!(done, Compacted { merged: 9, written: 1, deleted: 0 });
+        let manifest = warehouse.manifest(&table.name).unwrap();
+        let [file] = manifest.files.as_slice() else { panic!("{:?}", manifest.files) };
+        all.sort_by(|a, b| (a.time_us, &a.key).cmp(&(b.time_us, &b.key)));
+        assert_eq!(file.rows, all.len() as u64);
+        assert_eq!(
+            (file.min_time_us, file.max_time_us),
+            (all[0].time_us, all[all.len() - 1].time_us)
+        );
+        // A scan reads the one file in its order: the rows, each once, sorted.
+        let query = Query { start_us: i64::MIN, end_us: i64::MAX, filter: None };
+        let mut read = Vec::new();
+        warehouse
+            .scan(&table, &query, |key, record| {
+                read.push((key.to_owned(), record.to_owned()));
+                Ok(())
+            })
+            .unwrap();
+        let expected: Vec<(String, String)> = all.into_iter().map(|r| (r.key, r.record)).collect();
+        assert_eq!(read.len(), expected.len());
+        assert!(read == expected, "the merged file's rows are not the inputs in order");
     }
 
     #[test]

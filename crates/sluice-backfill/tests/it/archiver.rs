@@ -106,6 +106,81 @@ async fn every_record_is_archived_once_across_restarts_and_appends_in_pieces() {
 }
 
 #[tokio::test]
+async fn an_append_gathers_at_most_its_bytes_of_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, table) = stack(dir.path()).await;
+    let records: Vec<NewRecord> = (0..2000).map(transfer).collect();
+    let size: usize = records.iter().map(|r| r.value.len()).sum();
+    log.append(&table.stream(), records).await.unwrap();
+    // A tenth of the records' bytes (about 200 records) an append, read 50 records at a time,
+    // so an append passes its bound by less than one read: nine or ten appends, however many
+    // rows each may hold.
+    let settings = ArchiverSettings {
+        max_bytes_per_append: size / 10,
+        read_batch: 50,
+        ..ArchiverSettings::default()
+    };
+    let warehouse = Warehouse::open(&dir.path().join("warehouse")).unwrap();
+    let archiver = Archiver::new(warehouse.clone(), log.clone(), vec![table.clone()], settings);
+    assert_eq!(archiver.drain().await.unwrap(), 2000);
+    let manifest = warehouse.manifest(&table.name).unwrap();
+    let rows: Vec<u64> = manifest.files.iter().map(|file| file.rows).collect();
+    assert!(rows.len() >= 9 && rows.iter().all(|r| *r <= 250), "rows of each append: {rows:?}");
+    let mut expected: Vec<String> = (0..2000).map(|n| format!("0x{n:064x}:0")).collect();
+    expected.sort();
+    assert_eq!(keys(&warehouse, &table), expected, "every record once");
+}
+
+/// Rows `warehouse` holds of `table`, once they reach `want` (or after 10 s).
+async fn rows_reaching(warehouse: &Warehouse, table: &Table, want: u64) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let rows = warehouse.manifest(&table.name).unwrap().rows();
+        if rows >= want || std::time::Instant::now() > deadline {
+            return rows;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_busy_stream_is_archived_as_records_wait_not_only_when_the_flush_is_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, table) = stack(dir.path()).await;
+    // A flush an hour; a busy table drained in between once 100 records wait.
+    let settings = ArchiverSettings {
+        flush_every: std::time::Duration::from_secs(3600),
+        flush_records: 100,
+        check_every: std::time::Duration::from_millis(20),
+        ..ArchiverSettings::default()
+    };
+    let warehouse = Warehouse::open(&dir.path().join("warehouse")).unwrap();
+    let archiver = Archiver::new(warehouse.clone(), log.clone(), vec![table.clone()], settings);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(archiver.run(stopped));
+    let append = |range: std::ops::Range<u64>| {
+        let (log, topic) = (log.clone(), table.stream());
+        async move { log.append(&topic, range.map(transfer).collect()).await.unwrap() }
+    };
+    append(0..150).await;
+    assert_eq!(rows_reaching(&warehouse, &table, 150).await, 150, "150 waiting: drained");
+    // Fewer than 100 waiting: they wait for the flush...
+    append(150..200).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(warehouse.manifest(&table.name).unwrap().rows(), 150);
+    // ...until 100 do.
+    append(200..260).await;
+    assert_eq!(rows_reaching(&warehouse, &table, 260).await, 260);
+    // Stopping flushes the rest: every record once.
+    append(260..280).await;
+    stop.send(true).unwrap();
+    running.await.unwrap();
+    let mut expected: Vec<String> = (0..280).map(|n| format!("0x{n:064x}:0")).collect();
+    expected.sort();
+    assert_eq!(keys(&warehouse, &table), expected);
+}
+
+#[tokio::test]
 async fn a_record_is_archived_as_the_stream_carried_it_and_typed_columns_filter() {
     let dir = tempfile::tempdir().unwrap();
     let (log, table) = stack(dir.path()).await;
