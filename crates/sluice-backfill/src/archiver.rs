@@ -125,6 +125,9 @@ impl Archiver {
                 () = tokio::time::sleep(settings.check_every.min(settings.flush_every)) => false,
                 _ = stop.changed() => true,
             };
+            // A stop that came while the last round ran is seen here, so that this round is
+            // the last flush.
+            let stopping = stopping || *stop.borrow();
             let due = stopping || flushed.elapsed() >= settings.flush_every;
             let mut archived = 0;
             for (table, (busy, drained)) in self.tables.iter().zip(&mut paces) {
@@ -156,7 +159,7 @@ impl Archiver {
                     tracing::warn!(%error, "compacting the warehouse failed; the next flush tries again");
                 }
             }
-            if stopping || *stop.borrow() {
+            if stopping {
                 return;
             }
         }
