@@ -428,7 +428,8 @@ impl SqlBackend for MySqlBackend {
                 .collect();
             let upsert = format!(
                 "INSERT INTO {offsets} (consumer, source, part, next_offset) VALUES {} \
-                 ON DUPLICATE KEY UPDATE next_offset = VALUES(next_offset), updated_at = CURRENT_TIMESTAMP(6)",
+                 ON DUPLICATE KEY UPDATE next_offset = GREATEST(next_offset, VALUES(next_offset)), \
+                 updated_at = CURRENT_TIMESTAMP(6)",
                 values.join(",")
             );
             (&mut *tx).execute(upsert.as_str()).await.map_err(fail)?;

@@ -390,9 +390,10 @@ impl SqlBackend for PgBackend {
             .await
             .map_err(fail)?;
         sqlx::query(&format!(
-            "INSERT INTO {offsets} (consumer, source, part, next_offset, updated_at) \
+            "INSERT INTO {offsets} AS stored (consumer, source, part, next_offset, updated_at) \
              SELECT $1, $2, p, n, now() FROM unnest($3::int[], $4::bigint[]) AS t(p, n) \
-             ON CONFLICT (consumer, source, part) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()"
+             ON CONFLICT (consumer, source, part) DO UPDATE \
+             SET next_offset = GREATEST(stored.next_offset, EXCLUDED.next_offset), updated_at = now()"
         ))
         .bind(position.group)
         .bind(position.source)
