@@ -32,10 +32,11 @@ pub const ARCHIVER_GROUP: &str = "sluice-warehouse-archiver";
 pub struct ArchiverSettings {
     /// How often buffered records are written (default 60 s).
     pub flush_every: Duration,
-    /// Records waiting in a busy table's stream (one whose last flush archived this many or
-    /// more) that start its flush before `flush_every` has passed. A busy stream is then archived as it comes, an append or so at a time, not in
-    /// one flush a minute of hundreds of megabytes, whose memory showed as that much more RSS
-    /// for the seconds it took.
+    /// Records waiting in a busy table's stream that start its drain before `flush_every` has
+    /// passed; a table is busy when its records came at this many a flush or more. A busy
+    /// stream is then archived as it comes, an append or so at a time, not in one flush a
+    /// minute of hundreds of megabytes, whose memory showed as that much more RSS for the
+    /// seconds it took.
     pub flush_records: u64,
     /// How often the streams are checked for `flush_records` (at most `flush_every`).
     pub check_every: Duration,
