@@ -519,6 +519,8 @@ class Faults:
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.pool = ThreadPoolExecutor(max_workers=8)
+        self.exits = []  # (time, node name, exit status) of nodes that ended without a fault
+        self.watcher = threading.Thread(target=self.watch_exits, daemon=True)
 
     def active_at(self, when):
         return [e for e in self.events if e["start"] <= when <= (e.get("end") or time.time()) + 2]
@@ -623,9 +625,30 @@ class Faults:
             thread.start()
             self.threads.append(thread)
 
+    def watch_exits(self):
+        """Notes each node that ended by itself (not killed by the schedule) and starts it
+        again, as a supervisor would: a node should ride out a fault, not exit on it."""
+        while not self.stop_event.wait(1):
+            for node in self.cluster.nodes:
+                with self.cluster.lock:
+                    if node.name in self.cluster.down or node.process is None:
+                        continue
+                    code = node.process.poll()
+                    if code is None:
+                        continue
+                    self.cluster.down.add(node.name)
+                self.exits.append((time.time(), node.name, code))
+                log("%s exited by itself (status %s); starting it again" % (node.name, code))
+                try:
+                    start_again(node)
+                finally:
+                    with self.cluster.lock:
+                        self.cluster.down.discard(node.name)
+
     def finish(self):
         self.stop_event.set()
         self.thread.join()
+        self.watcher.join()
         for thread in self.threads:
             thread.join(timeout=180)
 
@@ -795,6 +818,7 @@ def main():
         feed.thread.start()
         exerciser.thread.start()
         faults.thread.start()
+        faults.watcher.start()
         time.sleep(args.minutes * 60)
         exerciser.stop_event.set()
         exerciser.thread.join()
@@ -896,10 +920,17 @@ def report(args, cluster, pipelines, feed, api, faults, results):
         log("  5xx: %s on %s -> %s after %.1f s (%s) during: %s" % (c[2], c[3], c[4], c[1], c[5][:120], during))
     if hung:
         failed.append("%d API calls hung" % len(hung))
+    log("nodes that exited by themselves: %d" % len(faults.exits))
+    for at, name, code in faults.exits:
+        during = ", ".join("%s %s" % (e["kind"], e["target"]) for e in faults.active_at(at)) or "no fault"
+        log("  %s exited with status %s at %s, during: %s"
+            % (name, code, time.strftime("%H:%M:%S", time.gmtime(at)), during))
+    if faults.exits:
+        failed.append("%d node exits without a kill" % len(faults.exits))
     summary = {"seed": args.seed, "minutes": args.minutes, "records_sent": len(feed.value_of),
                "records_acknowledged": acknowledged, "pipelines": results, "faults": faults.events,
                "api_calls": len(api.calls), "api_hung": len(hung), "api_5xx": [list(c) for c in errors],
-               "feed_errors": feed.errors[:200],
+               "feed_errors": feed.errors[:200], "node_exits": faults.exits,
                "failed": failed}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "summary.json"), "w") as f:

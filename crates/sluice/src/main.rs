@@ -8,6 +8,7 @@ mod chains;
 mod events;
 mod feed;
 mod logging;
+mod patience;
 mod preflight;
 mod serve;
 mod settings;

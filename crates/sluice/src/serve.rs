@@ -13,6 +13,7 @@ use sluice_runtime::datasets::DatasetIndex;
 use sluice_runtime::{ClusterSettings, Runtime};
 use sluice_store::MetadataStore;
 
+use crate::patience::Patience;
 use crate::settings::{Bus, ServeArgs, Settings};
 
 /// Names of the identity created on first start.
@@ -36,11 +37,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The stream log before the store: connecting to Kafka creates nothing, so a broker that
     // does not answer stops the start before a database is made.
     let log = open_log(&settings, &clock).await?;
-    let store = open_store(&settings).await?;
+    // From here on every server has answered the preflight: a step failing on one of them
+    // is tried again for a while (a restart, a cut connection), as a running node rides it out.
+    let patience = start_patience(&settings);
+    let store = patience.run(|| open_store(&settings)).await?;
     // Large filter-value sets are snapshotted beside the store, so they are ready soon after
     // a restart (the deployments started below read them first).
     store.keep_set_snapshots(settings.data_dir.join("sets"));
-    let secrets = open_secrets(&settings, &store).await?;
+    let secrets = patience.run(|| open_secrets(&settings, &store)).await?;
     let node_name = settings.node_name();
     let recorder =
         sluice_runtime::events::Recorder::start(store.clone(), clock.clone(), settings.events);
@@ -48,15 +52,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         secrets: Some(secrets.clone()),
         egress: settings.egress_bind_addr,
     };
-    let runtime =
-        Runtime::builder(store.clone(), log.clone(), Arc::new(catalog.clone()), clock.clone())
-            .set_source(Arc::new(sluice_runtime::sets::StoreSetSource(store.clone())))
-            .sinks(sink_env)
-            .cluster(cluster_settings(&settings, &node_name))
-            .events(recorder.clone())
-            .start()
-            .await
-            .context("starting the pipeline runtime")?;
+    let cluster = cluster_settings(&settings, &node_name);
+    let runtime = patience
+        .run(|| async {
+            Runtime::builder(store.clone(), log.clone(), Arc::new(catalog.clone()), clock.clone())
+                .set_source(Arc::new(sluice_runtime::sets::StoreSetSource(store.clone())))
+                .sinks(sink_env.clone())
+                .cluster(cluster.clone())
+                .events(recorder.clone())
+                .start()
+                .await
+                .context("starting the pipeline runtime")
+        })
+        .await?;
     let mut background = background_tasks(&runtime, &catalog, args.demo);
     let warehouse =
         start_warehouse(&settings, &store, &runtime, &catalog, &clock, &secrets, &recorder).await?;
@@ -82,8 +90,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Every dataset in memory before the first request, so `beam.contains` never waits on
     // the store; the API keeps it current from then on. The same index is the script
     // engine's `DatasetLookup`.
-    let datasets =
-        Arc::new(DatasetIndex::load(store.as_ref()).await.context("loading the dataset index")?);
+    let datasets = patience.run(|| load_datasets(store.as_ref())).await?;
     let dataset_listener = runtime.follow_datasets(datasets.clone());
 
     let snapshot_store = store.clone();
@@ -114,13 +121,27 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(listener) = metrics_listener {
         background.push(serve_metrics(listener, state.clone())?);
     }
-    bootstrap(bootstrap_store.as_ref(), &settings).await?;
+    bootstrap(bootstrap_store.as_ref(), &settings, patience).await?;
     tracing::info!(address = %listener.local_addr()?, database = %redact(&settings.database_url), "sluice is serving");
     let service =
         axum::ServiceExt::<axum::extract::Request>::into_make_service(sluice_api::app(state));
     axum::serve(listener, service).with_graceful_shutdown(shutdown_signal()).await?;
     stop(background, warehouse, &runtime, snapshot_store.as_ref()).await;
     Ok(())
+}
+
+async fn load_datasets(store: &dyn MetadataStore) -> anyhow::Result<Arc<DatasetIndex>> {
+    let index = DatasetIndex::load(store).await.context("loading the dataset index")?;
+    Ok(Arc::new(index))
+}
+
+/// How a start waits out a fault of a server it runs on (docs/operations.md, "Starting"): on
+/// the embedded default (SQLite and the embedded log) there is no server to wait for.
+fn start_patience(settings: &Settings) -> Patience {
+    let on_servers = !settings.database_url.starts_with("sqlite:")
+        || matches!(settings.bus, Bus::Kafka(_))
+        || settings.sets_url.is_some();
+    if on_servers { Patience::new(Patience::ON_SERVERS) } else { Patience::none() }
 }
 
 /// The organization secrets, resealed with the current key where an older one sealed them.
@@ -251,7 +272,9 @@ async fn start_warehouse(
     );
     backfills.use_datasets(runtime.datasets());
     backfills.use_events(recorder.clone());
-    let resumed = backfills.resume().await.context("resuming backfill jobs")?;
+    let resumed = start_patience(settings)
+        .run(|| async { backfills.resume().await.context("resuming backfill jobs") })
+        .await?;
     if resumed > 0 {
         tracing::info!(resumed, "backfill jobs resumed");
     }
@@ -537,8 +560,17 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn MetadataS
 /// On first start with an empty store: create the operator and print its key, once. Any
 /// later start says how to make another key, for whoever lost that one (or whose first
 /// start printed it and then failed).
-async fn bootstrap(store: &dyn MetadataStore, settings: &Settings) -> anyhow::Result<()> {
-    if store.has_users().await? {
+async fn bootstrap(
+    store: &dyn MetadataStore,
+    settings: &Settings,
+    patience: Patience,
+) -> anyhow::Result<()> {
+    // Only the read is tried again: once the operator exists, a start that makes its key
+    // again would find it made and never print the key.
+    let has_users = patience
+        .run(|| async { store.has_users().await.context("reading the store's users") })
+        .await?;
+    if has_users {
         tracing::info!(
             "the operator's API key was printed at this store's first start; to make another: \
              sluice admin create-key --org {BOOTSTRAP_ORG} --team {BOOTSTRAP_TEAM} \

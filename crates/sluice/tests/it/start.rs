@@ -235,3 +235,69 @@ async fn a_start_after_the_key_was_made_says_how_to_make_another() {
         .unwrap();
     assert_eq!(me.status().as_u16(), 200);
 }
+
+/// A loopback proxy to `upstream` that passes its first connection (the preflight's), then
+/// cuts every connection that comes in the next `outage` (a database restarting just after
+/// the preflight), then passes again; answers its port and how many it cut.
+fn proxy_cutting_after_the_first(
+    upstream: std::net::SocketAddr,
+    outage: Duration,
+) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::Ordering;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = cut.clone();
+    std::thread::spawn(move || {
+        let mut outage_ends = None;
+        for (n, client) in listener.incoming().enumerate() {
+            let Ok(client) = client else { continue };
+            if n > 0 {
+                let ends = *outage_ends.get_or_insert_with(|| Instant::now() + outage);
+                if Instant::now() < ends {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    drop(client);
+                    continue;
+                }
+            }
+            let Ok(server) = std::net::TcpStream::connect(upstream) else { continue };
+            let (client_read, server_read) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || pipe(client_read, server));
+            std::thread::spawn(move || pipe(server_read, client));
+        }
+    });
+    (port, cut)
+}
+
+fn pipe(mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
+    let _ = std::io::copy(&mut from, &mut to);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_that_cuts_connections_just_after_the_preflight_is_waited_out() {
+    let url = crate::process::fresh_postgres_database("start_outage").await;
+    let parsed = url::Url::parse(&url).unwrap();
+    let upstream = format!("{}:{}", parsed.host_str().unwrap(), parsed.port().unwrap_or(5432));
+    let (proxy, cut) = proxy_cutting_after_the_first(
+        upstream.parse().expect("the test database is on an IP address"),
+        Duration::from_secs(3),
+    );
+    let mut through_proxy = parsed.clone();
+    through_proxy.set_host(Some("127.0.0.1")).unwrap();
+    through_proxy.set_port(Some(proxy)).unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut command = serve_command(&dir.path().join("data"), port);
+    command.args(["--database-url", through_proxy.as_str()]);
+    // Without waiting out the outage the start ends at its first step on the database.
+    let (server, log) = Server::start_logged(command, port);
+    assert!(cut.load(std::sync::atomic::Ordering::SeqCst) > 0, "the proxy cut nothing");
+    assert!(printed_key(&server).is_some(), "the start went on to the first operator's key");
+    let retried: Vec<String> =
+        log.try_iter().filter(|line| line.contains("a step of the start failed")).collect();
+    assert!(!retried.is_empty(), "the waits are not in the log");
+    assert!(retried[0].contains("opening the store at postgres://"), "{}", retried[0]);
+}
