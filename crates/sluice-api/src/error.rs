@@ -96,14 +96,17 @@ impl IntoResponse for ApiError {
                 tracing::error!(%error, "request failed on the store");
                 let detail = match error {
                     StoreError::Redis(_) => {
-                        "the set store (Redis) is not reachable; retry when it is back"
+                        "the set store (Redis) is not reachable; retry when it is back".to_owned()
                     }
+                    // It says which set and how to bring its values back.
+                    error @ StoreError::SetLost { .. } => error.to_string(),
                     error if error.is_unavailable() => {
                         "the metadata store (database) is not reachable; retry when it is back"
+                            .to_owned()
                     }
-                    _ => "internal server error",
+                    _ => "internal server error".to_owned(),
                 };
-                (status, Json(ErrorBody { detail: detail.to_owned() })).into_response()
+                (status, Json(ErrorBody { detail })).into_response()
             }
             Self::Internal(error) => {
                 tracing::error!(%error, "request failed");

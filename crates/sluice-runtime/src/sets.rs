@@ -412,7 +412,8 @@ impl SetIndexes {
     /// still behind of that same version at the next refresh: the entry may be on its way.
     ///
     /// # Errors
-    /// A store failure (the indexes checked before it are refreshed).
+    /// The first store failure: every other index is still checked (one set the store
+    /// cannot answer for keeps its old values, and holds back no other).
     pub async fn refresh(&self) -> Result<usize> {
         let handles: Vec<((String, String), Arc<SetHandle>)> = self
             .handles
@@ -422,11 +423,18 @@ impl SetIndexes {
             .map(|(key, handle)| (key.clone(), handle.clone()))
             .collect();
         let mut reloaded = 0;
+        let mut failed = None;
         for ((pipeline_id, uid), handle) in handles {
             if handle.is_loading() {
                 continue;
             }
-            let stored = self.source.set_version(&pipeline_id, &uid).await?;
+            let stored = match self.source.set_version(&pipeline_id, &uid).await {
+                Ok(stored) => stored,
+                Err(error) => {
+                    failed.get_or_insert(error.into());
+                    continue;
+                }
+            };
             let held = handle.held_version();
             let current = match (held, stored) {
                 (Some((a, held)), Some((b, stored))) => a == b && held >= stored,
@@ -445,10 +453,14 @@ impl SetIndexes {
                 *behind = None;
             }
             tracing::info!(config_id = %pipeline_id, transform_uid = %uid, ?held, ?stored, "set changed unheard: index loaded again");
-            self.reload(&handle, &pipeline_id, &uid).await?;
-            reloaded += 1;
+            match self.reload(&handle, &pipeline_id, &uid).await {
+                Ok(()) => reloaded += 1,
+                Err(error) => {
+                    failed.get_or_insert(error);
+                }
+            }
         }
-        Ok(reloaded)
+        failed.map_or(Ok(reloaded), Err)
     }
 
     /// Applies one entry of the change feed to the index of its set (when loaded): the

@@ -3,6 +3,7 @@
 //! `filter_values/sqlite.rs` and `postgres.rs` hold the bulk statements per database
 //! ([`FilterValueSql`]); `filter_sets.rs` holds the in-memory copies that decide membership.
 
+mod lost;
 mod postgres;
 mod sets;
 mod sqlite;
@@ -212,8 +213,8 @@ pub trait FilterValueStore: Send + Sync + 'static {
 impl<D: StoreBackend> FilterValueStore for Store<D> {
     async fn filter_value_count(&self, pipeline_id: &str, transform_uid: &str) -> Result<u64> {
         if let Some(redis) = &self.redis {
-            return match self.set_id(pipeline_id, transform_uid).await? {
-                Some(set) => redis.count(set).await,
+            return match self.redis_set(redis, pipeline_id, transform_uid).await? {
+                Some((_, state)) => Ok(u64::try_from(state.count).unwrap_or(0)),
                 None => Ok(0),
             };
         }
@@ -284,8 +285,8 @@ impl<D: StoreBackend> FilterValueStore for Store<D> {
         limit: u32,
     ) -> Result<FilterValuePage> {
         if let Some(redis) = &self.redis {
-            return match self.set_id(pipeline_id, transform_uid).await? {
-                Some(set) => redis.page(set, after, limit).await,
+            return match self.redis_set(redis, pipeline_id, transform_uid).await? {
+                Some((set, _)) => redis.page(set, after, limit).await,
                 None => Ok(FilterValuePage::default()),
             };
         }
@@ -318,8 +319,8 @@ impl<D: StoreBackend> FilterValueStore for Store<D> {
 
     async fn filter_value_set(&self, pipeline_id: &str, transform_uid: &str) -> Result<ValueSet> {
         if let Some(redis) = &self.redis {
-            return match self.set_id(pipeline_id, transform_uid).await? {
-                Some(set) => redis.load(set).await,
+            return match self.redis_set(redis, pipeline_id, transform_uid).await? {
+                Some((set, _)) => redis.load(set).await,
                 None => Ok(ValueSet::new()),
             };
         }
@@ -365,8 +366,8 @@ impl<D: StoreBackend> FilterValueStore for Store<D> {
         transform_uid: &str,
     ) -> Result<Option<(i64, i64)>> {
         if let Some(redis) = &self.redis {
-            return match self.set_id(pipeline_id, transform_uid).await? {
-                Some(set) => Ok(Some((set, redis.version(set).await?))),
+            return match self.redis_set(redis, pipeline_id, transform_uid).await? {
+                Some((set, state)) => Ok(Some((set, state.version))),
                 None => Ok(None),
             };
         }
@@ -424,10 +425,10 @@ impl<D: StoreBackend> FilterValueStore for Store<D> {
         value: &str,
     ) -> Result<bool> {
         if let Some(redis) = &self.redis {
-            let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
-            let Some(set) = self.set_id(pipeline_id, transform_uid).await? else {
+            let Some((set, _)) = self.redis_set(redis, pipeline_id, transform_uid).await? else {
                 return Ok(false);
             };
+            let mut slot = self.sets.lock(pipeline_id, transform_uid).await;
             // Without the pipeline lock: the copy is that of the log's state read first.
             let (members, at) = Self::redis_members(redis, &mut slot, set).await?;
             let hit = members.contains(value);

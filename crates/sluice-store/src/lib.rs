@@ -101,6 +101,15 @@ pub enum StoreError {
     /// password): an external fault; trying again once it is up helps.
     #[error("cannot connect to {url}: {reason}")]
     Unreachable { url: String, reason: String },
+    /// The set store (Redis) lost the values of a set the database says holds values, and
+    /// the set history cannot rebuild them (docs/set-filter.md, "When Redis loses the
+    /// values"): the set is unavailable until its values are replaced.
+    #[error(
+        "the set store lost the values of set filter {transform_uid} of pipeline \
+         {pipeline_id}, and its history cannot rebuild them ({reason}); replace them with \
+         PUT /api/v1/beam/{pipeline_id}/transforms/{transform_uid}/filter-values"
+    )]
+    SetLost { pipeline_id: String, transform_uid: String, reason: String },
 }
 
 impl StoreError {
@@ -109,7 +118,8 @@ impl StoreError {
     /// moment, which an API call answers with 503 rather than 500.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            Self::Redis(_) | Self::Unreachable { .. } => true,
+            // A lost set is a 503 too: its values come back with a replace.
+            Self::Redis(_) | Self::Unreachable { .. } | Self::SetLost { .. } => true,
             Self::Database(error) => match error {
                 sqlx::Error::Io(_)
                 | sqlx::Error::Tls(_)

@@ -227,6 +227,7 @@ impl<D: StoreBackend> PipelineStore for Store<D> {
                     count,
                 )
                 .await?;
+                Self::record_count(&mut tx, set.id, count).await?;
                 continue;
             }
             let unique = sorted_unique(values);

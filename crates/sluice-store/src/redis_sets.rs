@@ -247,10 +247,6 @@ impl RedisSets {
         Ok(self.state(set).await?.version)
     }
 
-    pub(crate) async fn count(&self, set: i64) -> Result<u64> {
-        Ok(u64::try_from(self.state(set).await?.count).unwrap_or(0))
-    }
-
     /// The values of `set` now: `copy` (the set's values as of `at`) when `at` is current,
     /// brought up to date from the log when only its version or mark is behind, else the
     /// set read whole. Exact when the caller holds the pipeline lock (no writer runs); without

@@ -14,6 +14,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use sluice_filter::ValueSet;
 use sqlx::Row as _;
 
 mod lists;
@@ -420,6 +421,76 @@ impl<D: StoreBackend> Store<D> {
             .await?;
         }
         Ok(())
+    }
+
+    /// The set of `pipeline_id`'s `uid` as its recorded changes leave it, rebuilt from the
+    /// last change made to an empty set (its count before it was 0) on; with the count the
+    /// last change recorded. `None` when no recorded change was made to an empty set: the
+    /// changes that made the values before are pruned (or never were recorded), so the
+    /// history cannot rebuild the set. Call in the transaction that holds the pipeline lock.
+    pub(crate) async fn replay_history(
+        tx: &mut sqlx::Transaction<'_, D::Db>,
+        pipeline_id: &str,
+        uid: &str,
+    ) -> Result<Option<(ValueSet, u64)>> {
+        let rows = sqlx::query(
+            "SELECT id, added, removed, count_after FROM filter_set_changes \
+             WHERE pipeline_id = $1 AND transform_uid = $2 ORDER BY id",
+        )
+        .bind(pipeline_id)
+        .bind(uid)
+        .fetch_all(&mut **tx)
+        .await?;
+        let mut start = None;
+        let mut last_count = 0;
+        for row in &rows {
+            let (id, added, removed, after): (i64, i64, i64, i64) = (
+                row.try_get("id")?,
+                row.try_get("added")?,
+                row.try_get("removed")?,
+                row.try_get("count_after")?,
+            );
+            if after - added + removed == 0 {
+                start = Some(id);
+            }
+            last_count = count(after);
+        }
+        let Some(start) = start else { return Ok(None) };
+        let mut values = ValueSet::with_capacity(usize::try_from(last_count).unwrap_or(0));
+        let (mut change, mut part) = (start, 0_i64);
+        loop {
+            let rows = sqlx::query(
+                "SELECT v.change_id, v.part, v.added_values, v.removed_values \
+                 FROM filter_set_change_values v JOIN filter_set_changes c ON c.id = v.change_id \
+                 WHERE c.pipeline_id = $1 AND c.transform_uid = $2 \
+                 AND (v.change_id > $3 OR (v.change_id = $3 AND v.part >= $4)) \
+                 ORDER BY v.change_id, v.part LIMIT $5",
+            )
+            .bind(pipeline_id)
+            .bind(uid)
+            .bind(change)
+            .bind(part)
+            .bind(REPLAY_PAGE)
+            .fetch_all(&mut **tx)
+            .await?;
+            // A change never both adds and removes one value, so within a change the order
+            // of its parts does not matter; across changes it is the changes' order.
+            for row in &rows {
+                for value in decode_values(&row.try_get::<Vec<u8>, _>("added_values")?)? {
+                    values.insert(&value);
+                }
+                for value in decode_values(&row.try_get::<Vec<u8>, _>("removed_values")?)? {
+                    values.remove(&value);
+                }
+            }
+            match rows.last() {
+                Some(last) if rows.len() as i64 == REPLAY_PAGE => {
+                    change = last.try_get("change_id")?;
+                    part = last.try_get::<i64, _>("part")? + 1;
+                }
+                _ => return Ok(Some((values, last_count))),
+            }
+        }
     }
 
     /// The values change `id` added and removed.

@@ -5,6 +5,7 @@ use sluice_filter::ValueSet;
 use sqlx::Row as _;
 
 use super::SCAN_PAGE;
+use super::lost::Found;
 use crate::dialect::StoreBackend;
 use crate::filter_sets::{Loaded, Slot};
 use crate::redis_sets::{LogState, RedisSets, SetRef};
@@ -18,7 +19,8 @@ impl<D: StoreBackend> Store<D> {
     /// serves with its values in Redis.
     pub(crate) async fn copy_sets_to(&self, redis: &RedisSets) -> Result<usize> {
         let rows = sqlx::query(
-            "SELECT id, pipeline_id, transform_uid FROM filter_sets WHERE value_count > 0",
+            "SELECT id, pipeline_id, transform_uid FROM filter_sets WHERE value_count > 0 \
+             AND EXISTS (SELECT 1 FROM filter_values v WHERE v.set_id = filter_sets.id)",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -61,19 +63,35 @@ impl<D: StoreBackend> Store<D> {
 
     /// Redis mode: locks pipeline `id` in `tx` and answers the id of its set `uid` when
     /// `uid` is one of its set filters; `create` makes the set when missing (clearing
-    /// whatever a rolled-back write may have left under the new id).
+    /// whatever a rolled-back write may have left under the new id). A set Redis lost is
+    /// restored first (`lost.rs`); one the history cannot restore is an error, unless
+    /// `replacing`: a replace gives it its values, under a new id.
     pub(super) async fn redis_set_for_write(
         redis: &RedisSets,
         tx: &mut sqlx::Transaction<'_, D::Db>,
         id: &str,
         uid: &str,
         create: bool,
+        replacing: bool,
     ) -> Result<Option<i64>> {
         if !Self::lock_set_filter(tx, id, uid).await? {
             return Ok(None);
         }
         if let Some((set, _)) = Self::set_row(tx, id, uid, false).await? {
-            return Ok(Some(set));
+            match Self::restore_if_lost(redis, tx, id, uid, set).await {
+                Ok(Found::Set(set, _)) => return Ok(Some(set)),
+                // Restored empty: dropped, made again below when the write adds.
+                Ok(Found::None) => {}
+                Err(StoreError::SetLost { .. }) if replacing => {
+                    tracing::warn!(
+                        pipeline_id = id,
+                        transform_uid = uid,
+                        "a replace gives a set the set store lost its values again"
+                    );
+                    Self::drop_set(tx, set).await?;
+                }
+                Err(error) => return Err(error),
+            }
         }
         if !create {
             return Ok(None);
@@ -114,8 +132,11 @@ impl<D: StoreBackend> Store<D> {
             return Ok(0);
         }
         let Some(id) =
-            Self::redis_set_for_write(redis, &mut tx, pipeline_id, transform_uid, add).await?
+            Self::redis_set_for_write(redis, &mut tx, pipeline_id, transform_uid, add, false)
+                .await?
         else {
+            // A lost set restored empty was dropped: that stays.
+            tx.commit().await?;
             return Ok(0);
         };
         let (mut members, at) = Self::redis_members(redis, &mut slot, id).await?;
@@ -145,6 +166,7 @@ impl<D: StoreBackend> Store<D> {
             count,
         )
         .await?;
+        Self::record_count(&mut tx, id, count).await?;
         tx.commit().await?;
         self.keep_redis(pipeline_id, transform_uid, &mut slot, id, at, members);
         Ok(changed)

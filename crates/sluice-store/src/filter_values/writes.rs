@@ -137,8 +137,11 @@ impl<D: StoreBackend> Store<D> {
         let mut tx = D::begin_write(&self.pool).await?;
         let create = !values.is_empty();
         let Some(id) =
-            Self::redis_set_for_write(redis, &mut tx, pipeline_id, transform_uid, create).await?
+            Self::redis_set_for_write(redis, &mut tx, pipeline_id, transform_uid, create, true)
+                .await?
         else {
+            // An emptied set the set store lost is dropped.
+            tx.commit().await?;
             return Ok(0);
         };
         let set = SetRef { pipeline_id, transform_uid, id };
@@ -174,6 +177,7 @@ impl<D: StoreBackend> Store<D> {
             count,
         )
         .await?;
+        Self::record_count(&mut tx, id, count).await?;
         tx.commit().await?;
         let count = members.len() as u64;
         self.keep_redis(pipeline_id, transform_uid, &mut slot, id, at, members);

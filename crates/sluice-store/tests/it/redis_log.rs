@@ -162,3 +162,109 @@ async fn sets_kept_as_sorted_sets_by_an_earlier_build_are_moved_into_logs() {
     let again = sluice_store::open_with_sets(&db, Some(&sets)).await.unwrap();
     assert_eq!(list_all(again.as_ref(), &p.id, "f1", 10).await, ["0xb", "0xa", "0xc", "0xd"]);
 }
+
+/// Deletes every key under the fixture's prefix: what a Redis restarted without persistence
+/// (or evicting keys) leaves of the sets.
+async fn forget_everything(url: &str) {
+    let (url, prefix) = url.split_once("?prefix=").expect("the fixture's URL names a prefix");
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> =
+        redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut conn).await.unwrap();
+    assert!(!keys.is_empty(), "the sets had keys");
+    let () = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await.unwrap();
+}
+
+fn sorted(mut values: Vec<String>) -> Vec<String> {
+    values.sort();
+    values
+}
+
+fn sorted_set(set: &sluice_filter::ValueSet) -> Vec<String> {
+    sorted(set.values().collect())
+}
+
+#[tokio::test]
+async fn a_set_redis_lost_is_rebuilt_from_its_history_under_a_new_id() {
+    let fixture = crate::postgres_with_redis(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
+    let url = fixture.redis_url.clone().expect("a Redis fixture");
+    let (a, b) = (fixture.store, fixture.other);
+    let (_, p) = stored_pipeline(a.as_ref()).await;
+    let v = |i: usize| format!("0x{i:040x}");
+    let range = |from: usize, to: usize| (from..to).map(v).collect::<Vec<String>>();
+    // Adds, removals and a replace, through both stores; the history records each.
+    a.add_filter_values(&p.id, "f1", &range(0, 1_000)).await.unwrap();
+    a.remove_filter_values(&p.id, "f1", &range(0, 100)).await.unwrap();
+    b.add_filter_values(&p.id, "f1", &range(1_000, 1_100)).await.unwrap();
+    b.replace_filter_values(&p.id, "f1", &range(50, 1_200)).await.unwrap();
+    a.remove_filter_values(&p.id, "f1", &range(60, 70)).await.unwrap();
+    let mut expected: Vec<String> = range(50, 60);
+    expected.extend(range(70, 1_200));
+    let (lost, _) = a.filter_set_version(&p.id, "f1").await.unwrap().unwrap();
+    assert!(b.has_filter_value(&p.id, "f1", &v(75)).await.unwrap(), "b holds a copy");
+
+    forget_everything(&url).await;
+
+    // The first reader restores it: its values, under a new id (every index reads it anew).
+    let (restored, version) = b.filter_set_version(&p.id, "f1").await.unwrap().unwrap();
+    assert_ne!(restored, lost, "a new id");
+    assert!(version >= 1);
+    assert_eq!(a.filter_set_version(&p.id, "f1").await.unwrap(), Some((restored, version)));
+    assert_eq!(sorted_set(&a.filter_value_set(&p.id, "f1").await.unwrap()), expected);
+    assert_eq!(b.filter_value_count(&p.id, "f1").await.unwrap(), expected.len() as u64);
+    assert_eq!(sorted(list_all(a.as_ref(), &p.id, "f1", 500).await), expected);
+    assert!(b.has_filter_value(&p.id, "f1", &v(75)).await.unwrap());
+    assert!(!b.has_filter_value(&p.id, "f1", &v(65)).await.unwrap());
+    // Writes go on from both stores, the copy b held of the lost set not used.
+    assert_eq!(b.add_filter_values(&p.id, "f1", &range(65, 66)).await.unwrap(), 1);
+    assert_eq!(a.remove_filter_values(&p.id, "f1", &range(1_100, 1_200)).await.unwrap(), 100);
+    let mut now: Vec<String> = range(50, 60);
+    now.extend(range(65, 66));
+    now.extend(range(70, 1_100));
+    let now = sorted(now);
+    for store in [&a, &b] {
+        assert_eq!(sorted_set(&store.filter_value_set(&p.id, "f1").await.unwrap()), now);
+    }
+
+    // Lost again: the history from the set's first write still rebuilds it.
+    forget_everything(&url).await;
+    assert_eq!(sorted(list_all(b.as_ref(), &p.id, "f1", 500).await), now);
+}
+
+#[tokio::test]
+async fn a_lost_set_its_history_cannot_rebuild_is_unavailable_until_a_replace() {
+    let fixture = crate::postgres_with_redis(|s| Arc::new(s) as Arc<dyn MetadataStore>).await;
+    let url = fixture.redis_url.clone().expect("a Redis fixture");
+    let (a, b) = (fixture.store, fixture.other);
+    let (_, p) = stored_pipeline(a.as_ref()).await;
+    a.add_filter_values(&p.id, "f1", &strings(&["0xa", "0xb"])).await.unwrap();
+    let (lost, _) = a.filter_set_version(&p.id, "f1").await.unwrap().unwrap();
+    // The change that made the set is pruned; one after it stays.
+    let pruned = a.prune_set_history(chrono::Utc::now() + chrono::Duration::seconds(1)).await;
+    assert_eq!(pruned.unwrap(), 1);
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    a.add_filter_values(&p.id, "f1", &strings(&["0xc"])).await.unwrap();
+
+    forget_everything(&url).await;
+
+    let is_lost = |result: Result<_, sluice_store::StoreError>| match result {
+        Err(error @ sluice_store::StoreError::SetLost { .. }) => {
+            assert!(error.is_unavailable(), "a 503");
+            assert!(error.to_string().contains("held 3 values"), "{error}");
+        }
+        other => panic!("not a lost set: {other:?}"),
+    };
+    is_lost(b.filter_value_set(&p.id, "f1").await.map(|_| ()));
+    is_lost(a.filter_set_version(&p.id, "f1").await.map(|_| ()));
+    is_lost(b.add_filter_values(&p.id, "f1", &strings(&["0xd"])).await.map(|_| ()));
+    is_lost(a.remove_filter_values(&p.id, "f1", &strings(&["0xa"])).await.map(|_| ()));
+    is_lost(a.has_filter_value(&p.id, "f1", "0xa").await.map(|_| ()));
+
+    // A replace gives the set its values again, under a new id.
+    assert_eq!(b.replace_filter_values(&p.id, "f1", &strings(&["0xa", "0xe"])).await.unwrap(), 2);
+    let (restored, _) = a.filter_set_version(&p.id, "f1").await.unwrap().unwrap();
+    assert_ne!(restored, lost);
+    assert_eq!(sorted_set(&a.filter_value_set(&p.id, "f1").await.unwrap()), ["0xa", "0xe"]);
+    assert!(b.has_filter_value(&p.id, "f1", "0xe").await.unwrap());
+    assert_eq!(a.add_filter_values(&p.id, "f1", &strings(&["0xf"])).await.unwrap(), 1);
+}
