@@ -142,6 +142,14 @@ const CONSISTENT_READ_TRIES: u32 = 8;
 /// 2 × [`lists::PART_BYTES`]).
 const REPLAY_PAGE: i64 = 64;
 
+/// [`REPLAY_PAGE`] parts of the value lists of a set's changes (`$1`, `$2`: pipeline and
+/// uid), from part `$4` of change `$3` on, in change then part order.
+const PARTS_FROM: &str = "SELECT v.change_id, v.part, v.added_values, v.removed_values \
+     FROM filter_set_change_values v JOIN filter_set_changes c ON c.id = v.change_id \
+     WHERE c.pipeline_id = $1 AND c.transform_uid = $2 \
+     AND (v.change_id > $3 OR (v.change_id = $3 AND v.part >= $4)) \
+     ORDER BY v.change_id, v.part LIMIT $5";
+
 /// The history of set filters' values. Every method is one transaction, except
 /// [`SetHistoryStore::was_filter_value`], which reads the set and its history consistently.
 #[async_trait]
@@ -459,20 +467,14 @@ impl<D: StoreBackend> Store<D> {
         let mut values = ValueSet::with_capacity(usize::try_from(last_count).unwrap_or(0));
         let (mut change, mut part) = (start, 0_i64);
         loop {
-            let rows = sqlx::query(
-                "SELECT v.change_id, v.part, v.added_values, v.removed_values \
-                 FROM filter_set_change_values v JOIN filter_set_changes c ON c.id = v.change_id \
-                 WHERE c.pipeline_id = $1 AND c.transform_uid = $2 \
-                 AND (v.change_id > $3 OR (v.change_id = $3 AND v.part >= $4)) \
-                 ORDER BY v.change_id, v.part LIMIT $5",
-            )
-            .bind(pipeline_id)
-            .bind(uid)
-            .bind(change)
-            .bind(part)
-            .bind(REPLAY_PAGE)
-            .fetch_all(&mut **tx)
-            .await?;
+            let rows = sqlx::query(PARTS_FROM)
+                .bind(pipeline_id)
+                .bind(uid)
+                .bind(change)
+                .bind(part)
+                .bind(REPLAY_PAGE)
+                .fetch_all(&mut **tx)
+                .await?;
             // A change never both adds and removes one value, so within a change the order
             // of its parts does not matter; across changes it is the changes' order.
             for row in &rows {
@@ -618,20 +620,14 @@ impl<D: StoreBackend> Store<D> {
         loop {
             // A value is never both added and removed by one change, so the first part that
             // holds it, in change order, decides.
-            let rows = sqlx::query(
-                "SELECT v.change_id, v.part, v.added_values, v.removed_values \
-                 FROM filter_set_change_values v JOIN filter_set_changes c ON c.id = v.change_id \
-                 WHERE c.pipeline_id = $1 AND c.transform_uid = $2 \
-                 AND (v.change_id > $3 OR (v.change_id = $3 AND v.part >= $4)) \
-                 ORDER BY v.change_id, v.part LIMIT $5",
-            )
-            .bind(pipeline_id)
-            .bind(uid)
-            .bind(change)
-            .bind(part)
-            .bind(REPLAY_PAGE)
-            .fetch_all(&self.pool)
-            .await?;
+            let rows = sqlx::query(PARTS_FROM)
+                .bind(pipeline_id)
+                .bind(uid)
+                .bind(change)
+                .bind(part)
+                .bind(REPLAY_PAGE)
+                .fetch_all(&self.pool)
+                .await?;
             for row in &rows {
                 let added: Vec<u8> = row.try_get("added_values")?;
                 if holds(&added, &needle)? {
