@@ -546,13 +546,29 @@ class Faults:
         placed = dict(zip([p.index for p in self.pipelines], self.pool.map(one, self.pipelines)))
         return {i: nodes for i, nodes in placed.items() if nodes is not None}
 
-    def wait_all_placed(self, since, limit=300):
-        """Seconds from `since` until every pipeline runs on live nodes (None after `limit`)."""
+    def wait_all_placed(self, since, limit=300, event=None):
+        """Seconds from `since` until every pipeline runs on live nodes (None after `limit`).
+        With `event`, notes there the pipelines that came back last (label and seconds)."""
+        missing_at = {}  # pipeline index -> start of the last poll that found it missing
         while time.time() - since < limit:
-            if len(self.placement()) == len(self.pipelines):
+            polled = time.time()
+            placed = self.placement()
+            for p in self.pipelines:
+                if p.index not in placed:
+                    missing_at[p.index] = polled
+            if len(placed) == len(self.pipelines):
+                if event is not None:
+                    last = sorted(missing_at.items(), key=lambda item: -item[1])[:3]
+                    event["last_back"] = [(self.pipelines[i].label(), round(at - since, 1)) for i, at in last]
                 return time.time() - since
             time.sleep(0.5)
         return None
+
+    def overlapping(self, event):
+        """The other faults active at some time between `event`'s start and its failover."""
+        until = event["start"] + (event.get("failover_s") or 0)
+        return ["%s %s" % (e["kind"], e["target"]) for e in self.events
+                if e is not event and e["start"] <= until and (e.get("end") or time.time()) >= event["start"]]
 
     def inject(self, kind, target, duration, delay):
         event = {"kind": kind, "target": target, "start": time.time(), "duration": round(duration, 1)}
@@ -572,7 +588,7 @@ class Faults:
                 node.kill()
                 log("fault: kill -9 %s (restart in %.1f s)" % (node.name, duration))
                 waiter = threading.Thread(target=lambda: event.__setitem__(
-                    "failover_s", self.wait_all_placed(event["start"], 120)), daemon=True)
+                    "failover_s", self.wait_all_placed(event["start"], 120, event)), daemon=True)
                 waiter.start()
                 time.sleep(duration)
                 start_again(node)
@@ -909,6 +925,13 @@ def report(args, cluster, pipelines, feed, api, faults, results):
                "failover" if kind == "node_kill" else "every pipeline running",
                "%.1f" % percentile(took, 50) if took else "-", "%.1f" % max(took) if took else "-",
                ", %d never within 120 s" % stuck if stuck else ""))
+        if kind == "node_kill":
+            for e in events:
+                if (e.get("failover_s") or 0) >= args.failover_limit * 0.8:
+                    log("  kill of %s at %s: failover %.1f s; last back: %s; during: %s"
+                        % (e["target"], time.strftime("%H:%M:%S", time.gmtime(e["start"])), e["failover_s"],
+                           ", ".join("%s at %.1f s" % back for back in e.get("last_back", [])) or "?",
+                           ", ".join(faults.overlapping(e)) or "no other fault"))
         if kind == "node_kill" and (stuck or (took and max(took) >= args.failover_limit)):
             failed.append("a node kill's failover took %.0f s or more" % args.failover_limit)
     hung = [c for c in api.calls if c[4] == "timeout"]

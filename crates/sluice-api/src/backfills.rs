@@ -155,6 +155,7 @@ impl From<sluice_backfill::jobs::BackfillError> for ApiError {
     fn from(error: sluice_backfill::jobs::BackfillError) -> Self {
         match error {
             sluice_backfill::jobs::BackfillError::Store(store) => Self::Store(store),
+            sluice_backfill::jobs::BackfillError::Bus(bus) => bus.into(),
             other => Self::Internal(other.to_string()),
         }
     }

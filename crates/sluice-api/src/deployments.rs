@@ -82,11 +82,7 @@ impl From<RuntimeError> for ApiError {
             RuntimeError::UnknownStream(topic) => {
                 ApiError::NotFound(format!("no chain stream {topic}"))
             }
-            RuntimeError::Bus(bus) if bus.is_transient() => {
-                tracing::warn!(error = %bus, "stream log unavailable");
-                ApiError::Unavailable("the stream log is not reachable now; try again".to_owned())
-            }
-            RuntimeError::Bus(bus) => ApiError::Internal(format!("stream log: {bus}")),
+            RuntimeError::Bus(bus) => bus.into(),
             RuntimeError::Sink(sink) => ApiError::Internal(sink.to_string()),
             RuntimeError::Replay(reason) => ApiError::Internal(reason),
             RuntimeError::Secrets(secrets) => secrets.into(),

@@ -69,6 +69,19 @@ impl ApiError {
     }
 }
 
+impl From<sluice_bus::BusError> for ApiError {
+    /// A stream log that cannot be reached now (a broker cut off, a client timing out) is a
+    /// 503 saying so, as for the database and Redis; anything else is ours to fix.
+    fn from(error: sluice_bus::BusError) -> Self {
+        if error.is_transient() {
+            tracing::warn!(%error, "stream log unavailable");
+            Self::Unavailable("the stream log is not reachable now; try again".to_owned())
+        } else {
+            Self::Internal(format!("stream log: {error}"))
+        }
+    }
+}
+
 impl From<sluice_store::SecretsError> for ApiError {
     fn from(error: sluice_store::SecretsError) -> Self {
         match error {
@@ -155,6 +168,21 @@ mod tests {
             "the metadata store (database) is not reachable; retry when it is back"
         );
         let corrupt = ApiError::Store(StoreError::Corrupt { what: "a row", detail: "x".into() });
+        assert_eq!(corrupt.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[tokio::test]
+    async fn a_stream_log_that_cannot_be_reached_is_a_503_and_a_corrupt_one_a_500() {
+        let cut = sluice_bus::BusError::Backend {
+            source: "Admin operation error: BrokerTransportFailure".into(),
+            transient: true,
+        };
+        let response = ApiError::from(cut).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["detail"], "the stream log is not reachable now; try again");
+        let corrupt = ApiError::from(sluice_bus::BusError::Corrupt("a batch".into()));
         assert_eq!(corrupt.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

@@ -466,8 +466,14 @@ impl StreamLog for KafkaLog {
 
     async fn delete_group(&self, group: &str) -> Result<()> {
         let name = self.name(group);
-        let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
-        let results = self.inner.admin.delete_groups(&[&name], &options).await.map_err(backend)?;
+        // Sent to the group's coordinator: librdkafka keeps it as long as a commit (see
+        // `groups`), and this call stops waiting after its own timeout.
+        let options = AdminOptions::new().request_timeout(Some(groups::LIBRDKAFKA_PATIENCE));
+        let deleted = self.inner.admin.delete_groups(&[&name], &options);
+        let results = tokio::time::timeout(REQUEST_TIMEOUT, deleted)
+            .await
+            .map_err(|_| backend(KafkaError::AdminOp(RDKafkaErrorCode::OperationTimedOut)))?
+            .map_err(backend)?;
         for result in results {
             match result {
                 Ok(_) | Err((_, RDKafkaErrorCode::GroupIdNotFound)) => {}

@@ -157,7 +157,7 @@ impl PageQuery {
             let records = match log.read(topic, 0, self.from, self.limit).await {
                 Ok(records) => records,
                 Err(sluice_bus::BusError::UnknownTopic(_)) => return Ok(None),
-                Err(other) => return Err(ApiError::Internal(format!("stream log: {other}"))),
+                Err(other) => return Err(other.into()),
             };
             let now = std::time::Instant::now();
             if !records.is_empty() || now >= deadline {
@@ -538,7 +538,7 @@ async fn retained(log: &dyn StreamLog, topic: &str) -> Result<Option<(u64, u64)>
     match log.offsets(topic).await {
         Ok(ranges) => Ok(Some(ranges.first().map_or((0, 0), |range| (range.start, range.end)))),
         Err(sluice_bus::BusError::UnknownTopic(_)) => Ok(None),
-        Err(other) => Err(ApiError::Internal(format!("stream log: {other}"))),
+        Err(other) => Err(other.into()),
     }
 }
 

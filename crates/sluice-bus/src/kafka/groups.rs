@@ -21,6 +21,15 @@
 //!   partition lists read from it belong to it, and are copied into Rust values first.
 //! - The request's opaque is a number, never a pointer: a result that comes after its
 //!   caller gave up finds no waiter and is dropped.
+//!
+//! Requests never time out inside librdkafka (see [`LIBRDKAFKA_PATIENCE`]): librdkafka
+//! 2.12 aborts the process when a coordinator request times out while it still waits for
+//! the group's coordinator, and the coordinator then comes back (the request's reference is
+//! dropped twice: `rd_kafka_enq_once_del_source_return: Assertion 'eonce->refcnt > 0'`,
+//! confluentinc/librdkafka issue 4605). A caller stops waiting after its own timeout; its
+//! request stays in librdkafka until the broker answers it, and at most
+//! [`MOST_IN_FLIGHT`] may. A commit its caller gave up on may so land after a later one of
+//! the same group, moving the group's offsets back: records are delivered again, never lost.
 
 #![allow(unsafe_code)]
 
@@ -44,6 +53,16 @@ const POLL_MS: i32 = 200;
 const ATTEMPTS: u32 = 3;
 /// The wait before the second try (twice that before the third).
 const RETRY_AFTER: Duration = Duration::from_millis(50);
+/// How long librdkafka keeps a request to a group's coordinator before it gives up on it:
+/// the longest it takes, an hour. A request that times out while waiting for its coordinator aborts the process when
+/// the coordinator comes back (see the module's notes), so no request should time out in
+/// librdkafka in any outage this side of an hour.
+pub(super) const LIBRDKAFKA_PATIENCE: Duration = Duration::from_secs(3_600);
+const LIBRDKAFKA_PATIENCE_MS: i32 = LIBRDKAFKA_PATIENCE.as_millis() as i32;
+/// The most requests inside librdkafka at once. While the broker is away they wait there
+/// (an hour at most); past this many, a request fails at once as the broker's queue being
+/// full, so an outage does not pile up requests without end.
+const MOST_IN_FLIGHT: usize = 4_096;
 
 /// Committed offsets of one topic, by partition, as librdkafka answers them (`-1`: none).
 pub(super) type Offsets = Vec<(i32, i64)>;
@@ -60,6 +79,8 @@ pub(super) struct GroupOffsets {
     queue: Arc<Queue>,
     admin: Arc<AdminClient<Context>>,
     waiting: Arc<Mutex<HashMap<usize, oneshot::Sender<Outcome>>>>,
+    /// Requests sent and not yet answered by librdkafka, whether or not anyone still waits.
+    in_flight: Arc<AtomicUsize>,
     next: AtomicUsize,
     stop: Arc<AtomicBool>,
 }
@@ -95,16 +116,18 @@ impl GroupOffsets {
             })?));
         let waiting: Arc<Mutex<HashMap<usize, oneshot::Sender<Outcome>>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
+        let in_flight = Arc::new(AtomicUsize::new(0));
         let results = ResultThread {
             admin: admin.clone(),
             queue: queue.clone(),
             waiting: waiting.clone(),
+            in_flight: in_flight.clone(),
             stop: stop.clone(),
         };
         std::thread::Builder::new()
             .name("kafka-offsets".to_owned())
             .spawn(move || results.run())?;
-        Ok(Self { queue, admin, waiting, next: AtomicUsize::new(1), stop })
+        Ok(Self { queue, admin, waiting, in_flight, next: AtomicUsize::new(1), stop })
     }
 
     /// Stores `offsets` (topic, partition, offset) as `group`'s committed offsets.
@@ -116,7 +139,7 @@ impl GroupOffsets {
     ) -> Result<(), KafkaError> {
         let mut attempt = 1;
         loop {
-            let (id, answer) = self.alter(group, offsets, timeout)?;
+            let (id, answer) = self.alter(group, offsets)?;
             let failed = match self.wait(id, answer, timeout).await {
                 Ok(partitions) => partitions
                     .into_iter()
@@ -142,11 +165,10 @@ impl GroupOffsets {
         &self,
         group: &str,
         offsets: &[(&str, i32, i64)],
-        timeout: Duration,
     ) -> Result<(usize, oneshot::Receiver<Outcome>), KafkaError> {
         let group = CString::new(group).map_err(|_| invalid_argument())?;
         let list = PartitionList::new(offsets)?;
-        let (id, answer) = self.expect_result();
+        let (id, answer) = self.expect_result()?;
         // SAFETY: the client, the queue and the list are alive for the call, and librdkafka
         // copies the request (see the module's notes); the request and its options are freed
         // once, after the call.
@@ -155,7 +177,6 @@ impl GroupOffsets {
             let options = self.options(
                 rdsys::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_ALTERCONSUMERGROUPOFFSETS,
                 id,
-                timeout,
             );
             let mut request =
                 rdsys::rd_kafka_AlterConsumerGroupOffsets_new(group.as_ptr(), list.0.as_ptr());
@@ -183,7 +204,7 @@ impl GroupOffsets {
         let wanted: Vec<(&str, i32, i64)> = partitions.map(|p| (topic, p, -1)).collect();
         let mut attempt = 1;
         let answered = loop {
-            let (id, answer) = self.list(group, &wanted, timeout)?;
+            let (id, answer) = self.list(group, &wanted)?;
             match self.wait(id, answer, timeout).await {
                 Err(error) if attempt < ATTEMPTS && worth_retrying(&error) => {
                     tracing::debug!(%error, attempt, "reading group offsets again");
@@ -208,18 +229,16 @@ impl GroupOffsets {
         &self,
         group: &str,
         wanted: &[(&str, i32, i64)],
-        timeout: Duration,
     ) -> Result<(usize, oneshot::Receiver<Outcome>), KafkaError> {
         let group = CString::new(group).map_err(|_| invalid_argument())?;
         let list = PartitionList::new(wanted)?;
-        let (id, answer) = self.expect_result();
+        let (id, answer) = self.expect_result()?;
         // SAFETY: as in `commit`.
         unsafe {
             let rk = self.admin.inner().native_ptr();
             let options = self.options(
                 rdsys::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_LISTCONSUMERGROUPOFFSETS,
                 id,
-                timeout,
             );
             let mut request =
                 rdsys::rd_kafka_ListConsumerGroupOffsets_new(group.as_ptr(), list.0.as_ptr());
@@ -236,12 +255,17 @@ impl GroupOffsets {
         Ok((id, answer))
     }
 
-    /// A request number and where its result will be sent.
-    fn expect_result(&self) -> (usize, oneshot::Receiver<Outcome>) {
+    /// A request number and where its result will be sent, counted in flight until
+    /// librdkafka answers it; a full queue while [`MOST_IN_FLIGHT`] wait.
+    fn expect_result(&self) -> Result<(usize, oneshot::Receiver<Outcome>), KafkaError> {
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= MOST_IN_FLIGHT {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(KafkaError::AdminOp(RDKafkaErrorCode::QueueFull));
+        }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = oneshot::channel();
         self.waiting.lock().expect("group offsets map mutex").insert(id, sender);
-        (id, receiver)
+        Ok((id, receiver))
     }
 
     /// Admin options for `op` carrying the request number `id`.
@@ -252,9 +276,7 @@ impl GroupOffsets {
         &self,
         op: rdsys::rd_kafka_admin_op_t,
         id: usize,
-        timeout: Duration,
     ) -> *mut rdsys::rd_kafka_AdminOptions_t {
-        let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
         let mut error = [0 as c_char; 256];
         // SAFETY: the client is alive; the error buffer is as long as said; the opaque is a
         // number librdkafka only hands back.
@@ -263,7 +285,7 @@ impl GroupOffsets {
             // Fails only for a timeout out of range, which this is not; the default then holds.
             rdsys::rd_kafka_AdminOptions_set_request_timeout(
                 options,
-                timeout_ms,
+                LIBRDKAFKA_PATIENCE_MS,
                 error.as_mut_ptr(),
                 error.len(),
             );
@@ -279,8 +301,8 @@ impl GroupOffsets {
         answer: oneshot::Receiver<Outcome>,
         timeout: Duration,
     ) -> Outcome {
-        // librdkafka answers by the request's own timeout; this only bounds a result lost.
-        let answered = tokio::time::timeout(timeout + Duration::from_secs(5), answer).await;
+        // librdkafka keeps the request longer (see the module's notes).
+        let answered = tokio::time::timeout(timeout, answer).await;
         self.waiting.lock().expect("group offsets map mutex").remove(&id);
         match answered {
             Ok(Ok(outcome)) => outcome,
@@ -361,6 +383,7 @@ struct ResultThread {
     admin: Arc<AdminClient<Context>>,
     queue: Arc<Queue>,
     waiting: Arc<Mutex<HashMap<usize, oneshot::Sender<Outcome>>>>,
+    in_flight: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
 }
 
@@ -376,6 +399,7 @@ impl ResultThread {
                 rdsys::rd_kafka_event_destroy(event.as_ptr());
                 read
             };
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
             let waiter = self.waiting.lock().expect("group offsets map mutex").remove(&id);
             if let Some(waiter) = waiter {
                 // The caller may have given up meanwhile.

@@ -274,3 +274,82 @@ async fn records_in(log: &KafkaLog, topic: &str, partitions: u32) -> usize {
     }
     total
 }
+
+/// A private tansu broker (`SLUICE_TEST_TANSU_BIN`, set by `scripts/test`; the test fails
+/// without it) listening on `port`, its records in memory; killed when dropped.
+struct PrivateBroker(std::process::Child);
+
+impl PrivateBroker {
+    fn start(port: u16) -> Self {
+        let tansu = std::env::var("SLUICE_TEST_TANSU_BIN")
+            .expect("SLUICE_TEST_TANSU_BIN must name a tansu binary; run scripts/test");
+        let listener = format!("tcp://127.0.0.1:{port}");
+        let child = std::process::Command::new(tansu)
+            .args(["broker", "--listener-url", &listener, "--advertised-listener-url", &listener])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let broker = Self(child);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "tansu did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        broker
+    }
+}
+
+impl Drop for PrivateBroker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Group offsets are read and written through requests to the group's coordinator.
+/// librdkafka 2.12 aborts the process when such a request times out while the coordinator
+/// is away and the coordinator then comes back (confluentinc/librdkafka issue 4605): here
+/// the calls made during the outage fail as worth retrying, and the process lives on once
+/// the broker is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_offset_calls_that_outlast_a_broker_outage_do_not_abort_the_process() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let broker = PrivateBroker::start(port);
+    let mut settings = KafkaSettings::parse(&format!("kafka://127.0.0.1:{port}")).unwrap();
+    settings.topic_prefix = unique_prefix();
+    let log = KafkaLog::connect(settings, Arc::new(ManualClock::new(Utc::now()))).await.unwrap();
+    let config = TopicConfig { partitions: 2, retention: Default::default() };
+    log.create_topic("base.outage", config).await.unwrap();
+    // The coordinator is found and known.
+    log.commit("g", "base.outage", &[(0, 1), (1, 2)]).await.unwrap();
+    assert_eq!(log.committed("g", "base.outage").await.unwrap().get(&1), Some(&2));
+
+    drop(broker);
+    let (read, commit, delete) = tokio::join!(
+        log.committed("g", "base.outage"),
+        log.commit("g", "base.outage", &[(0, 3)]),
+        log.delete_group("g"),
+    );
+    for outcome in [read.map(|_| ()), commit, delete] {
+        let error = outcome.expect_err("the broker is away");
+        assert!(error.is_transient(), "{error}");
+    }
+
+    let _broker = PrivateBroker::start(port);
+    // What waited in librdkafka is sent now; the broker (its records were in memory) answers
+    // a read of a group it does not know with no offsets.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match log.committed("g", "base.outage").await {
+            Ok(_) => break,
+            Err(error) => {
+                assert!(std::time::Instant::now() < deadline, "the broker came back: {error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    log.committed("g", "base.outage").await.unwrap();
+}

@@ -37,6 +37,8 @@ use sluice_core::deployment::{DeploymentRecord, DeploymentState};
 use sluice_core::pipeline::Pipeline;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use sluice_core::datasets::DatasetListener;
 use sluice_store::{ClusterLock, MetadataStore};
 
@@ -51,6 +53,9 @@ use crate::health::WorkerStatus;
 use crate::lifecycle::Lifecycle;
 use crate::node::{Node, SecretUse};
 use crate::plan::Plan;
+
+/// How many deployments a round brings in line at once.
+const RECONCILE_TOGETHER: usize = 16;
 
 /// This node's share of every deployment, following the desired state in the database.
 pub(crate) struct ClusterPlacement {
@@ -191,22 +196,37 @@ impl ClusterPlacement {
         }
         self.refresh_indexes().await;
         let Some((records, gone)) = self.desired_state().await else { return };
-        let mut changed = false;
-        let mut seen = BTreeSet::new();
+        let seen: BTreeSet<&str> = records.iter().map(|r| r.pipeline_id.as_str()).collect();
         // A paused or gone pipeline's topics may be deleted by a teardown on another node:
         // nothing stays open on them here.
         let mut idle_topics: BTreeSet<String> = gone.iter().flat_map(pipeline_topics).collect();
-        for record in records.iter() {
-            seen.insert(record.pipeline_id.as_str());
-            changed |= self.reconcile(&record.pipeline_id, Some(record)).await;
-            if record.state != DeploymentState::Deployed {
-                idle_topics.extend(pipeline_topics(record));
-            }
-        }
+        idle_topics.extend(
+            records
+                .iter()
+                .filter(|r| r.state != DeploymentState::Deployed)
+                .flat_map(pipeline_topics),
+        );
         let stopped: Vec<String> =
             self.node.views().keys().filter(|id| !seen.contains(id.as_str())).cloned().collect();
-        for id in stopped {
-            changed |= self.reconcile(&id, None).await;
+        // Side by side: one pipeline that takes long (its workers finishing a batch against
+        // a broker that does not answer) does not hold back the start of the others, such
+        // as those of a node that just died.
+        let wanted: Vec<(&str, Option<&DeploymentRecord>)> = records
+            .iter()
+            .map(|record| (record.pipeline_id.as_str(), Some(record)))
+            .chain(stopped.iter().map(|id| (id.as_str(), None)))
+            .collect();
+        let mut wanted = wanted.into_iter();
+        let mut going = FuturesUnordered::new();
+        for (id, record) in wanted.by_ref().take(RECONCILE_TOGETHER) {
+            going.push(self.reconcile(id, record));
+        }
+        let mut changed = false;
+        while let Some(one) = going.next().await {
+            changed |= one;
+            if let Some((id, record)) = wanted.next() {
+                going.push(self.reconcile(id, record));
+            }
         }
         for topic in self.node.log.open_topics() {
             if idle_topics.contains(&topic) {
@@ -599,7 +619,9 @@ async fn follow(placement: Weak<ClusterPlacement>) {
                 return;
             }
             placement.cluster_round().await;
-            placement.cluster.settings.heartbeat
+            let cluster = &placement.cluster;
+            let heartbeat = cluster.settings.heartbeat;
+            cluster.until_a_peer_may_die().map_or(heartbeat, |expiry| expiry.min(heartbeat))
         };
         let signal = async {
             match listener.as_mut() {

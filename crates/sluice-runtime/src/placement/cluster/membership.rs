@@ -94,8 +94,9 @@ pub struct NodeInfo {
 pub(crate) struct Cluster {
     pub settings: ClusterSettings,
     pub(super) started_at: DateTime<Utc>,
-    /// The other nodes, as last read.
+    /// The other nodes, as last read, and when.
     pub(super) peers: RwLock<Vec<Peer>>,
+    peers_read: std::sync::Mutex<Instant>,
     /// When this node last wrote its heartbeat.
     pub(super) last_heartbeat: std::sync::Mutex<Instant>,
     /// Each stored deployment as last read, by pipeline id: a round reads only the versions
@@ -119,6 +120,7 @@ impl Cluster {
             settings,
             started_at: now,
             peers: RwLock::default(),
+            peers_read: std::sync::Mutex::new(Instant::now()),
             last_heartbeat: std::sync::Mutex::new(Instant::now()),
             records: std::sync::Mutex::default(),
             unchanged: std::sync::Mutex::default(),
@@ -151,6 +153,23 @@ impl Cluster {
 
     pub(super) fn set_peers(&self, peers: Vec<Peer>) {
         *self.peers.write().expect("peers lock is never poisoned") = peers;
+        *self.peers_read.lock().expect("peers read lock is never poisoned") = Instant::now();
+    }
+
+    /// How long until the first live peer that writes no further heartbeat counts as dead:
+    /// a round then takes its work at once rather than up to a heartbeat later. `None`
+    /// with no live peer.
+    pub(crate) fn until_a_peer_may_die(&self) -> Option<Duration> {
+        let since_read =
+            self.peers_read.lock().expect("peers read lock is never poisoned").elapsed();
+        let margin = self
+            .live_peers()
+            .iter()
+            .map(|peer| self.settings.node_timeout.saturating_sub(peer.age))
+            .min()?;
+        // Just past the timeout, so the peer reads as dead then; never a busy loop.
+        let until = (margin + Duration::from_millis(20)).saturating_sub(since_read);
+        Some(until.max(Duration::from_millis(50)))
     }
 
     /// The reports of the peers as last read, with their numbers, by name.
@@ -240,5 +259,25 @@ mod tests {
             })
             .collect();
         assert_eq!(owners.len(), 3);
+    }
+
+    #[test]
+    fn the_next_round_comes_as_the_oldest_live_peer_would_pass_the_timeout() {
+        let cluster = Cluster::new(ClusterSettings::new("me", "here"), Utc::now());
+        assert_eq!(cluster.until_a_peer_may_die(), None);
+        let peer = |name: &str, age_ms| Peer {
+            name: name.to_owned(),
+            age: Duration::from_millis(age_ms),
+            report: NodeReport::default(),
+            report_seq: 0,
+        };
+        // Dead already (past 10 s) counts for nothing; of the live ones, the oldest.
+        cluster.set_peers(vec![peer("a", 2_000), peer("b", 8_500), peer("c", 12_000)]);
+        let until = cluster.until_a_peer_may_die().unwrap();
+        assert!(until <= Duration::from_millis(1_520), "{until:?}");
+        assert!(until >= Duration::from_millis(1_000), "{until:?}");
+        // One at the edge is checked again soon, never at once.
+        cluster.set_peers(vec![peer("a", 10_000)]);
+        assert_eq!(cluster.until_a_peer_may_die(), Some(Duration::from_millis(50)));
     }
 }
