@@ -248,6 +248,7 @@ class Pipeline:
         self.seen = {}  # n -> deliveries
         self.offset = 0
         self.foreign = 0
+        self.workers = 0  # its workers as its stats last showed them running
 
     def label(self):
         return "%s/%s%s/%s" % (self.kind, self.sink, "+v8" if self.script else "", self.guarantee)
@@ -527,20 +528,40 @@ class Faults:
 
     def placement(self):
         """{pipeline index: set of nodes} for pipelines whose workers all run, ready, on live
-        nodes; others are missing."""
+        nodes; others are missing. A pipeline's stats need the database: while they answer
+        503 (it cannot be reached), the answering node's own view of where workers run
+        (`GET /api/v1/nodes`, no database) says where it runs, with as many workers as its
+        stats last showed."""
         live = {n.name for n in self.cluster.live_nodes()}
+        views, views_lock = {}, threading.Lock()
+
+        def nodes_view(base):
+            with views_lock:
+                if base not in views:
+                    try:
+                        status, body = call("GET", base + "/api/v1/nodes", timeout=10, key=KEY)
+                    except OSError:
+                        status, body = None, None
+                    views[base] = body.get("items", []) if status == 200 else None
+                return views[base]
 
         def one(p):
+            base = self.cluster.any_node().base
             try:
-                status, stats = call("GET", "%s/api/v1/beam/%s/deploy/stats" % (self.cluster.any_node().base, p.id),
-                                     timeout=10, key=KEY)
+                status, stats = call("GET", "%s/api/v1/beam/%s/deploy/stats" % (base, p.id), timeout=10, key=KEY)
             except OSError:
                 return None
+            if status == 503 and p.workers:
+                view = nodes_view(base)
+                running = [n["name"] for n in view or [] for w in n["workers"] if w["config_id"] == p.id]
+                return set(running) if len(running) == p.workers and set(running) <= live else None
             if status != 200:
                 return None
             workers = stats.get("workers_health", {}).get("workers", [])
             nodes = {w.get("node") for w in workers}
             ok = workers and all(w["status"] in ("Running", "BlockedOnSink") and w["is_ready"] for w in workers)
+            if ok:
+                p.workers = len(workers)
             return nodes if ok and nodes <= live else None
 
         placed = dict(zip([p.index for p in self.pipelines], self.pool.map(one, self.pipelines)))
