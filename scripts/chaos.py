@@ -249,6 +249,7 @@ class Pipeline:
         self.offset = 0
         self.foreign = 0
         self.workers = 0  # its workers as its stats last showed them running
+        self.paused = False  # paused by the API calls, from the pause sent to the resume answered
 
     def label(self):
         return "%s/%s%s/%s" % (self.kind, self.sink, "+v8" if self.script else "", self.guarantee)
@@ -428,6 +429,7 @@ class Exerciser:
                 self.api.call(node, "POST", "/api/v1/beam/%s/deploy" % p.id, what="deploy")
             elif action == "pause":
                 p = self.rng.choice([p for p in self.pipelines if p.guarantee == "at_least_once"])
+                p.paused = True
                 status, _ = self.api.call(node, "POST", "/api/v1/beam/%s/pause" % p.id, what="pause")
                 self.stop_event.wait(self.rng.uniform(1, 4))
                 # Resumed whatever the pause answered; tried until a node answers 200.
@@ -436,6 +438,7 @@ class Exerciser:
                                      what="deploy (resume)")[0] == 200:
                         break
                     time.sleep(2)
+                p.paused = False
             elif action == "grow":
                 p = self.rng.choice([p for p in self.pipelines if p.kind == "growing"])
                 value = self.next_value
@@ -528,7 +531,8 @@ class Faults:
 
     def placement(self):
         """{pipeline index: set of nodes} for pipelines whose workers all run, ready, on live
-        nodes; others are missing. A pipeline's stats need the database: while they answer
+        nodes, or that the API calls paused (an empty set); others are missing. A pipeline's
+        stats need the database: while they answer
         503 (it cannot be reached), the answering node's own view of where workers run
         (`GET /api/v1/nodes`, no database) says where it runs, with as many workers as its
         stats last showed."""
@@ -546,6 +550,8 @@ class Faults:
                 return views[base]
 
         def one(p):
+            if p.paused:
+                return set()  # meant to run nowhere now
             base = self.cluster.any_node().base
             try:
                 status, stats = call("GET", "%s/api/v1/beam/%s/deploy/stats" % (base, p.id), timeout=10, key=KEY)
