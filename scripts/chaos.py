@@ -532,10 +532,9 @@ class Faults:
     def placement(self):
         """{pipeline index: set of nodes} for pipelines whose workers all run, ready, on live
         nodes, or that the API calls paused (an empty set); others are missing. A pipeline's
-        stats need the database: while they answer
-        503 (it cannot be reached), the answering node's own view of where workers run
-        (`GET /api/v1/nodes`, no database) says where it runs, with as many workers as its
-        stats last showed."""
+        stats need the database: while they answer 503 (it cannot be reached), the answering
+        node's own view of where workers run (`GET /api/v1/nodes`, no database) says where it
+        runs, with as many workers as its stats last showed."""
         live = {n.name for n in self.cluster.live_nodes()}
         views, views_lock = {}, threading.Lock()
 

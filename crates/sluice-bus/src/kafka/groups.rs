@@ -54,9 +54,9 @@ const ATTEMPTS: u32 = 3;
 /// The wait before the second try (twice that before the third).
 const RETRY_AFTER: Duration = Duration::from_millis(50);
 /// How long librdkafka keeps a request to a group's coordinator before it gives up on it:
-/// the longest it takes, an hour. A request that times out while waiting for its coordinator aborts the process when
-/// the coordinator comes back (see the module's notes), so no request should time out in
-/// librdkafka in any outage this side of an hour.
+/// the longest it takes, an hour. A request that times out while waiting for its
+/// coordinator aborts the process when the coordinator comes back (see the module's notes),
+/// so no request should time out in librdkafka in any outage this side of an hour.
 pub(super) const LIBRDKAFKA_PATIENCE: Duration = Duration::from_secs(3_600);
 const LIBRDKAFKA_PATIENCE_MS: i32 = LIBRDKAFKA_PATIENCE.as_millis() as i32;
 /// The most requests inside librdkafka at once. While the broker is away they wait there
