@@ -915,15 +915,15 @@ def report(args, cluster, pipelines, feed, api, faults, results):
         failed.append("%d acknowledged records lost" % lost)
     exactly_once = [r for r in results if r["shape"].startswith("steady/postgres")]
     answered = {}
-    for first, count, acknowledged, at in feed.requests:
+    for first, count, ok, at in feed.requests:
         for n in range(first, first + count):
-            answered[n] = (acknowledged, at)
+            answered[n] = (ok, at)
     for r in exactly_once:
         for n in r["duplicates_first"]:
-            acknowledged, at = answered.get(n, (None, None))
+            ok, at = answered.get(n, (None, None))
             during = ", ".join("%s %s" % (e["kind"], e["target"]) for e in faults.active_at(at)) if at else "?"
             log("  written twice by the PostgreSQL sink: n=%d, its request %s at %s, during: %s"
-                % (n, "acknowledged" if acknowledged else "not acknowledged",
+                % (n, "acknowledged" if ok else "not acknowledged",
                    time.strftime("%H:%M:%S", time.gmtime(at)) if at else "?", during or "no fault"))
     if any(r["duplicates"] for r in exactly_once):
         message = "the PostgreSQL sink wrote %d rows twice" % sum(r["duplicates"] for r in exactly_once)
