@@ -299,11 +299,13 @@ def make_pipelines(count):
 # The feed
 
 class Feed:
-    """Every 0.1 s one ingest request of rate/10 records to a live node. 40 % of the records
-    carry a value some pipeline has (in turn), the rest a value none has. Remembers each
-    record's value and whether its request was acknowledged, and when."""
+    """Every 0.1 s one ingest request of rate/10 records to a live node, up to `in_flight` of
+    them at once (a request that takes longer than 0.1 s, as under a fault, no longer holds
+    the feed back; with all of them waiting, the next is sent when one answers). 40 % of the
+    records carry a value some pipeline has (in turn), the rest a value none has. Remembers
+    each record's value and whether its request was acknowledged, and when."""
 
-    def __init__(self, cluster, rate, active_values):
+    def __init__(self, cluster, rate, active_values, in_flight=4):
         self.cluster = cluster
         self.per_round = max(1, rate // 10)
         self.active = active_values  # list of value ids fed, changed under self.lock
@@ -315,6 +317,8 @@ class Feed:
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.rng = random.Random(7)
+        self.slots = threading.BoundedSemaphore(in_flight)
+        self.senders = []
 
     def set_values(self, values):
         with self.lock:
@@ -340,23 +344,34 @@ class Feed:
                 self.value_of.append(value)
                 lines.append(TEMPLATE % (n, 30_000_000 + n // 100, stamp, n, n % 50, token))
             node = self.cluster.any_node(self.rng)
-            acknowledged = False
-            sent = time.time()
-            try:
-                status, answer = call("POST", node.base + STREAM, "\n".join(lines) + "\n", timeout=15, key=KEY)
-                acknowledged = status == 200 and isinstance(answer, dict) and answer.get("accepted") == len(lines)
-                if not acknowledged:
-                    self.errors.append((time.time(), node.name, "%s %s" % (status, str(answer)[:160])))
-            except OSError as error:
-                self.errors.append((time.time(), node.name, str(error)[:160]))
-            self.requests.append((first, len(lines), acknowledged, time.time()))
-            self.latencies.append(time.time() - sent)
+            self.slots.acquire()
+            sender = threading.Thread(target=self.send, args=(node, first, lines), daemon=True)
+            sender.start()
+            self.senders = [t for t in self.senders if t.is_alive()] + [sender]
             tick += 0.1
             delay = tick - time.time()
             if delay > 0:
                 time.sleep(delay)
             else:
                 tick = time.time()
+        for sender in self.senders:
+            sender.join()
+
+    def send(self, node, first, lines):
+        """One ingest request; notes whether every record in it was acknowledged."""
+        acknowledged = False
+        sent = time.time()
+        try:
+            status, answer = call("POST", node.base + STREAM, "\n".join(lines) + "\n", timeout=15, key=KEY)
+            acknowledged = status == 200 and isinstance(answer, dict) and answer.get("accepted") == len(lines)
+            if not acknowledged:
+                self.errors.append((time.time(), node.name, "%s %s" % (status, str(answer)[:160])))
+        except OSError as error:
+            self.errors.append((time.time(), node.name, str(error)[:160]))
+        finally:
+            self.requests.append((first, len(lines), acknowledged, time.time()))
+            self.latencies.append(time.time() - sent)
+            self.slots.release()
 
     def records(self):
         """(n, value id, acknowledged, answered at) of every record sent."""
@@ -805,6 +820,8 @@ def main():
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--pipelines", type=int, default=24)
     parser.add_argument("--rate", type=int, default=3000, help="records/s into the stream")
+    parser.add_argument("--feed-in-flight", type=int, default=4,
+                        help="ingest requests the feed keeps in flight at most (1: one at a time)")
     parser.add_argument("--node-timeout", type=int, default=5)
     parser.add_argument("--grace", type=float, default=10,
                         help="seconds after a filter-value change is answered until every node must apply it")
@@ -848,7 +865,7 @@ def main():
             status, answer = call("POST", "%s/api/v1/beam/%s/deploy" % (node.base, p.id), key=KEY)
             assert status == 200, (p.label(), status, answer)
         api = ApiLog(None)
-        feed = Feed(cluster, args.rate, [])
+        feed = Feed(cluster, args.rate, [], args.feed_in_flight)
         exerciser = Exerciser(cluster, pipelines, feed, api, random.Random(args.seed + 1), args.grace)
         feed.set_values(exerciser.active_values())
         faults = Faults(cluster, pipelines, plan, time.time())
