@@ -317,8 +317,8 @@ class Feed:
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.rng = random.Random(7)
+        self.in_flight = in_flight
         self.slots = threading.BoundedSemaphore(in_flight)
-        self.senders = []
 
     def set_values(self, values):
         with self.lock:
@@ -345,17 +345,15 @@ class Feed:
                 lines.append(TEMPLATE % (n, 30_000_000 + n // 100, stamp, n, n % 50, token))
             node = self.cluster.any_node(self.rng)
             self.slots.acquire()
-            sender = threading.Thread(target=self.send, args=(node, first, lines), daemon=True)
-            sender.start()
-            self.senders = [t for t in self.senders if t.is_alive()] + [sender]
+            threading.Thread(target=self.send, args=(node, first, lines), daemon=True).start()
             tick += 0.1
             delay = tick - time.time()
             if delay > 0:
                 time.sleep(delay)
             else:
                 tick = time.time()
-        for sender in self.senders:
-            sender.join()
+        for _ in range(self.in_flight):  # every slot back: every request answered
+            self.slots.acquire()
 
     def send(self, node, first, lines):
         """One ingest request; notes whether every record in it was acknowledged."""
@@ -931,10 +929,8 @@ def report(args, cluster, pipelines, feed, api, faults, results):
     if lost:
         failed.append("%d acknowledged records lost" % lost)
     exactly_once = [r for r in results if r["shape"].startswith("steady/postgres")]
-    answered = {}
-    for first, count, ok, at in feed.requests:
-        for n in range(first, first + count):
-            answered[n] = (ok, at)
+    twice = {n for r in exactly_once for n in r["duplicates_first"]}
+    answered = {n: (ok, at) for n, _, ok, at in feed.records() if n in twice} if twice else {}
     for r in exactly_once:
         for n in r["duplicates_first"]:
             ok, at = answered.get(n, (None, None))
