@@ -19,10 +19,12 @@
 //!   one node at a time: the old owner finishes its batch, commits and reports it stopped;
 //!   the new owner then reads from that commit. A node that dies stops reporting; after
 //!   `node_timeout` its slots move.
-//! - **Following**: every node reconciles its workers with the desired state on each
-//!   heartbeat, and at once when signalled. A node that cannot write its heartbeat for
-//!   `node_timeout` while it knew other live nodes stops its workers (the others take them
-//!   over), so a node cut off from PostgreSQL does not go on running work that moved.
+//! - **Following**: every node reconciles its workers with the desired state every
+//!   heartbeat interval, and at once when signalled. The heartbeat is written on a task of
+//!   its own, so a round that waits on the broker does not make a running node look dead. A
+//!   node that cannot write its heartbeat for `node_timeout` while it knew other live nodes
+//!   stops its workers (the others take them over), so a node cut off from PostgreSQL does
+//!   not go on running work that moved.
 //!
 //! The nodes' state and the assignment are in [`membership`]; this file is the placement that
 //! acts on them (heartbeats, rounds, reconciling).
@@ -32,6 +34,9 @@ mod membership;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
 
 use sluice_core::deployment::{DeploymentRecord, DeploymentState};
 use sluice_core::pipeline::Pipeline;
@@ -139,6 +144,37 @@ impl ClusterPlacement {
         }
     }
 
+    /// Whether the other nodes count this node as dead: it has written no heartbeat for the
+    /// node timeout while it knew other live nodes. (A node that was alone goes on: nobody
+    /// can take its work, and stopping would turn a PostgreSQL restart into a processing
+    /// stop.)
+    fn counted_dead(&self) -> bool {
+        !self.cluster.heartbeat_fresh() && !self.cluster.live_peers().is_empty()
+    }
+
+    /// Stops this node's workers in the background once the others count it as dead (they
+    /// take its work), unless a stop is still under way (`stopping`).
+    fn stop_when_counted_dead(self: &Arc<Self>, stopping: &mut Option<JoinHandle<()>>) {
+        if !self.counted_dead() || stopping.as_ref().is_some_and(|stop| !stop.is_finished()) {
+            return;
+        }
+        let placement = Arc::clone(self);
+        *stopping = Some(tokio::spawn(async move {
+            let silent = placement
+                .cluster
+                .last_heartbeat
+                .lock()
+                .expect("heartbeat lock is never poisoned")
+                .elapsed();
+            if placement.stop_all_local().await {
+                tracing::error!(
+                    ?silent,
+                    "no heartbeat written for the node timeout: this node's workers stopped"
+                );
+            }
+        }));
+    }
+
     /// Reads the other nodes' rows.
     pub(crate) async fn refresh_peers(&self) -> bool {
         let cluster = &self.cluster;
@@ -172,23 +208,14 @@ impl ClusterPlacement {
         true
     }
 
-    /// One round of following the desired state: heartbeat, read the others, bring every
-    /// deployment's workers here in line, and tell the others when that changed anything.
+    /// One round of following the desired state: read the others, bring every deployment's
+    /// workers here in line, and tell the others when that changed anything. (The heartbeat
+    /// is written apart, see `beat`: a round may wait on the broker for longer than the node
+    /// timeout.)
     pub(crate) async fn cluster_round(&self) {
-        let cluster = &self.cluster;
-        let wrote = self.heartbeat().await;
-        let silent =
-            cluster.last_heartbeat.lock().expect("heartbeat lock is never poisoned").elapsed();
-        if !wrote && silent > cluster.settings.node_timeout && !cluster.live_peers().is_empty() {
-            // The others count this node as dead and take its work: stop it here. (A node
-            // that was alone goes on: nobody can take its work, and stopping would turn a
-            // PostgreSQL restart into a processing stop.)
-            if self.stop_all_local().await {
-                tracing::error!(
-                    ?silent,
-                    "no heartbeat written for the node timeout: this node's workers stopped"
-                );
-            }
+        if self.counted_dead() {
+            // The others take this node's work: start nothing here (the heartbeat stops
+            // what runs, see `beat`).
             return;
         }
         if !self.refresh_peers().await {
@@ -601,14 +628,20 @@ impl Placement for ClusterPlacement {
     }
 }
 
-/// Follows the desired state until the placement goes: a round every heartbeat, and at
-/// once when another node signals or a lifecycle call here asks.
+/// Follows the desired state until the placement goes: the first heartbeat (the others see
+/// this node before it starts anything), then heartbeats of their own (`beat`), and a round
+/// every heartbeat interval and at once when another node signals or a lifecycle call here
+/// asks.
 async fn follow(placement: Weak<ClusterPlacement>) {
     let listener = match placement.upgrade() {
-        Some(placement) => placement.node.store.listen_cluster().await.unwrap_or_else(|error| {
-            tracing::warn!(%error, "cannot listen for the other nodes' signals; following on the heartbeat alone");
-            None
-        }),
+        Some(placement) => {
+            placement.heartbeat().await;
+            tokio::spawn(beat(Arc::downgrade(&placement)));
+            placement.node.store.listen_cluster().await.unwrap_or_else(|error| {
+                tracing::warn!(%error, "cannot listen for the other nodes' signals; following on the heartbeat alone");
+                None
+            })
+        }
         None => return,
     };
     let mut listener = listener;
@@ -636,6 +669,42 @@ async fn follow(placement: Weak<ClusterPlacement>) {
         tokio::select! {
             () = tokio::time::sleep(heartbeat) => {}
             () = signal => {}
+        }
+    }
+}
+
+/// Writes this node's heartbeat every [`ClusterSettings::heartbeat`] until the placement
+/// goes, apart from the rounds: a round that waits on the broker (workers finishing a batch
+/// against a broker that does not answer) must not leave the node without a heartbeat, or
+/// the others count it as dead and take its work while it still runs. A write that takes
+/// half the node timeout is given up and tried again at the next beat. A node the others
+/// count as dead stops its workers.
+async fn beat(placement: Weak<ClusterPlacement>) {
+    let mut beats = match placement.upgrade() {
+        Some(placement) => tokio::time::interval(placement.cluster.settings.heartbeat),
+        None => return,
+    };
+    beats.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut stopping = None;
+    loop {
+        beats.tick().await;
+        let Some(placement) = placement.upgrade() else { return };
+        if placement.node.is_shut_down() {
+            return;
+        }
+        let patience = placement.cluster.settings.node_timeout / 2;
+        let wrote = match tokio::time::timeout(patience, placement.heartbeat()).await {
+            Ok(wrote) => wrote,
+            Err(_) => {
+                tracing::warn!(
+                    ?patience,
+                    "writing this node's heartbeat takes too long; trying again"
+                );
+                false
+            }
+        };
+        if !wrote {
+            placement.stop_when_counted_dead(&mut stopping);
         }
     }
 }

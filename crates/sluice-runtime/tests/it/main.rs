@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod heartbeat;
 mod lifecycle;
 mod nats;
 mod set_feed;
