@@ -153,7 +153,8 @@ impl ClusterPlacement {
     }
 
     /// Stops this node's workers in the background once the others count it as dead (they
-    /// take its work), unless a stop is still under way (`stopping`).
+    /// take its work), unless a stop is still under way (`stopping`). The stop ends as soon
+    /// as the heartbeat is written again.
     fn stop_when_counted_dead(self: &Arc<Self>, stopping: &mut Option<JoinHandle<()>>) {
         if !self.counted_dead() || stopping.as_ref().is_some_and(|stop| !stop.is_finished()) {
             return;
@@ -166,12 +167,12 @@ impl ClusterPlacement {
                 .lock()
                 .expect("heartbeat lock is never poisoned")
                 .elapsed();
-            if placement.stop_all_local().await {
-                tracing::error!(
-                    ?silent,
-                    "no heartbeat written for the node timeout: this node's workers stopped"
-                );
-            }
+            tracing::error!(
+                ?silent,
+                "no heartbeat written for the node timeout: stopping this node's workers"
+            );
+            let stopped = placement.stop_while_counted_dead().await;
+            tracing::warn!(stopped, "this node's workers stopped for want of a heartbeat");
         }));
     }
 
@@ -511,15 +512,38 @@ impl ClusterPlacement {
         nodes
     }
 
-    /// Stops every worker of this node; true when some ran.
-    pub(crate) async fn stop_all_local(&self) -> bool {
+    /// Stops the workers of this node's deployments, up to [`RECONCILE_TOGETHER`] at once
+    /// (one whose workers are slow to stop does not hold back the others), for as long as
+    /// the others count this node as dead: a deployment reached once its heartbeat is
+    /// written again keeps running (the rounds may have started it again meanwhile). Answers
+    /// how many deployments stopped.
+    pub(crate) async fn stop_while_counted_dead(&self) -> usize {
         let ids: Vec<String> = self.node.views().keys().cloned().collect();
-        for id in &ids {
-            let owner = self.node.lifecycles.get(id);
-            let mut running = owner.running().await;
-            self.node.stop_running(id, &mut running).await;
+        let mut ids = ids.iter();
+        let mut going = FuturesUnordered::new();
+        for id in ids.by_ref().take(RECONCILE_TOGETHER) {
+            going.push(self.stop_if_counted_dead(id));
         }
-        !ids.is_empty()
+        let mut stopped = 0;
+        while let Some(one) = going.next().await {
+            stopped += usize::from(one);
+            if let Some(id) = ids.next() {
+                going.push(self.stop_if_counted_dead(id));
+            }
+        }
+        stopped
+    }
+
+    /// Stops the workers of deployment `pipeline_id` here if the others still count this
+    /// node as dead once its turn comes; true when some stopped.
+    async fn stop_if_counted_dead(&self, pipeline_id: &str) -> bool {
+        let owner = self.node.lifecycles.get(pipeline_id);
+        let mut running = owner.running().await;
+        if !self.counted_dead() || running.is_none() {
+            return false;
+        }
+        self.node.stop_running(pipeline_id, &mut running).await;
+        true
     }
 }
 
@@ -735,4 +759,119 @@ fn signal_in_background(store: &Arc<dyn MetadataStore>) {
             tracing::warn!(%error, "cannot signal the other nodes");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use sluice_bus::EmbeddedLog;
+    use sluice_core::clock::{Clock, SystemClock};
+    use sluice_core::pipeline::{
+        DeliveryGuarantee, ManagedSinkConfig, Pipeline, PipelineConfig, PipelineSpec, PodSize,
+        SinkConfig, Source, SourceType,
+    };
+    use sluice_store::SqliteStore;
+
+    use super::*;
+    use crate::lifecycle::LifecycleGuard;
+    use crate::sets::{SetIndexes, StoreSetSource};
+    use crate::{RuntimeSettings, SinkEnv};
+
+    fn spec() -> PipelineSpec {
+        PipelineSpec {
+            name: "fenced".to_owned(),
+            description: String::new(),
+            tags: None,
+            static_egress_ip: false,
+            pod_size: PodSize::S,
+            delivery_guarantee: DeliveryGuarantee::AtLeastOnce,
+            pipeline_config: PipelineConfig {
+                source: Source {
+                    source_type: SourceType::Pubsub,
+                    chain: "base".to_owned(),
+                    entity: "erc20_token_transfer".to_owned(),
+                    is_zerolag: false,
+                },
+                transforms: Vec::new(),
+                sinks: vec![SinkConfig::Kafka(ManagedSinkConfig {
+                    name: "fenced-out".to_owned(),
+                    uid: "sink".to_owned(),
+                })],
+            },
+        }
+    }
+
+    /// A node the others count as dead stops its workers, but one whose heartbeat is written
+    /// again before a deployment's turn comes (the turn waits for a round that holds the
+    /// deployment) leaves that deployment running: the rounds may have started it again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_stops_its_workers_only_while_the_others_count_it_dead() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let url = format!("sqlite://{}", dir.path().join("meta.db").display());
+        let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
+        let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+        let identity = store.ensure_identity("acme", "data", "ann", false).await.unwrap();
+        let pipeline = Pipeline::new(
+            "fenced".to_owned(),
+            spec(),
+            identity.user.id.clone(),
+            identity.org.id.clone(),
+            clock.now(),
+        );
+        store.insert_pipeline(&pipeline, &identity.team.id, &[]).await.unwrap();
+        let sets = Arc::new(SetIndexes::new(Arc::new(StoreSetSource(store.clone()))));
+        let settings =
+            RuntimeSettings { idle_wait: Duration::from_millis(20), ..RuntimeSettings::default() };
+        let node = Arc::new(Node::new(store, log, clock, settings, sets, SinkEnv::default()));
+        crate::create_chain_topics(&node, &sluice_core::catalog::Catalog::default()).await.unwrap();
+        // Rounds and heartbeats an hour apart: the test says when this node last wrote one.
+        let cluster = ClusterSettings {
+            heartbeat: Duration::from_secs(3_600),
+            node_timeout: Duration::from_secs(60),
+            ..ClusterSettings::new("node-a", "http://127.0.0.1:1")
+        };
+        let placement = ClusterPlacement::start(node.clone(), cluster);
+        LifecycleGuard::take(node.clone(), placement.clone(), &pipeline.id)
+            .await
+            .deploy(&pipeline)
+            .await
+            .unwrap();
+        assert!(node.views().contains_key(&pipeline.id), "the deployment runs here");
+
+        // Another node is alive, and this one has written no heartbeat for two timeouts.
+        placement.cluster.set_peers(vec![Peer {
+            name: "node-b".to_owned(),
+            age: Duration::ZERO,
+            report: NodeReport::default(),
+            report_seq: 1,
+        }]);
+        let silent_since = Instant::now().checked_sub(Duration::from_secs(120)).unwrap();
+        let set_last_heartbeat = |at: Instant| {
+            *placement.cluster.last_heartbeat.lock().unwrap() = at;
+        };
+        set_last_heartbeat(silent_since);
+        assert!(placement.counted_dead());
+
+        // A round holds the deployment while the stop begins; the heartbeat is written again
+        // before the stop's turn comes.
+        let owner = node.lifecycles.get(&pipeline.id);
+        let held = owner.running().await;
+        let stopping = tokio::spawn({
+            let placement = placement.clone();
+            async move { placement.stop_while_counted_dead().await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!stopping.is_finished(), "the stop waits for the deployment's turn");
+        set_last_heartbeat(Instant::now());
+        drop(held);
+        assert_eq!(stopping.await.unwrap(), 0, "nothing stops once the heartbeat is back");
+        assert!(node.views().contains_key(&pipeline.id), "the deployment still runs here");
+
+        // Still counted dead when its turn comes: it stops.
+        set_last_heartbeat(silent_since);
+        assert_eq!(placement.stop_while_counted_dead().await, 1);
+        assert!(!node.views().contains_key(&pipeline.id), "the deployment stopped here");
+    }
 }
