@@ -8,28 +8,18 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use sluice_bus::{EmbeddedLog, StreamLog};
 use sluice_core::catalog::Catalog;
-use sluice_core::clock::{Clock, SystemClock};
 use sluice_core::pipeline::Pipeline;
 use sluice_runtime::sets::StoreSetSource;
 use sluice_runtime::{ClusterSettings, Runtime, RuntimeSettings};
-use sluice_store::{MetadataStore, SqliteStore};
 use tokio::sync::{Notify, Semaphore};
 
-use crate::lifecycle::{GatedSets, spec, within};
+use crate::lifecycle::{GatedSets, spec, store_and_log, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_keeps_writing_its_heartbeat_while_a_round_waits() {
     let dir = tempfile::tempdir().unwrap();
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store: Arc<dyn MetadataStore> = Arc::new(
-        SqliteStore::open(&format!("sqlite://{}", dir.path().join("meta.db").display()))
-            .await
-            .unwrap(),
-    );
-    let log: Arc<dyn StreamLog> =
-        Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+    let (store, log, clock) = store_and_log(dir.path()).await;
     let identity = store.ensure_identity("acme", "data", "ann", false).await.unwrap();
     let pipeline = Pipeline::new(
         "slow".to_owned(),

@@ -2,6 +2,7 @@
 //! set loading) holds that pipeline's other changes, never another pipeline's calls, nor
 //! health and counter reads.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::SeqCst;
@@ -88,6 +89,18 @@ fn transfer(n: u64, token: &str) -> NewRecord {
     NewRecord::new(format!("t{n}").into_bytes(), value.to_string().into_bytes())
 }
 
+/// A SQLite store and an embedded log in `dir`, on the system clock.
+pub(crate) async fn store_and_log(
+    dir: &Path,
+) -> (Arc<dyn MetadataStore>, Arc<dyn StreamLog>, Arc<dyn Clock>) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let url = format!("sqlite://{}", dir.join("meta.db").display());
+    let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
+    let log: Arc<dyn StreamLog> =
+        Arc::new(EmbeddedLog::open(&dir.join("log.redb"), clock.clone()).unwrap());
+    (store, log, clock)
+}
+
 /// Waits (up to a generous deadline) for `future`; the deadline only stops a hung test.
 pub(crate) async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(60), future)
@@ -98,14 +111,7 @@ pub(crate) async fn within<T>(what: &str, future: impl Future<Output = T>) -> T 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deploy_proceeds_while_another_pipelines_set_is_loading() {
     let dir = tempfile::tempdir().unwrap();
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store: Arc<dyn MetadataStore> = Arc::new(
-        SqliteStore::open(&format!("sqlite://{}", dir.path().join("meta.db").display()))
-            .await
-            .unwrap(),
-    );
-    let log: Arc<dyn StreamLog> =
-        Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+    let (store, log, clock) = store_and_log(dir.path()).await;
     let identity = store.ensure_identity("acme", "data", "ann", false).await.unwrap();
     let mut pipelines = Vec::new();
     for name in ["a", "b"] {

@@ -8,14 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sluice_bus::forwarding::{Forwarding, Hooks};
-use sluice_bus::{EmbeddedLog, NewRecord, Record, StreamLog, topics};
+use sluice_bus::{NewRecord, Record, StreamLog, topics};
 use sluice_core::catalog::Catalog;
-use sluice_core::clock::{Clock, SystemClock};
 use sluice_core::filter_values::{FilterValuesChange, FilterValuesListener};
 use sluice_core::pipeline::Pipeline;
 use sluice_runtime::sets::StoreSetSource;
 use sluice_runtime::{Paused, Runtime, RuntimeSettings};
-use sluice_store::{MetadataStore, SqliteStore};
+use sluice_store::MetadataStore;
 
 use crate::lifecycle::spec;
 
@@ -56,14 +55,7 @@ struct Node {
 /// `token_address` by its own token `0xt<i>` and the shared token `0xall`.
 async fn node(count: usize, settings: RuntimeSettings) -> Node {
     let dir = tempfile::tempdir().unwrap();
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store: Arc<dyn MetadataStore> = Arc::new(
-        SqliteStore::open(&format!("sqlite://{}", dir.path().join("meta.db").display()))
-            .await
-            .unwrap(),
-    );
-    let embedded: Arc<dyn StreamLog> =
-        Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
+    let (store, embedded, clock) = crate::lifecycle::store_and_log(dir.path()).await;
     let log = Arc::new(Forwarding::new(embedded, SourceReads::default()));
     let identity = store.ensure_identity("acme", "data", "ann", false).await.unwrap();
     let mut pipelines = Vec::new();
