@@ -26,17 +26,18 @@
 //!   stops its workers (the others take them over), so a node cut off from PostgreSQL does
 //!   not go on running work that moved.
 //!
-//! The nodes' state and the assignment are in [`membership`]; this file is the placement that
-//! acts on them (heartbeats, rounds, reconciling).
+//! The nodes' state and the assignment are in [`membership`], the heartbeat and the stop for
+//! want of one in [`liveness`]; this file is the placement that acts on them (rounds,
+//! reconciling).
 
+mod liveness;
 mod membership;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
-
-use tokio::task::JoinHandle;
-use tokio::time::MissedTickBehavior;
 
 use sluice_core::deployment::{DeploymentRecord, DeploymentState};
 use sluice_core::pipeline::Pipeline;
@@ -120,60 +121,6 @@ impl ClusterPlacement {
         }
         workers.sort_by(|a, b| (&a.pipeline_id, a.slot).cmp(&(&b.pipeline_id, b.slot)));
         workers
-    }
-
-    /// Writes this node's heartbeat; false when the store did not take it.
-    pub(crate) async fn heartbeat(&self) -> bool {
-        let cluster = &self.cluster;
-        if self.node.is_shut_down() {
-            // Gone from the nodes table for good: do not write the row back.
-            return false;
-        }
-        let report =
-            serde_json::to_string(&self.node_report()).expect("a node report always serialises");
-        match self.node.store.heartbeat(cluster.name(), &report).await {
-            Ok(()) => {
-                *cluster.last_heartbeat.lock().expect("heartbeat lock is never poisoned") =
-                    Instant::now();
-                true
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot write this node's heartbeat");
-                false
-            }
-        }
-    }
-
-    /// Whether the other nodes count this node as dead: it has written no heartbeat for the
-    /// node timeout while it knew other live nodes. (A node that was alone goes on: nobody
-    /// can take its work, and stopping would turn a PostgreSQL restart into a processing
-    /// stop.)
-    fn counted_dead(&self) -> bool {
-        !self.cluster.heartbeat_fresh() && !self.cluster.live_peers().is_empty()
-    }
-
-    /// Stops this node's workers in the background once the others count it as dead (they
-    /// take its work), unless a stop is still under way (`stopping`). The stop ends as soon
-    /// as the heartbeat is written again.
-    fn stop_when_counted_dead(self: &Arc<Self>, stopping: &mut Option<JoinHandle<()>>) {
-        if !self.counted_dead() || stopping.as_ref().is_some_and(|stop| !stop.is_finished()) {
-            return;
-        }
-        let placement = Arc::clone(self);
-        *stopping = Some(tokio::spawn(async move {
-            let silent = placement
-                .cluster
-                .last_heartbeat
-                .lock()
-                .expect("heartbeat lock is never poisoned")
-                .elapsed();
-            tracing::error!(
-                ?silent,
-                "no heartbeat written for the node timeout: stopping this node's workers"
-            );
-            let stopped = placement.stop_while_counted_dead().await;
-            tracing::warn!(stopped, "this node's workers stopped for want of a heartbeat");
-        }));
     }
 
     /// Reads the other nodes' rows.
@@ -511,40 +458,6 @@ impl ClusterPlacement {
         }
         nodes
     }
-
-    /// Stops the workers of this node's deployments, up to [`RECONCILE_TOGETHER`] at once
-    /// (one whose workers are slow to stop does not hold back the others), for as long as
-    /// the others count this node as dead: a deployment reached once its heartbeat is
-    /// written again keeps running (the rounds may have started it again meanwhile). Answers
-    /// how many deployments stopped.
-    pub(crate) async fn stop_while_counted_dead(&self) -> usize {
-        let ids: Vec<String> = self.node.views().keys().cloned().collect();
-        let mut ids = ids.iter();
-        let mut going = FuturesUnordered::new();
-        for id in ids.by_ref().take(RECONCILE_TOGETHER) {
-            going.push(self.stop_if_counted_dead(id));
-        }
-        let mut stopped = 0;
-        while let Some(one) = going.next().await {
-            stopped += usize::from(one);
-            if let Some(id) = ids.next() {
-                going.push(self.stop_if_counted_dead(id));
-            }
-        }
-        stopped
-    }
-
-    /// Stops the workers of deployment `pipeline_id` here if the others still count this
-    /// node as dead once its turn comes; true when some stopped.
-    async fn stop_if_counted_dead(&self, pipeline_id: &str) -> bool {
-        let owner = self.node.lifecycles.get(pipeline_id);
-        let mut running = owner.running().await;
-        if !self.counted_dead() || running.is_none() {
-            return false;
-        }
-        self.node.stop_running(pipeline_id, &mut running).await;
-        true
-    }
 }
 
 #[async_trait]
@@ -660,7 +573,7 @@ async fn follow(placement: Weak<ClusterPlacement>) {
     let listener = match placement.upgrade() {
         Some(placement) => {
             placement.heartbeat().await;
-            tokio::spawn(beat(Arc::downgrade(&placement)));
+            tokio::spawn(liveness::beat(Arc::downgrade(&placement)));
             placement.node.store.listen_cluster().await.unwrap_or_else(|error| {
                 tracing::warn!(%error, "cannot listen for the other nodes' signals; following on the heartbeat alone");
                 None
@@ -697,42 +610,6 @@ async fn follow(placement: Weak<ClusterPlacement>) {
     }
 }
 
-/// Writes this node's heartbeat every [`ClusterSettings::heartbeat`] until the placement
-/// goes, apart from the rounds: a round that waits on the broker (workers finishing a batch
-/// against a broker that does not answer) must not leave the node without a heartbeat, or
-/// the others count it as dead and take its work while it still runs. A write that takes
-/// half the node timeout is given up and tried again at the next beat. A node the others
-/// count as dead stops its workers.
-async fn beat(placement: Weak<ClusterPlacement>) {
-    let mut beats = match placement.upgrade() {
-        Some(placement) => tokio::time::interval(placement.cluster.settings.heartbeat),
-        None => return,
-    };
-    beats.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut stopping = None;
-    loop {
-        beats.tick().await;
-        let Some(placement) = placement.upgrade() else { return };
-        if placement.node.is_shut_down() {
-            return;
-        }
-        let patience = placement.cluster.settings.node_timeout / 2;
-        let wrote = match tokio::time::timeout(patience, placement.heartbeat()).await {
-            Ok(wrote) => wrote,
-            Err(_) => {
-                tracing::warn!(
-                    ?patience,
-                    "writing this node's heartbeat takes too long; trying again"
-                );
-                false
-            }
-        };
-        if !wrote {
-            placement.stop_when_counted_dead(&mut stopping);
-        }
-    }
-}
-
 /// A dataset listener of a cluster node: the index hears the change, the other nodes a
 /// signal.
 struct SignallingDatasets {
@@ -759,119 +636,4 @@ fn signal_in_background(store: &Arc<dyn MetadataStore>) {
             tracing::warn!(%error, "cannot signal the other nodes");
         }
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::{Duration, Instant};
-
-    use sluice_bus::EmbeddedLog;
-    use sluice_core::clock::{Clock, SystemClock};
-    use sluice_core::pipeline::{
-        DeliveryGuarantee, ManagedSinkConfig, Pipeline, PipelineConfig, PipelineSpec, PodSize,
-        SinkConfig, Source, SourceType,
-    };
-    use sluice_store::SqliteStore;
-
-    use super::*;
-    use crate::lifecycle::LifecycleGuard;
-    use crate::sets::{SetIndexes, StoreSetSource};
-    use crate::{RuntimeSettings, SinkEnv};
-
-    fn spec() -> PipelineSpec {
-        PipelineSpec {
-            name: "fenced".to_owned(),
-            description: String::new(),
-            tags: None,
-            static_egress_ip: false,
-            pod_size: PodSize::S,
-            delivery_guarantee: DeliveryGuarantee::AtLeastOnce,
-            pipeline_config: PipelineConfig {
-                source: Source {
-                    source_type: SourceType::Pubsub,
-                    chain: "base".to_owned(),
-                    entity: "erc20_token_transfer".to_owned(),
-                    is_zerolag: false,
-                },
-                transforms: Vec::new(),
-                sinks: vec![SinkConfig::Kafka(ManagedSinkConfig {
-                    name: "fenced-out".to_owned(),
-                    uid: "sink".to_owned(),
-                })],
-            },
-        }
-    }
-
-    /// A node the others count as dead stops its workers, but one whose heartbeat is written
-    /// again before a deployment's turn comes (the turn waits for a round that holds the
-    /// deployment) leaves that deployment running: the rounds may have started it again.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_node_stops_its_workers_only_while_the_others_count_it_dead() {
-        let dir = tempfile::tempdir().unwrap();
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let url = format!("sqlite://{}", dir.path().join("meta.db").display());
-        let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
-        let log = Arc::new(EmbeddedLog::open(&dir.path().join("log.redb"), clock.clone()).unwrap());
-        let identity = store.ensure_identity("acme", "data", "ann", false).await.unwrap();
-        let pipeline = Pipeline::new(
-            "fenced".to_owned(),
-            spec(),
-            identity.user.id.clone(),
-            identity.org.id.clone(),
-            clock.now(),
-        );
-        store.insert_pipeline(&pipeline, &identity.team.id, &[]).await.unwrap();
-        let sets = Arc::new(SetIndexes::new(Arc::new(StoreSetSource(store.clone()))));
-        let settings =
-            RuntimeSettings { idle_wait: Duration::from_millis(20), ..RuntimeSettings::default() };
-        let node = Arc::new(Node::new(store, log, clock, settings, sets, SinkEnv::default()));
-        crate::create_chain_topics(&node, &sluice_core::catalog::Catalog::default()).await.unwrap();
-        // Rounds and heartbeats an hour apart: the test says when this node last wrote one.
-        let cluster = ClusterSettings {
-            heartbeat: Duration::from_secs(3_600),
-            node_timeout: Duration::from_secs(60),
-            ..ClusterSettings::new("node-a", "http://127.0.0.1:1")
-        };
-        let placement = ClusterPlacement::start(node.clone(), cluster);
-        LifecycleGuard::take(node.clone(), placement.clone(), &pipeline.id)
-            .await
-            .deploy(&pipeline)
-            .await
-            .unwrap();
-        assert!(node.views().contains_key(&pipeline.id), "the deployment runs here");
-
-        // Another node is alive, and this one has written no heartbeat for two timeouts.
-        placement.cluster.set_peers(vec![Peer {
-            name: "node-b".to_owned(),
-            age: Duration::ZERO,
-            report: NodeReport::default(),
-            report_seq: 1,
-        }]);
-        let silent_since = Instant::now().checked_sub(Duration::from_secs(120)).unwrap();
-        let set_last_heartbeat = |at: Instant| {
-            *placement.cluster.last_heartbeat.lock().unwrap() = at;
-        };
-        set_last_heartbeat(silent_since);
-        assert!(placement.counted_dead());
-
-        // A round holds the deployment while the stop begins; the heartbeat is written again
-        // before the stop's turn comes.
-        let owner = node.lifecycles.get(&pipeline.id);
-        let held = owner.running().await;
-        let stopping = tokio::spawn({
-            let placement = placement.clone();
-            async move { placement.stop_while_counted_dead().await }
-        });
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(!stopping.is_finished(), "the stop waits for the deployment's turn");
-        set_last_heartbeat(Instant::now());
-        drop(held);
-        assert_eq!(stopping.await.unwrap(), 0, "nothing stops once the heartbeat is back");
-        assert!(node.views().contains_key(&pipeline.id), "the deployment still runs here");
-
-        // Still counted dead when its turn comes: it stops.
-        set_last_heartbeat(silent_since);
-        assert_eq!(placement.stop_while_counted_dead().await, 1);
-        assert!(!node.views().contains_key(&pipeline.id), "the deployment stopped here");
-    }
 }
