@@ -114,6 +114,8 @@ pub(super) async fn beat(placement: Weak<ClusterPlacement>) {
         None => return,
     };
     beats.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // The first tick is at once, and `follow` has just written the first heartbeat.
+    beats.tick().await;
     let mut stopping = None;
     loop {
         beats.tick().await;
