@@ -205,16 +205,57 @@ pub(super) fn parse_report(node: &str, json: &str) -> NodeReport {
 
 /// The slots of a deployment of `workers` workers that node `me` runs, among `live` nodes
 /// (sorted names).
+///
+/// Rendezvous (highest-random-weight) hashing with even loads: slot by slot, each goes to
+/// the node that weighs most for that (deployment, slot) among the nodes not yet holding
+/// their share, so no node holds more than one slot above another. A node's death moves
+/// only its own slots while a deployment has no more workers than the nodes that stay
+/// (every deployment of one worker): the others keep theirs and go on without a stop. A
+/// larger deployment may also even out its slots among the others.
 pub(crate) fn assigned_slots(
     pipeline_id: &str,
     workers: usize,
     live: &[String],
     me: &str,
 ) -> Vec<usize> {
-    let Some(position) = live.iter().position(|name| name == me) else { return Vec::new() };
-    let start = sluice_core::hash::fnv1a(pipeline_id.as_bytes()) % live.len() as u64;
-    let start = usize::try_from(start).unwrap_or(0);
-    (0..workers).filter(|slot| (start + slot) % live.len() == position).collect()
+    if !live.iter().any(|name| name == me) {
+        return Vec::new();
+    }
+    let (share, above_share) = (workers / live.len(), workers % live.len());
+    let mut held = vec![0; live.len()];
+    let mut holding_more = 0;
+    let mut mine = Vec::new();
+    for slot in 0..workers {
+        let open =
+            |node: usize| held[node] < share || (held[node] == share && holding_more < above_share);
+        let chosen = (0..live.len())
+            .filter(|&node| open(node))
+            .max_by_key(|&node| (slot_weight(pipeline_id, slot, &live[node]), &live[node]))
+            .expect("the shares add up to the slots, so one node is always open");
+        held[chosen] += 1;
+        if held[chosen] > share {
+            holding_more += 1;
+        }
+        if live[chosen] == me {
+            mine.push(slot);
+        }
+    }
+    mine
+}
+
+/// The weight of `node` for one slot of a deployment: FNV-1a of the three, mixed by
+/// SplitMix64's finaliser so that names differing by a byte weigh unrelated amounts.
+fn slot_weight(pipeline_id: &str, slot: usize, node: &str) -> u64 {
+    let mut key = Vec::with_capacity(pipeline_id.len() + node.len() + 10);
+    key.extend_from_slice(pipeline_id.as_bytes());
+    key.push(0);
+    key.extend_from_slice(node.as_bytes());
+    key.push(0);
+    key.extend_from_slice(&(slot as u64).to_le_bytes());
+    let mut weight = sluice_core::hash::fnv1a(&key);
+    weight = (weight ^ (weight >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    weight = (weight ^ (weight >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    weight ^ (weight >> 31)
 }
 
 #[cfg(test)]
@@ -240,6 +281,58 @@ mod tests {
             assert_eq!(all, (0..workers).collect::<Vec<_>>());
             let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
             assert!(max - min <= 1, "{workers} workers over 3 nodes: {counts:?}");
+        }
+    }
+
+    /// Every node's slots of deployment `id`, by node.
+    fn slots_by_node(id: &str, workers: usize, live: &[String]) -> BTreeMap<String, Vec<usize>> {
+        live.iter().map(|me| (me.clone(), assigned_slots(id, workers, live, me))).collect()
+    }
+
+    /// Over 200 deployments of `workers` workers, each of 4 nodes dying and coming back in
+    /// turn: the slots a node other than that one had to stop for no reason of its own (on
+    /// the death: one it ran and no longer runs; on the return: one it ran that was not the
+    /// returning node's before), and the slots the dying nodes held.
+    fn moves_on_death_and_return(workers: usize) -> (usize, usize) {
+        let live = names(&["node-0", "node-1", "node-2", "node-3"]);
+        let (mut needless, mut dead_held) = (0, 0);
+        for dead in &live {
+            let after: Vec<String> = live.iter().filter(|name| *name != dead).cloned().collect();
+            for i in 0..200 {
+                let id = format!("pipeline-{i}");
+                let with = slots_by_node(&id, workers, &live);
+                let without = slots_by_node(&id, workers, &after);
+                dead_held += with[dead].len();
+                for other in &after {
+                    needless += with[other].iter().filter(|s| !without[other].contains(s)).count();
+                    needless += without[other]
+                        .iter()
+                        .filter(|s| !with[other].contains(s) && !with[dead].contains(s))
+                        .count();
+                }
+            }
+        }
+        (needless, dead_held)
+    }
+
+    #[test]
+    fn a_death_moves_only_the_dead_nodes_slots_of_one_worker_deployments() {
+        let (needless, dead_held) = moves_on_death_and_return(1);
+        assert_eq!(needless, 0);
+        assert_eq!(dead_held, 200, "each deployment's slot is on one of the 4 nodes");
+    }
+
+    #[test]
+    fn a_death_moves_few_other_slots_of_larger_deployments() {
+        // Slot by slot with even loads, the dead node's slot can take another's place, which
+        // moves on in turn: at most about one other slot for each that had to move, where
+        // (hash + slot) mod n moved about four.
+        for workers in [2, 3, 4, 8] {
+            let (needless, dead_held) = moves_on_death_and_return(workers);
+            assert!(
+                needless * 4 <= dead_held * 5,
+                "{workers} workers: {needless} needless moves for {dead_held} slots of dead nodes"
+            );
         }
     }
 
