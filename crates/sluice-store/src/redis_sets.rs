@@ -225,20 +225,31 @@ impl RedisSets {
     /// # Errors
     /// When it does not.
     pub async fn ping(&self) -> Result<()> {
-        let _: String = redis::cmd("PING").query_async(&mut self.conn.clone()).await?;
+        let _: String = self.read(&redis::cmd("PING")).await?;
         Ok(())
+    }
+
+    /// Runs `cmd`, which only reads, and runs it once more when the connection had dropped.
+    /// After Redis restarts (or a connection is cut), the first command on the old
+    /// connection fails with a broken pipe while the manager connects anew for the next; a
+    /// read can simply be asked again. A write is never sent twice: it may have been applied
+    /// before the connection dropped.
+    async fn read<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+        match cmd.query_async(&mut self.conn.clone()).await {
+            Err(error) if error.is_connection_dropped() => {
+                tracing::debug!(%error, "the Redis connection dropped; reading again");
+                Ok(cmd.query_async(&mut self.conn.clone()).await?)
+            }
+            read => Ok(read?),
+        }
     }
 
     /// Where `set`'s log stands now.
     pub(crate) async fn state(&self, set: i64) -> Result<LogState> {
         let keys = self.keys(set);
-        let got: Vec<Option<i64>> = redis::cmd("MGET")
-            .arg(&keys.version)
-            .arg(&keys.generation)
-            .arg(&keys.mark)
-            .arg(&keys.count)
-            .query_async(&mut self.conn.clone())
-            .await?;
+        let mut mget = redis::cmd("MGET");
+        mget.arg(&keys.version).arg(&keys.generation).arg(&keys.mark).arg(&keys.count);
+        let got: Vec<Option<i64>> = self.read(&mget).await?;
         let at = |i: usize| got.get(i).copied().flatten().unwrap_or(0);
         Ok(LogState { version: at(0), generation: at(1), mark: at(2), count: at(3) })
     }
@@ -324,17 +335,10 @@ impl RedisSets {
         if after >= to {
             return Ok(Vec::new());
         }
-        let rows: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-            .arg(self.keys(set).log)
-            .arg(format!("({after}"))
-            .arg(to)
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(count)
-            .arg("WITHSCORES")
-            .query_async(&mut self.conn.clone())
-            .await?;
+        let mut zrange = redis::cmd("ZRANGE");
+        zrange.arg(self.keys(set).log).arg(format!("({after}")).arg(to).arg("BYSCORE");
+        zrange.arg("LIMIT").arg(0).arg(count).arg("WITHSCORES");
+        let rows: Vec<(Vec<u8>, f64)> = self.read(&zrange).await?;
         #[allow(clippy::cast_possible_truncation)]
         Ok(rows.into_iter().map(|(bytes, score)| (bytes, score as i64)).collect())
     }
@@ -465,8 +469,7 @@ impl RedisSets {
         let per_read = (limit + 1).div_ceil(LOG_CHUNK) + 1;
         loop {
             let at = self.state(set).await?;
-            let any_removed: u64 =
-                redis::cmd("HLEN").arg(&removed_key).query_async(&mut self.conn.clone()).await?;
+            let any_removed: u64 = self.read(redis::cmd("HLEN").arg(&removed_key)).await?;
             let mut live: Vec<(i64, String)> = Vec::new();
             let mut last = after;
             loop {
@@ -505,14 +508,11 @@ impl RedisSets {
 
     /// Keeps the entries of `found` added after their value's last removal.
     async fn drop_dead(&self, removed_key: &str, found: &mut Vec<(i64, String)>) -> Result<()> {
-        let mut conn = self.conn.clone();
         let mut live = Vec::with_capacity(found.len());
         for part in found.chunks(LOG_CHUNK) {
-            let removals: Vec<Option<i64>> = redis::cmd("HMGET")
-                .arg(removed_key)
-                .arg(part.iter().map(|(_, value)| value).collect::<Vec<_>>())
-                .query_async(&mut conn)
-                .await?;
+            let mut hmget = redis::cmd("HMGET");
+            hmget.arg(removed_key).arg(part.iter().map(|(_, value)| value).collect::<Vec<_>>());
+            let removals: Vec<Option<i64>> = self.read(&hmget).await?;
             live.extend(
                 part.iter()
                     .zip(removals)

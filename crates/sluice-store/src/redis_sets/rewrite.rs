@@ -36,10 +36,7 @@ impl RedisSets {
     /// Rewrites `set`'s log once its removed values outweigh half the set (the caller holds
     /// the pipeline lock); answers the state after.
     pub(super) async fn compact_if_due(&self, set: SetRef<'_>, at: LogState) -> Result<LogState> {
-        let removed: u64 = redis::cmd("HLEN")
-            .arg(self.keys(set.id).removed)
-            .query_async(&mut self.conn.clone())
-            .await?;
+        let removed: u64 = self.read(redis::cmd("HLEN").arg(self.keys(set.id).removed)).await?;
         if removed <= u64::try_from(at.count).unwrap_or(0) / 2 + COMPACT_SLACK {
             return Ok(at);
         }

@@ -268,3 +268,51 @@ async fn a_lost_set_its_history_cannot_rebuild_is_unavailable_until_a_replace() 
     assert!(b.has_filter_value(&p.id, "f1", "0xe").await.unwrap());
     assert_eq!(a.add_filter_values(&p.id, "f1", &strings(&["0xf"])).await.unwrap(), 1);
 }
+
+#[tokio::test]
+async fn a_store_reads_and_writes_again_at_once_after_redis_dropped_its_connection() {
+    // Redis restarting or a cut connection, as the store's connection sees it: the server
+    // closes it. The connection belongs to a Redis user of its own, so closing its
+    // connections touches no other test's.
+    let base = std::env::var("SLUICE_TEST_REDIS_URL")
+        .expect("SLUICE_TEST_REDIS_URL must name a Redis server; run scripts/test");
+    let user = format!("t{}", uuid::Uuid::new_v4().simple());
+    let mut admin = redis::Client::open(base.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", &user, "on", "nopass", "~*", "&*", "+@all"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let address = base.strip_prefix("redis://").expect("a redis:// URL");
+    let url = format!("redis://{user}:unused@{address}?prefix={user}");
+    let sets = Arc::new(sluice_store::RedisSets::connect(&url).await.unwrap());
+    let options = sluice_store::testing::fresh_postgres_schema().await;
+    let store: Arc<dyn MetadataStore> =
+        Arc::new(sluice_store::PgStore::open_with(options).await.unwrap().with_redis_sets(sets));
+    let (_, p) = stored_pipeline(store.as_ref()).await;
+    store.add_filter_values(&p.id, "f1", &strings(&["0xa", "0xb"])).await.unwrap();
+
+    let cut = |mut admin: redis::aio::MultiplexedConnection| {
+        let user = user.clone();
+        async move {
+            let killed: u64 = redis::cmd("CLIENT")
+                .arg(&["KILL", "USER", &user])
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            assert!(killed >= 1, "the store holds a connection");
+        }
+    };
+    cut(admin.clone()).await;
+    let page = store.list_filter_values(&p.id, "f1", None, 10).await;
+    assert_eq!(page.expect("a read right after the cut").values, ["0xa", "0xb"]);
+    cut(admin.clone()).await;
+    let added = store.add_filter_values(&p.id, "f1", &strings(&["0xc"])).await;
+    assert_eq!(added.expect("a write right after the cut"), 1);
+    assert_eq!(store.filter_value_count(&p.id, "f1").await.unwrap(), 3);
+    let () = redis::cmd("ACL").arg(&["DELUSER", &user]).query_async(&mut admin).await.unwrap();
+}
