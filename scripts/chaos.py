@@ -539,8 +539,11 @@ class Faults:
         self.exits = []  # (time, node name, exit status) of nodes that ended without a fault
         self.watcher = threading.Thread(target=self.watch_exits, daemon=True)
 
-    def active_at(self, when):
-        return [e for e in self.events if e["start"] <= when <= (e.get("end") or time.time()) + 2]
+    def active_at(self, when, until=None):
+        """The faults active at `when` (or at any time up to `until`: a call that a fault
+        began during), or that ended less than 2 s before."""
+        until = when if until is None else until
+        return [e for e in self.events if e["start"] <= until and when <= (e.get("end") or time.time()) + 2]
 
     def placement(self):
         """{pipeline index: set of nodes} for pipelines whose workers all run, ready, on live
@@ -978,7 +981,7 @@ def report(args, cluster, pipelines, feed, api, faults, results):
     log("API calls: %d, %d hung (no answer in %d s), %d refused (node down), %d answered 5xx"
         % (len(api.calls), len(hung), API_TIMEOUT, sum(1 for c in api.calls if c[4] == "refused"), len(errors)))
     for c in errors[:30]:
-        during = ", ".join("%s %s" % (e["kind"], e["target"]) for e in faults.active_at(c[0])) or "no fault"
+        during = ", ".join("%s %s" % (e["kind"], e["target"]) for e in faults.active_at(c[0], c[0] + c[1])) or "no fault"
         log("  5xx: %s on %s -> %s after %.1f s (%s) during: %s" % (c[2], c[3], c[4], c[1], c[5][:120], during))
     if hung:
         failed.append("%d API calls hung" % len(hung))
