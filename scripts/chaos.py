@@ -301,11 +301,12 @@ def make_pipelines(count):
 class Feed:
     """Every 0.1 s one ingest request of rate/10 records to a live node, up to `in_flight` of
     them at once (a request that takes longer than 0.1 s, as under a fault, no longer holds
-    the feed back; with all of them waiting, the next is sent when one answers). 40 % of the
+    the feed back; with all of them waiting, the next is sent when one answers, and up to
+    `make_up` seconds of the requests held back are sent late). 40 % of the
     records carry a value some pipeline has (in turn), the rest a value none has. Remembers
     each record's value and whether its request was acknowledged, and when."""
 
-    def __init__(self, cluster, rate, active_values, in_flight=4):
+    def __init__(self, cluster, rate, active_values, in_flight=4, make_up=0.0):
         self.cluster = cluster
         self.per_round = max(1, rate // 10)
         self.active = active_values  # list of value ids fed, changed under self.lock
@@ -319,6 +320,7 @@ class Feed:
         self.rng = random.Random(7)
         self.in_flight = in_flight
         self.slots = threading.BoundedSemaphore(in_flight)
+        self.make_up = make_up
 
     def set_values(self, values):
         with self.lock:
@@ -350,8 +352,10 @@ class Feed:
             delay = tick - time.time()
             if delay > 0:
                 time.sleep(delay)
-            else:
-                tick = time.time()
+            elif -delay > self.make_up:
+                # Behind by more than make_up seconds (a fault held the requests): the requests
+                # up to make_up behind are sent at once, as slots free; the rest are given up.
+                tick = time.time() - self.make_up
         for _ in range(self.in_flight):  # every slot back: every request answered
             self.slots.acquire()
 
@@ -823,6 +827,9 @@ def main():
     parser.add_argument("--rate", type=int, default=3000, help="records/s into the stream")
     parser.add_argument("--feed-in-flight", type=int, default=4,
                         help="ingest requests the feed keeps in flight at most (1: one at a time)")
+    parser.add_argument("--feed-make-up", type=float, default=0,
+                        help="seconds of requests a feed held back by a fault sends late (0: none; "
+                             "it goes on from the present)")
     parser.add_argument("--node-timeout", type=int, default=5)
     parser.add_argument("--grace", type=float, default=10,
                         help="seconds after a filter-value change is answered until every node must apply it")
@@ -866,7 +873,7 @@ def main():
             status, answer = call("POST", "%s/api/v1/beam/%s/deploy" % (node.base, p.id), key=KEY)
             assert status == 200, (p.label(), status, answer)
         api = ApiLog(None)
-        feed = Feed(cluster, args.rate, [], args.feed_in_flight)
+        feed = Feed(cluster, args.rate, [], args.feed_in_flight, args.feed_make_up)
         exerciser = Exerciser(cluster, pipelines, feed, api, random.Random(args.seed + 1), args.grace)
         feed.set_values(exerciser.active_values())
         faults = Faults(cluster, pipelines, plan, time.time())
